@@ -1,0 +1,25 @@
+//! Switchyard's shared vocabulary: no I/O, no clocks, no policy.
+//!
+//! - [`hash`]: local block hashes and chained sequence hashes, compatible with Dynamo
+//!   (XXH3-64, seed 1337, token ids as u32 little-endian).
+//! - [`blocks`]: a token sequence cut into fixed-size blocks, with the partial last block
+//!   kept apart (it is not cacheable until it fills).
+//! - [`worker`]: worker identity (`WorkerId` plus data-parallel rank).
+//! - [`request`]: request identity.
+//! - [`event`]: the KV cache event model engines publish and the indexer consumes, with
+//!   JSON and MessagePack encodings.
+
+pub mod blocks;
+pub mod event;
+pub mod hash;
+pub mod request;
+pub mod worker;
+
+pub use blocks::TokenBlocks;
+pub use event::{KvEvent, KvEventData, StorageTier, StoredBlock};
+pub use hash::{HashSeed, LocalBlockHash, SequenceHash};
+pub use request::RequestId;
+pub use worker::{WorkerId, WorkerKey};
+
+/// A token id as engines see it.
+pub type Token = u32;

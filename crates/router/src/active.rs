@@ -1,0 +1,232 @@
+//! Active sequences: what each worker is busy with right now.
+//!
+//! The router knows when requests start and end, so it tracks active load itself rather
+//! than waiting for engines to report it. Per worker it keeps the blocks held by in-flight
+//! requests (reference-counted, so requests sharing a prefix count it once) and the prefill
+//! tokens not yet computed.
+//!
+//! Every request holds a whole chain of blocks from the first, so each worker's active
+//! block set is prefix-closed; the blocks of a new request a worker already holds are
+//! therefore a prefix of the request and found by binary search.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use switchyard_core::{RequestId, SequenceHash, WorkerKey};
+use thiserror::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ActiveError {
+    #[error("request {0} is already active")]
+    DuplicateRequest(RequestId),
+    #[error("worker {0} is not registered")]
+    UnknownWorker(WorkerKey),
+}
+
+/// A worker's current load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WorkerLoad {
+    /// Distinct blocks held by in-flight requests.
+    pub active_blocks: u64,
+    /// Prefill tokens routed to the worker and not yet computed.
+    pub prefill_tokens: u64,
+    /// In-flight requests.
+    pub requests: u32,
+}
+
+#[derive(Debug, Default)]
+struct WorkerSlots {
+    refcounts: FxHashMap<SequenceHash, u32>,
+    prefill_tokens: u64,
+    requests: u32,
+}
+
+#[derive(Debug)]
+struct ActiveRequest {
+    worker: WorkerKey,
+    blocks: Vec<SequenceHash>,
+    /// Outstanding prefill tokens; zero once prefill completed.
+    prefill_tokens: u64,
+    added_at: Duration,
+}
+
+/// Tracks in-flight requests per worker.
+#[derive(Debug)]
+pub struct ActiveSequences {
+    workers: FxHashMap<WorkerKey, WorkerSlots>,
+    requests: FxHashMap<RequestId, ActiveRequest>,
+    /// Requests by arrival, for expiry. May hold ids already freed.
+    arrivals: VecDeque<(Duration, RequestId)>,
+    /// Requests older than this are presumed lost and freed.
+    request_ttl: Duration,
+}
+
+impl ActiveSequences {
+    pub fn new(request_ttl: Duration) -> Self {
+        ActiveSequences {
+            workers: FxHashMap::default(),
+            requests: FxHashMap::default(),
+            arrivals: VecDeque::new(),
+            request_ttl,
+        }
+    }
+
+    pub fn add_worker(&mut self, worker: WorkerKey) {
+        self.workers.entry(worker).or_default();
+    }
+
+    /// Unregisters a worker, dropping its requests; returns their ids.
+    pub fn remove_worker(&mut self, worker: WorkerKey) -> Vec<RequestId> {
+        if self.workers.remove(&worker).is_none() {
+            return Vec::new();
+        }
+        let dropped: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.worker == worker)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &dropped {
+            self.requests.remove(id);
+        }
+        dropped
+    }
+
+    pub fn has_worker(&self, worker: WorkerKey) -> bool {
+        self.workers.contains_key(&worker)
+    }
+
+    pub fn workers(&self) -> impl Iterator<Item = WorkerKey> + '_ {
+        self.workers.keys().copied()
+    }
+
+    /// Starts tracking a request on `worker` holding `blocks` (its sequence hashes from the
+    /// first block) with `prefill_tokens` still to compute.
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        worker: WorkerKey,
+        blocks: &[SequenceHash],
+        prefill_tokens: u64,
+        now: Duration,
+    ) -> Result<(), ActiveError> {
+        if self.requests.contains_key(&id) {
+            return Err(ActiveError::DuplicateRequest(id));
+        }
+        let slots = self
+            .workers
+            .get_mut(&worker)
+            .ok_or(ActiveError::UnknownWorker(worker))?;
+        for &block in blocks {
+            *slots.refcounts.entry(block).or_insert(0) += 1;
+        }
+        slots.prefill_tokens += prefill_tokens;
+        slots.requests += 1;
+        self.requests.insert(
+            id,
+            ActiveRequest {
+                worker,
+                blocks: blocks.to_vec(),
+                prefill_tokens,
+                added_at: now,
+            },
+        );
+        self.arrivals.push_back((now, id));
+        Ok(())
+    }
+
+    /// The request's prefill is done: its prompt tokens no longer weigh as prefill load.
+    pub fn mark_prefill_completed(&mut self, id: RequestId) -> bool {
+        let Some(request) = self.requests.get_mut(&id) else {
+            return false;
+        };
+        let tokens = std::mem::take(&mut request.prefill_tokens);
+        if let Some(slots) = self.workers.get_mut(&request.worker) {
+            slots.prefill_tokens -= tokens;
+        }
+        true
+    }
+
+    /// The request ended (finished, failed or cancelled). Returns its worker.
+    pub fn free(&mut self, id: RequestId) -> Option<WorkerKey> {
+        let request = self.requests.remove(&id)?;
+        if let Some(slots) = self.workers.get_mut(&request.worker) {
+            for block in &request.blocks {
+                if let Some(count) = slots.refcounts.get_mut(block) {
+                    *count -= 1;
+                    if *count == 0 {
+                        slots.refcounts.remove(block);
+                    }
+                }
+            }
+            slots.prefill_tokens -= request.prefill_tokens;
+            slots.requests -= 1;
+        }
+        Some(request.worker)
+    }
+
+    /// Frees requests added at least `request_ttl` ago; returns their ids.
+    pub fn expire(&mut self, now: Duration) -> Vec<RequestId> {
+        let mut expired = Vec::new();
+        while let Some(&(added_at, id)) = self.arrivals.front() {
+            if added_at + self.request_ttl > now {
+                break;
+            }
+            self.arrivals.pop_front();
+            if self
+                .requests
+                .get(&id)
+                .is_some_and(|r| r.added_at == added_at)
+            {
+                self.free(id);
+                expired.push(id);
+            }
+        }
+        // Keep the queue from growing without bound when requests free normally.
+        if self.arrivals.len() > 2 * self.requests.len() + 1024 {
+            let live = &self.requests;
+            self.arrivals
+                .retain(|(at, id)| live.get(id).is_some_and(|r| r.added_at == *at));
+        }
+        expired
+    }
+
+    pub fn load(&self, worker: WorkerKey) -> WorkerLoad {
+        self.workers
+            .get(&worker)
+            .map_or_else(WorkerLoad::default, |slots| WorkerLoad {
+                active_blocks: slots.refcounts.len() as u64,
+                prefill_tokens: slots.prefill_tokens,
+                requests: slots.requests,
+            })
+    }
+
+    /// How many of `blocks` (a chain from the first block) `worker` does not hold actively.
+    pub fn new_blocks(&self, worker: WorkerKey, blocks: &[SequenceHash]) -> u64 {
+        let Some(slots) = self.workers.get(&worker) else {
+            return blocks.len() as u64;
+        };
+        let held = blocks.partition_point(|b| slots.refcounts.contains_key(b));
+        (blocks.len() - held) as u64
+    }
+
+    /// Reference count of a block on a worker (0 if not active).
+    pub fn refcount(&self, worker: WorkerKey, block: SequenceHash) -> u32 {
+        self.workers
+            .get(&worker)
+            .and_then(|s| s.refcounts.get(&block))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn active_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The worker a request is active on.
+    pub fn worker_of(&self, id: RequestId) -> Option<WorkerKey> {
+        self.requests.get(&id).map(|r| r.worker)
+    }
+}

@@ -1,0 +1,498 @@
+//! The radix-tree indexer: which worker holds which cached prefix.
+//!
+//! The tree is keyed by *local* block hashes, so a frontend can match a prompt it has only
+//! hashed block by block. Events name blocks by the engine's *sequence* hashes, which are
+//! opaque per-worker identifiers; a per-worker lookup table maps them to tree nodes.
+//!
+//! A worker holds a node while at least one of its live sequence hashes maps to it. A
+//! worker's match for a query is the number of consecutive query blocks, from the first,
+//! whose nodes it holds.
+//!
+//! Real event streams are messy; each anomaly below is counted in [`IndexerStats`] and none
+//! corrupts the tree:
+//! - a store of a block the worker already has under the same hash: a no-op;
+//! - a store reusing a sequence hash for a different prefix: the hash moves to the new node;
+//! - a removal of a block the worker does not have: ignored;
+//! - a store whose parent the worker does not have: the whole event is dropped, since its
+//!   position in the tree is unknown (the caller should resynchronise the worker);
+//! - event ids that skip ahead: applied, and reported as an [`EventGap`] so the caller can ask
+//!   for a replay or a dump; ids at or below the last applied one: skipped as stale.
+
+mod bits;
+mod dump;
+mod tree;
+
+pub mod approx;
+pub mod shared;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use switchyard_core::{
+    KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerKey,
+};
+
+use bits::Ones;
+pub use dump::WorkerSnapshot;
+use tree::{NodeId, ROOT, Tree};
+
+/// Counters of what the indexer has seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct IndexerStats {
+    pub events_applied: u64,
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    pub clears: u64,
+    pub duplicate_stores: u64,
+    pub remapped_stores: u64,
+    pub unknown_removals: u64,
+    pub unknown_parent_events: u64,
+    pub unknown_parent_blocks: u64,
+    pub stale_events: u64,
+    pub gaps: u64,
+    pub other_tier_events: u64,
+}
+
+/// Events were missed on a worker's stream: ids `expected..received` never arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EventGap {
+    pub worker: WorkerKey,
+    pub expected: u64,
+    pub received: u64,
+}
+
+/// What [`Indexer::apply`] did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    Applied,
+    /// Applied, but earlier events of the stream are missing.
+    AppliedAfterGap(EventGap),
+    /// Skipped: its id is not above the last applied id of its stream.
+    Stale {
+        last_event_id: u64,
+    },
+    /// Skipped: it concerns a storage tier this indexer does not track (its id still counts).
+    OtherTier,
+}
+
+impl ApplyOutcome {
+    pub fn gap(&self) -> Option<EventGap> {
+        match self {
+            ApplyOutcome::AppliedAfterGap(gap) => Some(*gap),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to a match query.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OverlapScores {
+    /// Workers matching at least one block: (worker, consecutive blocks matched), by key.
+    pub scores: Vec<(WorkerKey, u32)>,
+    /// Every known worker's number of cached blocks, by key.
+    pub cached_blocks: Vec<(WorkerKey, u64)>,
+}
+
+impl OverlapScores {
+    /// Blocks matched by `worker` (0 when it matched nothing or is unknown).
+    pub fn score(&self, worker: WorkerKey) -> u32 {
+        self.scores
+            .binary_search_by_key(&worker, |e| e.0)
+            .map_or(0, |i| self.scores[i].1)
+    }
+
+    /// Blocks cached by `worker` (0 when unknown).
+    pub fn cached(&self, worker: WorkerKey) -> u64 {
+        self.cached_blocks
+            .binary_search_by_key(&worker, |e| e.0)
+            .map_or(0, |i| self.cached_blocks[i].1)
+    }
+
+    /// The highest score of any worker.
+    pub fn best(&self) -> u32 {
+        self.scores.iter().map(|e| e.1).max().unwrap_or(0)
+    }
+}
+
+/// Indexer settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IndexerConfig {
+    /// The storage tier whose blocks are indexed; events of other tiers are skipped.
+    pub tier: StorageTier,
+}
+
+#[derive(Debug)]
+struct WorkerState {
+    blocks: FxHashMap<SequenceHash, NodeId>,
+    /// Nodes this worker references under more than one sequence hash: the extra count.
+    extra_refs: FxHashMap<NodeId, u32>,
+    /// Distinct nodes held.
+    cached: u64,
+    last_event_id: Option<u64>,
+}
+
+impl WorkerState {
+    fn new() -> Self {
+        WorkerState {
+            blocks: FxHashMap::default(),
+            extra_refs: FxHashMap::default(),
+            cached: 0,
+            last_event_id: None,
+        }
+    }
+}
+
+/// The radix-tree indexer. Single-threaded; see [`shared::SharedIndexer`] for concurrent use.
+#[derive(Debug, Default)]
+pub struct Indexer {
+    config: IndexerConfig,
+    tree: Tree,
+    /// Workers by dense slot; a slot is the worker's bit in every node's worker set.
+    workers: Vec<Option<WorkerState>>,
+    free_slots: Vec<u32>,
+    /// (key, slot), sorted by key.
+    by_key: Vec<(WorkerKey, u32)>,
+    stats: IndexerStats,
+}
+
+impl Indexer {
+    pub fn new(config: IndexerConfig) -> Self {
+        Indexer {
+            config,
+            ..Indexer::default()
+        }
+    }
+
+    pub fn stats(&self) -> &IndexerStats {
+        &self.stats
+    }
+
+    /// Distinct blocks in the tree.
+    pub fn block_count(&self) -> usize {
+        self.tree.len()
+    }
+
+    /// Sum over workers of the blocks each holds.
+    pub fn worker_block_count(&self) -> u64 {
+        self.workers.iter().flatten().map(|w| w.cached).sum()
+    }
+
+    /// Known workers, by key.
+    pub fn workers(&self) -> impl Iterator<Item = WorkerKey> + '_ {
+        self.by_key.iter().map(|e| e.0)
+    }
+
+    /// Blocks cached by `worker` (0 when unknown).
+    pub fn cached_blocks(&self, worker: WorkerKey) -> u64 {
+        self.slot(worker).map_or(0, |s| self.state(s).cached)
+    }
+
+    /// The id of the last event applied for `worker`.
+    pub fn last_event_id(&self, worker: WorkerKey) -> Option<u64> {
+        self.slot(worker).and_then(|s| self.state(s).last_event_id)
+    }
+
+    /// Applies one event.
+    pub fn apply(&mut self, event: &KvEvent) -> ApplyOutcome {
+        let worker = event.worker();
+        let slot = self.slot_or_insert(worker);
+        let mut outcome = ApplyOutcome::Applied;
+        match self.state(slot).last_event_id {
+            Some(last) if event.event_id <= last => {
+                self.stats.stale_events += 1;
+                return ApplyOutcome::Stale {
+                    last_event_id: last,
+                };
+            }
+            Some(last) if event.event_id > last + 1 => {
+                outcome = ApplyOutcome::AppliedAfterGap(EventGap {
+                    worker,
+                    expected: last + 1,
+                    received: event.event_id,
+                });
+                self.stats.gaps += 1;
+            }
+            _ => {}
+        }
+        self.state_mut(slot).last_event_id = Some(event.event_id);
+        if event.tier != self.config.tier {
+            self.stats.other_tier_events += 1;
+            return ApplyOutcome::OtherTier;
+        }
+        self.apply_data(slot, &event.data);
+        outcome
+    }
+
+    fn apply_data(&mut self, slot: u32, data: &KvEventData) {
+        self.stats.events_applied += 1;
+        match data {
+            KvEventData::Stored { parent, blocks } => self.store(slot, *parent, blocks),
+            KvEventData::Removed { seq_hashes } => {
+                for &hash in seq_hashes {
+                    match self.state_mut(slot).blocks.remove(&hash) {
+                        Some(node) => {
+                            self.stats.blocks_removed += 1;
+                            self.release(slot, node);
+                        }
+                        None => self.stats.unknown_removals += 1,
+                    }
+                }
+            }
+            KvEventData::Cleared => {
+                self.stats.clears += 1;
+                self.clear_slot(slot);
+            }
+        }
+    }
+
+    fn store(&mut self, slot: u32, parent: Option<SequenceHash>, blocks: &[StoredBlock]) {
+        let mut node = match parent {
+            None => ROOT,
+            Some(parent) => match self.state(slot).blocks.get(&parent) {
+                Some(&node) => node,
+                None => {
+                    self.stats.unknown_parent_events += 1;
+                    self.stats.unknown_parent_blocks += blocks.len() as u64;
+                    return;
+                }
+            },
+        };
+        for block in blocks {
+            let child = self.tree.child_or_insert(node, block.local_hash);
+            match self.state_mut(slot).blocks.insert(block.seq_hash, child) {
+                None => {
+                    self.stats.blocks_stored += 1;
+                    self.acquire(slot, child);
+                }
+                Some(old) if old == child => self.stats.duplicate_stores += 1,
+                Some(old) => {
+                    self.stats.remapped_stores += 1;
+                    self.acquire(slot, child);
+                    self.release(slot, old);
+                }
+            }
+            node = child;
+        }
+    }
+
+    /// Records one more reference from `slot` to `node`.
+    fn acquire(&mut self, slot: u32, node: NodeId) {
+        if self.tree.node_mut(node).workers.insert(slot) {
+            self.state_mut(slot).cached += 1;
+        } else {
+            *self.state_mut(slot).extra_refs.entry(node).or_insert(0) += 1;
+        }
+    }
+
+    /// Drops one reference from `slot` to `node`, pruning the node when nothing needs it.
+    fn release(&mut self, slot: u32, node: NodeId) {
+        let state = self.state_mut(slot);
+        if let Some(extra) = state.extra_refs.get_mut(&node) {
+            *extra -= 1;
+            if *extra == 0 {
+                state.extra_refs.remove(&node);
+            }
+            return;
+        }
+        state.cached -= 1;
+        self.tree.node_mut(node).workers.remove(slot);
+        self.tree.prune(node);
+    }
+
+    fn clear_slot(&mut self, slot: u32) {
+        let state = self.state_mut(slot);
+        let blocks = std::mem::take(&mut state.blocks);
+        state.extra_refs.clear();
+        state.cached = 0;
+        for node in blocks.into_values() {
+            // A node referenced twice appears twice; the second removal is a no-op.
+            if self.tree.node_mut(node).workers.remove(slot) {
+                self.tree.prune(node);
+            }
+        }
+    }
+
+    /// Forgets a worker entirely: its blocks and its event-id history.
+    pub fn remove_worker(&mut self, worker: WorkerKey) -> bool {
+        let Some(slot) = self.slot(worker) else {
+            return false;
+        };
+        self.clear_slot(slot);
+        self.workers[slot as usize] = None;
+        self.free_slots.push(slot);
+        if let Ok(i) = self.by_key.binary_search_by_key(&worker, |e| e.0) {
+            self.by_key.remove(i);
+        }
+        true
+    }
+
+    /// For each worker, how many of `query`'s blocks it holds consecutively from the first.
+    pub fn find_matches(&self, query: &[LocalBlockHash]) -> OverlapScores {
+        let mut depth_by_slot = vec![0u32; self.workers.len()];
+        self.match_depths(query, &mut depth_by_slot);
+        let mut scores = Vec::new();
+        let mut cached_blocks = Vec::with_capacity(self.by_key.len());
+        for &(key, slot) in &self.by_key {
+            let depth = depth_by_slot[slot as usize];
+            if depth > 0 {
+                scores.push((key, depth));
+            }
+            cached_blocks.push((key, self.state(slot).cached));
+        }
+        OverlapScores {
+            scores,
+            cached_blocks,
+        }
+    }
+
+    /// The match walk: follows `query` down the tree, narrowing the set of workers that
+    /// hold every block so far; a worker leaving the set at depth `d` matched `d` blocks.
+    fn match_depths(&self, query: &[LocalBlockHash], depth_by_slot: &mut [u32]) {
+        let mut node = ROOT;
+        let mut active: smallvec::SmallVec<[u64; 4]> = smallvec::SmallVec::new();
+        let mut depth = 0u32;
+        for &local in query {
+            let Some(child) = self.tree.node(node).children.get(local) else {
+                break;
+            };
+            let held = self.tree.node(child).workers.words();
+            if depth == 0 {
+                active.extend_from_slice(held);
+            } else {
+                let mut any = 0;
+                for (i, word) in active.iter_mut().enumerate() {
+                    let keep = *word & held.get(i).copied().unwrap_or(0);
+                    let dropped = *word & !keep;
+                    for bit in Ones(dropped) {
+                        depth_by_slot[i * 64 + bit as usize] = depth;
+                    }
+                    *word = keep;
+                    any |= keep;
+                }
+                if any == 0 {
+                    return;
+                }
+            }
+            depth += 1;
+            node = child;
+        }
+        for (i, &word) in active.iter().enumerate() {
+            for bit in Ones(word) {
+                depth_by_slot[i * 64 + bit as usize] = depth;
+            }
+        }
+    }
+
+    /// Checks the tree against the per-worker tables; for tests and debugging.
+    ///
+    /// Every node is reachable from the root through its parent's child map; no node other
+    /// than the root is empty (no worker, no child); a node holds a worker's bit exactly when
+    /// one of the worker's sequence hashes maps to it, with the extra references counted; and
+    /// each worker's cached count is its number of distinct nodes.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut seen = 0usize;
+        let mut stack = vec![ROOT];
+        let mut held: FxHashMap<(u32, NodeId), u32> = FxHashMap::default();
+        while let Some(id) = stack.pop() {
+            let node = self.tree.node(id);
+            for (local, child) in node.children.ids() {
+                let c = self.tree.node(child);
+                if c.parent != id || c.local != local {
+                    return Err(format!(
+                        "node {child} is linked under {id} but says parent {} local {:?}",
+                        c.parent, c.local
+                    ));
+                }
+                if c.workers.is_empty() && c.children.is_empty() {
+                    return Err(format!("node {child} is empty but still in the tree"));
+                }
+                for slot in c.workers.iter() {
+                    held.insert((slot, child), 0);
+                }
+                seen += 1;
+                stack.push(child);
+            }
+        }
+        if seen != self.tree.len() {
+            return Err(format!(
+                "{seen} nodes reachable but {} allocated",
+                self.tree.len()
+            ));
+        }
+        for &(key, slot) in &self.by_key {
+            let state = self.state(slot);
+            let mut refs: FxHashMap<NodeId, u32> = FxHashMap::default();
+            for &node in state.blocks.values() {
+                *refs.entry(node).or_insert(0) += 1;
+            }
+            for (&node, &count) in &refs {
+                if !self.tree.node(node).workers.contains(slot) {
+                    return Err(format!(
+                        "{key} maps a hash to node {node} without holding it"
+                    ));
+                }
+                let extra = state.extra_refs.get(&node).copied().unwrap_or(0);
+                if extra + 1 != count {
+                    return Err(format!(
+                        "{key} has {count} refs to node {node} but {extra} extra"
+                    ));
+                }
+                held.remove(&(slot, node));
+            }
+            if state.extra_refs.keys().any(|n| !refs.contains_key(n)) {
+                return Err(format!("{key} has extra refs to a node it does not map"));
+            }
+            if state.cached != refs.len() as u64 {
+                return Err(format!(
+                    "{key} counts {} cached but holds {}",
+                    state.cached,
+                    refs.len()
+                ));
+            }
+        }
+        if let Some(((slot, node), _)) = held.iter().next() {
+            return Err(format!(
+                "node {node} holds slot {slot} with no hash mapping to it"
+            ));
+        }
+        Ok(())
+    }
+
+    fn slot(&self, worker: WorkerKey) -> Option<u32> {
+        self.by_key
+            .binary_search_by_key(&worker, |e| e.0)
+            .ok()
+            .map(|i| self.by_key[i].1)
+    }
+
+    fn slot_or_insert(&mut self, worker: WorkerKey) -> u32 {
+        match self.by_key.binary_search_by_key(&worker, |e| e.0) {
+            Ok(i) => self.by_key[i].1,
+            Err(i) => {
+                let slot = match self.free_slots.pop() {
+                    Some(slot) => slot,
+                    None => {
+                        self.workers.push(None);
+                        (self.workers.len() - 1) as u32
+                    }
+                };
+                self.workers[slot as usize] = Some(WorkerState::new());
+                self.by_key.insert(i, (worker, slot));
+                slot
+            }
+        }
+    }
+
+    fn state(&self, slot: u32) -> &WorkerState {
+        match &self.workers[slot as usize] {
+            Some(state) => state,
+            None => unreachable!("slot {slot} is mapped but vacant"),
+        }
+    }
+
+    fn state_mut(&mut self, slot: u32) -> &mut WorkerState {
+        match &mut self.workers[slot as usize] {
+            Some(state) => state,
+            None => unreachable!("slot {slot} is mapped but vacant"),
+        }
+    }
+}

@@ -1,0 +1,695 @@
+//! Worker selection policies.
+//!
+//! Every policy sees the same [`Candidate`] rows (one per eligible worker) and picks one. The
+//! `kv` policy is Switchyard's own; the others are baselines to compare it with.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand::Rng;
+use rand::rngs::SmallRng;
+use serde::{Deserialize, Serialize};
+use switchyard_core::WorkerKey;
+use thiserror::Error;
+
+/// What a policy knows about one worker for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub worker: WorkerKey,
+    /// Blocks of the request already cached on the worker (consecutive from the first).
+    pub overlap_blocks: u32,
+    /// Blocks cached on the worker in total (its tree size).
+    pub cached_blocks: u64,
+    /// Blocks held by the worker's in-flight requests.
+    pub active_blocks: u64,
+    /// Blocks of the request the worker's in-flight requests do not already hold.
+    pub new_blocks: u64,
+    /// Prefill tokens routed to the worker and not yet computed.
+    pub prefill_tokens: u64,
+    /// In-flight requests on the worker.
+    pub active_requests: u32,
+}
+
+/// Per-request routing overrides.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct RoutingOverrides {
+    pub policy: Option<PolicyKind>,
+    pub overlap_weight: Option<f64>,
+    pub temperature: Option<f64>,
+}
+
+/// One request, as the policies see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Selection<'a> {
+    pub isl_tokens: u64,
+    pub block_size: u32,
+    pub candidates: &'a [Candidate],
+    pub overrides: &'a RoutingOverrides,
+}
+
+/// A selection policy. Returns the index of the chosen candidate (`None` only when there
+/// are no candidates).
+pub trait Policy: Send + fmt::Debug {
+    fn kind(&self) -> PolicyKind;
+    fn select(&mut self, selection: &Selection<'_>, rng: &mut SmallRng) -> Option<usize>;
+}
+
+/// The policies, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    Kv,
+    RoundRobin,
+    Random,
+    LeastLoaded,
+    PowerOfTwo,
+    CacheAware,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 6] = [
+        PolicyKind::Kv,
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::LeastLoaded,
+        PolicyKind::PowerOfTwo,
+        PolicyKind::CacheAware,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Kv => "kv",
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::Random => "random",
+            PolicyKind::LeastLoaded => "least-loaded",
+            PolicyKind::PowerOfTwo => "power-of-two",
+            PolicyKind::CacheAware => "cache-aware",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "unknown routing policy {0:?}; expected one of: kv, round-robin, random, least-loaded, power-of-two, cache-aware"
+)]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for PolicyKind {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownPolicy(s.to_string()))
+    }
+}
+
+/// Settings of the `kv` policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvPolicyConfig {
+    /// Weight of prefill work against decode load in the cost.
+    pub overlap_weight: f64,
+    /// 0 picks the cheapest worker; above 0 samples from a softmax over normalised costs.
+    pub temperature: f64,
+}
+
+impl Default for KvPolicyConfig {
+    fn default() -> Self {
+        KvPolicyConfig {
+            overlap_weight: 1.0,
+            temperature: 0.0,
+        }
+    }
+}
+
+/// Settings of the SGLang-style `cache-aware` policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheAwareConfig {
+    /// Minimum fraction of the prompt cached on the best worker to route by cache.
+    pub cache_threshold: f64,
+    /// The load is imbalanced when max − min exceeds this many requests …
+    pub balance_abs_threshold: u32,
+    /// … and max exceeds min times this.
+    pub balance_rel_threshold: f64,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        CacheAwareConfig {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+        }
+    }
+}
+
+/// The `kv` policy: the worker where the request should finish soonest.
+///
+/// cost = overlap_weight × prefill_blocks + decode_blocks, with
+/// prefill_blocks = (outstanding prefill tokens + max(isl − overlap × block_size, 0)) / block_size
+/// and decode_blocks = active blocks + the request's blocks the worker does not hold yet.
+#[derive(Debug, Clone, Default)]
+pub struct KvPolicy {
+    pub config: KvPolicyConfig,
+}
+
+impl KvPolicy {
+    /// The cost of placing the request on each candidate.
+    pub fn costs(&self, s: &Selection<'_>) -> Vec<f64> {
+        let weight = s
+            .overrides
+            .overlap_weight
+            .unwrap_or(self.config.overlap_weight);
+        let block_size = f64::from(s.block_size.max(1));
+        s.candidates
+            .iter()
+            .map(|c| {
+                let cached_tokens = u64::from(c.overlap_blocks) * u64::from(s.block_size);
+                let new_prefill = s.isl_tokens.saturating_sub(cached_tokens);
+                let prefill_blocks = (c.prefill_tokens + new_prefill) as f64 / block_size;
+                let decode_blocks = (c.active_blocks + c.new_blocks) as f64;
+                weight * prefill_blocks + decode_blocks
+            })
+            .collect()
+    }
+}
+
+impl Policy for KvPolicy {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Kv
+    }
+
+    fn select(&mut self, s: &Selection<'_>, rng: &mut SmallRng) -> Option<usize> {
+        if s.candidates.is_empty() {
+            return None;
+        }
+        let costs = self.costs(s);
+        let temperature = s.overrides.temperature.unwrap_or(self.config.temperature);
+        if temperature > 0.0 {
+            return Some(softmax_sample(&costs, temperature, rng));
+        }
+        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        let cheapest: Vec<usize> = (0..costs.len())
+            .filter(|&i| costs[i] - min <= 1e-9)
+            .collect();
+        // Ties go to the worker with less cached (more room), then at random.
+        let fewest_cached = cheapest
+            .iter()
+            .map(|&i| s.candidates[i].cached_blocks)
+            .min()?;
+        let tied: Vec<usize> = cheapest
+            .into_iter()
+            .filter(|&i| s.candidates[i].cached_blocks == fewest_cached)
+            .collect();
+        pick(&tied, rng)
+    }
+}
+
+/// Samples an index with probability ∝ exp(−normalised cost / T), costs normalised to [0, 1].
+fn softmax_sample(costs: &[f64], temperature: f64, rng: &mut SmallRng) -> usize {
+    let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let span = max - min;
+    let weights: Vec<f64> = costs
+        .iter()
+        .map(|&c| {
+            let normalised = if span > 0.0 { (c - min) / span } else { 0.0 };
+            (-normalised / temperature).exp()
+        })
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut point = rng.random::<f64>() * total;
+    for (i, w) in weights.iter().enumerate() {
+        if point < *w {
+            return i;
+        }
+        point -= w;
+    }
+    costs.len() - 1
+}
+
+fn pick(indices: &[usize], rng: &mut SmallRng) -> Option<usize> {
+    match indices.len() {
+        0 => None,
+        1 => Some(indices[0]),
+        n => Some(indices[rng.random_range(0..n)]),
+    }
+}
+
+/// Indices of the candidates minimising `key`.
+fn argmin_all<K: Ord + Copy>(
+    candidates: &[Candidate],
+    key: impl Fn(&Candidate) -> K,
+) -> Vec<usize> {
+    let Some(best) = candidates.iter().map(&key).min() else {
+        return Vec::new();
+    };
+    (0..candidates.len())
+        .filter(|&i| key(&candidates[i]) == best)
+        .collect()
+}
+
+/// Each worker in turn.
+#[derive(Debug, Clone, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl Policy for RoundRobin {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::RoundRobin
+    }
+
+    fn select(&mut self, s: &Selection<'_>, _rng: &mut SmallRng) -> Option<usize> {
+        if s.candidates.is_empty() {
+            return None;
+        }
+        let chosen = self.next % s.candidates.len();
+        self.next = self.next.wrapping_add(1);
+        Some(chosen)
+    }
+}
+
+/// A uniformly random worker.
+#[derive(Debug, Clone, Default)]
+pub struct RandomPolicy;
+
+impl Policy for RandomPolicy {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Random
+    }
+
+    fn select(&mut self, s: &Selection<'_>, rng: &mut SmallRng) -> Option<usize> {
+        (!s.candidates.is_empty()).then(|| rng.random_range(0..s.candidates.len()))
+    }
+}
+
+/// The worker with the fewest active blocks (then fewest requests, then at random).
+#[derive(Debug, Clone, Default)]
+pub struct LeastLoaded;
+
+impl Policy for LeastLoaded {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::LeastLoaded
+    }
+
+    fn select(&mut self, s: &Selection<'_>, rng: &mut SmallRng) -> Option<usize> {
+        pick(
+            &argmin_all(s.candidates, |c| (c.active_blocks, c.active_requests)),
+            rng,
+        )
+    }
+}
+
+/// Two workers at random; the one with fewer active blocks.
+#[derive(Debug, Clone, Default)]
+pub struct PowerOfTwo;
+
+impl Policy for PowerOfTwo {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::PowerOfTwo
+    }
+
+    fn select(&mut self, s: &Selection<'_>, rng: &mut SmallRng) -> Option<usize> {
+        let n = s.candidates.len();
+        match n {
+            0 => None,
+            1 => Some(0),
+            _ => {
+                let a = rng.random_range(0..n);
+                let b = (a + rng.random_range(1..n)) % n;
+                let load = |i: usize| {
+                    (
+                        s.candidates[i].active_blocks,
+                        s.candidates[i].active_requests,
+                    )
+                };
+                Some(if load(b) < load(a) { b } else { a })
+            }
+        }
+    }
+}
+
+/// SGLang's cache-aware policy: shortest queue when the load is imbalanced; otherwise the
+/// best cache match if it covers enough of the prompt, else the emptiest cache.
+#[derive(Debug, Clone, Default)]
+pub struct CacheAware {
+    pub config: CacheAwareConfig,
+}
+
+impl Policy for CacheAware {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::CacheAware
+    }
+
+    fn select(&mut self, s: &Selection<'_>, rng: &mut SmallRng) -> Option<usize> {
+        let loads = s.candidates.iter().map(|c| c.active_requests);
+        let (min, max) = (loads.clone().min()?, loads.max()?);
+        let imbalanced = max - min > self.config.balance_abs_threshold
+            && f64::from(max) > self.config.balance_rel_threshold * f64::from(min);
+        if imbalanced {
+            return pick(&argmin_all(s.candidates, |c| c.active_requests), rng);
+        }
+        let best_overlap = s.candidates.iter().map(|c| c.overlap_blocks).max()?;
+        let matched_tokens = u64::from(best_overlap) * u64::from(s.block_size);
+        let match_rate = if s.isl_tokens == 0 {
+            0.0
+        } else {
+            matched_tokens as f64 / s.isl_tokens as f64
+        };
+        if best_overlap > 0 && match_rate > self.config.cache_threshold {
+            pick(
+                &argmin_all(s.candidates, |c| std::cmp::Reverse(c.overlap_blocks)),
+                rng,
+            )
+        } else {
+            pick(&argmin_all(s.candidates, |c| c.cached_blocks), rng)
+        }
+    }
+}
+
+/// Builds a policy by kind.
+pub fn build(
+    kind: PolicyKind,
+    kv: KvPolicyConfig,
+    cache_aware: CacheAwareConfig,
+) -> Box<dyn Policy> {
+    match kind {
+        PolicyKind::Kv => Box::new(KvPolicy { config: kv }),
+        PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
+        PolicyKind::Random => Box::new(RandomPolicy),
+        PolicyKind::LeastLoaded => Box::new(LeastLoaded),
+        PolicyKind::PowerOfTwo => Box::new(PowerOfTwo),
+        PolicyKind::CacheAware => Box::new(CacheAware {
+            config: cache_aware,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn worker(i: u64) -> WorkerKey {
+        WorkerKey::new(i, 0)
+    }
+
+    fn cand(i: u64) -> Candidate {
+        Candidate {
+            worker: worker(i),
+            overlap_blocks: 0,
+            cached_blocks: 0,
+            active_blocks: 0,
+            new_blocks: 0,
+            prefill_tokens: 0,
+            active_requests: 0,
+        }
+    }
+
+    fn select(
+        policy: &mut dyn Policy,
+        isl: u64,
+        candidates: &[Candidate],
+        overrides: RoutingOverrides,
+        seed: u64,
+    ) -> usize {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let s = Selection {
+            isl_tokens: isl,
+            block_size: 16,
+            candidates,
+            overrides: &overrides,
+        };
+        policy.select(&s, &mut rng).expect("a candidate")
+    }
+
+    #[test]
+    fn kv_cost_follows_the_formula() {
+        // 160-token prompt (10 blocks). A caches 6 blocks but is busy; B is idle.
+        let a = Candidate {
+            overlap_blocks: 6,
+            active_blocks: 20,
+            new_blocks: 4,
+            prefill_tokens: 32,
+            ..cand(0)
+        };
+        let b = Candidate {
+            new_blocks: 10,
+            ..cand(1)
+        };
+        let policy = KvPolicy::default();
+        let overrides = RoutingOverrides::default();
+        let s = Selection {
+            isl_tokens: 160,
+            block_size: 16,
+            candidates: &[a, b],
+            overrides: &overrides,
+        };
+        // A: prefill (32 + 160 - 96) / 16 = 6, decode 20 + 4 = 24 -> 30.
+        // B: prefill 160 / 16 = 10, decode 0 + 10 = 10 -> 20.
+        assert_eq!(policy.costs(&s), vec![30.0, 20.0]);
+        let mut p = KvPolicy::default();
+        assert_eq!(select(&mut p, 160, &[a, b], overrides, 0), 1);
+    }
+
+    #[test]
+    fn kv_prefers_cache_when_load_is_equal_and_weight_shifts_the_balance() {
+        let a = Candidate {
+            overlap_blocks: 8,
+            active_blocks: 10,
+            new_blocks: 2,
+            ..cand(0)
+        };
+        let b = Candidate {
+            overlap_blocks: 0,
+            active_blocks: 5,
+            new_blocks: 10,
+            ..cand(1)
+        };
+        let mut p = KvPolicy::default();
+        // A: 2 + 12 = 14; B: 10 + 15 = 25.
+        assert_eq!(
+            select(&mut p, 160, &[a, b], RoutingOverrides::default(), 0),
+            0
+        );
+        // Decode-heavy weighting (prefill barely counts) favours the less loaded B:
+        // A: 0.1 * 2 + 12 = 12.2; B: 0.1 * 10 + 15 = 16 -> still A; lower B's load.
+        let b_idle = Candidate {
+            active_blocks: 0,
+            ..b
+        };
+        let light = RoutingOverrides {
+            overlap_weight: Some(0.1),
+            ..RoutingOverrides::default()
+        };
+        // A: 12.2; B: 1 + 10 = 11 -> B.
+        assert_eq!(select(&mut p, 160, &[a, b_idle], light, 0), 1);
+        // With full weight A wins again: A 14, B 20.
+        assert_eq!(
+            select(&mut p, 160, &[a, b_idle], RoutingOverrides::default(), 0),
+            0
+        );
+    }
+
+    #[test]
+    fn kv_ties_go_to_the_smaller_tree_then_random() {
+        let a = Candidate {
+            cached_blocks: 500,
+            ..cand(0)
+        };
+        let b = Candidate {
+            cached_blocks: 100,
+            ..cand(1)
+        };
+        let c = Candidate {
+            cached_blocks: 100,
+            ..cand(2)
+        };
+        let mut p = KvPolicy::default();
+        let mut seen = [0usize; 3];
+        for seed in 0..200 {
+            seen[select(&mut p, 64, &[a, b, c], RoutingOverrides::default(), seed)] += 1;
+        }
+        assert_eq!(seen[0], 0);
+        assert!(seen[1] > 50 && seen[2] > 50, "{seen:?}");
+    }
+
+    #[test]
+    fn kv_temperature_samples_cheaper_workers_more_often() {
+        let cheap = Candidate {
+            active_blocks: 0,
+            ..cand(0)
+        };
+        let dear = Candidate {
+            active_blocks: 100,
+            ..cand(1)
+        };
+        let mut p = KvPolicy::default();
+        let mut count = |t: f64| {
+            let o = RoutingOverrides {
+                temperature: Some(t),
+                ..RoutingOverrides::default()
+            };
+            let mut rng = SmallRng::seed_from_u64(7);
+            let s = Selection {
+                isl_tokens: 64,
+                block_size: 16,
+                candidates: &[cheap, dear],
+                overrides: &o,
+            };
+            (0..2000)
+                .filter(|_| p.select(&s, &mut rng) == Some(1))
+                .count()
+        };
+        // Softmax of normalised costs {0, 1}: P(dear) = e^(-1/T) / (1 + e^(-1/T)).
+        let hot = count(10.0); // ≈ 0.475
+        let cool = count(0.25); // ≈ 0.018
+        assert!((850..1050).contains(&hot), "{hot}");
+        assert!(cool < 80, "{cool}");
+        // Temperature 0 is deterministic.
+        assert_eq!(count(0.0), 0);
+    }
+
+    #[test]
+    fn round_robin_cycles() {
+        let cs = [cand(0), cand(1), cand(2)];
+        let mut p = RoundRobin::default();
+        let picks: Vec<usize> = (0..6)
+            .map(|i| select(&mut p, 10, &cs, RoutingOverrides::default(), i))
+            .collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn random_reaches_every_worker() {
+        let cs = [cand(0), cand(1), cand(2), cand(3)];
+        let mut p = RandomPolicy;
+        let mut rng = SmallRng::seed_from_u64(1);
+        let o = RoutingOverrides::default();
+        let s = Selection {
+            isl_tokens: 1,
+            block_size: 16,
+            candidates: &cs,
+            overrides: &o,
+        };
+        let seen: std::collections::HashSet<usize> =
+            (0..100).filter_map(|_| p.select(&s, &mut rng)).collect();
+        assert_eq!(seen.len(), 4);
+    }
+
+    #[test]
+    fn least_loaded_and_power_of_two_avoid_load() {
+        let cs = [
+            Candidate {
+                active_blocks: 50,
+                ..cand(0)
+            },
+            Candidate {
+                active_blocks: 10,
+                active_requests: 3,
+                ..cand(1)
+            },
+            Candidate {
+                active_blocks: 10,
+                active_requests: 1,
+                ..cand(2)
+            },
+        ];
+        assert_eq!(
+            select(&mut LeastLoaded, 10, &cs, RoutingOverrides::default(), 0),
+            2
+        );
+        // With two candidates, power-of-two compares both and takes the lighter.
+        let two = [cs[0], cs[1]];
+        for seed in 0..20 {
+            assert_eq!(
+                select(&mut PowerOfTwo, 10, &two, RoutingOverrides::default(), seed),
+                1
+            );
+        }
+        // With three, it never picks the heaviest unless both samples... it samples two
+        // distinct ones, so the heaviest can never win.
+        for seed in 0..50 {
+            assert_ne!(
+                select(&mut PowerOfTwo, 10, &cs, RoutingOverrides::default(), seed),
+                0
+            );
+        }
+    }
+
+    #[test]
+    fn cache_aware_follows_sglang_rules() {
+        let mut p = CacheAware::default();
+        // Balanced load, 50% of a 160-token prompt cached on worker 1: route by cache.
+        let cs = [
+            Candidate {
+                cached_blocks: 10,
+                active_requests: 5,
+                ..cand(0)
+            },
+            Candidate {
+                overlap_blocks: 5,
+                cached_blocks: 900,
+                active_requests: 6,
+                ..cand(1)
+            },
+        ];
+        assert_eq!(select(&mut p, 160, &cs, RoutingOverrides::default(), 0), 1);
+        // Only 20% cached (below the 0.3 threshold): the emptiest cache wins.
+        let low = [
+            cs[0],
+            Candidate {
+                overlap_blocks: 2,
+                ..cs[1]
+            },
+        ];
+        assert_eq!(select(&mut p, 160, &low, RoutingOverrides::default(), 0), 0);
+        // Imbalanced (max - min = 100 > 64 and 110 > 1.5 * 10): shortest queue regardless.
+        let busy = [
+            Candidate {
+                active_requests: 10,
+                ..cs[0]
+            },
+            Candidate {
+                active_requests: 110,
+                ..cs[1]
+            },
+        ];
+        assert_eq!(
+            select(&mut p, 160, &busy, RoutingOverrides::default(), 0),
+            0
+        );
+        // A gap over 64 that is not 1.5× is not imbalance: cache wins.
+        let wide = [
+            Candidate {
+                active_requests: 200,
+                ..cs[0]
+            },
+            Candidate {
+                active_requests: 270,
+                ..cs[1]
+            },
+        ];
+        assert_eq!(
+            select(&mut p, 160, &wide, RoutingOverrides::default(), 0),
+            1
+        );
+    }
+
+    #[test]
+    fn policies_parse_by_name() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(kind.name().parse::<PolicyKind>(), Ok(kind));
+        }
+        let err = "fastest".parse::<PolicyKind>().unwrap_err();
+        assert!(err.to_string().contains("round-robin"));
+    }
+}

@@ -1,0 +1,239 @@
+//! The router: active sequences plus a policy, deciding where each request goes.
+//!
+//! The indexer is kept outside (callers pass its [`OverlapScores`]) so that it can be
+//! shared between threads while the router itself stays a plain state machine.
+
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use switchyard_core::{RequestId, SequenceHash, WorkerKey};
+use thiserror::Error;
+
+use crate::active::{ActiveError, ActiveSequences, WorkerLoad};
+use crate::indexer::OverlapScores;
+use crate::policy::{
+    self, CacheAwareConfig, Candidate, KvPolicyConfig, Policy, PolicyKind, RoutingOverrides,
+    Selection,
+};
+
+/// Router settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouterConfig {
+    /// Tokens per KV block; must match the engines'.
+    pub block_size: u32,
+    /// The policy used when a request does not name one.
+    pub policy: PolicyKind,
+    pub kv: KvPolicyConfig,
+    pub cache_aware: CacheAwareConfig,
+    /// Requests active longer than this are presumed lost and freed.
+    pub request_ttl: Duration,
+    /// Seed of the random choices (ties, sampling, random policies).
+    pub seed: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            block_size: 16,
+            policy: PolicyKind::Kv,
+            kv: KvPolicyConfig::default(),
+            cache_aware: CacheAwareConfig::default(),
+            request_ttl: Duration::from_secs(600),
+            seed: 0,
+        }
+    }
+}
+
+/// A request to route.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    pub id: RequestId,
+    /// Prompt length in tokens.
+    pub isl_tokens: u64,
+    /// Sequence hashes of the prompt's full blocks, from the first.
+    pub seq_hashes: &'a [SequenceHash],
+    pub overrides: RoutingOverrides,
+}
+
+/// Where a request goes, and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouteDecision {
+    pub worker: WorkerKey,
+    pub policy: PolicyKind,
+    /// Blocks of the prompt already cached on the chosen worker.
+    pub overlap_blocks: u32,
+    /// Prompt tokens the chosen worker must compute.
+    pub prefill_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RouteError {
+    #[error("no worker is available")]
+    NoWorkers,
+    #[error(transparent)]
+    Active(#[from] ActiveError),
+}
+
+/// Chooses workers and tracks what they are busy with.
+#[derive(Debug)]
+pub struct Router {
+    config: RouterConfig,
+    active: ActiveSequences,
+    /// Sorted, so candidate order (and round-robin) is stable.
+    workers: Vec<WorkerKey>,
+    policies: Vec<Box<dyn Policy>>,
+    rng: SmallRng,
+}
+
+impl Router {
+    pub fn new(config: RouterConfig) -> Self {
+        let policies = PolicyKind::ALL
+            .into_iter()
+            .map(|k| policy::build(k, config.kv, config.cache_aware))
+            .collect();
+        Router {
+            config,
+            active: ActiveSequences::new(config.request_ttl),
+            workers: Vec::new(),
+            policies,
+            rng: SmallRng::seed_from_u64(config.seed),
+        }
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    pub fn add_worker(&mut self, worker: WorkerKey) {
+        if let Err(i) = self.workers.binary_search(&worker) {
+            self.workers.insert(i, worker);
+            self.active.add_worker(worker);
+        }
+    }
+
+    /// Unregisters a worker; returns the requests that were active on it.
+    pub fn remove_worker(&mut self, worker: WorkerKey) -> Vec<RequestId> {
+        if let Ok(i) = self.workers.binary_search(&worker) {
+            self.workers.remove(i);
+        }
+        self.active.remove_worker(worker)
+    }
+
+    pub fn workers(&self) -> &[WorkerKey] {
+        &self.workers
+    }
+
+    pub fn active(&self) -> &ActiveSequences {
+        &self.active
+    }
+
+    pub fn load(&self, worker: WorkerKey) -> WorkerLoad {
+        self.active.load(worker)
+    }
+
+    /// The candidate rows the policies see, for every worker.
+    pub fn candidates(
+        &self,
+        request: &RouteRequest<'_>,
+        overlaps: &OverlapScores,
+    ) -> Vec<Candidate> {
+        self.candidates_among(&self.workers, request, overlaps)
+    }
+
+    /// Candidate rows for a subset of workers (unknown ones are skipped).
+    pub fn candidates_among(
+        &self,
+        workers: &[WorkerKey],
+        request: &RouteRequest<'_>,
+        overlaps: &OverlapScores,
+    ) -> Vec<Candidate> {
+        workers
+            .iter()
+            .filter(|w| self.active.has_worker(**w))
+            .map(|&worker| {
+                let load = self.active.load(worker);
+                Candidate {
+                    worker,
+                    overlap_blocks: overlaps.score(worker),
+                    cached_blocks: overlaps.cached(worker),
+                    active_blocks: load.active_blocks,
+                    new_blocks: self.active.new_blocks(worker, request.seq_hashes),
+                    prefill_tokens: load.prefill_tokens,
+                    active_requests: load.requests,
+                }
+            })
+            .collect()
+    }
+
+    /// Chooses among `candidates` without recording anything.
+    pub fn select(
+        &mut self,
+        request: &RouteRequest<'_>,
+        candidates: &[Candidate],
+    ) -> Result<RouteDecision, RouteError> {
+        let kind = request.overrides.policy.unwrap_or(self.config.policy);
+        let selection = Selection {
+            isl_tokens: request.isl_tokens,
+            block_size: self.config.block_size,
+            candidates,
+            overrides: &request.overrides,
+        };
+        let policy =
+            &mut self.policies[PolicyKind::ALL.iter().position(|k| *k == kind).unwrap_or(0)];
+        let index = policy
+            .select(&selection, &mut self.rng)
+            .ok_or(RouteError::NoWorkers)?;
+        let chosen = candidates[index];
+        let cached_tokens = u64::from(chosen.overlap_blocks) * u64::from(self.config.block_size);
+        Ok(RouteDecision {
+            worker: chosen.worker,
+            policy: kind,
+            overlap_blocks: chosen.overlap_blocks,
+            prefill_tokens: request.isl_tokens.saturating_sub(cached_tokens),
+        })
+    }
+
+    /// Chooses a worker and records the request as active on it.
+    pub fn route(
+        &mut self,
+        request: &RouteRequest<'_>,
+        overlaps: &OverlapScores,
+        now: Duration,
+    ) -> Result<RouteDecision, RouteError> {
+        let candidates = self.candidates(request, overlaps);
+        let decision = self.select(request, &candidates)?;
+        self.record(request, &decision, now)?;
+        Ok(decision)
+    }
+
+    /// Records a decision taken by [`Router::select`].
+    pub fn record(
+        &mut self,
+        request: &RouteRequest<'_>,
+        decision: &RouteDecision,
+        now: Duration,
+    ) -> Result<(), RouteError> {
+        self.active.add_request(
+            request.id,
+            decision.worker,
+            request.seq_hashes,
+            decision.prefill_tokens,
+            now,
+        )?;
+        Ok(())
+    }
+
+    pub fn mark_prefill_completed(&mut self, id: RequestId) -> bool {
+        self.active.mark_prefill_completed(id)
+    }
+
+    pub fn free(&mut self, id: RequestId) -> Option<WorkerKey> {
+        self.active.free(id)
+    }
+
+    /// Frees requests older than the TTL; returns them.
+    pub fn expire(&mut self, now: Duration) -> Vec<RequestId> {
+        self.active.expire(now)
+    }
+}
