@@ -6,6 +6,7 @@
 //!   kept apart (it is not cacheable until it fills).
 //! - [`worker`]: worker identity (`WorkerId` plus data-parallel rank).
 //! - [`request`]: request identity.
+//! - [`trace`]: Mooncake trace rows and their mapping onto engine blocks.
 //! - [`event`]: the KV cache event model engines publish and the indexer consumes, with
 //!   JSON and MessagePack encodings.
 
@@ -13,6 +14,7 @@ pub mod blocks;
 pub mod event;
 pub mod hash;
 pub mod request;
+pub mod trace;
 pub mod worker;
 
 pub use blocks::TokenBlocks;

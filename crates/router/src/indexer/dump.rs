@@ -128,7 +128,7 @@ impl Indexer {
 
         Some(WorkerSnapshot {
             worker,
-            last_event_id: state.last_event_id,
+            last_event_id: self.streams.last(worker),
             tier: self.config.tier,
             events,
         })
@@ -141,7 +141,7 @@ impl Indexer {
         for data in &snapshot.events {
             self.apply_data(slot, data);
         }
-        self.state_mut(slot).last_event_id = snapshot.last_event_id;
+        self.streams.set(snapshot.worker, snapshot.last_event_id);
     }
 }
 

@@ -20,6 +20,7 @@
 
 mod bits;
 mod dump;
+mod streams;
 mod tree;
 
 pub mod approx;
@@ -33,6 +34,7 @@ use switchyard_core::{
 
 use bits::Ones;
 pub use dump::WorkerSnapshot;
+pub use streams::{EventStreams, StreamCheck};
 use tree::{NodeId, ROOT, Tree};
 
 /// Counters of what the indexer has seen.
@@ -120,14 +122,11 @@ pub struct IndexerConfig {
     pub tier: StorageTier,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct WorkerState {
     blocks: FxHashMap<SequenceHash, NodeId>,
     /// Nodes this worker references under more than one sequence hash: the extra count.
     extra_refs: FxHashMap<NodeId, u32>,
-    /// Distinct nodes held.
-    cached: u64,
-    last_event_id: Option<u64>,
 }
 
 impl WorkerState {
@@ -135,22 +134,26 @@ impl WorkerState {
         WorkerState {
             blocks: FxHashMap::default(),
             extra_refs: FxHashMap::default(),
-            cached: 0,
-            last_event_id: None,
         }
     }
 }
 
 /// The radix-tree indexer. Single-threaded; see [`shared::SharedIndexer`] for concurrent use.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Indexer {
     config: IndexerConfig,
     tree: Tree,
     /// Workers by dense slot; a slot is the worker's bit in every node's worker set.
     workers: Vec<Option<WorkerState>>,
     free_slots: Vec<u32>,
-    /// (key, slot), sorted by key.
+    /// Distinct nodes held, by slot (kept apart from the worker state so that building
+    /// the per-lookup list of counts reads one small array).
+    cached: Vec<u64>,
+    /// (key, slot), sorted by key: the order of every per-worker list.
     by_key: Vec<(WorkerKey, u32)>,
+    /// key -> slot, for the per-event lookup.
+    slots: FxHashMap<WorkerKey, u32>,
+    streams: EventStreams,
     stats: IndexerStats,
 }
 
@@ -173,7 +176,7 @@ impl Indexer {
 
     /// Sum over workers of the blocks each holds.
     pub fn worker_block_count(&self) -> u64 {
-        self.workers.iter().flatten().map(|w| w.cached).sum()
+        self.by_key.iter().map(|&(_, slot)| self.cached[slot as usize]).sum()
     }
 
     /// Known workers, by key.
@@ -183,37 +186,29 @@ impl Indexer {
 
     /// Blocks cached by `worker` (0 when unknown).
     pub fn cached_blocks(&self, worker: WorkerKey) -> u64 {
-        self.slot(worker).map_or(0, |s| self.state(s).cached)
+        self.slot(worker).map_or(0, |s| self.cached[s as usize])
     }
 
     /// The id of the last event applied for `worker`.
     pub fn last_event_id(&self, worker: WorkerKey) -> Option<u64> {
-        self.slot(worker).and_then(|s| self.state(s).last_event_id)
+        self.streams.last(worker)
     }
 
     /// Applies one event.
     pub fn apply(&mut self, event: &KvEvent) -> ApplyOutcome {
         let worker = event.worker();
         let slot = self.slot_or_insert(worker);
-        let mut outcome = ApplyOutcome::Applied;
-        match self.state(slot).last_event_id {
-            Some(last) if event.event_id <= last => {
+        let outcome = match self.streams.observe(worker, event.event_id) {
+            StreamCheck::Stale { last_event_id } => {
                 self.stats.stale_events += 1;
-                return ApplyOutcome::Stale {
-                    last_event_id: last,
-                };
+                return ApplyOutcome::Stale { last_event_id };
             }
-            Some(last) if event.event_id > last + 1 => {
-                outcome = ApplyOutcome::AppliedAfterGap(EventGap {
-                    worker,
-                    expected: last + 1,
-                    received: event.event_id,
-                });
+            StreamCheck::Gap(gap) => {
                 self.stats.gaps += 1;
+                ApplyOutcome::AppliedAfterGap(gap)
             }
-            _ => {}
-        }
-        self.state_mut(slot).last_event_id = Some(event.event_id);
+            StreamCheck::InOrder => ApplyOutcome::Applied,
+        };
         if event.tier != self.config.tier {
             self.stats.other_tier_events += 1;
             return ApplyOutcome::OtherTier;
@@ -277,7 +272,7 @@ impl Indexer {
     /// Records one more reference from `slot` to `node`.
     fn acquire(&mut self, slot: u32, node: NodeId) {
         if self.tree.node_mut(node).workers.insert(slot) {
-            self.state_mut(slot).cached += 1;
+            self.cached[slot as usize] += 1;
         } else {
             *self.state_mut(slot).extra_refs.entry(node).or_insert(0) += 1;
         }
@@ -293,17 +288,20 @@ impl Indexer {
             }
             return;
         }
-        state.cached -= 1;
+        self.cached[slot as usize] -= 1;
         self.tree.node_mut(node).workers.remove(slot);
         self.tree.prune(node);
     }
 
     fn clear_slot(&mut self, slot: u32) {
         let state = self.state_mut(slot);
-        let blocks = std::mem::take(&mut state.blocks);
+        let mut nodes: Vec<NodeId> = std::mem::take(&mut state.blocks).into_values().collect();
         state.extra_refs.clear();
-        state.cached = 0;
-        for node in blocks.into_values() {
+        self.cached[slot as usize] = 0;
+        // Highest ids first, so the free list hands them back lowest first: the next chains
+        // stored reuse the arena in address order and stay contiguous for the match walk.
+        nodes.sort_unstable_by(|a, b| b.cmp(a));
+        for node in nodes {
             // A node referenced twice appears twice; the second removal is a no-op.
             if self.tree.node_mut(node).workers.remove(slot) {
                 self.tree.prune(node);
@@ -319,6 +317,8 @@ impl Indexer {
         self.clear_slot(slot);
         self.workers[slot as usize] = None;
         self.free_slots.push(slot);
+        self.streams.forget(worker);
+        self.slots.remove(&worker);
         if let Ok(i) = self.by_key.binary_search_by_key(&worker, |e| e.0) {
             self.by_key.remove(i);
         }
@@ -327,33 +327,37 @@ impl Indexer {
 
     /// For each worker, how many of `query`'s blocks it holds consecutively from the first.
     pub fn find_matches(&self, query: &[LocalBlockHash]) -> OverlapScores {
-        let mut depth_by_slot = vec![0u32; self.workers.len()];
-        self.match_depths(query, &mut depth_by_slot);
-        let mut scores = Vec::new();
-        let mut cached_blocks = Vec::with_capacity(self.by_key.len());
+        let mut out = OverlapScores::default();
+        self.find_matches_into(query, &mut out);
+        out
+    }
+
+    /// [`Indexer::find_matches`] into a caller's buffers, to reuse their allocations.
+    pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+        // Depths by slot, then one pass in key order emits both lists already sorted.
+        let mut depth_by_slot: smallvec::SmallVec<[u32; 256]> = smallvec::smallvec![0; self.workers.len()];
+        self.match_walk(query, |slot, depth| depth_by_slot[slot] = depth);
+        out.scores.clear();
+        out.cached_blocks.clear();
+        out.cached_blocks.reserve(self.by_key.len());
         for &(key, slot) in &self.by_key {
             let depth = depth_by_slot[slot as usize];
             if depth > 0 {
-                scores.push((key, depth));
+                out.scores.push((key, depth));
             }
-            cached_blocks.push((key, self.state(slot).cached));
-        }
-        OverlapScores {
-            scores,
-            cached_blocks,
+            out.cached_blocks.push((key, self.cached[slot as usize]));
         }
     }
 
     /// The match walk: follows `query` down the tree, narrowing the set of workers that
     /// hold every block so far; a worker leaving the set at depth `d` matched `d` blocks.
-    fn match_depths(&self, query: &[LocalBlockHash], depth_by_slot: &mut [u32]) {
+    /// Reports each worker with a match of at least one block.
+    fn match_walk(&self, query: &[LocalBlockHash], mut report: impl FnMut(usize, u32)) {
         let mut node = ROOT;
         let mut active: smallvec::SmallVec<[u64; 4]> = smallvec::SmallVec::new();
         let mut depth = 0u32;
         for &local in query {
-            let Some(child) = self.tree.node(node).children.get(local) else {
-                break;
-            };
+            let Some(child) = self.tree.node(node).children.get(local) else { break };
             let held = self.tree.node(child).workers.words();
             if depth == 0 {
                 active.extend_from_slice(held);
@@ -361,9 +365,8 @@ impl Indexer {
                 let mut any = 0;
                 for (i, word) in active.iter_mut().enumerate() {
                     let keep = *word & held.get(i).copied().unwrap_or(0);
-                    let dropped = *word & !keep;
-                    for bit in Ones(dropped) {
-                        depth_by_slot[i * 64 + bit as usize] = depth;
+                    for bit in Ones(*word & !keep) {
+                        report(i * 64 + bit as usize, depth);
                     }
                     *word = keep;
                     any |= keep;
@@ -377,7 +380,7 @@ impl Indexer {
         }
         for (i, &word) in active.iter().enumerate() {
             for bit in Ones(word) {
-                depth_by_slot[i * 64 + bit as usize] = depth;
+                report(i * 64 + bit as usize, depth);
             }
         }
     }
@@ -441,10 +444,10 @@ impl Indexer {
             if state.extra_refs.keys().any(|n| !refs.contains_key(n)) {
                 return Err(format!("{key} has extra refs to a node it does not map"));
             }
-            if state.cached != refs.len() as u64 {
+            if self.cached[slot as usize] != refs.len() as u64 {
                 return Err(format!(
                     "{key} counts {} cached but holds {}",
-                    state.cached,
+                    self.cached[slot as usize],
                     refs.len()
                 ));
             }
@@ -458,13 +461,13 @@ impl Indexer {
     }
 
     fn slot(&self, worker: WorkerKey) -> Option<u32> {
-        self.by_key
-            .binary_search_by_key(&worker, |e| e.0)
-            .ok()
-            .map(|i| self.by_key[i].1)
+        self.slots.get(&worker).copied()
     }
 
     fn slot_or_insert(&mut self, worker: WorkerKey) -> u32 {
+        if let Some(&slot) = self.slots.get(&worker) {
+            return slot;
+        }
         match self.by_key.binary_search_by_key(&worker, |e| e.0) {
             Ok(i) => self.by_key[i].1,
             Err(i) => {
@@ -472,11 +475,14 @@ impl Indexer {
                     Some(slot) => slot,
                     None => {
                         self.workers.push(None);
+                        self.cached.push(0);
                         (self.workers.len() - 1) as u32
                     }
                 };
                 self.workers[slot as usize] = Some(WorkerState::new());
+                self.cached[slot as usize] = 0;
                 self.by_key.insert(i, (worker, slot));
+                self.slots.insert(worker, slot);
                 slot
             }
         }

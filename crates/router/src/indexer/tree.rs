@@ -1,8 +1,10 @@
 //! The node arena of the radix tree.
 //!
-//! Nodes live in one `Vec` and refer to each other by index, so a chain stored in one event
-//! is laid out contiguously and the match walk reads memory mostly in order. Freed nodes are
-//! recycled through a free list.
+//! Nodes live in fixed-size pages and refer to each other by index, so a chain stored in one
+//! event is laid out contiguously and the match walk reads memory mostly in order. Pages
+//! never move: growing the arena allocates a page instead of copying every node, which on a
+//! large index would stall ingestion for tens of milliseconds. Freed nodes are recycled
+//! through a free list.
 
 use rustc_hash::FxHashMap;
 use switchyard_core::LocalBlockHash;
@@ -12,7 +14,7 @@ use super::bits::WorkerBits;
 pub(crate) type NodeId = u32;
 pub(crate) const ROOT: NodeId = 0;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Node {
     pub(crate) local: LocalBlockHash,
     pub(crate) parent: NodeId,
@@ -22,7 +24,7 @@ pub(crate) struct Node {
 
 /// Most nodes have zero or one child (the unique tail of a prompt); only branching points
 /// pay for a map.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) enum Children {
     #[default]
     None,
@@ -89,9 +91,14 @@ impl Children {
     }
 }
 
-#[derive(Debug)]
+const PAGE_BITS: u32 = 12;
+const PAGE_SIZE: usize = 1 << PAGE_BITS;
+const PAGE_MASK: u32 = (1 << PAGE_BITS) - 1;
+
+#[derive(Debug, Clone)]
 pub(crate) struct Tree {
-    nodes: Vec<Node>,
+    pages: Vec<Vec<Node>>,
+    allocated: usize,
     free: Vec<NodeId>,
 }
 
@@ -103,27 +110,26 @@ impl Default for Tree {
             children: Children::None,
             workers: WorkerBits::default(),
         };
-        Tree {
-            nodes: vec![root],
-            free: Vec::new(),
-        }
+        let mut page = Vec::with_capacity(PAGE_SIZE);
+        page.push(root);
+        Tree { pages: vec![page], allocated: 1, free: Vec::new() }
     }
 }
 
 impl Tree {
     #[inline]
     pub(crate) fn node(&self, id: NodeId) -> &Node {
-        &self.nodes[id as usize]
+        &self.pages[(id >> PAGE_BITS) as usize][(id & PAGE_MASK) as usize]
     }
 
     #[inline]
     pub(crate) fn node_mut(&mut self, id: NodeId) -> &mut Node {
-        &mut self.nodes[id as usize]
+        &mut self.pages[(id >> PAGE_BITS) as usize][(id & PAGE_MASK) as usize]
     }
 
     /// Number of nodes other than the root.
     pub(crate) fn len(&self) -> usize {
-        self.nodes.len() - self.free.len() - 1
+        self.allocated - self.free.len() - 1
     }
 
     pub(crate) fn child_or_insert(&mut self, parent: NodeId, local: LocalBlockHash) -> NodeId {
@@ -138,12 +144,18 @@ impl Tree {
         };
         let id = match self.free.pop() {
             Some(id) => {
-                self.nodes[id as usize] = node;
+                *self.node_mut(id) = node;
                 id
             }
             None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as NodeId
+                if self.pages.last().is_none_or(|p| p.len() == PAGE_SIZE) {
+                    self.pages.push(Vec::with_capacity(PAGE_SIZE));
+                }
+                if let Some(page) = self.pages.last_mut() {
+                    page.push(node);
+                }
+                self.allocated += 1;
+                (self.allocated - 1) as NodeId
             }
         };
         self.node_mut(parent).children.insert(local, id);

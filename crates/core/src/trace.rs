@@ -1,0 +1,117 @@
+//! Mooncake-style request traces, and how their blocks map onto engine blocks.
+//!
+//! A Mooncake row is `{timestamp (ms), input_length, output_length, hash_ids}` where each hash
+//! id stands for one trace block of (usually) 512 tokens; equal ids at equal positions mean
+//! a shared prefix. Engines use smaller blocks, so each trace block expands into
+//! `trace_block_size / engine_block_size` engine blocks whose hashes derive from the trace id
+//! and the position inside it: shared trace prefixes stay shared engine prefixes.
+//!
+//! Reading files is the caller's business; this module parses lines.
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::hash::{DEFAULT_SEED, LocalBlockHash};
+
+/// One request of a Mooncake trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MooncakeRecord {
+    /// Arrival, in milliseconds from the start of the trace.
+    pub timestamp: u64,
+    pub input_length: u64,
+    pub output_length: u64,
+    #[serde(default)]
+    pub hash_ids: Vec<u64>,
+}
+
+/// The trace block size of the published Mooncake traces.
+pub const MOONCAKE_BLOCK_SIZE: u32 = 512;
+
+impl MooncakeRecord {
+    /// Parses one JSONL line.
+    pub fn parse(line: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(line)
+    }
+
+    /// Local hashes of the request's full engine blocks.
+    ///
+    /// Trace block `i` covers tokens `[i·T, (i+1)·T)`; engine block `j` lies in trace block
+    /// `j·E / T`. Only blocks entirely inside `input_length` are full. When `E` does not
+    /// divide `T`, an engine block spanning two trace blocks hashes both ids.
+    pub fn engine_block_hashes(
+        &self,
+        trace_block_size: u32,
+        engine_block_size: u32,
+    ) -> Vec<LocalBlockHash> {
+        let (t, e) = (
+            u64::from(trace_block_size.max(1)),
+            u64::from(engine_block_size.max(1)),
+        );
+        let full = self.input_length / e;
+        let mut out = Vec::with_capacity(full as usize);
+        for j in 0..full {
+            let (start, end) = (j * e, (j + 1) * e - 1);
+            let (first, last) = ((start / t) as usize, (end / t) as usize);
+            let Some(&id) = self.hash_ids.get(first) else {
+                break;
+            };
+            let mut key = [0u8; 24];
+            key[..8].copy_from_slice(&id.to_le_bytes());
+            key[8..16].copy_from_slice(&(start % t).to_le_bytes());
+            if last != first {
+                let Some(&next) = self.hash_ids.get(last) else {
+                    break;
+                };
+                key[16..].copy_from_slice(&next.to_le_bytes());
+            }
+            out.push(LocalBlockHash(xxh3_64_with_seed(&key, DEFAULT_SEED)));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(len: u64, ids: &[u64]) -> MooncakeRecord {
+        MooncakeRecord {
+            timestamp: 0,
+            input_length: len,
+            output_length: 1,
+            hash_ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn shared_trace_prefixes_stay_shared() {
+        let a = record(1500, &[1, 2, 3]).engine_block_hashes(512, 64);
+        let b = record(1200, &[1, 2, 9]).engine_block_hashes(512, 64);
+        assert_eq!(a.len(), 23);
+        assert_eq!(b.len(), 18);
+        assert_eq!(a[..16], b[..16]);
+        assert_ne!(a[16], b[16]);
+        // Distinct positions inside one trace block hash differently.
+        assert_ne!(a[0], a[1]);
+    }
+
+    #[test]
+    fn engine_block_spanning_two_trace_blocks_depends_on_both() {
+        // Engine blocks of 48 tokens: block 10 spans tokens 480..528, across ids 0 and 1.
+        let a = record(1024, &[5, 6]).engine_block_hashes(512, 48);
+        let b = record(1024, &[5, 7]).engine_block_hashes(512, 48);
+        assert_eq!(a[..10], b[..10]);
+        assert_ne!(a[10], b[10]);
+    }
+
+    #[test]
+    fn parses_a_trace_line() {
+        let r = MooncakeRecord::parse(
+            r#"{"timestamp": 27, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1]}"#,
+        )
+        .expect("valid line");
+        assert_eq!(r.timestamp, 27);
+        assert_eq!(r.hash_ids, vec![0, 1]);
+        assert!(MooncakeRecord::parse("{\"timestamp\": \"x\"}").is_err());
+    }
+}

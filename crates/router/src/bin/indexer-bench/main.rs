@@ -1,0 +1,194 @@
+//! Indexer benchmark: lookup latency on a large index, ingestion throughput, lookups under
+//! concurrent ingestion, and a mixed replay of the Mooncake conversation trace.
+//!
+//! `cargo run --release -p switchyard-router --bin indexer-bench -- [--trace FILE] [--workers N] [--json]`
+
+mod latency;
+mod mixed;
+mod synthetic;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Parser;
+use serde::Serialize;
+
+/// The conversation trace shipped beside the repository.
+const DEFAULT_TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/data/mooncake_conversation_trace.jsonl"
+);
+
+#[derive(Debug, Parser)]
+#[command(about = "Benchmark the radix-tree indexer")]
+struct Args {
+    /// Mooncake JSONL trace for the mixed replay.
+    #[arg(long, default_value = DEFAULT_TRACE)]
+    trace: PathBuf,
+    /// Workers in the synthetic index and the mixed replay.
+    #[arg(long, default_value_t = 256)]
+    workers: u32,
+    /// Distinct blocks to build in the synthetic index.
+    #[arg(long, default_value_t = 1_000_000)]
+    index_blocks: usize,
+    /// Queries per query length.
+    #[arg(long, default_value_t = 20_000)]
+    queries: usize,
+    /// Engine block size (tokens) in the mixed replay. The default, the trace's own 512, makes
+    /// each trace hash id one block (as Dynamo's mooncake_bench does); 64 makes 8.
+    #[arg(long, default_value_t = 512)]
+    block_size: u32,
+    /// Per-worker cache capacity in tokens in the mixed replay (512k tokens: the KV cache
+    /// of an 80 GB GPU serving an 8B model, roughly).
+    #[arg(long, default_value_t = 524_288)]
+    cache_tokens: usize,
+    /// Prefill chunk (tokens) in the mixed replay: new blocks are stored in events of at
+    /// most this many tokens, as vLLM does with its default max_num_batched_tokens.
+    #[arg(long, default_value_t = 8192)]
+    chunk_tokens: u32,
+    /// Seconds of lookups under concurrent ingestion.
+    #[arg(long, default_value_t = 2.0)]
+    concurrent_secs: f64,
+    /// Bound on blocks applied between publishes under concurrent ingestion.
+    #[arg(long, default_value_t = switchyard_router::indexer::shared::DEFAULT_MAX_BLOCKS_PER_PUBLISH)]
+    max_blocks_per_publish: usize,
+    /// Skip the mixed replay (no trace needed).
+    #[arg(long)]
+    no_mixed: bool,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Print one JSON object instead of a human summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    workers: u32,
+    /// Distinct blocks (tree nodes) in the synthetic index.
+    blocks: usize,
+    /// Sum over workers of the blocks each holds.
+    worker_blocks: u64,
+    find_matches_p50_us: f64,
+    find_matches_p99_us: f64,
+    find_matches: Vec<latency::QueryLatency>,
+    ingest_blocks_per_sec: f64,
+    ingest_events_per_sec: f64,
+    remove_blocks_per_sec: f64,
+    concurrent: synthetic::ConcurrentReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mixed: Option<mixed::MixedReport>,
+    mixed_ops_per_sec: Option<f64>,
+    mixed_p99_us: Option<f64>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let progress = |msg: &str| {
+        if !args.json {
+            eprintln!("{msg}");
+        }
+    };
+
+    progress(&format!(
+        "building a synthetic index of {} blocks over {} workers…",
+        args.index_blocks, args.workers
+    ));
+    let synth = synthetic::build(args.workers, args.index_blocks, args.seed);
+    let ingest = synthetic::measure_ingest(&synth);
+    progress("measuring find_matches…");
+    let find = synthetic::measure_find_matches(&ingest.indexer, &synth, args.queries, args.seed);
+    let p128 = find
+        .iter()
+        .find(|q| q.query_blocks == 128)
+        .map(|q| (q.p50_us, q.p99_us))
+        .unwrap_or_default();
+    progress("measuring lookups under concurrent ingestion…");
+    let concurrent = synthetic::measure_concurrent(
+        ingest.indexer,
+        &synth,
+        Duration::from_secs_f64(args.concurrent_secs),
+        args.max_blocks_per_publish,
+        args.seed,
+    );
+
+    let mixed = if args.no_mixed {
+        None
+    } else {
+        progress(&format!("mixed replay of {}…", args.trace.display()));
+        Some(mixed::run(
+            &args.trace,
+            args.workers,
+            args.block_size,
+            args.cache_tokens / args.block_size.max(1) as usize,
+            args.chunk_tokens,
+            args.seed,
+        )?)
+    };
+
+    let report = Report {
+        workers: args.workers,
+        blocks: ingest.blocks,
+        worker_blocks: ingest.worker_blocks,
+        find_matches_p50_us: p128.0,
+        find_matches_p99_us: p128.1,
+        find_matches: find,
+        ingest_blocks_per_sec: ingest.blocks_per_sec,
+        ingest_events_per_sec: ingest.events_per_sec,
+        remove_blocks_per_sec: ingest.remove_blocks_per_sec,
+        concurrent,
+        mixed_ops_per_sec: mixed.as_ref().map(|m| m.ops_per_sec),
+        mixed_p99_us: mixed.as_ref().map(|m| m.p99_us),
+        mixed,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_summary(&report);
+    }
+    Ok(())
+}
+
+fn print_summary(r: &Report) {
+    println!(
+        "index: {} distinct blocks, {} worker-blocks, {} workers",
+        r.blocks, r.worker_blocks, r.workers
+    );
+    for q in &r.find_matches {
+        println!(
+            "find_matches {:>4} blocks: p50 {:>6.2} µs  p99 {:>6.2} µs  mean {:>6.2} µs  (mean best overlap {:.1})",
+            q.query_blocks, q.p50_us, q.p99_us, q.mean_us, q.mean_best_overlap
+        );
+    }
+    println!(
+        "ingest: {:.2} M blocks/s ({:.0} events/s); remove: {:.2} M blocks/s",
+        r.ingest_blocks_per_sec / 1e6,
+        r.ingest_events_per_sec,
+        r.remove_blocks_per_sec / 1e6
+    );
+    let c = &r.concurrent;
+    println!(
+        "under concurrent ingestion ({:.2} M blocks/s): find_matches 128 blocks p50 {:.2} µs  p99 {:.2} µs  max {:.1} µs",
+        c.ingest_blocks_per_sec / 1e6,
+        c.find_matches_p50_us,
+        c.find_matches_p99_us,
+        c.find_matches_max_us
+    );
+    if let Some(m) = &r.mixed {
+        println!(
+            "mixed replay ({} requests, {} workers, block size {}): {:.2} M ops/s ({} lookups + {} events, {:.1} M blocks/s), op p50 {:.2} µs  p99 {:.2} µs; lookups p99 {:.2} µs, events p99 {:.2} µs",
+            m.requests,
+            m.workers,
+            m.block_size,
+            m.ops_per_sec / 1e6,
+            m.lookups,
+            m.events,
+            m.blocks_per_sec / 1e6,
+            m.p50_us,
+            m.p99_us,
+            m.lookup_p99_us,
+            m.event_p99_us
+        );
+    }
+}
