@@ -176,7 +176,10 @@ impl Indexer {
 
     /// Sum over workers of the blocks each holds.
     pub fn worker_block_count(&self) -> u64 {
-        self.by_key.iter().map(|&(_, slot)| self.cached[slot as usize]).sum()
+        self.by_key
+            .iter()
+            .map(|&(_, slot)| self.cached[slot as usize])
+            .sum()
     }
 
     /// Known workers, by key.
@@ -335,7 +338,8 @@ impl Indexer {
     /// [`Indexer::find_matches`] into a caller's buffers, to reuse their allocations.
     pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
         // Depths by slot, then one pass in key order emits both lists already sorted.
-        let mut depth_by_slot: smallvec::SmallVec<[u32; 256]> = smallvec::smallvec![0; self.workers.len()];
+        let mut depth_by_slot: smallvec::SmallVec<[u32; 256]> =
+            smallvec::smallvec![0; self.workers.len()];
         self.match_walk(query, |slot, depth| depth_by_slot[slot] = depth);
         out.scores.clear();
         out.cached_blocks.clear();
@@ -357,7 +361,9 @@ impl Indexer {
         let mut active: smallvec::SmallVec<[u64; 4]> = smallvec::SmallVec::new();
         let mut depth = 0u32;
         for &local in query {
-            let Some(child) = self.tree.node(node).children.get(local) else { break };
+            let Some(child) = self.tree.node(node).children.get(local) else {
+                break;
+            };
             let held = self.tree.node(child).workers.words();
             if depth == 0 {
                 active.extend_from_slice(held);

@@ -112,7 +112,11 @@ impl Default for Tree {
         };
         let mut page = Vec::with_capacity(PAGE_SIZE);
         page.push(root);
-        Tree { pages: vec![page], allocated: 1, free: Vec::new() }
+        Tree {
+            pages: vec![page],
+            allocated: 1,
+            free: Vec::new(),
+        }
     }
 }
 

@@ -141,9 +141,18 @@ pub fn run(
         while start < seqs.len() {
             let end = (start + chunk_blocks).min(seqs.len());
             cache.next_event_id += 1;
-            let blocks = (start..end).map(|j| StoredBlock { seq_hash: seqs[j], local_hash: locals[j] }).collect();
+            let blocks = (start..end)
+                .map(|j| StoredBlock {
+                    seq_hash: seqs[j],
+                    local_hash: locals[j],
+                })
+                .collect();
             let parent = start.checked_sub(1).map(|j| seqs[j]);
-            events.push(event(worker, cache.next_event_id, KvEventData::Stored { parent, blocks }));
+            events.push(event(
+                worker,
+                cache.next_event_id,
+                KvEventData::Stored { parent, blocks },
+            ));
             start = end;
         }
         for &h in seqs.iter().rev() {
