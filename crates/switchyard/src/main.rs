@@ -1,1 +1,44 @@
-fn main() {}
+//! The `switchyard` command line: wiring only, the logic lives in the library crates.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Distributed inference serving for LLM fleets"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a trace through the router and a simulated fleet, in virtual time.
+    Sim(cmd::sim::SimArgs),
+    /// Analyse a trace, or synthesise a new one with the same structure.
+    Synth(cmd::synth::SynthArgs),
+    /// Drive an OpenAI-compatible endpoint and measure it.
+    Bench(cmd::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sim(args) => cmd::sim::run(args),
+        Command::Synth(args) => cmd::synth::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

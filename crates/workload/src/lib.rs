@@ -1,0 +1,1 @@
+//! Workloads: trace formats, trace analysis and synthesis, and the benchmark client.
