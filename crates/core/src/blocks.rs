@@ -14,6 +14,17 @@ use crate::hash::{self, HashSeed, LocalBlockHash, SequenceHash};
 #[error("block size must be at least 1 token, got {0}")]
 pub struct InvalidBlockSize(pub u32);
 
+/// Parts that do not make a valid [`TokenBlocks`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InvalidBlocks {
+    #[error(transparent)]
+    BlockSize(#[from] InvalidBlockSize),
+    #[error("{local} local hashes but {sequence} sequence hashes")]
+    HashCounts { local: usize, sequence: usize },
+    #[error("a partial block of {tokens} tokens does not fit blocks of {block_size}")]
+    PartialTooLong { tokens: usize, block_size: u32 },
+}
+
 /// A token sequence split into full hashed blocks plus a partial tail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBlocks {
@@ -43,6 +54,39 @@ impl TokenBlocks {
         };
         blocks.extend(tokens);
         Ok(blocks)
+    }
+
+    /// Rebuilds a sequence from already-hashed full blocks and the tokens of its partial
+    /// last block, as when a trace gives block hashes but no tokens.
+    pub fn from_parts(
+        block_size: u32,
+        seed: HashSeed,
+        local_hashes: Vec<LocalBlockHash>,
+        sequence_hashes: Vec<SequenceHash>,
+        partial: Vec<Token>,
+    ) -> Result<Self, InvalidBlocks> {
+        if block_size == 0 {
+            return Err(InvalidBlocks::BlockSize(InvalidBlockSize(block_size)));
+        }
+        if local_hashes.len() != sequence_hashes.len() {
+            return Err(InvalidBlocks::HashCounts {
+                local: local_hashes.len(),
+                sequence: sequence_hashes.len(),
+            });
+        }
+        if partial.len() >= block_size as usize {
+            return Err(InvalidBlocks::PartialTooLong {
+                tokens: partial.len(),
+                block_size,
+            });
+        }
+        Ok(TokenBlocks {
+            block_size,
+            seed,
+            local_hashes,
+            sequence_hashes,
+            partial,
+        })
     }
 
     /// Appends tokens, hashing every block they complete. Returns how many blocks completed.
@@ -128,6 +172,38 @@ mod tests {
         assert_eq!(
             blocks.sequence_hashes()[1],
             SequenceHash(4945711292740353085)
+        );
+    }
+
+    #[test]
+    fn from_parts_continues_like_the_original() {
+        let tokens: Vec<u32> = (0..23).collect();
+        let whole = TokenBlocks::new(&tokens, 4, HashSeed::default()).expect("valid");
+        let mut rebuilt = TokenBlocks::from_parts(
+            4,
+            HashSeed::default(),
+            whole.local_hashes().to_vec(),
+            whole.sequence_hashes().to_vec(),
+            whole.partial_tokens().to_vec(),
+        )
+        .expect("valid parts");
+        let mut extended = whole.clone();
+        assert_eq!(rebuilt.extend(&[100, 101, 102]), 1);
+        extended.extend(&[100, 101, 102]);
+        assert_eq!(rebuilt, extended);
+        assert!(
+            TokenBlocks::from_parts(4, HashSeed::default(), vec![], vec![], vec![1, 2, 3, 4])
+                .is_err()
+        );
+        assert!(
+            TokenBlocks::from_parts(
+                4,
+                HashSeed::default(),
+                vec![LocalBlockHash(1)],
+                vec![],
+                vec![]
+            )
+            .is_err()
         );
     }
 

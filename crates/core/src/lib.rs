@@ -5,6 +5,7 @@
 //! - [`blocks`]: a token sequence cut into fixed-size blocks, with the partial last block
 //!   kept apart (it is not cacheable until it fills).
 //! - [`worker`]: worker identity (`WorkerId` plus data-parallel rank).
+//! - [`load`]: what an engine reports about its load.
 //! - [`request`]: request identity.
 //! - [`trace`]: Mooncake trace rows and their mapping onto engine blocks.
 //! - [`event`]: the KV cache event model engines publish and the indexer consumes, with
@@ -13,6 +14,7 @@
 pub mod blocks;
 pub mod event;
 pub mod hash;
+pub mod load;
 pub mod request;
 pub mod trace;
 pub mod worker;
@@ -20,6 +22,7 @@ pub mod worker;
 pub use blocks::TokenBlocks;
 pub use event::{KvEvent, KvEventData, StorageTier, StoredBlock};
 pub use hash::{HashSeed, LocalBlockHash, SequenceHash};
+pub use load::LoadSnapshot;
 pub use request::RequestId;
 pub use worker::{WorkerId, WorkerKey};
 

@@ -192,6 +192,11 @@ impl Indexer {
         self.slot(worker).map_or(0, |s| self.cached[s as usize])
     }
 
+    /// The sequence hashes `worker` holds, in no particular order.
+    pub fn worker_hashes(&self, worker: WorkerKey) -> Vec<SequenceHash> {
+        self.slot(worker).map_or_else(Vec::new, |s| self.state(s).blocks.keys().copied().collect())
+    }
+
     /// The id of the last event applied for `worker`.
     pub fn last_event_id(&self, worker: WorkerKey) -> Option<u64> {
         self.streams.last(worker)

@@ -1,0 +1,107 @@
+//! Engine arguments.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Which running request to preempt when decode runs out of KV blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptionMode {
+    /// The most recently admitted (vLLM's default).
+    #[default]
+    Lifo,
+    /// The earliest admitted.
+    Fifo,
+}
+
+/// Engine arguments, with vLLM's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineArgs {
+    /// KV cache capacity in blocks.
+    pub num_gpu_blocks: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Most requests running at once.
+    pub max_num_seqs: u32,
+    /// Token budget of one step, shared by decodes and prefill chunks.
+    pub max_num_batched_tokens: u32,
+    pub enable_prefix_caching: bool,
+    pub enable_chunked_prefill: bool,
+    pub preemption_mode: PreemptionMode,
+    /// Simulated time runs this many times faster than the timing model says.
+    pub speedup_ratio: f64,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        EngineArgs {
+            num_gpu_blocks: 16_384,
+            block_size: 16,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8_192,
+            enable_prefix_caching: true,
+            enable_chunked_prefill: true,
+            preemption_mode: PreemptionMode::Lifo,
+            speedup_ratio: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum InvalidArgs {
+    #[error("{name} must be at least 1, got {value}")]
+    Zero { name: &'static str, value: u32 },
+    #[error("speedup_ratio must be a positive finite number, got {0}")]
+    Speedup(f64),
+}
+
+impl EngineArgs {
+    pub fn validate(&self) -> Result<(), InvalidArgs> {
+        for (name, value) in [
+            ("num_gpu_blocks", self.num_gpu_blocks),
+            ("block_size", self.block_size),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+        ] {
+            if value == 0 {
+                return Err(InvalidArgs::Zero { name, value });
+            }
+        }
+        if !(self.speedup_ratio.is_finite() && self.speedup_ratio > 0.0) {
+            return Err(InvalidArgs::Speedup(self.speedup_ratio));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_zeroes_are_named() {
+        assert!(EngineArgs::default().validate().is_ok());
+        let bad = EngineArgs {
+            max_num_seqs: 0,
+            ..EngineArgs::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().to_string(),
+            "max_num_seqs must be at least 1, got 0"
+        );
+        let bad = EngineArgs {
+            speedup_ratio: f64::NAN,
+            ..EngineArgs::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn partial_json_fills_defaults_and_unknown_fields_fail() {
+        let args: EngineArgs = serde_json::from_str(r#"{"block_size": 64}"#).unwrap();
+        assert_eq!(args.block_size, 64);
+        assert_eq!(args.num_gpu_blocks, 16_384);
+        assert!(serde_json::from_str::<EngineArgs>(r#"{"blocksize": 64}"#).is_err());
+    }
+}

@@ -1,0 +1,559 @@
+//! The engine: a vLLM-v1-style scheduler over the block manager, as a pure state machine.
+//!
+//! Each [`MockEngine::step`] builds one batch and returns what it produced and how long it
+//! took; time is an input, never read. A step:
+//!
+//! 1. gives each running request, in order, its next tokens from the step's token budget:
+//!    one for a decode, a chunk for a prefill. When its KV blocks cannot be found, running
+//!    requests are preempted (the last admitted by default, the first with FIFO) until they
+//!    can, the request itself last; a preempted request loses its blocks and goes back to
+//!    the front of the queue to be recomputed;
+//! 2. if nothing was preempted, admits waiting requests in order while the budget, the
+//!    sequence limit and the blocks allow; a request's cached prefix is not recomputed;
+//! 3. times the batch with the performance model and applies it: a request whose tokens are
+//!    all computed samples its next token, and finishes at its requested output length.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use switchyard_core::{
+    KvEvent, LoadSnapshot, RequestId, StorageTier, Token, TokenBlocks, WorkerKey,
+};
+use thiserror::Error;
+
+use crate::blocks::{BlockManager, OutOfBlocks};
+use crate::config::{EngineArgs, InvalidArgs, PreemptionMode};
+use crate::perf::{PerfModel, StepShape};
+use crate::sequence::Sequence;
+use crate::tokens::token_at;
+
+/// A request for the engine: its prompt already cut into blocks of the engine's size.
+#[derive(Debug, Clone)]
+pub struct MockRequest {
+    pub id: RequestId,
+    pub prompt: TokenBlocks,
+    pub max_output_tokens: u32,
+}
+
+/// Why the engine refused a request.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Rejected {
+    #[error("request {0} is already in the engine")]
+    Duplicate(RequestId),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("max output tokens must be at least 1")]
+    NoOutput,
+    #[error("prompt blocks are of {got} tokens but the engine uses {expected}")]
+    BlockSize { expected: u32, got: u32 },
+    #[error("the request needs {needed} KV blocks but the engine has {capacity}")]
+    TooLarge { needed: u64, capacity: u64 },
+    #[error(
+        "the request needs {needed} tokens in one step but the step budget is {budget} and chunked prefill is off"
+    )]
+    NoChunking { needed: u64, budget: u32 },
+}
+
+/// One output token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenOutput {
+    pub request: RequestId,
+    pub token: Token,
+    /// Position among the request's output tokens, from 0.
+    pub index: u32,
+    /// Prompt tokens found in the prefix cache when the request was admitted.
+    pub cached_tokens: u32,
+    /// The request reached its output length and left the engine.
+    pub finished: bool,
+}
+
+/// What a step did.
+#[derive(Debug, Default)]
+pub struct StepOutput {
+    pub started_at: Duration,
+    /// Model time divided by the speedup ratio.
+    pub duration: Duration,
+    pub shape: StepShape,
+    pub tokens: Vec<TokenOutput>,
+    pub preempted: Vec<RequestId>,
+    /// KV events, in order, with this engine's ids.
+    pub events: Vec<KvEvent>,
+}
+
+impl StepOutput {
+    pub fn finished_at(&self) -> Duration {
+        self.started_at + self.duration
+    }
+
+    fn clear(&mut self) {
+        self.tokens.clear();
+        self.preempted.clear();
+        self.events.clear();
+        self.shape = StepShape::default();
+        self.duration = Duration::ZERO;
+    }
+}
+
+/// Counters over the engine's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub preemptions: u64,
+    pub prompt_tokens: u64,
+    pub cached_prompt_tokens: u64,
+    pub output_tokens: u64,
+    pub finished: u64,
+    pub cancelled: u64,
+}
+
+/// A simulated inference engine.
+#[derive(Debug)]
+pub struct MockEngine {
+    worker: WorkerKey,
+    args: EngineArgs,
+    perf: PerfModel,
+    seed: u64,
+    blocks: BlockManager,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    next_event_id: u64,
+    stats: EngineStats,
+}
+
+impl MockEngine {
+    /// An engine publishing events as `worker`, drawing output tokens from `seed`.
+    pub fn new(
+        worker: WorkerKey,
+        args: EngineArgs,
+        perf: PerfModel,
+        seed: u64,
+    ) -> Result<Self, InvalidArgs> {
+        args.validate()?;
+        Ok(MockEngine {
+            worker,
+            args,
+            perf,
+            seed,
+            blocks: BlockManager::new(args.num_gpu_blocks as usize, args.enable_prefix_caching),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_event_id: 0,
+            stats: EngineStats::default(),
+        })
+    }
+
+    pub fn worker(&self) -> WorkerKey {
+        self.worker
+    }
+
+    pub fn args(&self) -> &EngineArgs {
+        &self.args
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    pub fn block_manager(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    /// Whether a step would do anything.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Queues a request.
+    pub fn add_request(&mut self, request: MockRequest) -> Result<(), Rejected> {
+        let prompt = request.prompt.total_tokens() as u64;
+        if prompt == 0 {
+            return Err(Rejected::EmptyPrompt);
+        }
+        if request.max_output_tokens == 0 {
+            return Err(Rejected::NoOutput);
+        }
+        if request.prompt.block_size() != self.args.block_size {
+            return Err(Rejected::BlockSize {
+                expected: self.args.block_size,
+                got: request.prompt.block_size(),
+            });
+        }
+        // The last output token is never computed, so a request's KV spans this many tokens.
+        let span = prompt + u64::from(request.max_output_tokens) - 1;
+        let needed = span.div_ceil(u64::from(self.args.block_size));
+        if needed > u64::from(self.args.num_gpu_blocks) {
+            return Err(Rejected::TooLarge {
+                needed,
+                capacity: u64::from(self.args.num_gpu_blocks),
+            });
+        }
+        if !self.args.enable_chunked_prefill && span > u64::from(self.args.max_num_batched_tokens) {
+            return Err(Rejected::NoChunking {
+                needed: span,
+                budget: self.args.max_num_batched_tokens,
+            });
+        }
+        if self.contains(request.id) {
+            return Err(Rejected::Duplicate(request.id));
+        }
+        self.waiting.push_back(Sequence {
+            id: request.id,
+            prompt_tokens: prompt as u32,
+            max_output_tokens: request.max_output_tokens,
+            tokens: request.prompt,
+            generated: 0,
+            computed: 0,
+            full_held: 0,
+            partial_held: false,
+            scheduled: 0,
+            cached_tokens: None,
+        });
+        Ok(())
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.running.iter().any(|s| s.id == id) || self.waiting.iter().any(|s| s.id == id)
+    }
+
+    /// Drops a request; its blocks stay cached for reuse. Returns whether it was here.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let seq = self.running.remove(i);
+            release(&mut self.blocks, &seq);
+        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            // Waiting requests hold no blocks.
+            self.waiting.remove(i);
+        } else {
+            return false;
+        }
+        self.stats.cancelled += 1;
+        true
+    }
+
+    /// Runs one step starting at `now`.
+    pub fn step(&mut self, now: Duration, out: &mut StepOutput) {
+        out.clear();
+        out.started_at = now;
+        let (budget, preempted_any) = self.schedule_running(out);
+        if !preempted_any {
+            self.admit_waiting(budget);
+        }
+        out.shape = self.shape();
+        let model_ms = self.perf.step_ms(&out.shape);
+        out.duration = Duration::from_secs_f64(model_ms / 1e3 / self.args.speedup_ratio);
+        self.apply(out);
+        for data in self.blocks.drain_events() {
+            self.next_event_id += 1;
+            out.events.push(KvEvent {
+                worker_id: self.worker.worker_id,
+                dp_rank: self.worker.dp_rank,
+                event_id: self.next_event_id,
+                tier: StorageTier::Device,
+                data,
+            });
+        }
+        self.stats.steps += 1;
+    }
+
+    /// Schedules the running requests. Returns the budget left and whether any request was
+    /// preempted.
+    fn schedule_running(&mut self, out: &mut StepOutput) -> (u32, bool) {
+        let mut budget = self.args.max_num_batched_tokens;
+        let mut preempted_any = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let remaining = self.running[i].remaining();
+            let n = remaining.min(budget);
+            if !self.args.enable_chunked_prefill && n < remaining {
+                i += 1;
+                continue;
+            }
+            loop {
+                let target = self.running[i].computed + n;
+                if allocate(&mut self.blocks, &mut self.running[i], target).is_ok() {
+                    self.running[i].scheduled = n;
+                    budget -= n;
+                    i += 1;
+                    break;
+                }
+                let victim = match self.args.preemption_mode {
+                    PreemptionMode::Lifo => self.running.len() - 1,
+                    PreemptionMode::Fifo => 0,
+                };
+                budget += self.running[victim].scheduled;
+                self.preempt(victim, out);
+                preempted_any = true;
+                if victim == i {
+                    break;
+                }
+                if victim < i {
+                    i -= 1;
+                }
+            }
+        }
+        (budget, preempted_any)
+    }
+
+    fn preempt(&mut self, index: usize, out: &mut StepOutput) {
+        let mut seq = self.running.remove(index);
+        for i in (0..seq.full_held as usize).rev() {
+            self.blocks.destroy(seq.tokens.sequence_hashes()[i]);
+        }
+        if seq.partial_held {
+            self.blocks.release_partial();
+        }
+        seq.full_held = 0;
+        seq.partial_held = false;
+        seq.computed = 0;
+        seq.scheduled = 0;
+        out.preempted.push(seq.id);
+        self.stats.preemptions += 1;
+        self.waiting.push_front(seq);
+    }
+
+    /// Admits waiting requests in order while budget, sequence slots and blocks allow.
+    fn admit_waiting(&mut self, mut budget: u32) {
+        let block_size = self.args.block_size;
+        while budget > 0 && self.running.len() < self.args.max_num_seqs as usize {
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
+            // A cached prefix is not recomputed, but the last token always is: its logits
+            // give the next token.
+            let cacheable = (seq.num_tokens() - 1) / block_size;
+            let hits =
+                (self.blocks.cached_prefix(seq.tokens.sequence_hashes()) as u32).min(cacheable);
+            let computed = hits * block_size;
+            let remaining = seq.num_tokens() - computed;
+            if !self.args.enable_chunked_prefill && remaining > budget {
+                break;
+            }
+            let n = remaining.min(budget);
+            if allocate(&mut self.blocks, seq, computed + n).is_err() {
+                break;
+            }
+            seq.computed = computed;
+            seq.scheduled = n;
+            if seq.cached_tokens.is_none() {
+                seq.cached_tokens = Some(computed);
+                self.stats.prompt_tokens += u64::from(seq.prompt_tokens);
+                self.stats.cached_prompt_tokens += u64::from(computed.min(seq.prompt_tokens));
+            }
+            budget -= n;
+            if let Some(seq) = self.waiting.pop_front() {
+                self.running.push(seq);
+            }
+        }
+    }
+
+    fn shape(&self) -> StepShape {
+        let mut shape = StepShape {
+            active_blocks: self.blocks.in_use() as u64,
+            capacity_blocks: self.blocks.capacity() as u64,
+            ..StepShape::default()
+        };
+        for seq in self.running.iter().filter(|s| s.scheduled > 0) {
+            if seq.is_decode() {
+                shape.decode_seqs += 1;
+                shape.decode_kv_tokens += u64::from(seq.num_tokens());
+            } else {
+                shape.prefill_tokens += seq.scheduled;
+            }
+        }
+        shape
+    }
+
+    /// Applies the step's computation: sample tokens, finish requests.
+    fn apply(&mut self, out: &mut StepOutput) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &mut self.running[i];
+            if seq.scheduled == 0 {
+                i += 1;
+                continue;
+            }
+            seq.computed += seq.scheduled;
+            seq.scheduled = 0;
+            if seq.computed < seq.num_tokens() {
+                i += 1;
+                continue;
+            }
+            let token = token_at(self.seed, seq.id, seq.generated);
+            let finished = seq.generated + 1 == seq.max_output_tokens;
+            out.tokens.push(TokenOutput {
+                request: seq.id,
+                token,
+                index: seq.generated,
+                cached_tokens: seq.cached_tokens.unwrap_or(0),
+                finished,
+            });
+            seq.generated += 1;
+            self.stats.output_tokens += 1;
+            if finished {
+                let seq = self.running.remove(i);
+                release(&mut self.blocks, &seq);
+                self.stats.finished += 1;
+            } else {
+                seq.tokens.extend(&[token]);
+                i += 1;
+            }
+        }
+    }
+
+    /// The engine's load right now.
+    pub fn load(&self) -> LoadSnapshot {
+        let running_prefill: u64 = self
+            .running
+            .iter()
+            .filter(|s| s.generated == 0)
+            .map(|s| u64::from(s.remaining()))
+            .sum();
+        let waiting_prefill: u64 = self.waiting.iter().map(|s| u64::from(s.num_tokens())).sum();
+        LoadSnapshot {
+            waiting: self.waiting.len() as u32,
+            running: self.running.len() as u32,
+            active_blocks: self.blocks.in_use() as u64,
+            cached_blocks: self.blocks.inactive() as u64,
+            capacity_blocks: self.blocks.capacity() as u64,
+            active_prefill_tokens: running_prefill + waiting_prefill,
+        }
+    }
+
+    /// Ids of the requests in the engine, running first.
+    pub fn requests(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.running.iter().chain(self.waiting.iter()).map(|s| s.id)
+    }
+
+    /// Checks the block accounting against the sequences; for tests.
+    pub fn validate(&self) -> Result<(), String> {
+        let blocks = &self.blocks;
+        if blocks.in_use() + blocks.inactive() > blocks.capacity() {
+            return Err(format!(
+                "{} in use + {} cached exceed {}",
+                blocks.in_use(),
+                blocks.inactive(),
+                blocks.capacity()
+            ));
+        }
+        if let Some(seq) = self
+            .waiting
+            .iter()
+            .find(|s| s.full_held > 0 || s.partial_held)
+        {
+            return Err(format!("waiting request {} holds blocks", seq.id));
+        }
+        let partial = self.running.iter().filter(|s| s.partial_held).count();
+        if partial != blocks.partial_blocks() {
+            return Err(format!(
+                "{partial} sequences hold a partial block but the manager counts {}",
+                blocks.partial_blocks()
+            ));
+        }
+        for seq in &self.running {
+            let needed = seq.computed.max(1).div_ceil(self.args.block_size);
+            let held = seq.full_held + u32::from(seq.partial_held);
+            if held < needed {
+                return Err(format!(
+                    "request {} computed {} tokens but holds {held} blocks",
+                    seq.id, seq.computed
+                ));
+            }
+        }
+        if blocks.prefix_caching() {
+            let mut refs: rustc_hash::FxHashMap<switchyard_core::SequenceHash, u32> =
+                Default::default();
+            for seq in &self.running {
+                for &h in &seq.tokens.sequence_hashes()[..seq.full_held as usize] {
+                    *refs.entry(h).or_insert(0) += 1;
+                }
+            }
+            let active = blocks.in_use() - blocks.partial_blocks();
+            if refs.len() != active {
+                return Err(format!(
+                    "sequences reference {} full blocks but {active} are active",
+                    refs.len()
+                ));
+            }
+            for (h, count) in refs {
+                if blocks.refcount(h) != count {
+                    return Err(format!(
+                        "block {h:?} has refcount {} but {count} holders",
+                        blocks.refcount(h)
+                    ));
+                }
+                if blocks.is_inactive(h) {
+                    return Err(format!("block {h:?} is both active and inactive"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gives `seq` the blocks for its first `target` tokens, all or nothing.
+///
+/// Cached blocks are shared first, so that allocating new ones (which may evict) can never
+/// evict a block this same allocation relies on.
+fn allocate(blocks: &mut BlockManager, seq: &mut Sequence, target: u32) -> Result<(), OutOfBlocks> {
+    let block_size = seq.tokens.block_size();
+    let first = seq.full_held as usize;
+    let full_target = (target / block_size) as usize;
+    let want_partial = !target.is_multiple_of(block_size);
+    let hashes = seq.tokens.sequence_hashes();
+    let locals = seq.tokens.local_hashes();
+    let caching = blocks.prefix_caching();
+
+    // Plan: how many new blocks, against what is free or evictable.
+    let (mut new, mut reactivated, mut freed) = (0usize, 0usize, 0usize);
+    for (i, &hash) in hashes.iter().enumerate().take(full_target).skip(first) {
+        let (active, inactive) = (
+            caching && blocks.is_active(hash),
+            caching && blocks.is_inactive(hash),
+        );
+        reactivated += usize::from(inactive);
+        if i == first && seq.partial_held {
+            freed += usize::from(active || inactive);
+        } else if !(active || inactive) {
+            new += 1;
+        }
+    }
+    let keeps_partial = seq.partial_held && full_target == first;
+    if want_partial && !keeps_partial {
+        new += 1;
+    }
+    if new > blocks.free() + freed + blocks.inactive() - reactivated {
+        return Err(OutOfBlocks);
+    }
+
+    let parent = |i: usize| i.checked_sub(1).map(|p| hashes[p]);
+    let mut pending = Vec::new();
+    for i in first..full_target {
+        if i == first && seq.partial_held {
+            blocks.promote(hashes[i], locals[i], parent(i));
+        } else if !blocks.share(hashes[i]) {
+            pending.push(i);
+        }
+    }
+    for i in pending {
+        blocks.use_full(hashes[i], locals[i], parent(i))?;
+    }
+    if want_partial && !keeps_partial {
+        blocks.use_partial()?;
+    }
+    seq.full_held = full_target as u32;
+    seq.partial_held = want_partial;
+    Ok(())
+}
+
+/// Returns a finished or cancelled sequence's blocks, tail first, keeping them cached.
+fn release(blocks: &mut BlockManager, seq: &Sequence) {
+    for i in (0..seq.full_held as usize).rev() {
+        blocks.release(
+            seq.tokens.sequence_hashes()[i],
+            seq.tokens.local_hashes()[i],
+        );
+    }
+    if seq.partial_held {
+        blocks.release_partial();
+    }
+}

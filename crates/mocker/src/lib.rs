@@ -1,0 +1,23 @@
+//! The mocker: a simulated inference engine with real scheduling, real block management and a
+//! timing model, emitting the KV events a real engine does. Whole fleets run on it without
+//! GPUs, in real time ([`driver`]) or in virtual time (the `sim` crate).
+//!
+//! - [`blocks`]: the KV block manager (reference-counted active blocks, LRU-evicted cached
+//!   blocks, prefix caching, KV events).
+//! - [`engine`]: the vLLM-v1-style scheduler as a pure `step(now)` state machine.
+//! - [`perf`]: step timing, polynomial or interpolated from a measured profile.
+//! - [`config`]: engine arguments with vLLM's defaults.
+//! - [`tokens`]: deterministic output tokens.
+//! - [`driver`]: the real-time shell, a tokio task per engine.
+
+pub mod blocks;
+pub mod config;
+pub mod driver;
+pub mod engine;
+pub mod perf;
+mod sequence;
+pub mod tokens;
+
+pub use config::{EngineArgs, PreemptionMode};
+pub use engine::{EngineStats, MockEngine, MockRequest, Rejected, StepOutput, TokenOutput};
+pub use perf::{PerfModel, StepShape};

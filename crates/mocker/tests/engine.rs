@@ -1,0 +1,279 @@
+//! Scheduler behaviour on hand-built cases.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use switchyard_core::{HashSeed, KvEventData, RequestId, TokenBlocks, WorkerKey};
+use switchyard_mocker::tokens::token_at;
+use switchyard_mocker::{
+    EngineArgs, MockEngine, MockRequest, PerfModel, PreemptionMode, Rejected, StepOutput,
+    TokenOutput,
+};
+
+const SEED: u64 = 7;
+
+fn engine(args: EngineArgs) -> MockEngine {
+    MockEngine::new(WorkerKey::new(1, 0), args, PerfModel::Polynomial, SEED).unwrap()
+}
+
+fn request(id: u64, prompt: &[u32], block_size: u32, max_output_tokens: u32) -> MockRequest {
+    MockRequest {
+        id: RequestId(id),
+        prompt: TokenBlocks::new(prompt, block_size, HashSeed::default()).unwrap(),
+        max_output_tokens,
+    }
+}
+
+/// Steps until idle; returns every token and the number of steps.
+fn run(engine: &mut MockEngine) -> (Vec<TokenOutput>, Vec<StepOutput>) {
+    let mut now = Duration::ZERO;
+    let mut tokens = Vec::new();
+    let mut steps = Vec::new();
+    while engine.has_work() {
+        let mut out = StepOutput::default();
+        engine.step(now, &mut out);
+        engine.validate().unwrap();
+        now = out.finished_at();
+        tokens.extend(out.tokens.iter().copied());
+        steps.push(out);
+        assert!(steps.len() < 100_000, "engine does not converge");
+    }
+    (tokens, steps)
+}
+
+#[test]
+fn chunked_prefill_then_decode_produces_deterministic_tokens() {
+    let args = EngineArgs {
+        block_size: 4,
+        max_num_batched_tokens: 8,
+        num_gpu_blocks: 64,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    let prompt: Vec<u32> = (0..20).collect();
+    e.add_request(request(1, &prompt, 4, 5)).unwrap();
+    let (tokens, steps) = run(&mut e);
+    // 20 prompt tokens at 8 per step: 3 prefill steps, the last yields the first token.
+    assert_eq!(steps[0].shape.prefill_tokens, 8);
+    assert_eq!(steps[1].shape.prefill_tokens, 8);
+    assert_eq!(steps[2].shape.prefill_tokens, 4);
+    assert!(steps[0].tokens.is_empty() && steps[1].tokens.is_empty());
+    assert_eq!(steps[2].tokens.len(), 1);
+    // Then 4 decode steps of one token each.
+    assert_eq!(steps.len(), 7);
+    assert!(
+        steps[3..]
+            .iter()
+            .all(|s| s.shape.decode_seqs == 1 && s.shape.prefill_tokens == 0)
+    );
+    let expected: Vec<u32> = (0..5).map(|i| token_at(SEED, RequestId(1), i)).collect();
+    assert_eq!(tokens.iter().map(|t| t.token).collect::<Vec<_>>(), expected);
+    assert_eq!(
+        tokens.iter().map(|t| t.index).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+    assert!(tokens.last().unwrap().finished && tokens[..4].iter().all(|t| !t.finished));
+    // Prefill steps are longer than decode steps.
+    assert!(steps[0].duration > steps[4].duration);
+    // All blocks are released but stay cached.
+    let load = e.load();
+    assert_eq!((load.active_blocks, load.running, load.waiting), (0, 0, 0));
+    assert!(load.cached_blocks >= 5);
+}
+
+#[test]
+fn a_shared_prefix_is_not_recomputed_and_events_describe_the_cache() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 64,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    let first: Vec<u32> = (0..16).collect();
+    e.add_request(request(1, &first, 4, 1)).unwrap();
+    let (_, steps) = run(&mut e);
+    let stored: usize = steps
+        .iter()
+        .flat_map(|s| &s.events)
+        .map(|ev| match &ev.data {
+            KvEventData::Stored { blocks, .. } => blocks.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(stored, 4, "four full prompt blocks stored");
+    // Same first 12 tokens: 3 blocks hit, 8 tokens left to compute.
+    let mut second = first[..12].to_vec();
+    second.extend([90, 91, 92, 93, 94, 95, 96, 97]);
+    e.add_request(request(2, &second, 4, 1)).unwrap();
+    let (tokens, steps) = run(&mut e);
+    assert_eq!(tokens[0].cached_tokens, 12);
+    assert_eq!(steps[0].shape.prefill_tokens, 8);
+    // A fully cached prompt still recomputes its last block's worth.
+    e.add_request(request(3, &first, 4, 1)).unwrap();
+    let (tokens, steps) = run(&mut e);
+    assert_eq!(tokens[0].cached_tokens, 12);
+    assert_eq!(steps[0].shape.prefill_tokens, 4);
+    assert_eq!(e.stats().cached_prompt_tokens, 24);
+}
+
+#[test]
+fn without_prefix_caching_nothing_hits_and_nothing_is_published() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 64,
+        enable_prefix_caching: false,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    let prompt: Vec<u32> = (0..16).collect();
+    e.add_request(request(1, &prompt, 4, 3)).unwrap();
+    e.add_request(request(2, &prompt, 4, 3)).unwrap();
+    let (tokens, steps) = run(&mut e);
+    assert!(tokens.iter().all(|t| t.cached_tokens == 0));
+    assert!(steps.iter().all(|s| s.events.is_empty()));
+    assert_eq!(e.load().cached_blocks, 0);
+}
+
+#[test]
+fn max_num_seqs_and_budget_bound_the_batch() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 256,
+        max_num_seqs: 3,
+        max_num_batched_tokens: 64,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    for id in 0..6 {
+        let prompt: Vec<u32> = (0..8).map(|t| t + id as u32 * 100).collect();
+        e.add_request(request(id, &prompt, 4, 4)).unwrap();
+    }
+    let mut out = StepOutput::default();
+    e.step(Duration::ZERO, &mut out);
+    assert_eq!(e.load().running, 3);
+    assert_eq!(e.load().waiting, 3);
+    assert_eq!(out.shape.prefill_tokens, 24);
+    let (tokens, _) = run(&mut e);
+    assert_eq!(tokens.len() + out.tokens.len(), 24);
+}
+
+fn preemption_case(mode: PreemptionMode) -> (Vec<TokenOutput>, MockEngine) {
+    // 6 blocks of 4 tokens: two requests of 8 prompt tokens that each grow to 16 tokens
+    // cannot both fit.
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 6,
+        preemption_mode: mode,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    e.add_request(request(1, &(0..8).collect::<Vec<_>>(), 4, 9))
+        .unwrap();
+    e.add_request(request(2, &(50..58).collect::<Vec<_>>(), 4, 9))
+        .unwrap();
+    let (tokens, _) = run(&mut e);
+    (tokens, e)
+}
+
+#[test]
+fn preemption_recomputes_and_streams_stay_complete() {
+    for mode in [PreemptionMode::Lifo, PreemptionMode::Fifo] {
+        let (tokens, e) = preemption_case(mode);
+        assert!(e.stats().preemptions > 0, "{mode:?}");
+        for id in [1, 2] {
+            let stream: Vec<_> = tokens
+                .iter()
+                .filter(|t| t.request == RequestId(id))
+                .collect();
+            assert_eq!(stream.len(), 9, "{mode:?}");
+            let expected: Vec<u32> = (0..9).map(|i| token_at(SEED, RequestId(id), i)).collect();
+            assert_eq!(stream.iter().map(|t| t.token).collect::<Vec<_>>(), expected);
+        }
+    }
+    // LIFO preempts the later request first, so the earlier one finishes first; FIFO the
+    // reverse.
+    let last_of = |tokens: &[TokenOutput], id| {
+        tokens
+            .iter()
+            .rposition(|t| t.request == RequestId(id))
+            .unwrap()
+    };
+    let (lifo, _) = preemption_case(PreemptionMode::Lifo);
+    assert!(last_of(&lifo, 1) < last_of(&lifo, 2));
+    let (fifo, _) = preemption_case(PreemptionMode::Fifo);
+    assert!(last_of(&fifo, 2) < last_of(&fifo, 1));
+}
+
+#[test]
+fn cancellation_frees_blocks() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 32,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    e.add_request(request(1, &(0..10).collect::<Vec<_>>(), 4, 100))
+        .unwrap();
+    e.add_request(request(2, &(20..30).collect::<Vec<_>>(), 4, 100))
+        .unwrap();
+    let mut out = StepOutput::default();
+    for _ in 0..3 {
+        e.step(Duration::ZERO, &mut out);
+    }
+    assert!(e.load().active_blocks > 0);
+    assert!(e.cancel(RequestId(1)));
+    assert!(!e.cancel(RequestId(1)));
+    assert!(e.cancel(RequestId(2)));
+    e.validate().unwrap();
+    assert_eq!(e.load().active_blocks, 0);
+    assert!(!e.has_work());
+    assert_eq!(e.stats().cancelled, 2);
+}
+
+#[test]
+fn impossible_requests_are_rejected() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 4,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    assert_eq!(
+        e.add_request(request(1, &[], 4, 1)),
+        Err(Rejected::EmptyPrompt)
+    );
+    assert_eq!(
+        e.add_request(request(1, &[1], 4, 0)),
+        Err(Rejected::NoOutput)
+    );
+    assert!(matches!(
+        e.add_request(request(1, &[1], 8, 1)),
+        Err(Rejected::BlockSize {
+            expected: 4,
+            got: 8
+        })
+    ));
+    assert!(matches!(
+        e.add_request(request(1, &[1; 16], 4, 2)),
+        Err(Rejected::TooLarge {
+            needed: 5,
+            capacity: 4
+        })
+    ));
+    e.add_request(request(1, &[1; 4], 4, 1)).unwrap();
+    assert_eq!(
+        e.add_request(request(1, &[1; 4], 4, 1)),
+        Err(Rejected::Duplicate(RequestId(1)))
+    );
+    let no_chunks = EngineArgs {
+        enable_chunked_prefill: false,
+        max_num_batched_tokens: 8,
+        ..args
+    };
+    let mut e = engine(no_chunks);
+    assert!(matches!(
+        e.add_request(request(1, &[1; 8], 4, 2)),
+        Err(Rejected::NoChunking { .. })
+    ));
+}
