@@ -13,47 +13,78 @@
 //! With prefix caching off nothing is hashed or shared: full blocks are anonymous, freed on
 //! release, and no event is emitted.
 
-use hashlink::LinkedHashMap;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use switchyard_core::{KvEventData, LocalBlockHash, SequenceHash, StoredBlock};
+
+/// A physical KV block.
+pub type BlockId = u32;
 
 /// No block could be found for an allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutOfBlocks;
 
-#[derive(Debug, Clone, Copy)]
-struct ActiveBlock {
+#[derive(Debug, Clone, Copy, Default)]
+struct Block {
+    /// Content hash; meaningful while `cached`.
+    hash: SequenceHash,
     refcount: u32,
+    /// The block's content is registered for reuse (a full block with prefix caching on).
+    cached: bool,
+    /// An unfilled tail block.
+    partial: bool,
+    /// When it last became inactive; matches its entry in the eviction queue.
+    released: u64,
+}
+
+/// Whether a block's content is cached, and in use or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// Not cached: a new block is needed.
+    Miss,
+    /// Cached and in use by a sequence.
+    Active(BlockId),
+    /// Cached and unused: reusing it takes it off the eviction queue.
+    Inactive(BlockId),
 }
 
 #[derive(Debug)]
 pub struct BlockManager {
-    capacity: usize,
     prefix_caching: bool,
-    active: FxHashMap<SequenceHash, ActiveBlock>,
-    /// Cached blocks no request uses, least recently released first.
-    inactive: LinkedHashMap<SequenceHash, LocalBlockHash, FxBuildHasher>,
+    blocks: Vec<Block>,
+    /// Blocks holding nothing.
+    free: Vec<BlockId>,
+    /// Content hash -> block, for every cached block in use or not.
+    cached: FxHashMap<SequenceHash, BlockId>,
+    /// Inactive blocks in release order, least recent first. Entries whose block was reused
+    /// or released again since are stale and skipped (their stamp no longer matches).
+    eviction_queue: VecDeque<(BlockId, u64)>,
+    in_use: usize,
+    inactive: usize,
     partial: usize,
-    /// Full blocks in use when prefix caching is off.
-    anonymous: usize,
+    next_stamp: u64,
     events: Vec<KvEventData>,
 }
 
 impl BlockManager {
     pub fn new(capacity: usize, prefix_caching: bool) -> Self {
         BlockManager {
-            capacity,
             prefix_caching,
-            active: FxHashMap::default(),
-            inactive: LinkedHashMap::with_hasher(FxBuildHasher),
+            blocks: vec![Block::default(); capacity],
+            free: (0..capacity as BlockId).rev().collect(),
+            cached: FxHashMap::default(),
+            eviction_queue: VecDeque::new(),
+            in_use: 0,
+            inactive: 0,
             partial: 0,
-            anonymous: 0,
+            next_stamp: 0,
             events: Vec::new(),
         }
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.blocks.len()
     }
 
     pub fn prefix_caching(&self) -> bool {
@@ -62,17 +93,32 @@ impl BlockManager {
 
     /// Blocks in use by running sequences.
     pub fn in_use(&self) -> usize {
-        self.active.len() + self.partial + self.anonymous
+        self.in_use
     }
 
     /// Blocks holding reusable content no sequence uses.
     pub fn inactive(&self) -> usize {
-        self.inactive.len()
+        self.inactive
     }
 
     /// Blocks neither in use nor cached.
     pub fn free(&self) -> usize {
-        self.capacity - self.in_use() - self.inactive.len()
+        self.free.len()
+    }
+
+    pub fn partial_blocks(&self) -> usize {
+        self.partial
+    }
+
+    pub fn lookup(&self, hash: SequenceHash) -> Lookup {
+        if !self.prefix_caching {
+            return Lookup::Miss;
+        }
+        match self.cached.get(&hash) {
+            None => Lookup::Miss,
+            Some(&id) if self.blocks[id as usize].refcount > 0 => Lookup::Active(id),
+            Some(&id) => Lookup::Inactive(id),
+        }
     }
 
     /// How many leading blocks of `hashes` are cached (in use or not).
@@ -82,29 +128,27 @@ impl BlockManager {
         }
         hashes
             .iter()
-            .take_while(|h| self.active.contains_key(h) || self.inactive.contains_key(h))
+            .take_while(|h| self.cached.contains_key(h))
             .count()
     }
 
-    pub fn is_active(&self, hash: SequenceHash) -> bool {
-        self.active.contains_key(&hash)
+    pub fn refcount(&self, id: BlockId) -> u32 {
+        self.blocks[id as usize].refcount
     }
 
-    pub fn is_inactive(&self, hash: SequenceHash) -> bool {
-        self.inactive.contains_key(&hash)
+    /// The content hash of a cached block.
+    pub fn hash_of(&self, id: BlockId) -> Option<SequenceHash> {
+        let block = &self.blocks[id as usize];
+        block.cached.then_some(block.hash)
     }
 
-    pub fn refcount(&self, hash: SequenceHash) -> u32 {
-        self.active.get(&hash).map_or(0, |b| b.refcount)
+    pub fn is_partial(&self, id: BlockId) -> bool {
+        self.blocks[id as usize].partial
     }
 
     /// Every cached block, in use or not: the content the engine would report.
     pub fn cached_hashes(&self) -> impl Iterator<Item = SequenceHash> + '_ {
-        self.active.keys().chain(self.inactive.keys()).copied()
-    }
-
-    pub fn partial_blocks(&self) -> usize {
-        self.partial
+        self.cached.keys().copied()
     }
 
     /// Takes the events recorded since the last call.
@@ -112,112 +156,170 @@ impl BlockManager {
         self.events.drain(..)
     }
 
-    /// Makes room for one new block, evicting the least recently used inactive block.
-    fn make_room(&mut self) -> Result<(), OutOfBlocks> {
-        if self.in_use() + self.inactive.len() < self.capacity {
-            return Ok(());
+    /// Evicts least recently released inactive blocks until `n` blocks are free.
+    ///
+    /// Allocations reserve all their blocks first, so one step's evictions form one Removed
+    /// event and its stores one Stored chain, instead of alternating block by block.
+    pub fn reserve(&mut self, n: usize) -> Result<(), OutOfBlocks> {
+        while self.free.len() < n {
+            let (id, stamp) = self.eviction_queue.pop_front().ok_or(OutOfBlocks)?;
+            let block = &mut self.blocks[id as usize];
+            if block.cached && block.refcount == 0 && block.released == stamp {
+                block.cached = false;
+                let hash = block.hash;
+                self.cached.remove(&hash);
+                self.inactive -= 1;
+                self.free.push(id);
+                self.record_removed(hash);
+            }
         }
-        let (hash, _) = self.inactive.pop_front().ok_or(OutOfBlocks)?;
-        self.record_removed(hash);
         Ok(())
     }
 
-    /// Shares an already cached block (in use or not). Returns whether it was cached.
-    pub fn share(&mut self, hash: SequenceHash) -> bool {
-        if !self.prefix_caching {
-            return false;
-        }
-        if let Some(block) = self.active.get_mut(&hash) {
-            block.refcount += 1;
-            return true;
-        }
-        if self.inactive.remove(&hash).is_some() {
-            self.active.insert(hash, ActiveBlock { refcount: 1 });
-            return true;
-        }
-        false
+    /// A block to fill, evicting one if none is free.
+    fn take(&mut self) -> Result<BlockId, OutOfBlocks> {
+        self.reserve(1)?;
+        self.free.pop().ok_or(OutOfBlocks)
     }
 
-    /// Uses the full block `hash` (child of `parent`): shares it if cached, else allocates
-    /// and stores it.
-    pub fn use_full(
+    /// Adds a reference to a block (in use or inactive).
+    pub fn share(&mut self, id: BlockId) {
+        let block = &mut self.blocks[id as usize];
+        if block.refcount == 0 {
+            self.inactive -= 1;
+            self.in_use += 1;
+        }
+        block.refcount += 1;
+    }
+
+    /// Allocates the full block `hash` (child of `parent`), known not to be cached, and
+    /// stores it.
+    pub fn store_new(
         &mut self,
         hash: SequenceHash,
         local: LocalBlockHash,
         parent: Option<SequenceHash>,
-    ) -> Result<(), OutOfBlocks> {
-        if !self.prefix_caching {
-            self.make_room()?;
-            self.anonymous += 1;
-            return Ok(());
+    ) -> Result<BlockId, OutOfBlocks> {
+        let id = self.take()?;
+        let caching = self.prefix_caching;
+        self.blocks[id as usize] = Block {
+            hash,
+            refcount: 1,
+            cached: caching,
+            partial: false,
+            released: 0,
+        };
+        self.in_use += 1;
+        if caching {
+            self.cached.insert(hash, id);
+            self.record_stored(parent, hash, local);
         }
-        if self.share(hash) {
-            return Ok(());
-        }
-        self.make_room()?;
-        self.active.insert(hash, ActiveBlock { refcount: 1 });
-        self.record_stored(parent, hash, local);
-        Ok(())
+        Ok(id)
     }
 
     /// Allocates an unfilled tail block.
-    pub fn use_partial(&mut self) -> Result<(), OutOfBlocks> {
-        self.make_room()?;
+    pub fn use_partial(&mut self) -> Result<BlockId, OutOfBlocks> {
+        let id = self.take()?;
+        self.blocks[id as usize] = Block {
+            refcount: 1,
+            partial: true,
+            ..Block::default()
+        };
+        self.in_use += 1;
         self.partial += 1;
-        Ok(())
+        Ok(id)
     }
 
-    /// A partial block filled up: it becomes the full block `hash`, or, if that content is
-    /// already cached, the sequence shares the cached block and the partial one is freed.
+    /// The partial block `id` filled up as content `hash`. If that content is cached
+    /// already, the sequence shares the cached block and `id` is freed; otherwise `id`
+    /// becomes the full block and is stored. Returns the block now holding the content.
     pub fn promote(
         &mut self,
+        id: BlockId,
         hash: SequenceHash,
         local: LocalBlockHash,
         parent: Option<SequenceHash>,
-    ) {
-        self.partial = self.partial.saturating_sub(1);
-        if !self.prefix_caching {
-            self.anonymous += 1;
-            return;
-        }
-        if !self.share(hash) {
-            self.active.insert(hash, ActiveBlock { refcount: 1 });
-            self.record_stored(parent, hash, local);
+    ) -> BlockId {
+        self.partial -= 1;
+        self.blocks[id as usize].partial = false;
+        match self.lookup(hash) {
+            Lookup::Active(other) | Lookup::Inactive(other) => {
+                self.share(other);
+                self.release(id);
+                other
+            }
+            Lookup::Miss => {
+                if self.prefix_caching {
+                    let block = &mut self.blocks[id as usize];
+                    block.hash = hash;
+                    block.cached = true;
+                    self.cached.insert(hash, id);
+                    self.record_stored(parent, hash, local);
+                }
+                id
+            }
         }
     }
 
-    /// Drops one reference; an unused block stays cached as inactive.
-    pub fn release(&mut self, hash: SequenceHash, local: LocalBlockHash) {
-        if !self.prefix_caching {
-            self.anonymous = self.anonymous.saturating_sub(1);
+    /// Drops one reference; an unused full block stays cached as inactive.
+    pub fn release(&mut self, id: BlockId) {
+        let block = &mut self.blocks[id as usize];
+        if block.refcount == 0 {
             return;
         }
-        if let Some(block) = self.active.get_mut(&hash) {
-            block.refcount -= 1;
-            if block.refcount == 0 {
-                self.active.remove(&hash);
-                self.inactive.insert(hash, local);
-            }
+        block.refcount -= 1;
+        if block.refcount > 0 {
+            return;
+        }
+        self.in_use -= 1;
+        if block.partial {
+            block.partial = false;
+            self.partial -= 1;
+        }
+        if block.cached {
+            self.next_stamp += 1;
+            block.released = self.next_stamp;
+            self.eviction_queue.push_back((id, self.next_stamp));
+            self.inactive += 1;
+            self.compact_queue();
+        } else {
+            self.free.push(id);
         }
     }
 
     /// Drops one reference; an unused block is discarded (preemption).
-    pub fn destroy(&mut self, hash: SequenceHash) {
-        if !self.prefix_caching {
-            self.anonymous = self.anonymous.saturating_sub(1);
+    pub fn destroy(&mut self, id: BlockId) {
+        let block = &mut self.blocks[id as usize];
+        if block.refcount == 0 {
             return;
         }
-        if let Some(block) = self.active.get_mut(&hash) {
-            block.refcount -= 1;
-            if block.refcount == 0 {
-                self.active.remove(&hash);
-                self.record_removed(hash);
-            }
+        block.refcount -= 1;
+        if block.refcount > 0 {
+            return;
         }
+        self.in_use -= 1;
+        if block.partial {
+            block.partial = false;
+            self.partial -= 1;
+        }
+        if block.cached {
+            block.cached = false;
+            let hash = block.hash;
+            self.cached.remove(&hash);
+            self.record_removed(hash);
+        }
+        self.free.push(id);
     }
 
-    pub fn release_partial(&mut self) {
-        self.partial = self.partial.saturating_sub(1);
+    /// Drops stale queue entries once they outnumber the live ones, bounding the queue.
+    fn compact_queue(&mut self) {
+        if self.eviction_queue.len() > 2 * self.inactive + 1024 {
+            let blocks = &self.blocks;
+            self.eviction_queue.retain(|&(id, stamp)| {
+                let b = &blocks[id as usize];
+                b.cached && b.refcount == 0 && b.released == stamp
+            });
+        }
     }
 
     fn record_stored(
@@ -267,17 +369,21 @@ mod tests {
         LocalBlockHash(i + 100)
     }
 
+    fn events(m: &mut BlockManager) -> Vec<KvEventData> {
+        m.drain_events().collect()
+    }
+
     #[test]
     fn stored_chains_batch_and_sharing_is_refcounted() {
         let mut m = BlockManager::new(4, true);
-        m.use_full(h(1), l(1), None).unwrap();
-        m.use_full(h(2), l(2), Some(h(1))).unwrap();
-        m.use_full(h(1), l(1), None).unwrap();
-        assert_eq!(m.refcount(h(1)), 2);
+        let a = m.store_new(h(1), l(1), None).unwrap();
+        m.store_new(h(2), l(2), Some(h(1))).unwrap();
+        assert_eq!(m.lookup(h(1)), Lookup::Active(a));
+        m.share(a);
+        assert_eq!(m.refcount(a), 2);
         assert_eq!(m.in_use(), 2);
-        let events: Vec<_> = m.drain_events().collect();
         assert_eq!(
-            events,
+            events(&mut m),
             vec![KvEventData::Stored {
                 parent: None,
                 blocks: vec![
@@ -297,76 +403,89 @@ mod tests {
     #[test]
     fn released_blocks_stay_cached_and_tails_are_evicted_first() {
         let mut m = BlockManager::new(3, true);
-        m.use_full(h(1), l(1), None).unwrap();
-        m.use_full(h(2), l(2), Some(h(1))).unwrap();
-        m.use_full(h(3), l(3), Some(h(2))).unwrap();
+        let ids: Vec<_> = (1..=3)
+            .map(|i| m.store_new(h(i), l(i), (i > 1).then(|| h(i - 1))).unwrap())
+            .collect();
         // Released tail first, as sequences do.
-        for i in [3, 2, 1] {
-            m.release(h(i), l(i));
+        for &id in ids.iter().rev() {
+            m.release(id);
         }
         assert_eq!((m.in_use(), m.inactive(), m.free()), (0, 3, 0));
         assert_eq!(m.cached_prefix(&[h(1), h(2), h(3), h(4)]), 3);
-        m.drain_events().for_each(drop);
+        events(&mut m);
         // A new block evicts the tail (3), not the prefix.
-        m.use_full(h(9), l(9), None).unwrap();
-        assert!(!m.is_inactive(h(3)) && m.is_inactive(h(1)) && m.is_inactive(h(2)));
-        let events: Vec<_> = m.drain_events().collect();
+        m.store_new(h(9), l(9), None).unwrap();
+        assert_eq!(m.lookup(h(3)), Lookup::Miss);
+        assert!(matches!(m.lookup(h(1)), Lookup::Inactive(_)));
         assert_eq!(
-            events[0],
+            events(&mut m)[0],
             KvEventData::Removed {
                 seq_hashes: vec![h(3)]
             }
         );
         // Reusing a cached block reactivates it without a new event.
-        m.use_full(h(1), l(1), None).unwrap();
-        assert_eq!(m.refcount(h(1)), 1);
-        assert_eq!(m.drain_events().count(), 0);
+        let Lookup::Inactive(first) = m.lookup(h(1)) else {
+            panic!("cached")
+        };
+        m.share(first);
+        assert_eq!((m.refcount(first), m.in_use(), m.inactive()), (1, 2, 1));
+        assert!(events(&mut m).is_empty());
+        // Its stale queue entry is skipped: the next eviction takes block 2.
+        m.store_new(h(8), l(8), None).unwrap();
+        assert_eq!(
+            events(&mut m)[0],
+            KvEventData::Removed {
+                seq_hashes: vec![h(2)]
+            }
+        );
     }
 
     #[test]
     fn out_of_blocks_when_everything_is_in_use() {
         let mut m = BlockManager::new(2, true);
-        m.use_full(h(1), l(1), None).unwrap();
+        m.store_new(h(1), l(1), None).unwrap();
         m.use_partial().unwrap();
         assert_eq!(m.use_partial(), Err(OutOfBlocks));
-        assert_eq!(m.use_full(h(2), l(2), Some(h(1))), Err(OutOfBlocks));
+        assert_eq!(m.store_new(h(2), l(2), Some(h(1))), Err(OutOfBlocks));
     }
 
     #[test]
     fn promote_stores_or_shares_and_destroy_discards() {
         let mut m = BlockManager::new(4, true);
-        m.use_full(h(1), l(1), None).unwrap();
-        m.use_partial().unwrap();
-        m.promote(h(2), l(2), Some(h(1)));
-        assert_eq!((m.partial_blocks(), m.refcount(h(2))), (0, 1));
+        m.store_new(h(1), l(1), None).unwrap();
+        let p = m.use_partial().unwrap();
+        let full = m.promote(p, h(2), l(2), Some(h(1)));
+        assert_eq!((full, m.partial_blocks(), m.refcount(full)), (p, 0, 1));
         // A second sequence fills a block with the same content: it shares, freeing its own.
-        m.use_partial().unwrap();
-        m.promote(h(2), l(2), Some(h(1)));
+        let q = m.use_partial().unwrap();
+        let shared = m.promote(q, h(2), l(2), Some(h(1)));
         assert_eq!(
-            (m.partial_blocks(), m.refcount(h(2)), m.in_use()),
-            (0, 2, 2)
+            (shared, m.partial_blocks(), m.refcount(p), m.in_use()),
+            (p, 0, 2, 2)
         );
-        m.drain_events().for_each(drop);
-        m.destroy(h(2));
-        m.destroy(h(2));
-        assert!(!m.is_active(h(2)) && !m.is_inactive(h(2)));
+        events(&mut m);
+        m.destroy(p);
+        m.destroy(p);
+        assert_eq!(m.lookup(h(2)), Lookup::Miss);
         assert_eq!(
-            m.drain_events().collect::<Vec<_>>(),
+            events(&mut m),
             vec![KvEventData::Removed {
                 seq_hashes: vec![h(2)]
             }]
         );
+        assert_eq!(m.free(), 3);
     }
 
     #[test]
     fn without_prefix_caching_nothing_is_shared_or_reported() {
         let mut m = BlockManager::new(3, false);
-        m.use_full(h(1), l(1), None).unwrap();
-        m.use_full(h(1), l(1), None).unwrap();
+        let a = m.store_new(h(1), l(1), None).unwrap();
+        m.store_new(h(1), l(1), None).unwrap();
         assert_eq!(m.in_use(), 2);
         assert_eq!(m.cached_prefix(&[h(1)]), 0);
-        m.release(h(1), l(1));
+        assert_eq!(m.lookup(h(1)), Lookup::Miss);
+        m.release(a);
         assert_eq!((m.in_use(), m.inactive(), m.free()), (1, 0, 2));
-        assert_eq!(m.drain_events().count(), 0);
+        assert!(events(&mut m).is_empty());
     }
 }

@@ -21,7 +21,7 @@ use switchyard_core::{
 };
 use thiserror::Error;
 
-use crate::blocks::{BlockManager, OutOfBlocks};
+use crate::blocks::{BlockId, BlockManager, Lookup, OutOfBlocks};
 use crate::config::{EngineArgs, InvalidArgs, PreemptionMode};
 use crate::perf::{PerfModel, StepShape};
 use crate::sequence::Sequence;
@@ -203,8 +203,8 @@ impl MockEngine {
             tokens: request.prompt,
             generated: 0,
             computed: 0,
+            blocks: Vec::new(),
             full_held: 0,
-            partial_held: false,
             scheduled: 0,
             cached_tokens: None,
         });
@@ -296,14 +296,11 @@ impl MockEngine {
 
     fn preempt(&mut self, index: usize, out: &mut StepOutput) {
         let mut seq = self.running.remove(index);
-        for i in (0..seq.full_held as usize).rev() {
-            self.blocks.destroy(seq.tokens.sequence_hashes()[i]);
+        for &id in seq.blocks.iter().rev() {
+            self.blocks.destroy(id);
         }
-        if seq.partial_held {
-            self.blocks.release_partial();
-        }
+        seq.blocks.clear();
         seq.full_held = 0;
-        seq.partial_held = false;
         seq.computed = 0;
         seq.scheduled = 0;
         out.preempted.push(seq.id);
@@ -427,63 +424,67 @@ impl MockEngine {
     /// Checks the block accounting against the sequences; for tests.
     pub fn validate(&self) -> Result<(), String> {
         let blocks = &self.blocks;
-        if blocks.in_use() + blocks.inactive() > blocks.capacity() {
+        if blocks.in_use() + blocks.inactive() + blocks.free() != blocks.capacity() {
             return Err(format!(
-                "{} in use + {} cached exceed {}",
+                "{} in use + {} cached + {} free != {}",
                 blocks.in_use(),
                 blocks.inactive(),
+                blocks.free(),
                 blocks.capacity()
             ));
         }
-        if let Some(seq) = self
-            .waiting
-            .iter()
-            .find(|s| s.full_held > 0 || s.partial_held)
-        {
+        if let Some(seq) = self.waiting.iter().find(|s| !s.blocks.is_empty()) {
             return Err(format!("waiting request {} holds blocks", seq.id));
         }
-        let partial = self.running.iter().filter(|s| s.partial_held).count();
+        let mut refs: rustc_hash::FxHashMap<BlockId, u32> = Default::default();
+        let mut partial = 0;
+        for seq in &self.running {
+            let needed = seq.computed.max(1).div_ceil(self.args.block_size) as usize;
+            if seq.blocks.len() < needed {
+                return Err(format!(
+                    "request {} computed {} tokens but holds {} blocks",
+                    seq.id,
+                    seq.computed,
+                    seq.blocks.len()
+                ));
+            }
+            for (i, &id) in seq.blocks.iter().enumerate() {
+                *refs.entry(id).or_insert(0) += 1;
+                let full = i < seq.full_held as usize;
+                if full == blocks.is_partial(id) {
+                    return Err(format!(
+                        "request {} block {i} partial/full mismatch",
+                        seq.id
+                    ));
+                }
+                if full
+                    && blocks.prefix_caching()
+                    && blocks.hash_of(id) != Some(seq.tokens.sequence_hashes()[i])
+                {
+                    return Err(format!("request {} block {i} holds other content", seq.id));
+                }
+                partial += usize::from(!full);
+            }
+        }
         if partial != blocks.partial_blocks() {
             return Err(format!(
-                "{partial} sequences hold a partial block but the manager counts {}",
+                "{partial} partial blocks held but the manager counts {}",
                 blocks.partial_blocks()
             ));
         }
-        for seq in &self.running {
-            let needed = seq.computed.max(1).div_ceil(self.args.block_size);
-            let held = seq.full_held + u32::from(seq.partial_held);
-            if held < needed {
-                return Err(format!(
-                    "request {} computed {} tokens but holds {held} blocks",
-                    seq.id, seq.computed
-                ));
-            }
+        if refs.len() != blocks.in_use() {
+            return Err(format!(
+                "sequences hold {} blocks but {} are in use",
+                refs.len(),
+                blocks.in_use()
+            ));
         }
-        if blocks.prefix_caching() {
-            let mut refs: rustc_hash::FxHashMap<switchyard_core::SequenceHash, u32> =
-                Default::default();
-            for seq in &self.running {
-                for &h in &seq.tokens.sequence_hashes()[..seq.full_held as usize] {
-                    *refs.entry(h).or_insert(0) += 1;
-                }
-            }
-            let active = blocks.in_use() - blocks.partial_blocks();
-            if refs.len() != active {
+        for (id, count) in refs {
+            if blocks.refcount(id) != count {
                 return Err(format!(
-                    "sequences reference {} full blocks but {active} are active",
-                    refs.len()
+                    "block {id} has refcount {} but {count} holders",
+                    blocks.refcount(id)
                 ));
-            }
-            for (h, count) in refs {
-                if blocks.refcount(h) != count {
-                    return Err(format!(
-                        "block {h:?} has refcount {} but {count} holders",
-                        blocks.refcount(h)
-                    ));
-                }
-                if blocks.is_inactive(h) {
-                    return Err(format!("block {h:?} is both active and inactive"));
-                }
             }
         }
         Ok(())
@@ -499,25 +500,25 @@ fn allocate(blocks: &mut BlockManager, seq: &mut Sequence, target: u32) -> Resul
     let first = seq.full_held as usize;
     let full_target = (target / block_size) as usize;
     let want_partial = !target.is_multiple_of(block_size);
+    let had_partial = seq.partial_held();
     let hashes = seq.tokens.sequence_hashes();
     let locals = seq.tokens.local_hashes();
-    let caching = blocks.prefix_caching();
 
-    // Plan: how many new blocks, against what is free or evictable.
+    // Plan: the cached block for each new full block (or none), and how many new blocks
+    // that leaves to find, against what is free or evictable.
+    let mut plan: smallvec::SmallVec<[Lookup; 8]> = smallvec::SmallVec::new();
     let (mut new, mut reactivated, mut freed) = (0usize, 0usize, 0usize);
     for (i, &hash) in hashes.iter().enumerate().take(full_target).skip(first) {
-        let (active, inactive) = (
-            caching && blocks.is_active(hash),
-            caching && blocks.is_inactive(hash),
-        );
-        reactivated += usize::from(inactive);
-        if i == first && seq.partial_held {
-            freed += usize::from(active || inactive);
-        } else if !(active || inactive) {
+        let lookup = blocks.lookup(hash);
+        reactivated += usize::from(matches!(lookup, Lookup::Inactive(_)));
+        if i == first && had_partial {
+            freed += usize::from(lookup != Lookup::Miss);
+        } else if lookup == Lookup::Miss {
             new += 1;
         }
+        plan.push(lookup);
     }
-    let keeps_partial = seq.partial_held && full_target == first;
+    let keeps_partial = had_partial && full_target == first;
     if want_partial && !keeps_partial {
         new += 1;
     }
@@ -526,34 +527,48 @@ fn allocate(blocks: &mut BlockManager, seq: &mut Sequence, target: u32) -> Resul
     }
 
     let parent = |i: usize| i.checked_sub(1).map(|p| hashes[p]);
-    let mut pending = Vec::new();
-    for i in first..full_target {
-        if i == first && seq.partial_held {
-            blocks.promote(hashes[i], locals[i], parent(i));
-        } else if !blocks.share(hashes[i]) {
-            pending.push(i);
+    let partial = if had_partial && !keeps_partial {
+        seq.blocks.pop()
+    } else {
+        None
+    };
+    let mut ids: smallvec::SmallVec<[BlockId; 8]> = smallvec::SmallVec::with_capacity(plan.len());
+    for (k, lookup) in plan.iter().enumerate() {
+        let i = first + k;
+        let id = match (partial.filter(|_| k == 0), *lookup) {
+            (Some(p), _) => blocks.promote(p, hashes[i], locals[i], parent(i)),
+            (None, Lookup::Active(id) | Lookup::Inactive(id)) => {
+                blocks.share(id);
+                id
+            }
+            (None, Lookup::Miss) => BlockId::MAX,
+        };
+        ids.push(id);
+    }
+    // Shares done, evict for all the new blocks at once (see `BlockManager::reserve`).
+    blocks.reserve(new)?;
+    for (k, id) in ids.iter_mut().enumerate() {
+        if *id == BlockId::MAX {
+            let i = first + k;
+            *id = blocks.store_new(hashes[i], locals[i], parent(i))?;
         }
     }
-    for i in pending {
-        blocks.use_full(hashes[i], locals[i], parent(i))?;
-    }
-    if want_partial && !keeps_partial {
-        blocks.use_partial()?;
+    if keeps_partial {
+        // The held tail block stays where it is, after the full blocks.
+    } else {
+        seq.blocks.extend_from_slice(&ids);
+        if want_partial {
+            let id = blocks.use_partial()?;
+            seq.blocks.push(id);
+        }
     }
     seq.full_held = full_target as u32;
-    seq.partial_held = want_partial;
     Ok(())
 }
 
 /// Returns a finished or cancelled sequence's blocks, tail first, keeping them cached.
 fn release(blocks: &mut BlockManager, seq: &Sequence) {
-    for i in (0..seq.full_held as usize).rev() {
-        blocks.release(
-            seq.tokens.sequence_hashes()[i],
-            seq.tokens.local_hashes()[i],
-        );
-    }
-    if seq.partial_held {
-        blocks.release_partial();
+    for &id in seq.blocks.iter().rev() {
+        blocks.release(id);
     }
 }

@@ -2,6 +2,8 @@
 
 use switchyard_core::{RequestId, TokenBlocks};
 
+use crate::blocks::BlockId;
+
 /// A request as the engine tracks it: its tokens (prompt, then generated) cut into blocks,
 /// how many are computed, and which KV blocks it holds.
 #[derive(Debug)]
@@ -14,10 +16,10 @@ pub struct Sequence {
     pub generated: u32,
     /// Tokens whose KV is computed.
     pub computed: u32,
-    /// Leading full blocks held in the block manager.
+    /// Blocks held: the leading full blocks, then the unfilled tail block if any.
+    pub blocks: Vec<BlockId>,
+    /// How many of `blocks` are full.
     pub full_held: u32,
-    /// Whether the unfilled tail block is held.
-    pub partial_held: bool,
     /// Tokens scheduled in the step being built.
     pub scheduled: u32,
     /// Prompt tokens found cached when first admitted.
@@ -32,6 +34,11 @@ impl Sequence {
     /// Whether the scheduled work is one decode step (the last sampled token).
     pub fn is_decode(&self) -> bool {
         self.generated > 0 && self.scheduled == 1 && self.computed + 1 == self.num_tokens()
+    }
+
+    /// Whether the unfilled tail block is held.
+    pub fn partial_held(&self) -> bool {
+        self.blocks.len() > self.full_held as usize
     }
 
     /// Tokens still to compute before the next token can be sampled.

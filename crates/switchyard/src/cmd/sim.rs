@@ -1,11 +1,268 @@
-//! `switchyard sim`.
+//! `switchyard sim`: replay a trace through the router and a simulated fleet.
 
-use anyhow::{Result, bail};
-use clap::Args;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use switchyard_mocker::{EngineArgs, PerfModel, PreemptionMode};
+use switchyard_router::policy::KvPolicyConfig;
+use switchyard_router::{PolicyKind, RouterConfig};
+use switchyard_sim::{PreparedWorkload, SimConfig, SimReport, TraceRequest, simulate};
+use switchyard_workload::trace_io::Trace;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TraceFormat {
+    /// Mooncake JSONL (timestamp, input_length, output_length, hash_ids).
+    Mooncake,
+    /// Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
+    Azure,
+}
 
 #[derive(Debug, Args)]
-pub struct SimArgs {}
+pub struct SimArgs {
+    /// The trace to replay.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Trace format; by default from the file extension (.csv is Azure).
+    #[arg(long, value_enum)]
+    format: Option<TraceFormat>,
+    /// Tokens per hash id in a Mooncake trace.
+    #[arg(long, default_value_t = 512)]
+    trace_block_size: u32,
+    /// Arrivals come this many times faster than in the trace.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Engines in the fleet.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Policies to compare, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "kv,round-robin")]
+    policy: Vec<PolicyKind>,
+    /// Weight of prefill against decode load in the kv policy.
+    #[arg(long, default_value_t = 1.0)]
+    overlap_weight: f64,
+    /// Softmax temperature of the kv policy (0: always the cheapest worker).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Delay before KV events reach the indexer, in milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    event_delay_ms: f64,
+    #[arg(long, default_value_t = 16_384)]
+    num_gpu_blocks: u32,
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: u32,
+    #[arg(long, default_value_t = 8_192)]
+    max_num_batched_tokens: u32,
+    #[arg(long)]
+    no_prefix_caching: bool,
+    #[arg(long)]
+    no_chunked_prefill: bool,
+    /// Which running request to preempt when KV blocks run out.
+    #[arg(long, value_enum, default_value_t = Preemption::Lifo)]
+    preemption: Preemption,
+    /// Timing profile (JSON or NPZ) instead of the polynomial model.
+    #[arg(long)]
+    perf_profile: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(_args: SimArgs) -> Result<()> {
-    bail!("`switchyard sim` is not implemented yet")
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Preemption {
+    Lifo,
+    Fifo,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    trace: String,
+    workers: u32,
+    policies: BTreeMap<&'a str, &'a SimReport>,
+}
+
+pub fn run(args: SimArgs) -> Result<()> {
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    if !(args.speedup.is_finite() && args.speedup > 0.0) {
+        bail!("--speedup must be a positive number, got {}", args.speedup);
+    }
+    if !(args.event_delay_ms.is_finite() && args.event_delay_ms >= 0.0) {
+        bail!(
+            "--event-delay-ms must be a non-negative number, got {}",
+            args.event_delay_ms
+        );
+    }
+    if args.trace_block_size == 0 {
+        bail!("--trace-block-size must be at least 1");
+    }
+    let engine = EngineArgs {
+        num_gpu_blocks: args.num_gpu_blocks,
+        block_size: args.block_size,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        enable_prefix_caching: !args.no_prefix_caching,
+        enable_chunked_prefill: !args.no_chunked_prefill,
+        preemption_mode: match args.preemption {
+            Preemption::Lifo => PreemptionMode::Lifo,
+            Preemption::Fifo => PreemptionMode::Fifo,
+        },
+        speedup_ratio: 1.0,
+    };
+    engine.validate().context("invalid engine arguments")?;
+    let perf = match &args.perf_profile {
+        Some(path) => PerfModel::load(path)?,
+        None => PerfModel::Polynomial,
+    };
+
+    let mut requests = read_trace(&args)?;
+    if let Some(limit) = args.limit {
+        requests.truncate(limit);
+    }
+    let workload = PreparedWorkload::prepare(
+        &requests,
+        args.trace_block_size,
+        args.block_size,
+        args.speedup,
+    );
+    let config = SimConfig {
+        workers: args.workers,
+        engine,
+        perf,
+        router: RouterConfig {
+            kv: KvPolicyConfig {
+                overlap_weight: args.overlap_weight,
+                temperature: args.temperature,
+            },
+            ..RouterConfig::default()
+        },
+        event_delay: Duration::from_secs_f64(args.event_delay_ms / 1e3),
+        seed: args.seed,
+    };
+
+    let mut reports = Vec::new();
+    for &policy in &args.policy {
+        let bar = progress_bar(workload.requests.len() as u64, policy, args.json);
+        let started = Instant::now();
+        let mut report = simulate(&config, &workload, policy, &mut |done| {
+            bar.set_position(done)
+        })?;
+        report.wall_seconds = started.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        reports.push(report);
+    }
+
+    if args.json {
+        let policies = reports.iter().map(|r| (r.policy.as_str(), r)).collect();
+        let out = Output {
+            trace: args.trace.display().to_string(),
+            workers: args.workers,
+            policies,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_table(&args, workload.requests.len(), &reports);
+    }
+    Ok(())
+}
+
+fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
+    let format = args.format.unwrap_or_else(|| {
+        if args
+            .trace
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+        {
+            TraceFormat::Azure
+        } else {
+            TraceFormat::Mooncake
+        }
+    });
+    match format {
+        TraceFormat::Mooncake => Ok(Trace::read(&args.trace)?
+            .records
+            .iter()
+            .map(TraceRequest::from_mooncake)
+            .collect()),
+        TraceFormat::Azure => bail!("Azure traces are not supported yet"),
+    }
+}
+
+fn progress_bar(len: u64, policy: PolicyKind, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    let style =
+        ProgressStyle::with_template("{prefix:>14} [{bar:40}] {pos}/{len} requests ({elapsed})")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_prefix(policy.name());
+    bar
+}
+
+fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
+    println!(
+        "{} requests from {} on {} workers",
+        requests,
+        args.trace.display(),
+        args.workers
+    );
+    println!(
+        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8}",
+        "policy",
+        "ttft mean",
+        "ttft p50",
+        "ttft p90",
+        "ttft p99",
+        "itl mean",
+        "itl p99",
+        "e2e mean",
+        "e2e p99",
+        "hit rate",
+        "req cv",
+        "preempt",
+        "wall s"
+    );
+    for r in reports {
+        println!(
+            "{:<14} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>7.1}% {:>7.3} {:>8} {:>8.2}",
+            r.policy,
+            r.ttft_ms.mean,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            r.ttft_ms.p99,
+            r.itl_ms.mean,
+            r.itl_ms.p99,
+            r.e2e_ms.mean,
+            r.e2e_ms.p99,
+            r.cache_hit_rate * 100.0,
+            r.load_spread.requests_cv,
+            r.preemptions,
+            r.wall_seconds
+        );
+    }
+    if let Some(r) = reports.first() {
+        println!(
+            "(ms; {:.0} simulated seconds; {:.2} req/s, {:.0} output tok/s for {})",
+            r.simulated_seconds,
+            r.throughput.requests_per_sec,
+            r.throughput.output_tokens_per_sec,
+            r.policy
+        );
+    }
 }

@@ -1,0 +1,317 @@
+//! The discrete-event loop.
+//!
+//! Events, ordered by virtual time then by creation order (so runs are deterministic):
+//! a request arrives and is routed; an engine finishes a step and its tokens and KV events
+//! are delivered; a batch of KV events reaches the indexer after the event delay. An idle
+//! engine starts a step as soon as it receives work; a busy one steps again as soon as the
+//! previous step ends and work remains.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use switchyard_core::{KvEvent, RequestId, WorkerKey};
+use switchyard_mocker::config::InvalidArgs;
+use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
+use switchyard_router::{
+    Indexer, IndexerConfig, PolicyKind, RouteRequest, Router, RouterConfig, RoutingOverrides,
+};
+use thiserror::Error;
+
+use crate::report::{LatencyRecorder, LoadSpread, SimReport, Throughput};
+use crate::workload::PreparedWorkload;
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub workers: u32,
+    pub engine: EngineArgs,
+    pub perf: PerfModel,
+    /// Router settings; the policy is chosen per run.
+    pub router: RouterConfig,
+    /// How long KV events take to reach the indexer.
+    pub event_delay: Duration,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SimError {
+    #[error("at least one worker is needed")]
+    NoWorkers,
+    #[error("invalid engine arguments: {0}")]
+    Engine(#[from] InvalidArgs),
+    #[error("the workload is cut into {workload}-token blocks but the engines use {engine}")]
+    BlockSize { workload: u32, engine: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    StepDone(u32),
+    Deliver(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RequestState {
+    arrival: Duration,
+    last_token: Duration,
+}
+
+struct Fleet<'a> {
+    config: &'a SimConfig,
+    workload: &'a PreparedWorkload,
+    engines: Vec<MockEngine>,
+    outputs: Vec<StepOutput>,
+    busy: Vec<bool>,
+    router: Router,
+    indexer: Indexer,
+    queue: BinaryHeap<Reverse<(Duration, u64, Event)>>,
+    next_seq: u64,
+    in_flight_events: Vec<Option<Vec<KvEvent>>>,
+    requests: Vec<RequestState>,
+    ttft: LatencyRecorder,
+    itl: LatencyRecorder,
+    e2e: LatencyRecorder,
+    per_worker_requests: Vec<u64>,
+    per_worker_prefill: Vec<u64>,
+    report: SimReport,
+    last_time: Duration,
+}
+
+/// Runs the workload through the fleet with one policy. `progress` is told how many
+/// requests have completed, now and then.
+pub fn simulate(
+    config: &SimConfig,
+    workload: &PreparedWorkload,
+    policy: PolicyKind,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SimReport, SimError> {
+    if config.workers == 0 {
+        return Err(SimError::NoWorkers);
+    }
+    if workload.block_size != config.engine.block_size {
+        return Err(SimError::BlockSize {
+            workload: workload.block_size,
+            engine: config.engine.block_size,
+        });
+    }
+    let indexer = Indexer::new(IndexerConfig::default());
+    run(Fleet::new(config, workload, policy, indexer)?, progress)
+}
+
+fn run(mut fleet: Fleet<'_>, progress: &mut dyn FnMut(u64)) -> Result<SimReport, SimError> {
+    // Arrivals are already in time order: they are merged with the queue rather than
+    // queued up front, which keeps the queue as small as the fleet.
+    let mut next_arrival = 0usize;
+    let mut reported = 0;
+    loop {
+        let arrival = fleet.workload.requests.get(next_arrival).map(|r| r.arrival);
+        let queued = fleet.queue.peek().map(|Reverse((t, _, _))| *t);
+        let (now, event) = match (arrival, queued) {
+            (Some(a), Some(q)) if a <= q => (a, None),
+            (Some(a), None) => (a, None),
+            (_, Some(_)) => match fleet.queue.pop() {
+                Some(Reverse((t, _, event))) => (t, Some(event)),
+                None => break,
+            },
+            (None, None) => break,
+        };
+        fleet.last_time = fleet.last_time.max(now);
+        match event {
+            None => {
+                fleet.arrive(next_arrival as u32, now);
+                next_arrival += 1;
+            }
+            Some(Event::StepDone(w)) => fleet.step_done(w as usize, now),
+            Some(Event::Deliver(slot)) => {
+                if let Some(events) = fleet
+                    .in_flight_events
+                    .get_mut(slot as usize)
+                    .and_then(Option::take)
+                {
+                    for event in &events {
+                        fleet.indexer.apply(event);
+                    }
+                }
+            }
+        }
+        if fleet.report.completed >= reported + 256 {
+            reported = fleet.report.completed;
+            progress(reported);
+        }
+    }
+    progress(fleet.report.completed);
+    Ok(fleet.finish())
+}
+
+impl<'a> Fleet<'a> {
+    fn new(
+        config: &'a SimConfig,
+        workload: &'a PreparedWorkload,
+        policy: PolicyKind,
+        indexer: Indexer,
+    ) -> Result<Self, SimError> {
+        let n = config.workers as usize;
+        let mut router = Router::new(RouterConfig {
+            policy,
+            block_size: config.engine.block_size,
+            seed: config.seed,
+            ..config.router
+        });
+        let mut engines = Vec::with_capacity(n);
+        for w in 0..config.workers {
+            let key = WorkerKey::new(u64::from(w), 0);
+            router.add_worker(key);
+            engines.push(MockEngine::new(
+                key,
+                config.engine,
+                config.perf.clone(),
+                config.seed ^ u64::from(w),
+            )?);
+        }
+        Ok(Fleet {
+            config,
+            workload,
+            engines,
+            outputs: (0..n).map(|_| StepOutput::default()).collect(),
+            busy: vec![false; n],
+            router,
+            indexer,
+            queue: BinaryHeap::new(),
+            next_seq: 0,
+            in_flight_events: Vec::new(),
+            requests: workload
+                .requests
+                .iter()
+                .map(|r| RequestState {
+                    arrival: r.arrival,
+                    last_token: r.arrival,
+                })
+                .collect(),
+            ttft: LatencyRecorder::default(),
+            itl: LatencyRecorder::default(),
+            e2e: LatencyRecorder::default(),
+            per_worker_requests: vec![0; n],
+            per_worker_prefill: vec![0; n],
+            report: SimReport {
+                requests: workload.requests.len() as u64,
+                ..SimReport::default()
+            },
+            last_time: Duration::ZERO,
+        })
+    }
+
+    fn push(&mut self, at: Duration, event: Event) {
+        self.queue.push(Reverse((at, self.next_seq, event)));
+        self.next_seq += 1;
+    }
+
+    fn arrive(&mut self, index: u32, now: Duration) {
+        let request = &self.workload.requests[index as usize];
+        let id = RequestId(u64::from(index));
+        let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
+        let route = RouteRequest {
+            id,
+            isl_tokens: request.prompt.total_tokens() as u64,
+            seq_hashes: request.prompt.sequence_hashes(),
+            overrides: RoutingOverrides::default(),
+        };
+        let Ok(decision) = self.router.route(&route, &overlaps, now) else {
+            self.report.rejected += 1;
+            return;
+        };
+        let w = decision.worker.worker_id.0 as usize;
+        let mock = MockRequest {
+            id,
+            prompt: request.prompt.clone(),
+            max_output_tokens: request.output_tokens,
+        };
+        if self.engines[w].add_request(mock).is_err() {
+            self.report.rejected += 1;
+            self.router.free(id);
+            return;
+        }
+        self.per_worker_requests[w] += 1;
+        if !self.busy[w] {
+            self.start_step(w, now);
+        }
+    }
+
+    fn start_step(&mut self, w: usize, now: Duration) {
+        self.engines[w].step(now, &mut self.outputs[w]);
+        self.per_worker_prefill[w] += u64::from(self.outputs[w].shape.prefill_tokens);
+        self.busy[w] = true;
+        let done = self.outputs[w].finished_at();
+        self.push(done, Event::StepDone(w as u32));
+    }
+
+    fn step_done(&mut self, w: usize, now: Duration) {
+        let mut out = std::mem::take(&mut self.outputs[w]);
+        for token in &out.tokens {
+            let state = &mut self.requests[token.request.0 as usize];
+            if token.index == 0 {
+                self.ttft.record(micros(now - state.arrival));
+                self.router.mark_prefill_completed(token.request);
+                self.report.prompt_tokens += self.workload.requests[token.request.0 as usize]
+                    .prompt
+                    .total_tokens() as u64;
+                self.report.cached_tokens += u64::from(token.cached_tokens);
+            } else {
+                self.itl.record(micros(now - state.last_token));
+            }
+            state.last_token = now;
+            self.report.output_tokens += 1;
+            if token.finished {
+                self.e2e.record(micros(now - state.arrival));
+                self.router.free(token.request);
+                self.report.completed += 1;
+            }
+        }
+        if !out.events.is_empty() {
+            if self.config.event_delay.is_zero() {
+                for event in &out.events {
+                    self.indexer.apply(event);
+                }
+            } else {
+                let slot = self.in_flight_events.len() as u32;
+                self.in_flight_events
+                    .push(Some(std::mem::take(&mut out.events)));
+                self.push(now + self.config.event_delay, Event::Deliver(slot));
+            }
+        }
+        self.outputs[w] = out;
+        if self.engines[w].has_work() {
+            self.start_step(w, now);
+        } else {
+            self.busy[w] = false;
+        }
+    }
+
+    fn finish(mut self) -> SimReport {
+        let span = self.last_time.as_secs_f64().max(f64::MIN_POSITIVE);
+        let r = &mut self.report;
+        r.policy = self.router.config().policy.name().to_string();
+        r.workers = self.config.workers;
+        r.ttft_ms = self.ttft.distribution();
+        r.itl_ms = self.itl.distribution();
+        r.e2e_ms = self.e2e.distribution();
+        r.throughput = Throughput {
+            requests_per_sec: r.completed as f64 / span,
+            output_tokens_per_sec: r.output_tokens as f64 / span,
+        };
+        r.cache_hit_rate = if r.prompt_tokens == 0 {
+            0.0
+        } else {
+            r.cached_tokens as f64 / r.prompt_tokens as f64
+        };
+        r.preemptions = self.engines.iter().map(|e| e.stats().preemptions).sum();
+        r.engine_steps = self.engines.iter().map(|e| e.stats().steps).sum();
+        r.load_spread =
+            LoadSpread::from_counts(&self.per_worker_requests, &self.per_worker_prefill);
+        r.simulated_seconds = self.last_time.as_secs_f64();
+        self.report
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().min(u128::from(u64::MAX)) as u64
+}
