@@ -14,7 +14,9 @@ use crate::Token;
 pub const DEFAULT_SEED: u64 = 1337;
 
 /// Hash of one block's tokens, independent of what precedes it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct LocalBlockHash(pub u64);
 
@@ -23,7 +25,9 @@ pub struct LocalBlockHash(pub u64);
 /// Engines may publish their own sequence hashes (vLLM does); the indexer treats them as
 /// opaque per-worker identifiers and only Switchyard's own components rely on the chained
 /// definition above.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct SequenceHash(pub u64);
 

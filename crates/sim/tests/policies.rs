@@ -80,7 +80,11 @@ fn runs_are_deterministic_and_account_for_every_token() {
         .sum();
     assert_eq!(a.output_tokens, expected_output);
     assert_eq!(a.prompt_tokens, workload.total_prompt_tokens());
-    assert_eq!(a.load_spread.requests_mean * 4.0, 300.0, "every request lands on a worker");
+    assert_eq!(
+        a.load_spread.requests_mean * 4.0,
+        300.0,
+        "every request lands on a worker"
+    );
     assert!(
         a.simulated_seconds > 0.0
             && a.ttft_ms.p50 <= a.ttft_ms.p99

@@ -1,1 +1,17 @@
 //! Workloads: trace formats, trace analysis and synthesis, and the benchmark client.
+//!
+//! - [`trace_io`]: reading and writing Mooncake JSONL files (row type:
+//!   `switchyard_core::trace::MooncakeRecord`), with line numbers in errors.
+//! - [`prefix`]: the prefix tree of a trace's hash-id paths and its shared core.
+//! - [`analyze`]: the structure of a trace (`switchyard synth analyze`).
+//! - [`synth`]: learning that structure and sampling new traces (`switchyard synth generate`).
+//! - [`bench`](mod@bench): the benchmark client for OpenAI-compatible endpoints (`switchyard bench`).
+//! - [`stats`], [`units`]: summaries, empirical distributions, and how reports print them.
+
+pub mod analyze;
+pub mod bench;
+pub mod prefix;
+pub mod stats;
+pub mod synth;
+pub mod trace_io;
+pub mod units;

@@ -194,7 +194,8 @@ impl Indexer {
 
     /// The sequence hashes `worker` holds, in no particular order.
     pub fn worker_hashes(&self, worker: WorkerKey) -> Vec<SequenceHash> {
-        self.slot(worker).map_or_else(Vec::new, |s| self.state(s).blocks.keys().copied().collect())
+        self.slot(worker)
+            .map_or_else(Vec::new, |s| self.state(s).blocks.keys().copied().collect())
     }
 
     /// The id of the last event applied for `worker`.

@@ -1,11 +1,134 @@
-//! `switchyard synth`.
+//! `switchyard synth`: analyse a Mooncake-style hash trace, or synthesise a new one with the
+//! same structure.
 
-use anyhow::{Result, bail};
-use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use switchyard_workload::analyze::{Comparison, TraceAnalysis};
+use switchyard_workload::synth::{Sampling, SynthConfig, generate_from_trace};
+use switchyard_workload::trace_io::{Trace, write_mooncake};
+use switchyard_workload::units::thousands;
 
 #[derive(Debug, Args)]
-pub struct SynthArgs {}
+pub struct SynthArgs {
+    #[command(subcommand)]
+    command: SynthCommand,
+}
 
-pub fn run(_args: SynthArgs) -> Result<()> {
-    bail!("`switchyard synth` is not implemented yet")
+#[derive(Debug, Subcommand)]
+enum SynthCommand {
+    /// Report a trace's requests, arrival rate, ISL/OSL, block reuse and prefix tree.
+    Analyze(AnalyzeArgs),
+    /// Learn a trace's prefix structure and write a new Mooncake JSONL trace sampled from it.
+    Generate(GenerateArgs),
+}
+
+#[derive(Debug, Args)]
+struct AnalyzeArgs {
+    /// Mooncake JSONL trace: {timestamp (ms), input_length, output_length, hash_ids}.
+    trace: PathBuf,
+    /// Tokens per hash id.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    block_size: u32,
+    /// Print JSON instead of the text report.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    /// Mooncake JSONL trace to learn from.
+    trace: PathBuf,
+    /// Where to write the synthetic trace (Mooncake JSONL).
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Requests to generate [default: as many as the source].
+    #[arg(long)]
+    num_requests: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Scale the length of every shared-prefix (core tree) node.
+    #[arg(long, default_value_t = 1.0)]
+    prefix_len_multiplier: f64,
+    /// Make this many disjoint copies of the core tree (separate prefix families).
+    #[arg(long, default_value_t = 1)]
+    prefix_root_multiplier: u32,
+    /// Scale the length of each unique (unshared) prompt.
+    #[arg(long, default_value_t = 1.0)]
+    prompt_len_multiplier: f64,
+    /// Scale output lengths.
+    #[arg(long, default_value_t = 1.0)]
+    osl_multiplier: f64,
+    /// Divide inter-arrival gaps (2 = twice the request rate).
+    #[arg(long, default_value_t = 1.0)]
+    speedup_ratio: f64,
+    /// Tokens per hash id, of the source and the output.
+    #[arg(long, default_value_t = 512)]
+    block_size: u32,
+    /// Draw independently from the learned distributions instead of stratified (without
+    /// replacement, refilled), which adds sampling noise.
+    #[arg(long)]
+    independent_sampling: bool,
+}
+
+pub fn run(args: SynthArgs) -> Result<()> {
+    match args.command {
+        SynthCommand::Analyze(args) => analyze(args),
+        SynthCommand::Generate(args) => generate(args),
+    }
+}
+
+fn analyze(args: AnalyzeArgs) -> Result<()> {
+    let trace = Trace::read(&args.trace)?;
+    let analysis = TraceAnalysis::of_trace(&trace, args.block_size)?;
+    if args.json {
+        write_stdout(&format!("{}\n", analysis.to_json()?))
+    } else {
+        write_stdout(&format!(
+            "Trace           {}\n{analysis}",
+            args.trace.display()
+        ))
+    }
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let config = SynthConfig {
+        num_requests: args.num_requests,
+        seed: args.seed,
+        prefix_len_multiplier: args.prefix_len_multiplier,
+        prefix_root_multiplier: args.prefix_root_multiplier,
+        prompt_len_multiplier: args.prompt_len_multiplier,
+        osl_multiplier: args.osl_multiplier,
+        speedup_ratio: args.speedup_ratio,
+        block_size: args.block_size,
+        sampling: if args.independent_sampling {
+            Sampling::Independent
+        } else {
+            Sampling::Stratified
+        },
+    };
+    config.validate()?;
+    let trace = Trace::read(&args.trace)?;
+    let records = generate_from_trace(&trace, &config)?;
+    write_mooncake(&args.output, &records)?;
+    let source = TraceAnalysis::of_trace(&trace, config.block_size)?;
+    let synthetic = TraceAnalysis::of(&records, config.block_size)
+        .context("the synthetic trace is not a prefix tree (a bug)")?;
+    write_stdout(&format!(
+        "Wrote {} requests to {}\n\n{}",
+        thousands(records.len() as u64),
+        args.output.display(),
+        Comparison::of(&source, &synthetic)
+    ))
+}
+
+/// Writes a report to stdout; a closed pipe (`| head`) is not an error.
+fn write_stdout(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }

@@ -1,0 +1,131 @@
+//! The knobs of `switchyard synth generate`.
+
+use serde::Serialize;
+use switchyard_core::trace::MOONCAKE_BLOCK_SIZE;
+
+use super::SynthError;
+use crate::stats::Sampling;
+
+/// How to scale the learned structure when sampling.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SynthConfig {
+    /// Requests to generate; `None` generates as many as the source has.
+    pub num_requests: Option<usize>,
+    pub seed: u64,
+    /// Scales the length (in blocks) of every core radix node; each keeps at least one block.
+    pub prefix_len_multiplier: f64,
+    /// Makes this many disjoint copies of the core tree (offset hash ids); each request picks
+    /// one uniformly.
+    pub prefix_root_multiplier: u32,
+    /// Scales the length (in blocks) of each unique prompt; each keeps at least one block.
+    pub prompt_len_multiplier: f64,
+    /// Scales output lengths.
+    pub osl_multiplier: f64,
+    /// Divides inter-arrival gaps: 2 makes the trace twice as fast.
+    pub speedup_ratio: f64,
+    /// Tokens per hash id, of the source and of the output.
+    pub block_size: u32,
+    /// How every learned distribution is drawn from.
+    pub sampling: Sampling,
+}
+
+impl Default for SynthConfig {
+    fn default() -> Self {
+        Self {
+            num_requests: None,
+            seed: 0,
+            prefix_len_multiplier: 1.0,
+            prefix_root_multiplier: 1,
+            prompt_len_multiplier: 1.0,
+            osl_multiplier: 1.0,
+            speedup_ratio: 1.0,
+            block_size: MOONCAKE_BLOCK_SIZE,
+            sampling: Sampling::Stratified,
+        }
+    }
+}
+
+impl SynthConfig {
+    /// Rejects values that would make sampling meaningless, naming the CLI flag.
+    pub fn validate(&self) -> Result<(), SynthError> {
+        let positive = [
+            ("--prefix-len-multiplier", self.prefix_len_multiplier),
+            ("--prompt-len-multiplier", self.prompt_len_multiplier),
+            ("--osl-multiplier", self.osl_multiplier),
+            ("--speedup-ratio", self.speedup_ratio),
+        ];
+        for (flag, value) in positive {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(SynthError::InvalidKnob {
+                    flag,
+                    requirement: "a finite number above 0",
+                    value: value.to_string(),
+                });
+            }
+        }
+        let at_least_one = [
+            ("--num-requests", self.num_requests.map_or(1, |n| n as u64)),
+            (
+                "--prefix-root-multiplier",
+                u64::from(self.prefix_root_multiplier),
+            ),
+            ("--block-size", u64::from(self.block_size)),
+        ];
+        for (flag, value) in at_least_one {
+            if value == 0 {
+                return Err(SynthError::InvalidKnob {
+                    flag,
+                    requirement: "at least 1",
+                    value: value.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_knobs_name_their_flag() {
+        assert!(SynthConfig::default().validate().is_ok());
+        let bad = SynthConfig {
+            osl_multiplier: -1.0,
+            ..SynthConfig::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().to_string(),
+            "--osl-multiplier must be a finite number above 0, got -1"
+        );
+        let bad = SynthConfig {
+            speedup_ratio: f64::NAN,
+            ..SynthConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--speedup-ratio")
+        );
+        let bad = SynthConfig {
+            prefix_root_multiplier: 0,
+            ..SynthConfig::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().to_string(),
+            "--prefix-root-multiplier must be at least 1, got 0"
+        );
+        let bad = SynthConfig {
+            num_requests: Some(0),
+            ..SynthConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--num-requests")
+        );
+    }
+}

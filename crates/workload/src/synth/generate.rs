@@ -1,0 +1,213 @@
+//! Sampling a synthetic trace from a learned model.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use switchyard_core::trace::MooncakeRecord;
+
+use super::{SynthConfig, SynthModel};
+use crate::prefix::{CoreTree, Step};
+use crate::stats::Sampler;
+
+/// Seeds the stream that scales core node lengths apart from the per-request stream, so a
+/// knob that changes lengths does not reshuffle every request.
+const NODE_STREAM: u64 = 0x6e6f_6465_6c65_6e73;
+
+/// Hash ids of the core tree's copies, laid out one node after another.
+struct CoreLayout {
+    /// First id of each core node in copy 0 (the root's entry is unused).
+    first_id: Vec<u64>,
+    /// Blocks of each core node after scaling.
+    len: Vec<u64>,
+    /// Ids taken by one copy of the tree; copy `c` adds `c * span`.
+    span: u64,
+}
+
+impl CoreLayout {
+    fn new(core: &CoreTree, multiplier: f64, seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed ^ NODE_STREAM);
+        let mut first_id = Vec::with_capacity(core.nodes().len());
+        let mut len = Vec::with_capacity(core.nodes().len());
+        let mut next = 0u64;
+        for (index, node) in core.nodes().iter().enumerate() {
+            let blocks = if index == CoreTree::ROOT {
+                0
+            } else {
+                scale_blocks(u64::from(node.len), multiplier, &mut rng)
+            };
+            first_id.push(next);
+            len.push(blocks);
+            next += blocks;
+        }
+        Self {
+            first_id,
+            len,
+            span: next,
+        }
+    }
+}
+
+/// Samplers of one copy of the core tree, made on a node's first visit.
+struct CopySamplers {
+    steps: Vec<Option<Sampler<Step>>>,
+    tails: Vec<Option<Sampler<u64>>>,
+}
+
+impl CopySamplers {
+    fn new(nodes: usize) -> Self {
+        Self {
+            steps: (0..nodes).map(|_| None).collect(),
+            tails: (0..nodes).map(|_| None).collect(),
+        }
+    }
+}
+
+impl SynthModel {
+    /// Samples a trace. Each request walks the core tree from the root by the learned
+    /// next-step distributions (within one of the tree's copies), may continue with a fresh
+    /// unique prompt whose length comes from those that left the same node, and gets its
+    /// last block's tokens, output length and arrival gap from the empirical distributions.
+    /// The same model and config always give the same trace.
+    pub fn generate(&self, config: &SynthConfig) -> Vec<MooncakeRecord> {
+        let layout = CoreLayout::new(&self.core, config.prefix_len_multiplier, config.seed);
+        let copies = config.prefix_root_multiplier.max(1);
+        let mut per_copy: Vec<CopySamplers> = (0..copies)
+            .map(|_| CopySamplers::new(self.core.nodes().len()))
+            .collect();
+        let sampling = config.sampling;
+        let mut residuals = Sampler::new(&self.residual_tokens, sampling);
+        let mut outputs = Sampler::new(&self.output_length, sampling);
+        let mut gaps = Sampler::new(&self.inter_arrival_ms, sampling);
+
+        let block_size = u64::from(self.block_size);
+        let mut next_unique_id = u64::from(copies) * layout.span;
+        let mut rng = StdRng::seed_from_u64(config.seed);
+        let count = config.num_requests.unwrap_or(self.source_requests);
+        let mut clock_ms = 0.0f64;
+        let mut out = Vec::with_capacity(count);
+
+        for index in 0..count {
+            if index > 0 {
+                let gap = gaps.draw(&mut rng).unwrap_or(0);
+                clock_ms += gap as f64 / config.speedup_ratio;
+            }
+            let copy = rng.random_range(0..copies);
+            let samplers = &mut per_copy[copy as usize];
+            let offset = u64::from(copy) * layout.span;
+            let mut hash_ids = Vec::new();
+            let mut node = CoreTree::ROOT;
+            let mut unique = false;
+            loop {
+                let steps = samplers.steps[node]
+                    .get_or_insert_with(|| Sampler::new(&self.transitions[node], sampling));
+                match steps.draw(&mut rng) {
+                    Some(Step::Child(child)) => {
+                        let first = layout.first_id[child] + offset;
+                        hash_ids.extend(first..first + layout.len[child]);
+                        node = child;
+                    }
+                    Some(Step::Unique) => {
+                        unique = true;
+                        break;
+                    }
+                    Some(Step::End) | None => break,
+                }
+            }
+            if unique {
+                let tails = samplers.tails[node]
+                    .get_or_insert_with(|| Sampler::new(&self.unique_blocks[node], sampling));
+                let tail = tails.draw(&mut rng).unwrap_or(1);
+                let tail = scale_blocks(tail, config.prompt_len_multiplier, &mut rng);
+                hash_ids.extend(next_unique_id..next_unique_id + tail);
+                next_unique_id += tail;
+            }
+            let residual = residuals
+                .draw(&mut rng)
+                .unwrap_or(block_size)
+                .min(block_size);
+            let input_length = match hash_ids.len() as u64 {
+                0 => 0,
+                blocks => (blocks - 1) * block_size + residual,
+            };
+            let source_osl = outputs.draw(&mut rng).unwrap_or(0);
+            out.push(MooncakeRecord {
+                timestamp: clock_ms.round() as u64,
+                input_length,
+                output_length: scale_tokens(source_osl, config.osl_multiplier),
+                hash_ids,
+            });
+        }
+        out
+    }
+}
+
+/// Scales a block count with stochastic rounding (so the mean scales exactly), keeping at
+/// least one block. Always draws once from `rng`, so the multiplier's value never shifts
+/// the rest of the random stream.
+fn scale_blocks(blocks: u64, multiplier: f64, rng: &mut impl Rng) -> u64 {
+    let scaled = blocks as f64 * multiplier;
+    let draw: f64 = rng.random();
+    let whole = scaled.floor();
+    let rounded = if draw < scaled - whole {
+        whole + 1.0
+    } else {
+        whole
+    };
+    (rounded as u64).max(1)
+}
+
+/// Scales a token count, rounding to nearest; a non-zero count stays non-zero.
+fn scale_tokens(tokens: u64, multiplier: f64) -> u64 {
+    if tokens == 0 {
+        return 0;
+    }
+    ((tokens as f64 * multiplier).round() as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stochastic_rounding_keeps_the_mean() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let n = 20_000;
+        let total: u64 = (0..n).map(|_| scale_blocks(3, 1.5, &mut rng)).sum();
+        let mean = total as f64 / n as f64;
+        assert!((mean - 4.5).abs() < 0.05, "mean {mean}");
+        assert_eq!(scale_blocks(7, 1.0, &mut rng), 7);
+        assert_eq!(scale_blocks(1, 0.1, &mut rng), 1);
+    }
+
+    #[test]
+    fn token_scaling_keeps_non_zero_counts() {
+        assert_eq!(scale_tokens(0, 3.0), 0);
+        assert_eq!(scale_tokens(3, 0.1), 1);
+        assert_eq!(scale_tokens(100, 1.5), 150);
+    }
+
+    #[test]
+    fn stratified_sampling_at_source_scale_visits_the_core_as_the_source_did() {
+        let rows: Vec<MooncakeRecord> = [&[1u64, 2, 3][..], &[1, 2, 4], &[1, 5], &[1, 5], &[6]]
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| MooncakeRecord {
+                timestamp: i as u64 * 10,
+                input_length: ids.len() as u64 * 16,
+                output_length: 4,
+                hash_ids: ids.to_vec(),
+            })
+            .collect();
+        let model = SynthModel::learn(&rows, 16).unwrap();
+        let config = SynthConfig {
+            block_size: 16,
+            ..SynthConfig::default()
+        };
+        let out = model.generate(&config);
+        // Core blocks 1, 2 and 5 (ids 0, 1, 2 here): visited 4, 2 and 2 times as in the source.
+        let visits = |id: u64| out.iter().filter(|r| r.hash_ids.contains(&id)).count();
+        let mut core_visits: Vec<_> = (0..3).map(visits).collect();
+        core_visits.sort_unstable();
+        assert_eq!(core_visits, vec![2, 2, 4]);
+        assert_eq!(out.last().map(|r| r.timestamp), Some(40));
+    }
+}
