@@ -197,7 +197,15 @@ fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
             .iter()
             .map(TraceRequest::from_mooncake)
             .collect()),
-        TraceFormat::Azure => bail!("Azure traces are not supported yet"),
+        TraceFormat::Azure => Ok(switchyard_workload::azure::read(&args.trace)?
+            .iter()
+            .map(|r| TraceRequest {
+                arrival: r.arrival,
+                input_tokens: r.context_tokens,
+                output_tokens: r.generated_tokens,
+                hash_ids: Vec::new(),
+            })
+            .collect()),
     }
 }
 
