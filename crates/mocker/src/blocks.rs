@@ -217,6 +217,20 @@ impl BlockManager {
         Ok(id)
     }
 
+    /// Stores the full block `hash`, or shares it if it turns out to be cached already.
+    pub fn store_or_share(
+        &mut self,
+        hash: SequenceHash,
+        local: LocalBlockHash,
+        parent: Option<SequenceHash>,
+    ) -> Result<BlockId, OutOfBlocks> {
+        if let Lookup::Active(id) | Lookup::Inactive(id) = self.lookup(hash) {
+            self.share(id);
+            return Ok(id);
+        }
+        self.store_new(hash, local, parent)
+    }
+
     /// Allocates an unfilled tail block.
     pub fn use_partial(&mut self) -> Result<BlockId, OutOfBlocks> {
         let id = self.take()?;

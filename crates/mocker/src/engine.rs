@@ -505,16 +505,26 @@ fn allocate(blocks: &mut BlockManager, seq: &mut Sequence, target: u32) -> Resul
     let locals = seq.tokens.local_hashes();
 
     // Plan: the cached block for each new full block (or none), and how many new blocks
-    // that leaves to find, against what is free or evictable.
+    // that leaves to find, against what is free or evictable. Past the first block that
+    // is not cached the rest are taken as not cached without a lookup: a block's hash names
+    // its whole prefix, and tails are evicted before their prefixes, so a cached block
+    // after an uncached one is rare; `store_or_share` still finds it if it happens.
     let mut plan: smallvec::SmallVec<[Lookup; 8]> = smallvec::SmallVec::new();
     let (mut new, mut reactivated, mut freed) = (0usize, 0usize, 0usize);
+    let mut missed = false;
     for (i, &hash) in hashes.iter().enumerate().take(full_target).skip(first) {
-        let lookup = blocks.lookup(hash);
+        let promoting = i == first && had_partial;
+        let lookup = if missed && !promoting {
+            Lookup::Miss
+        } else {
+            blocks.lookup(hash)
+        };
         reactivated += usize::from(matches!(lookup, Lookup::Inactive(_)));
-        if i == first && had_partial {
+        if promoting {
             freed += usize::from(lookup != Lookup::Miss);
         } else if lookup == Lookup::Miss {
             new += 1;
+            missed = true;
         }
         plan.push(lookup);
     }
@@ -550,7 +560,7 @@ fn allocate(blocks: &mut BlockManager, seq: &mut Sequence, target: u32) -> Resul
     for (k, id) in ids.iter_mut().enumerate() {
         if *id == BlockId::MAX {
             let i = first + k;
-            *id = blocks.store_new(hashes[i], locals[i], parent(i))?;
+            *id = blocks.store_or_share(hashes[i], locals[i], parent(i))?;
         }
     }
     if keeps_partial {

@@ -10,6 +10,7 @@
 //! therefore a prefix of the request and found by binary search.
 
 use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -154,10 +155,10 @@ impl ActiveSequences {
         let request = self.requests.remove(&id)?;
         if let Some(slots) = self.workers.get_mut(&request.worker) {
             for block in &request.blocks {
-                if let Some(count) = slots.refcounts.get_mut(block) {
-                    *count -= 1;
-                    if *count == 0 {
-                        slots.refcounts.remove(block);
+                if let Entry::Occupied(mut count) = slots.refcounts.entry(*block) {
+                    *count.get_mut() -= 1;
+                    if *count.get() == 0 {
+                        count.remove();
                     }
                 }
             }

@@ -1,10 +1,17 @@
 //! The discrete-event loop.
 //!
-//! Events, ordered by virtual time then by creation order (so runs are deterministic):
-//! a request arrives and is routed; an engine finishes a step and its tokens and KV events
+//! A request arrives and is routed; an engine finishes a step and its tokens and KV events
 //! are delivered; a batch of KV events reaches the indexer after the event delay. An idle
 //! engine starts a step as soon as it receives work; a busy one steps again as soon as the
 //! previous step ends and work remains.
+//!
+//! Engines only interact through the router, which is consulted at arrivals. So between
+//! two arrivals each engine is advanced on its own, engine after engine, rather than all
+//! of them step by step in global time order: the result is the same (every step ending
+//! before the arrival is applied before it, each worker's events in order, and the router's
+//! state does not depend on how different workers' completions interleave), and an engine's
+//! memory stays in cache while it runs. Ties go to the arrival: a step ending at the very
+//! instant of an arrival is applied after it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -44,12 +51,6 @@ pub enum SimError {
     BlockSize { workload: u32, engine: u32 },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Event {
-    StepDone(u32),
-    Deliver(u32),
-}
-
 #[derive(Debug, Clone, Copy)]
 struct RequestState {
     arrival: Duration,
@@ -61,10 +62,12 @@ struct Fleet<'a> {
     workload: &'a PreparedWorkload,
     engines: Vec<MockEngine>,
     outputs: Vec<StepOutput>,
-    busy: Vec<bool>,
+    /// When each engine's current step ends, if it is stepping.
+    step_end: Vec<Option<Duration>>,
     router: Router,
     indexer: Indexer,
-    queue: BinaryHeap<Reverse<(Duration, u64, Event)>>,
+    /// Event batches on their way to the indexer: (visible at, order, batch).
+    deliveries: BinaryHeap<Reverse<(Duration, u64, usize)>>,
     next_seq: u64,
     in_flight_events: Vec<Option<Vec<KvEvent>>>,
     requests: Vec<RequestState>,
@@ -99,46 +102,18 @@ pub fn simulate(
 }
 
 fn run(mut fleet: Fleet<'_>, progress: &mut dyn FnMut(u64)) -> Result<SimReport, SimError> {
-    // Arrivals are already in time order: they are merged with the queue rather than
-    // queued up front, which keeps the queue as small as the fleet.
-    let mut next_arrival = 0usize;
     let mut reported = 0;
-    loop {
-        let arrival = fleet.workload.requests.get(next_arrival).map(|r| r.arrival);
-        let queued = fleet.queue.peek().map(|Reverse((t, _, _))| *t);
-        let (now, event) = match (arrival, queued) {
-            (Some(a), Some(q)) if a <= q => (a, None),
-            (Some(a), None) => (a, None),
-            (_, Some(_)) => match fleet.queue.pop() {
-                Some(Reverse((t, _, event))) => (t, Some(event)),
-                None => break,
-            },
-            (None, None) => break,
-        };
+    for i in 0..fleet.workload.requests.len() {
+        let now = fleet.workload.requests[i].arrival;
+        fleet.advance(now);
         fleet.last_time = fleet.last_time.max(now);
-        match event {
-            None => {
-                fleet.arrive(next_arrival as u32, now);
-                next_arrival += 1;
-            }
-            Some(Event::StepDone(w)) => fleet.step_done(w as usize, now),
-            Some(Event::Deliver(slot)) => {
-                if let Some(events) = fleet
-                    .in_flight_events
-                    .get_mut(slot as usize)
-                    .and_then(Option::take)
-                {
-                    for event in &events {
-                        fleet.indexer.apply(event);
-                    }
-                }
-            }
-        }
+        fleet.arrive(i as u32, now);
         if fleet.report.completed >= reported + 256 {
             reported = fleet.report.completed;
             progress(reported);
         }
     }
+    fleet.advance(Duration::MAX);
     progress(fleet.report.completed);
     Ok(fleet.finish())
 }
@@ -173,10 +148,10 @@ impl<'a> Fleet<'a> {
             workload,
             engines,
             outputs: (0..n).map(|_| StepOutput::default()).collect(),
-            busy: vec![false; n],
+            step_end: vec![None; n],
             router,
             indexer,
-            queue: BinaryHeap::new(),
+            deliveries: BinaryHeap::new(),
             next_seq: 0,
             in_flight_events: Vec::new(),
             requests: workload
@@ -200,9 +175,25 @@ impl<'a> Fleet<'a> {
         })
     }
 
-    fn push(&mut self, at: Duration, event: Event) {
-        self.queue.push(Reverse((at, self.next_seq, event)));
-        self.next_seq += 1;
+    /// Applies everything that happens strictly before `until`: each engine's steps, then
+    /// the KV events that reach the indexer.
+    fn advance(&mut self, until: Duration) {
+        for w in 0..self.engines.len() {
+            while let Some(end) = self.step_end[w].filter(|&end| end < until) {
+                self.step_done(w, end);
+            }
+        }
+        while let Some(&Reverse((at, _, slot))) = self.deliveries.peek() {
+            if at >= until {
+                break;
+            }
+            self.deliveries.pop();
+            if let Some(events) = self.in_flight_events.get_mut(slot).and_then(Option::take) {
+                for event in &events {
+                    self.indexer.apply(event);
+                }
+            }
+        }
     }
 
     fn arrive(&mut self, index: u32, now: Duration) {
@@ -231,7 +222,7 @@ impl<'a> Fleet<'a> {
             return;
         }
         self.per_worker_requests[w] += 1;
-        if !self.busy[w] {
+        if self.step_end[w].is_none() {
             self.start_step(w, now);
         }
     }
@@ -239,12 +230,11 @@ impl<'a> Fleet<'a> {
     fn start_step(&mut self, w: usize, now: Duration) {
         self.engines[w].step(now, &mut self.outputs[w]);
         self.per_worker_prefill[w] += u64::from(self.outputs[w].shape.prefill_tokens);
-        self.busy[w] = true;
-        let done = self.outputs[w].finished_at();
-        self.push(done, Event::StepDone(w as u32));
+        self.step_end[w] = Some(self.outputs[w].finished_at());
     }
 
     fn step_done(&mut self, w: usize, now: Duration) {
+        self.last_time = self.last_time.max(now);
         let mut out = std::mem::take(&mut self.outputs[w]);
         for token in &out.tokens {
             let state = &mut self.requests[token.request.0 as usize];
@@ -272,17 +262,22 @@ impl<'a> Fleet<'a> {
                     self.indexer.apply(event);
                 }
             } else {
-                let slot = self.in_flight_events.len() as u32;
+                let slot = self.in_flight_events.len();
                 self.in_flight_events
                     .push(Some(std::mem::take(&mut out.events)));
-                self.push(now + self.config.event_delay, Event::Deliver(slot));
+                self.deliveries.push(Reverse((
+                    now + self.config.event_delay,
+                    self.next_seq,
+                    slot,
+                )));
+                self.next_seq += 1;
             }
         }
         self.outputs[w] = out;
         if self.engines[w].has_work() {
             self.start_step(w, now);
         } else {
-            self.busy[w] = false;
+            self.step_end[w] = None;
         }
     }
 

@@ -367,7 +367,7 @@ impl Indexer {
         let mut active: smallvec::SmallVec<[u64; 4]> = smallvec::SmallVec::new();
         let mut depth = 0u32;
         for &local in query {
-            let Some(child) = self.tree.node(node).children.get(local) else {
+            let Some(child) = self.tree.child(node, local) else {
                 break;
             };
             let held = self.tree.node(child).workers.words();
@@ -408,8 +408,7 @@ impl Indexer {
         let mut stack = vec![ROOT];
         let mut held: FxHashMap<(u32, NodeId), u32> = FxHashMap::default();
         while let Some(id) = stack.pop() {
-            let node = self.tree.node(id);
-            for (local, child) in node.children.ids() {
+            for (local, child) in self.tree.children(id) {
                 let c = self.tree.node(child);
                 if c.parent != id || c.local != local {
                     return Err(format!(
@@ -417,7 +416,7 @@ impl Indexer {
                         c.parent, c.local
                     ));
                 }
-                if c.workers.is_empty() && c.children.is_empty() {
+                if c.workers.is_empty() && !c.has_children() {
                     return Err(format!("node {child} is empty but still in the tree"));
                 }
                 for slot in c.workers.iter() {

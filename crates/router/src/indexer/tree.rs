@@ -5,6 +5,10 @@
 //! never move: growing the arena allocates a page instead of copying every node, which on a
 //! large index would stall ingestion for tens of milliseconds. Freed nodes are recycled
 //! through a free list.
+//!
+//! A node fills exactly one cache line. Most nodes have zero or one child (the unique tail
+//! of a prompt), so the child link is one `u32`: no child, the one child's id, or the index
+//! of a map in a side table for the few branching nodes.
 
 use rustc_hash::FxHashMap;
 use switchyard_core::LocalBlockHash;
@@ -14,80 +18,32 @@ use super::bits::WorkerBits;
 pub(crate) type NodeId = u32;
 pub(crate) const ROOT: NodeId = 0;
 
+/// `Node::children`: no child.
+const NO_CHILD: u32 = u32::MAX;
+/// `Node::children` with this bit set: the rest indexes `Tree::branches`.
+const BRANCH: u32 = 1 << 31;
+
 #[derive(Debug, Clone)]
+#[repr(align(64))]
 pub(crate) struct Node {
     pub(crate) local: LocalBlockHash,
     pub(crate) parent: NodeId,
-    pub(crate) children: Children,
+    children: u32,
     pub(crate) workers: WorkerBits,
 }
 
-/// Most nodes have zero or one child (the unique tail of a prompt); only branching points
-/// pay for a map.
-#[derive(Debug, Clone, Default)]
-pub(crate) enum Children {
-    #[default]
-    None,
-    One(LocalBlockHash, NodeId),
-    Many(Box<FxHashMap<LocalBlockHash, NodeId>>),
-}
-
-impl Children {
-    #[inline]
-    pub(crate) fn get(&self, local: LocalBlockHash) -> Option<NodeId> {
-        match self {
-            Children::None => None,
-            Children::One(h, id) => (*h == local).then_some(*id),
-            Children::Many(map) => map.get(&local).copied(),
+impl Node {
+    fn empty() -> Self {
+        Node {
+            local: LocalBlockHash(0),
+            parent: ROOT,
+            children: NO_CHILD,
+            workers: WorkerBits::default(),
         }
     }
 
-    fn insert(&mut self, local: LocalBlockHash, id: NodeId) {
-        match self {
-            Children::None => *self = Children::One(local, id),
-            Children::One(h, existing) => {
-                let mut map = FxHashMap::default();
-                map.insert(*h, *existing);
-                map.insert(local, id);
-                *self = Children::Many(Box::new(map));
-            }
-            Children::Many(map) => {
-                map.insert(local, id);
-            }
-        }
-    }
-
-    fn remove(&mut self, local: LocalBlockHash) {
-        match self {
-            Children::None => {}
-            Children::One(h, _) => {
-                if *h == local {
-                    *self = Children::None;
-                }
-            }
-            Children::Many(map) => {
-                map.remove(&local);
-                if map.len() == 1 {
-                    if let Some((&h, &id)) = map.iter().next() {
-                        *self = Children::One(h, id);
-                    }
-                } else if map.is_empty() {
-                    *self = Children::None;
-                }
-            }
-        }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        matches!(self, Children::None)
-    }
-
-    pub(crate) fn ids(&self) -> Vec<(LocalBlockHash, NodeId)> {
-        match self {
-            Children::None => Vec::new(),
-            Children::One(h, id) => vec![(*h, *id)],
-            Children::Many(map) => map.iter().map(|(h, id)| (*h, *id)).collect(),
-        }
+    pub(crate) fn has_children(&self) -> bool {
+        self.children != NO_CHILD
     }
 }
 
@@ -100,22 +56,21 @@ pub(crate) struct Tree {
     pages: Vec<Vec<Node>>,
     allocated: usize,
     free: Vec<NodeId>,
+    /// Child maps of branching nodes.
+    branches: Vec<FxHashMap<LocalBlockHash, NodeId>>,
+    free_branches: Vec<u32>,
 }
 
 impl Default for Tree {
     fn default() -> Self {
-        let root = Node {
-            local: LocalBlockHash(0),
-            parent: ROOT,
-            children: Children::None,
-            workers: WorkerBits::default(),
-        };
         let mut page = Vec::with_capacity(PAGE_SIZE);
-        page.push(root);
+        page.push(Node::empty());
         Tree {
             pages: vec![page],
             allocated: 1,
             free: Vec::new(),
+            branches: Vec::new(),
+            free_branches: Vec::new(),
         }
     }
 }
@@ -136,14 +91,38 @@ impl Tree {
         self.allocated - self.free.len() - 1
     }
 
+    /// The child of `parent` keyed by `local`.
+    #[inline]
+    pub(crate) fn child(&self, parent: NodeId, local: LocalBlockHash) -> Option<NodeId> {
+        match self.node(parent).children {
+            NO_CHILD => None,
+            link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
+                .get(&local)
+                .copied(),
+            only => (self.node(only).local == local).then_some(only),
+        }
+    }
+
+    /// Every child of `parent`, with its key.
+    pub(crate) fn children(&self, parent: NodeId) -> Vec<(LocalBlockHash, NodeId)> {
+        match self.node(parent).children {
+            NO_CHILD => Vec::new(),
+            link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
+                .iter()
+                .map(|(&l, &n)| (l, n))
+                .collect(),
+            only => vec![(self.node(only).local, only)],
+        }
+    }
+
     pub(crate) fn child_or_insert(&mut self, parent: NodeId, local: LocalBlockHash) -> NodeId {
-        if let Some(id) = self.node(parent).children.get(local) {
+        if let Some(id) = self.child(parent, local) {
             return id;
         }
         let node = Node {
             local,
             parent,
-            children: Children::None,
+            children: NO_CHILD,
             workers: WorkerBits::default(),
         };
         let id = match self.free.pop() {
@@ -162,27 +141,101 @@ impl Tree {
                 (self.allocated - 1) as NodeId
             }
         };
-        self.node_mut(parent).children.insert(local, id);
+        self.link(parent, local, id);
         id
+    }
+
+    fn link(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
+        match self.node(parent).children {
+            NO_CHILD => self.node_mut(parent).children = child,
+            link if link & BRANCH != 0 => {
+                self.branches[(link & !BRANCH) as usize].insert(local, child);
+            }
+            only => {
+                let mut map = FxHashMap::default();
+                map.insert(self.node(only).local, only);
+                map.insert(local, child);
+                let index = match self.free_branches.pop() {
+                    Some(i) => {
+                        self.branches[i as usize] = map;
+                        i
+                    }
+                    None => {
+                        self.branches.push(map);
+                        (self.branches.len() - 1) as u32
+                    }
+                };
+                self.node_mut(parent).children = index | BRANCH;
+            }
+        }
+    }
+
+    fn unlink(&mut self, parent: NodeId, local: LocalBlockHash) {
+        let link = self.node(parent).children;
+        if link == NO_CHILD {
+            return;
+        }
+        if link & BRANCH == 0 {
+            if self.node(link).local == local {
+                self.node_mut(parent).children = NO_CHILD;
+            }
+            return;
+        }
+        let index = link & !BRANCH;
+        let map = &mut self.branches[index as usize];
+        map.remove(&local);
+        // Back to a single link when one child is left; the map's memory is released.
+        if map.len() <= 1 {
+            let remaining = map.values().next().copied().unwrap_or(NO_CHILD);
+            self.branches[index as usize] = FxHashMap::default();
+            self.free_branches.push(index);
+            self.node_mut(parent).children = remaining;
+        }
     }
 
     /// Frees `id` and then its ancestors while they hold no worker and have no child.
     pub(crate) fn prune(&mut self, mut id: NodeId) {
         while id != ROOT {
             let node = self.node(id);
-            if !node.workers.is_empty() || !node.children.is_empty() {
+            if !node.workers.is_empty() || node.has_children() {
                 return;
             }
             let (parent, local) = (node.parent, node.local);
-            self.node_mut(parent).children.remove(local);
-            *self.node_mut(id) = Node {
-                local: LocalBlockHash(0),
-                parent: ROOT,
-                children: Children::None,
-                workers: WorkerBits::default(),
-            };
+            self.unlink(parent, local);
+            *self.node_mut(id) = Node::empty();
             self.free.push(id);
             id = parent;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Node>(), 64);
+        assert_eq!(std::mem::align_of::<Node>(), 64);
+    }
+
+    #[test]
+    fn links_grow_into_branches_and_shrink_back() {
+        let mut tree = Tree::default();
+        let l = |i| LocalBlockHash(i);
+        let a = tree.child_or_insert(ROOT, l(1));
+        let b = tree.child_or_insert(ROOT, l(2));
+        let c = tree.child_or_insert(ROOT, l(3));
+        assert_eq!(tree.child(ROOT, l(2)), Some(b));
+        assert_eq!(tree.children(ROOT).len(), 3);
+        tree.prune(b);
+        tree.prune(c);
+        assert_eq!(tree.child(ROOT, l(1)), Some(a));
+        assert_eq!(tree.child(ROOT, l(3)), None);
+        assert_eq!(tree.children(ROOT), vec![(l(1), a)]);
+        assert_eq!(tree.free_branches.len(), 1);
+        tree.prune(a);
+        assert!(!tree.node(ROOT).has_children());
+        assert_eq!(tree.len(), 0);
     }
 }
