@@ -13,5 +13,5 @@ pub mod simulation;
 pub mod workload;
 
 pub use report::SimReport;
-pub use simulation::{SimConfig, SimError, simulate};
+pub use simulation::{CacheView, SimConfig, SimError, simulate};
 pub use workload::{PreparedWorkload, TraceRequest};

@@ -100,6 +100,8 @@ fn cv(values: &[u64]) -> f64 {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SimReport {
     pub policy: String,
+    /// What the router knew of the caches: "events" or "approx" (set by the caller).
+    pub cache_view: &'static str,
     pub workers: u32,
     pub requests: u64,
     pub completed: u64,

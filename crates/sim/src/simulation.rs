@@ -17,11 +17,13 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use switchyard_core::{KvEvent, RequestId, WorkerKey};
+use switchyard_core::{KvEvent, LocalBlockHash, RequestId, TokenBlocks, WorkerKey};
 use switchyard_mocker::config::InvalidArgs;
 use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
+use switchyard_router::indexer::approx::{ApproxConfig, ApproxIndexer};
 use switchyard_router::{
-    Indexer, IndexerConfig, PolicyKind, RouteRequest, Router, RouterConfig, RoutingOverrides,
+    Indexer, IndexerConfig, OverlapScores, PolicyKind, RouteRequest, Router, RouterConfig,
+    RoutingOverrides,
 };
 use thiserror::Error;
 
@@ -38,7 +40,30 @@ pub struct SimConfig {
     pub router: RouterConfig,
     /// How long KV events take to reach the indexer.
     pub event_delay: Duration,
+    /// What the router knows of the engines' caches.
+    pub cache_view: CacheView,
     pub seed: u64,
+}
+
+/// Where the router's view of the engines' caches comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CacheView {
+    /// The engines' KV events (Switchyard's way).
+    Events,
+    /// Routed blocks assumed cached, with a TTL and a cap (SGLang's router, which gets no
+    /// events, works this way).
+    Approximate(ApproxConfig),
+}
+
+impl CacheView {
+    /// The view a policy is meant to run with: SGLang's cache-aware policy with SGLang's
+    /// approximate tree, everything else with events.
+    pub fn natural_for(policy: PolicyKind, approx: ApproxConfig) -> Self {
+        match policy {
+            PolicyKind::CacheAware => CacheView::Approximate(approx),
+            _ => CacheView::Events,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -65,7 +90,7 @@ struct Fleet<'a> {
     /// When each engine's current step ends, if it is stepping.
     step_end: Vec<Option<Duration>>,
     router: Router,
-    indexer: Indexer,
+    indexer: View,
     /// Event batches on their way to the indexer: (visible at, order, batch).
     deliveries: BinaryHeap<Reverse<(Duration, u64, usize)>>,
     next_seq: u64,
@@ -97,8 +122,11 @@ pub fn simulate(
             engine: config.engine.block_size,
         });
     }
-    let indexer = Indexer::new(IndexerConfig::default());
-    run(Fleet::new(config, workload, policy, indexer)?, progress)
+    let view = match config.cache_view {
+        CacheView::Events => View::Events(Indexer::new(IndexerConfig::default())),
+        CacheView::Approximate(approx) => View::Approximate(ApproxIndexer::new(approx)),
+    };
+    run(Fleet::new(config, workload, policy, view)?, progress)
 }
 
 fn run(mut fleet: Fleet<'_>, progress: &mut dyn FnMut(u64)) -> Result<SimReport, SimError> {
@@ -123,7 +151,7 @@ impl<'a> Fleet<'a> {
         config: &'a SimConfig,
         workload: &'a PreparedWorkload,
         policy: PolicyKind,
-        indexer: Indexer,
+        indexer: View,
     ) -> Result<Self, SimError> {
         let n = config.workers as usize;
         let mut router = Router::new(RouterConfig {
@@ -199,7 +227,9 @@ impl<'a> Fleet<'a> {
     fn arrive(&mut self, index: u32, now: Duration) {
         let request = &self.workload.requests[index as usize];
         let id = RequestId(u64::from(index));
-        let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
+        let overlaps = self
+            .indexer
+            .find_matches(request.prompt.local_hashes(), now);
         let route = RouteRequest {
             id,
             isl_tokens: request.prompt.total_tokens() as u64,
@@ -210,6 +240,7 @@ impl<'a> Fleet<'a> {
             self.report.rejected += 1;
             return;
         };
+        self.indexer.routed(decision.worker, &request.prompt, now);
         let w = decision.worker.worker_id.0 as usize;
         let mock = MockRequest {
             id,
@@ -304,6 +335,33 @@ impl<'a> Fleet<'a> {
             LoadSpread::from_counts(&self.per_worker_requests, &self.per_worker_prefill);
         r.simulated_seconds = self.last_time.as_secs_f64();
         self.report
+    }
+}
+
+/// The router's cache view during a run.
+enum View {
+    Events(Indexer),
+    Approximate(ApproxIndexer),
+}
+
+impl View {
+    fn apply(&mut self, event: &KvEvent) {
+        if let View::Events(indexer) = self {
+            indexer.apply(event);
+        }
+    }
+
+    fn find_matches(&mut self, query: &[LocalBlockHash], now: Duration) -> OverlapScores {
+        match self {
+            View::Events(indexer) => indexer.find_matches(query),
+            View::Approximate(approx) => approx.find_matches(query, now),
+        }
+    }
+
+    fn routed(&mut self, worker: WorkerKey, prompt: &TokenBlocks, now: Duration) {
+        if let View::Approximate(approx) = self {
+            approx.record_routed(worker, prompt.local_hashes(), prompt.sequence_hashes(), now);
+        }
     }
 }
 

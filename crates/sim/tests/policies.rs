@@ -7,7 +7,7 @@ use std::time::Duration;
 use switchyard_core::trace::MooncakeRecord;
 use switchyard_mocker::{EngineArgs, PerfModel};
 use switchyard_router::{PolicyKind, RouterConfig};
-use switchyard_sim::{PreparedWorkload, SimConfig, TraceRequest, simulate};
+use switchyard_sim::{CacheView, PreparedWorkload, SimConfig, TraceRequest, simulate};
 
 fn slice(rows: usize) -> Vec<TraceRequest> {
     let text = std::fs::read_to_string(concat!(
@@ -28,6 +28,7 @@ fn config(workers: u32) -> SimConfig {
         perf: PerfModel::Polynomial,
         router: RouterConfig::default(),
         event_delay: Duration::ZERO,
+        cache_view: CacheView::Events,
         seed: 1,
     }
 }
@@ -116,4 +117,37 @@ fn mismatched_block_sizes_and_empty_fleets_are_errors() {
     );
     let workload = PreparedWorkload::prepare(&slice(3), 512, 16, 1.0);
     assert!(simulate(&config(0), &workload, PolicyKind::Kv, &mut |_| {}).is_err());
+}
+
+#[test]
+fn the_approximate_view_routes_without_events() {
+    use switchyard_router::indexer::approx::ApproxConfig;
+    let trace = slice(600);
+    let workload = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
+    let approx = ApproxConfig {
+        ttl: Duration::from_secs(120),
+        max_blocks_per_worker: 16_384,
+    };
+    let cfg = SimConfig {
+        cache_view: CacheView::Approximate(approx),
+        ..config(4)
+    };
+    let aware = simulate(&cfg, &workload, PolicyKind::CacheAware, &mut |_| {}).unwrap();
+    let rr = simulate(&cfg, &workload, PolicyKind::RoundRobin, &mut |_| {}).unwrap();
+    assert_eq!(aware.completed, 600);
+    // Routing by the assumed cache still finds real cache hits.
+    assert!(
+        aware.cache_hit_rate > rr.cache_hit_rate,
+        "{} vs {}",
+        aware.cache_hit_rate,
+        rr.cache_hit_rate
+    );
+    assert_eq!(
+        CacheView::natural_for(PolicyKind::CacheAware, approx),
+        CacheView::Approximate(approx)
+    );
+    assert_eq!(
+        CacheView::natural_for(PolicyKind::Kv, approx),
+        CacheView::Events
+    );
 }

@@ -10,9 +10,10 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use switchyard_mocker::{EngineArgs, PerfModel, PreemptionMode};
+use switchyard_router::indexer::approx::ApproxConfig;
 use switchyard_router::policy::KvPolicyConfig;
 use switchyard_router::{PolicyKind, RouterConfig};
-use switchyard_sim::{PreparedWorkload, SimConfig, SimReport, TraceRequest, simulate};
+use switchyard_sim::{CacheView, PreparedWorkload, SimConfig, SimReport, TraceRequest, simulate};
 use switchyard_workload::trace_io::Trace;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -52,6 +53,14 @@ pub struct SimArgs {
     /// Softmax temperature of the kv policy (0: always the cheapest worker).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
+    /// The router's view of the caches: the engines' KV events, blocks assumed cached when
+    /// routed (approx), or auto: approx for cache-aware (as SGLang's router has no events),
+    /// events for the others.
+    #[arg(long, value_enum, default_value_t = ViewArg::Auto)]
+    cache_view: ViewArg,
+    /// How long the approximate view assumes a routed block stays cached, in seconds.
+    #[arg(long, default_value_t = 120.0)]
+    approx_ttl_secs: f64,
     /// Delay before KV events reach the indexer, in milliseconds.
     #[arg(long, default_value_t = 0.0)]
     event_delay_ms: f64,
@@ -81,6 +90,13 @@ pub struct SimArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ViewArg {
+    Auto,
+    Events,
+    Approx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Preemption {
     Lifo,
     Fifo,
@@ -104,6 +120,12 @@ pub fn run(args: SimArgs) -> Result<()> {
         bail!(
             "--event-delay-ms must be a non-negative number, got {}",
             args.event_delay_ms
+        );
+    }
+    if !(args.approx_ttl_secs.is_finite() && args.approx_ttl_secs > 0.0) {
+        bail!(
+            "--approx-ttl-secs must be a positive number, got {}",
+            args.approx_ttl_secs
         );
     }
     if args.trace_block_size == 0 {
@@ -150,16 +172,34 @@ pub fn run(args: SimArgs) -> Result<()> {
             ..RouterConfig::default()
         },
         event_delay: Duration::from_secs_f64(args.event_delay_ms / 1e3),
+        cache_view: CacheView::Events,
         seed: args.seed,
     };
 
     let mut reports = Vec::new();
     for &policy in &args.policy {
         let bar = progress_bar(workload.requests.len() as u64, policy, args.json);
+        let approx = ApproxConfig {
+            ttl: Duration::from_secs_f64(args.approx_ttl_secs),
+            max_blocks_per_worker: args.num_gpu_blocks as usize,
+        };
+        let cache_view = match args.cache_view {
+            ViewArg::Auto => CacheView::natural_for(policy, approx),
+            ViewArg::Events => CacheView::Events,
+            ViewArg::Approx => CacheView::Approximate(approx),
+        };
+        let config = SimConfig {
+            cache_view,
+            ..config.clone()
+        };
         let started = Instant::now();
         let mut report = simulate(&config, &workload, policy, &mut |done| {
             bar.set_position(done)
         })?;
+        report.cache_view = match cache_view {
+            CacheView::Events => "events",
+            CacheView::Approximate(_) => "approx",
+        };
         report.wall_seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
         reports.push(report);
