@@ -6,6 +6,7 @@
 //!   kept apart (it is not cacheable until it fills).
 //! - [`worker`]: worker identity (`WorkerId` plus data-parallel rank).
 //! - [`load`]: what an engine reports about its load.
+//! - [`protocol`]: the engine protocol (generate requests and their output streams).
 //! - [`request`]: request identity.
 //! - [`trace`]: Mooncake trace rows and their mapping onto engine blocks.
 //! - [`event`]: the KV cache event model engines publish and the indexer consumes, with
@@ -15,6 +16,7 @@ pub mod blocks;
 pub mod event;
 pub mod hash;
 pub mod load;
+pub mod protocol;
 pub mod request;
 pub mod trace;
 pub mod worker;

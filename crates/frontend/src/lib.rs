@@ -1,0 +1,3 @@
+//! The OpenAI-compatible frontend.
+
+pub mod preprocess;

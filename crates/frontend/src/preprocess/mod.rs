@@ -1,0 +1,1 @@
+//! Preprocessing: chat templates, tokenization and incremental detokenization.

@@ -1,0 +1,54 @@
+//! Discovery: which workers serve which model.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use switchyard_core::WorkerId;
+use thiserror::Error;
+use tokio::sync::watch;
+
+/// What a worker announces about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInstance {
+    pub worker_id: WorkerId,
+    /// The model name clients ask for.
+    pub model: String,
+    /// Tokens per KV block; every worker of a model must agree.
+    pub block_size: u32,
+    /// KV cache capacity, in blocks.
+    pub capacity_blocks: u64,
+    /// Most requests the engine runs at once.
+    pub max_num_seqs: u32,
+    /// Data-parallel ranks (1 for a plain engine).
+    pub dp_size: u32,
+    /// Where its request plane listens, for network request planes.
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+/// Every registered worker, by id.
+pub type Instances = Arc<BTreeMap<WorkerId, WorkerInstance>>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DiscoveryError {
+    #[error("worker {0} is already registered")]
+    Duplicate(WorkerId),
+    #[error("discovery is unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Keeps a registration alive; dropping it (or [`Lease::revoke`]) deregisters the worker.
+pub trait Lease: Send + Sync + std::fmt::Debug {
+    fn worker_id(&self) -> WorkerId;
+}
+
+#[async_trait]
+pub trait Discovery: Send + Sync + std::fmt::Debug {
+    /// Registers a worker for as long as the returned lease lives.
+    async fn register(&self, instance: WorkerInstance) -> Result<Box<dyn Lease>, DiscoveryError>;
+
+    /// The current instances, updated on every change.
+    fn watch(&self) -> watch::Receiver<Instances>;
+}

@@ -1,0 +1,17 @@
+//! The planes a Switchyard deployment runs on, behind traits, so the same frontend and
+//! workers run in one process or across machines by configuration alone:
+//!
+//! - [`discovery`]: which workers exist (registration under a lease, and a watch);
+//! - [`events`]: KV events and load reports from workers to every frontend;
+//! - [`request`]: streaming generate requests from a frontend to a worker.
+//!
+//! [`local`] implements all three in-process, with no external service.
+
+pub mod discovery;
+pub mod events;
+pub mod local;
+pub mod request;
+
+pub use discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
+pub use events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
+pub use request::{EngineService, RequestPlane, RequestPlaneError, ResponseStream};

@@ -1,0 +1,49 @@
+//! In-process request plane: a registry of engine services by worker id.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::RwLock;
+use switchyard_core::WorkerId;
+use switchyard_core::protocol::GenerateRequest;
+
+use crate::discovery::WorkerInstance;
+use crate::request::{EngineService, RequestPlane, RequestPlaneError, ResponseStream};
+
+#[derive(Debug, Clone, Default)]
+pub struct LocalRequestPlane {
+    services: Arc<RwLock<HashMap<WorkerId, Arc<dyn EngineService>>>>,
+}
+
+impl LocalRequestPlane {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes a worker's service reachable.
+    pub fn serve(&self, worker: WorkerId, service: Arc<dyn EngineService>) {
+        self.services.write().insert(worker, service);
+    }
+
+    pub fn remove(&self, worker: WorkerId) {
+        self.services.write().remove(&worker);
+    }
+}
+
+#[async_trait]
+impl RequestPlane for LocalRequestPlane {
+    async fn generate(
+        &self,
+        worker: &WorkerInstance,
+        request: GenerateRequest,
+    ) -> Result<ResponseStream, RequestPlaneError> {
+        let service = self
+            .services
+            .read()
+            .get(&worker.worker_id)
+            .cloned()
+            .ok_or_else(|| RequestPlaneError::UnknownWorker(worker.worker_id.to_string()))?;
+        service.generate(request).await
+    }
+}
