@@ -1,0 +1,165 @@
+//! The echo engine: streams the prompt's tokens back (cycling when asked for more), with
+//! optional delays. With no delays it answers at once, which isolates the cost of
+//! everything around the engine.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest};
+use switchyard_runtime::{EngineService, RequestPlaneError, ResponseStream};
+
+use crate::config::EchoConfig;
+
+#[derive(Debug, Clone)]
+pub struct EchoService {
+    config: EchoConfig,
+}
+
+impl EchoService {
+    pub fn new(config: EchoConfig) -> Self {
+        EchoService { config }
+    }
+}
+
+#[async_trait]
+impl EngineService for EchoService {
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+    ) -> Result<ResponseStream, RequestPlaneError> {
+        if request.token_ids.is_empty() {
+            return Err(RequestPlaneError::Rejected("the prompt is empty".into()));
+        }
+        let tokens: Vec<u32> = request
+            .token_ids
+            .iter()
+            .copied()
+            .cycle()
+            .take(request.max_tokens as usize)
+            .collect();
+        let stops = request.sampling.stop_token_ids;
+        let end = tokens
+            .iter()
+            .position(|t| stops.contains(t))
+            .map_or(tokens.len(), |i| i + 1);
+        let reason = if tokens[..end].last().is_some_and(|t| stops.contains(t)) {
+            FinishReason::Stop
+        } else {
+            FinishReason::Length
+        };
+        let items: Vec<_> = tokens[..end]
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                Ok(GenerateOutput::Tokens {
+                    token_ids: vec![t],
+                    cached_tokens: (i == 0).then_some(0),
+                })
+            })
+            .chain(std::iter::once(Ok(GenerateOutput::Finished {
+                reason,
+                completion_tokens: end as u32,
+            })))
+            .collect();
+        let (first, every) = (self.config.first_token_delay, self.config.token_delay);
+        if first.is_zero() && every.is_zero() {
+            return Ok(futures::stream::iter(items).boxed());
+        }
+        let paced = futures::stream::iter(items.into_iter().enumerate()).then(
+            move |(i, item)| async move {
+                let wait = if i == 0 {
+                    first
+                } else if matches!(item, Ok(GenerateOutput::Tokens { .. })) {
+                    every
+                } else {
+                    Duration::ZERO
+                };
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                item
+            },
+        );
+        Ok(paced.boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::RequestId;
+
+    fn request(tokens: Vec<u32>, max_tokens: u32, stop: Vec<u32>) -> GenerateRequest {
+        GenerateRequest {
+            id: RequestId(1),
+            token_ids: tokens,
+            max_tokens,
+            sampling: switchyard_core::protocol::SamplingParams {
+                stop_token_ids: stop,
+                ..Default::default()
+            },
+            dp_rank: 0,
+        }
+    }
+
+    async fn collect(service: &EchoService, r: GenerateRequest) -> Vec<GenerateOutput> {
+        service
+            .generate(r)
+            .await
+            .unwrap()
+            .map(|i| i.unwrap())
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn echoes_and_cycles_up_to_max_tokens() {
+        let s = EchoService::new(EchoConfig::default());
+        let out = collect(&s, request(vec![5, 6], 5, vec![])).await;
+        let tokens: Vec<u32> = out
+            .iter()
+            .filter_map(|o| match o {
+                GenerateOutput::Tokens { token_ids, .. } => Some(token_ids[0]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tokens, vec![5, 6, 5, 6, 5]);
+        assert_eq!(
+            out.last(),
+            Some(&GenerateOutput::Finished {
+                reason: FinishReason::Length,
+                completion_tokens: 5
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn stops_at_a_stop_token_and_refuses_empty_prompts() {
+        let s = EchoService::new(EchoConfig::default());
+        let out = collect(&s, request(vec![1, 2, 3], 10, vec![2])).await;
+        assert_eq!(out.len(), 3);
+        assert_eq!(
+            out.last(),
+            Some(&GenerateOutput::Finished {
+                reason: FinishReason::Stop,
+                completion_tokens: 2
+            })
+        );
+        assert!(s.generate(request(vec![], 3, vec![])).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delays_pace_the_stream() {
+        let config = EchoConfig {
+            first_token_delay: Duration::from_millis(50),
+            token_delay: Duration::from_millis(10),
+            ..EchoConfig::default()
+        };
+        let s = EchoService::new(config);
+        let start = tokio::time::Instant::now();
+        let out = collect(&s, request(vec![1, 2, 3, 4], 4, vec![])).await;
+        assert_eq!(out.len(), 5);
+        assert_eq!(start.elapsed(), Duration::from_millis(80));
+    }
+}

@@ -1,0 +1,99 @@
+//! A mocker worker on in-process planes.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest, SamplingParams};
+use switchyard_core::{RequestId, WorkerId};
+use switchyard_mocker::EngineArgs;
+use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
+use switchyard_runtime::{RequestPlane, WorkerEvent};
+use switchyard_worker::{EngineConfig, MockerConfig, Worker, WorkerConfig, WorkerPlanes};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_registers_serves_and_publishes() {
+    let planes = WorkerPlanes {
+        discovery: Arc::new(LocalDiscovery::new()),
+        events: Arc::new(LocalEventPlane::new()),
+        requests: LocalRequestPlane::new(),
+    };
+    let mut events = planes.events.subscribe("m").await.unwrap();
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let config = WorkerConfig {
+        model: "m".into(),
+        engine: EngineConfig::Mocker(MockerConfig {
+            args: EngineArgs {
+                speedup_ratio: 10.0,
+                ..EngineArgs::default()
+            },
+            ..MockerConfig::default()
+        }),
+    };
+    let worker = Worker::start(WorkerId(42), &config, &planes, &tracker, cancel.clone())
+        .await
+        .unwrap();
+    let instances = planes.discovery.watch().borrow().clone();
+    assert_eq!(instances[&WorkerId(42)].block_size, 16);
+    assert_eq!(instances[&WorkerId(42)].capacity_blocks, 16_384);
+
+    let request = GenerateRequest {
+        id: RequestId(1),
+        token_ids: (0..100).collect(),
+        max_tokens: 5,
+        sampling: SamplingParams::default(),
+        dp_rank: 0,
+    };
+    let items: Vec<_> = planes
+        .requests
+        .generate(&worker.instance, request)
+        .await
+        .unwrap()
+        .map(|i| i.unwrap())
+        .collect()
+        .await;
+    assert_eq!(items.len(), 6);
+    assert!(matches!(
+        items[0],
+        GenerateOutput::Tokens {
+            cached_tokens: Some(0),
+            ..
+        }
+    ));
+    assert_eq!(
+        items[5],
+        GenerateOutput::Finished {
+            reason: FinishReason::Length,
+            completion_tokens: 5
+        }
+    );
+
+    // KV events (the 6 full prompt blocks) and load reports arrive on the event plane.
+    let mut stored = 0;
+    let mut saw_load = false;
+    while let Ok(Some(event)) =
+        tokio::time::timeout(Duration::from_millis(500), events.recv()).await
+    {
+        match event {
+            WorkerEvent::Kv(batch) => {
+                stored += batch.iter().map(|e| e.block_count()).sum::<usize>()
+            }
+            WorkerEvent::Load { worker, .. } => {
+                assert_eq!(worker.worker_id, WorkerId(42));
+                saw_load = true;
+            }
+        }
+    }
+    assert_eq!(stored, 6);
+    assert!(saw_load);
+
+    drop(worker);
+    assert!(planes.discovery.watch().borrow().is_empty());
+    cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
