@@ -1,3 +1,26 @@
 //! The OpenAI-compatible frontend.
+//!
+//! - [`openai`]: request and response bodies, OpenAI-style errors.
+//! - [`preprocess`]: chat templates, tokenization and incremental detokenization.
+//! - [`convert`]: validating requests into tokenized [`pipeline::Prepared`] requests.
+//! - [`admission`]: the bounded, prioritised admission queue and load shedding.
+//! - [`routing`]: the frontend's view of its workers (indexer, router, discovery, events).
+//! - [`pipeline`]: admission → routing → dispatch → detokenized response stream.
+//! - [`stop`]: stop strings.
+//! - [`metrics`]: Prometheus metrics.
+//! - [`http`], [`server`]: the axum routes and the server.
 
+pub mod admission;
+pub mod config;
+pub mod convert;
+pub mod http;
+pub mod metrics;
+pub mod openai;
+pub mod pipeline;
 pub mod preprocess;
+pub mod routing;
+pub mod server;
+pub mod stop;
+
+pub use config::FrontendConfig;
+pub use pipeline::Frontend;

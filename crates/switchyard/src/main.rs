@@ -1,6 +1,8 @@
 //! The `switchyard` command line: wiring only, the logic lives in the library crates.
 
 mod cmd;
+mod logging;
+mod signals;
 
 use std::process::ExitCode;
 
@@ -19,6 +21,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the OpenAI API over a fleet of in-process workers (no external service).
+    Serve(cmd::serve::ServeArgs),
     /// Replay a trace through the router and a simulated fleet, in virtual time.
     Sim(cmd::sim::SimArgs),
     /// Analyse a trace, or synthesise a new one with the same structure.
@@ -30,6 +34,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => cmd::serve::run(args, &std::env::vars().collect()),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),

@@ -127,7 +127,8 @@ impl Drop for Worker {
     }
 }
 
-/// Forwards KV events as they come, and the load at most once per interval.
+/// Forwards KV events as they come, and the load at most once per interval (the latest
+/// state always goes out, at the end of the interval if it changed within it).
 async fn publish(
     plane: Arc<dyn EventPlane>,
     model: String,
@@ -137,8 +138,10 @@ async fn publish(
     interval: std::time::Duration,
     cancel: CancellationToken,
 ) {
-    let mut last_load_report = tokio::time::Instant::now() - interval;
+    let mut next_report = tokio::time::Instant::now();
+    let mut pending = true;
     loop {
+        let report_due = tokio::time::sleep_until(next_report);
         tokio::select! {
             () = cancel.cancelled() => return,
             batch = events.recv() => match batch {
@@ -153,12 +156,14 @@ async fn publish(
                 if changed.is_err() {
                     return;
                 }
-                if last_load_report.elapsed() >= interval {
-                    last_load_report = tokio::time::Instant::now();
-                    let snapshot = *load.borrow_and_update();
-                    if let Err(e) = plane.publish(&model, WorkerEvent::Load { worker, load: snapshot }).await {
-                        tracing::warn!(%worker, error = %e, "cannot publish load");
-                    }
+                pending = true;
+            }
+            () = report_due, if pending => {
+                pending = false;
+                next_report = tokio::time::Instant::now() + interval;
+                let snapshot = *load.borrow_and_update();
+                if let Err(e) = plane.publish(&model, WorkerEvent::Load { worker, load: snapshot }).await {
+                    tracing::warn!(%worker, error = %e, "cannot publish load");
                 }
             }
         }

@@ -1,1 +1,183 @@
 //! Preprocessing: chat templates, tokenization and incremental detokenization.
+//!
+//! A [`Preprocessor`] is either built in ([`Preprocessor::builtin`]: a byte-level tokenizer
+//! and a simple chat template, so `switchyard serve` needs no model files) or read from a
+//! Hugging Face model directory ([`Preprocessor::from_dir`]: `tokenizer.json` through the
+//! `tokenizers` crate, the Jinja chat template through minijinja with Python compatibility).
+//!
+//! Layout:
+//! - `builtin`: the built-in vocabulary; `builtin_words` the words its upper ids decode to.
+//! - `hf`: the Hugging Face tokenizer; `hf_stream` its incremental decoder.
+//! - `utf8_stream`: lossy UTF-8 decoding of a byte stream that arrives in pieces.
+//! - `decoder`: [`IncrementalDecoder`], one per response stream.
+//! - `template`: [`ChatMessage`] and the chat templates.
+//! - `config_files`, `model_dir`: reading a model directory.
+//! - `error`: [`PreprocessError`].
+
+mod builtin;
+mod builtin_words;
+mod config_files;
+mod decoder;
+mod error;
+mod hf;
+mod hf_stream;
+mod model_dir;
+mod template;
+mod utf8_stream;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use builtin::{BUILTIN_BOS, BUILTIN_EOS, BUILTIN_VOCAB_SIZE};
+pub use decoder::IncrementalDecoder;
+pub use error::PreprocessError;
+pub use template::ChatMessage;
+
+use builtin::BuiltinTokenizer;
+use hf::HfTokenizer;
+use hf_stream::HfStream;
+use template::ChatTemplate;
+
+/// Turns chat messages into prompt tokens and generated tokens back into text for one model.
+/// Immutable once built: share it behind an `Arc`.
+#[derive(Debug)]
+pub struct Preprocessor {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    eos_token_ids: Vec<u32>,
+    context_length: u32,
+}
+
+#[derive(Debug)]
+enum Tokenizer {
+    Builtin(BuiltinTokenizer),
+    Hf(Arc<HfTokenizer>),
+}
+
+impl Preprocessor {
+    /// No model files: the built-in byte-level tokenizer and a simple chat template.
+    /// `context_length` is taken as given (the config loader validates it).
+    pub fn builtin(context_length: u32) -> Self {
+        Self {
+            tokenizer: Tokenizer::Builtin(BuiltinTokenizer),
+            template: ChatTemplate::Simple,
+            eos_token_ids: vec![BUILTIN_EOS],
+            context_length,
+        }
+    }
+
+    /// A Hugging Face model directory: `tokenizer.json` (required), `tokenizer_config.json`
+    /// (chat template, special tokens, `add_bos_token`...; optional), `chat_template.jinja` or
+    /// `chat_template.json` (a template that overrides tokenizer_config.json's; optional),
+    /// `config.json` (the context length, from `max_position_embeddings` or its equivalents;
+    /// optional), `generation_config.json` (more EOS ids; optional). `context_length`
+    /// overrides the files; without it, a directory that declares no context length is an
+    /// error. Reads the files once; nothing is fetched from the network.
+    pub fn from_dir(dir: &Path, context_length: Option<u32>) -> Result<Self, PreprocessError> {
+        let files = model_dir::load(dir, context_length)?;
+        Ok(Self {
+            tokenizer: Tokenizer::Hf(Arc::new(files.tokenizer)),
+            template: files.template,
+            eos_token_ids: files.eos_token_ids,
+            context_length: files.context_length,
+        })
+    }
+
+    /// Renders the chat template over the messages, ending with the prompt for the
+    /// assistant's turn (`add_generation_prompt`). A template that rejects the messages
+    /// (`raise_exception`) gives [`PreprocessError::TemplateRaised`] with its message.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, PreprocessError> {
+        self.template.render(messages, true)
+    }
+
+    /// Tokenizes a prompt that already went through the chat template. No special token is
+    /// added: templates write the ones their model expects (`{{ bos_token }}`, ...) into the
+    /// text, and the tokenizer recognises them there; adding more would double the BOS.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, PreprocessError> {
+        match &self.tokenizer {
+            Tokenizer::Builtin(tokenizer) => Ok(tokenizer.encode(text)),
+            Tokenizer::Hf(tokenizer) => tokenizer.encode_templated(text),
+        }
+    }
+
+    /// Tokenizes a raw prompt that did not go through a chat template (`/v1/completions`):
+    /// it gets the special tokens the model puts around plain text (usually a BOS), as
+    /// `add_bos_token` / `add_eos_token` in tokenizer_config.json or else the tokenizer's
+    /// post-processor say. A prompt that starts with the BOS text keeps just that one. For
+    /// the built-in tokenizer this is [`encode`](Self::encode).
+    pub fn encode_completion_prompt(&self, text: &str) -> Result<Vec<u32>, PreprocessError> {
+        match &self.tokenizer {
+            Tokenizer::Builtin(tokenizer) => Ok(tokenizer.encode(text)),
+            Tokenizer::Hf(tokenizer) => tokenizer.encode_plain(text),
+        }
+    }
+
+    /// Decodes a whole sequence, skipping special tokens (as the incremental decoder does).
+    pub fn decode(&self, tokens: &[u32]) -> Result<String, PreprocessError> {
+        match &self.tokenizer {
+            Tokenizer::Builtin(tokenizer) => tokenizer.decode(tokens),
+            Tokenizer::Hf(tokenizer) => tokenizer.decode(tokens),
+        }
+    }
+
+    /// A fresh incremental decoder for one response stream.
+    pub fn decoder(&self) -> IncrementalDecoder {
+        match &self.tokenizer {
+            Tokenizer::Builtin(_) => IncrementalDecoder::builtin(),
+            Tokenizer::Hf(tokenizer) => {
+                IncrementalDecoder::hf(HfStream::new(Arc::clone(tokenizer)))
+            }
+        }
+    }
+
+    /// Token ids that end generation, for the engines' `stop_token_ids`: tokenizer_config's
+    /// `eos_token`, then any other `eos_token_id` of config.json and generation_config.json.
+    /// May be empty for a model directory that names none.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    pub fn context_length(&self) -> u32 {
+        self.context_length
+    }
+
+    /// One past the largest token id: every id the tokenizer knows is below it.
+    pub fn vocab_size(&self) -> u32 {
+        match &self.tokenizer {
+            Tokenizer::Builtin(_) => BUILTIN_VOCAB_SIZE,
+            Tokenizer::Hf(tokenizer) => tokenizer.vocab_size(),
+        }
+    }
+
+    /// Whether token `id` is special (BOS, EOS, chat markers): it decodes to nothing.
+    pub fn is_special_token(&self, id: u32) -> bool {
+        match &self.tokenizer {
+            Tokenizer::Builtin(_) => id == BUILTIN_BOS || id == BUILTIN_EOS,
+            Tokenizer::Hf(tokenizer) => tokenizer.is_special(id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn shareable_across_tasks() {
+        assert_send_sync::<Preprocessor>();
+        assert_send::<IncrementalDecoder>();
+    }
+
+    #[test]
+    fn builtin_basics() {
+        let preprocessor = Preprocessor::builtin(2048);
+        assert_eq!(preprocessor.context_length(), 2048);
+        assert_eq!(preprocessor.vocab_size(), 32_000);
+        assert_eq!(preprocessor.eos_token_ids(), &[257]);
+        assert_eq!(preprocessor.encode("hé").ok(), Some(vec![104, 0xC3, 0xA9]));
+        assert!(preprocessor.is_special_token(256) && !preprocessor.is_special_token(258));
+    }
+}

@@ -1,0 +1,241 @@
+//! `/v1/chat/completions` and `/v1/completions`, streamed (SSE) or not.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+
+use super::body;
+use super::service::unix_now;
+use crate::convert::{self, Mode};
+use crate::openai::ApiError;
+use crate::openai::request::{ChatCompletionRequest, CompletionRequest};
+use crate::openai::response::{
+    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
+    Completion, CompletionChoice, Usage,
+};
+use crate::pipeline::{Frontend, Generation, Piece};
+
+pub async fn chat(
+    State(frontend): State<Arc<Frontend>>,
+    request: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let request: ChatCompletionRequest = body::parse(request, frontend.config.max_body_bytes)?;
+        let (prepared, mode) = convert::chat(&frontend, request)?;
+        let (id, generation) = frontend.generate(prepared).await?;
+        Ok::<_, ApiError>((format!("chatcmpl-{:016x}", id.0), generation, mode))
+    }
+    .await;
+    match result {
+        Ok((id, generation, mode)) if mode.stream => {
+            chat_stream(frontend, id, generation, mode).into_response()
+        }
+        Ok((id, generation, _)) => match collect(generation).await {
+            Ok((text, reason, usage)) => Json(ChatCompletion {
+                id,
+                object: "chat.completion",
+                created: unix_now(),
+                model: frontend.config.model.clone(),
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: ChatMessageOut {
+                        role: "assistant",
+                        content: text,
+                    },
+                    finish_reason: Some(reason),
+                    logprobs: None,
+                }],
+                usage,
+            })
+            .into_response(),
+            Err(e) => e.into_response(),
+        },
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn completion(
+    State(frontend): State<Arc<Frontend>>,
+    request: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = async {
+        let request: CompletionRequest = body::parse(request, frontend.config.max_body_bytes)?;
+        let (prepared, mode) = convert::completion(&frontend, request)?;
+        let (id, generation) = frontend.generate(prepared).await?;
+        Ok::<_, ApiError>((format!("cmpl-{:016x}", id.0), generation, mode))
+    }
+    .await;
+    match result {
+        Ok((id, generation, mode)) if mode.stream => {
+            completion_stream(frontend, id, generation, mode).into_response()
+        }
+        Ok((id, generation, _)) => match collect(generation).await {
+            Ok((text, reason, usage)) => {
+                let model = frontend.config.model.clone();
+                let choice = CompletionChoice {
+                    index: 0,
+                    text,
+                    finish_reason: Some(reason),
+                    logprobs: None,
+                };
+                Json(Completion {
+                    id: &id,
+                    object: "text_completion",
+                    created: unix_now(),
+                    model: &model,
+                    choices: vec![choice],
+                    usage: Some(usage),
+                })
+                .into_response()
+            }
+            Err(e) => e.into_response(),
+        },
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The whole response, for non-streamed requests.
+async fn collect(mut generation: Generation) -> Result<(String, &'static str, Usage), ApiError> {
+    let mut text = String::new();
+    while let Some(piece) = generation.next().await {
+        match piece? {
+            Piece::Text(t) => text.push_str(&t),
+            Piece::Finished { reason, usage } => return Ok((text, reason, usage)),
+        }
+    }
+    Err(ApiError::internal("The response ended early."))
+}
+
+fn json_event<T: serde::Serialize>(value: &T) -> Event {
+    match serde_json::to_string(value) {
+        Ok(json) => Event::default().data(json),
+        Err(e) => Event::default().data(ApiError::internal(e.to_string()).body()),
+    }
+}
+
+/// SSE around a generation: an opening event, one per piece, the end (with usage when
+/// asked), then `[DONE]`. A failure midway is sent as an error event and ends the stream.
+fn sse(
+    generation: Generation,
+    first: Option<Event>,
+    piece: impl Fn(Piece) -> Vec<Event> + Send + 'static,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let body = futures::stream::iter(first)
+        .chain(generation.flat_map(move |item| {
+            let events = match item {
+                Ok(p) => piece(p),
+                Err(e) => vec![Event::default().data(e.body())],
+            };
+            futures::stream::iter(events)
+        }))
+        .chain(futures::stream::once(async {
+            Event::default().data("[DONE]")
+        }))
+        .map(Ok);
+    Sse::new(body)
+}
+
+fn chat_stream(
+    frontend: Arc<Frontend>,
+    id: String,
+    generation: Generation,
+    mode: Mode,
+) -> Response {
+    let created = unix_now();
+    let model = frontend.config.model.clone();
+    let chunk = move |delta: Option<ChatDelta>,
+                      finish_reason: Option<&'static str>,
+                      usage: Option<Usage>| {
+        let choices = delta
+            .map(|delta| ChatChunkChoice {
+                index: 0,
+                delta,
+                finish_reason,
+                logprobs: None,
+            })
+            .into_iter()
+            .collect();
+        json_event(&ChatCompletionChunk {
+            id: &id,
+            object: "chat.completion.chunk",
+            created,
+            model: &model,
+            choices,
+            usage,
+        })
+    };
+    let opening = chunk(
+        Some(ChatDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        }),
+        None,
+        None,
+    );
+    sse(generation, Some(opening), move |piece| match piece {
+        Piece::Text(text) => vec![chunk(
+            Some(ChatDelta {
+                role: None,
+                content: Some(text),
+            }),
+            None,
+            None,
+        )],
+        Piece::Finished { reason, usage } => {
+            let mut events = vec![chunk(Some(ChatDelta::default()), Some(reason), None)];
+            if mode.include_usage {
+                events.push(chunk(None, None, Some(usage)));
+            }
+            events
+        }
+    })
+    .into_response()
+}
+
+fn completion_stream(
+    frontend: Arc<Frontend>,
+    id: String,
+    generation: Generation,
+    mode: Mode,
+) -> Response {
+    let created = unix_now();
+    let model = frontend.config.model.clone();
+    let chunk = move |text: String, finish_reason: Option<&'static str>, usage: Option<Usage>| {
+        let choices = if usage.is_some() {
+            vec![]
+        } else {
+            vec![CompletionChoice {
+                index: 0,
+                text,
+                finish_reason,
+                logprobs: None,
+            }]
+        };
+        json_event(&Completion {
+            id: &id,
+            object: "text_completion",
+            created,
+            model: &model,
+            choices,
+            usage,
+        })
+    };
+    sse(generation, None, move |piece| match piece {
+        Piece::Text(text) => vec![chunk(text, None, None)],
+        Piece::Finished { reason, usage } => {
+            let mut events = vec![chunk(String::new(), Some(reason), None)];
+            if mode.include_usage {
+                events.push(chunk(String::new(), None, Some(usage)));
+            }
+            events
+        }
+    })
+    .into_response()
+}

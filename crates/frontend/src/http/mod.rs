@@ -1,0 +1,63 @@
+//! The HTTP surface: routes, body parsing with OpenAI-style errors, request counting.
+
+mod body;
+mod completions;
+mod service;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+
+use crate::openai::ApiError;
+use crate::pipeline::Frontend;
+
+/// The application's routes.
+pub fn router(frontend: Arc<Frontend>) -> Router {
+    let limit = frontend.config.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(completions::chat))
+        .route("/v1/completions", post(completions::completion))
+        .route("/v1/models", get(service::models))
+        .route("/health", get(service::health))
+        .route("/live", get(service::live))
+        .route("/metrics", get(service::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(Arc::clone(&frontend), count))
+        .with_state(frontend)
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::not_found(request.uri().path())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+/// Counts every request by route and status.
+async fn count(State(frontend): State<Arc<Frontend>>, request: Request, next: Next) -> Response {
+    let route = match request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/v1/chat/completions") => "/v1/chat/completions",
+        Some("/v1/completions") => "/v1/completions",
+        Some("/v1/models") => "/v1/models",
+        Some("/health") => "/health",
+        Some("/live") => "/live",
+        Some("/metrics") => "/metrics",
+        _ => "other",
+    };
+    let response = next.run(request).await;
+    frontend
+        .metrics
+        .count_request(route, response.status().as_u16());
+    response
+}

@@ -1,0 +1,62 @@
+//! Service routes: models, health, liveness, metrics.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::openai::response::{ModelCard, ModelList};
+use crate::pipeline::Frontend;
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub async fn models(State(frontend): State<Arc<Frontend>>) -> Json<ModelList> {
+    let card = ModelCard {
+        id: frontend.config.model.clone(),
+        object: "model",
+        created: unix_now(),
+        owned_by: "switchyard",
+    };
+    Json(ModelList {
+        object: "list",
+        data: vec![card],
+    })
+}
+
+/// Ready when at least one worker serves the model.
+pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
+    let workers = frontend.routing.worker_count();
+    let body = json!({ "model": frontend.config.model, "workers": workers, "status": if workers > 0 { "ready" } else { "no workers" } });
+    let status = if workers > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+pub async fn live() -> Json<serde_json::Value> {
+    Json(json!({ "status": "live" }))
+}
+
+pub async fn metrics(State(frontend): State<Arc<Frontend>>) -> Response {
+    let text = frontend
+        .metrics
+        .render(&frontend.routing, frontend.admission.queued());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,250 @@
+//! Prometheus metrics.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::routing::RoutingService;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: &'static str,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub worker: String,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RouteLabels, Counter>,
+    pub in_flight: Gauge,
+    pub queued: Gauge,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub duration: Histogram,
+    pub routing_decision: Histogram,
+    pub input_tokens: Counter,
+    pub output_tokens: Counter,
+    pub cached_tokens: Counter,
+    pub worker_active_blocks: Family<WorkerLabels, Gauge>,
+    pub worker_prefill_tokens: Family<WorkerLabels, Gauge>,
+    pub worker_requests: Family<WorkerLabels, Gauge>,
+    pub engine_running: Family<WorkerLabels, Gauge>,
+    pub engine_waiting: Family<WorkerLabels, Gauge>,
+    pub engine_kv_usage: Family<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub workers: Gauge,
+    pub indexer_events: Gauge,
+    pub indexer_gaps: Gauge,
+    pub indexer_blocks: Gauge,
+}
+
+fn exponential(start: f64, factor: f64, n: u16) -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(start, factor, n)
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("switchyard");
+        let requests = Family::<RouteLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by route and status",
+            requests.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "requests_in_flight",
+            "Requests being served",
+            in_flight.clone(),
+        );
+        let queued = Gauge::default();
+        registry.register(
+            "requests_queued",
+            "Requests waiting for admission",
+            queued.clone(),
+        );
+        let ttft = Histogram::new(exponential(0.001, 2.0, 18));
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time to first token",
+            ttft.clone(),
+        );
+        let itl = Histogram::new(exponential(0.0001, 2.0, 18));
+        registry.register(
+            "inter_token_latency_seconds",
+            "Time between streamed tokens",
+            itl.clone(),
+        );
+        let duration = Histogram::new(exponential(0.001, 2.0, 20));
+        registry.register(
+            "request_duration_seconds",
+            "Request duration",
+            duration.clone(),
+        );
+        let routing_decision = Histogram::new(exponential(0.000_001, 2.0, 20));
+        registry.register(
+            "router_decision_seconds",
+            "Time to choose a worker",
+            routing_decision.clone(),
+        );
+        let input_tokens = Counter::default();
+        registry.register("input_tokens", "Prompt tokens", input_tokens.clone());
+        let output_tokens = Counter::default();
+        registry.register("output_tokens", "Generated tokens", output_tokens.clone());
+        let cached_tokens = Counter::default();
+        registry.register(
+            "cached_tokens",
+            "Prompt tokens served from prefix caches",
+            cached_tokens.clone(),
+        );
+        let worker_active_blocks = Family::<WorkerLabels, Gauge>::default();
+        registry.register(
+            "worker_active_blocks",
+            "KV blocks held by in-flight requests, per worker",
+            worker_active_blocks.clone(),
+        );
+        let worker_prefill_tokens = Family::<WorkerLabels, Gauge>::default();
+        registry.register(
+            "worker_prefill_tokens",
+            "Prompt tokens routed and not yet computed, per worker",
+            worker_prefill_tokens.clone(),
+        );
+        let worker_requests = Family::<WorkerLabels, Gauge>::default();
+        registry.register(
+            "worker_requests",
+            "In-flight requests per worker",
+            worker_requests.clone(),
+        );
+        let engine_running = Family::<WorkerLabels, Gauge>::default();
+        registry.register(
+            "engine_running",
+            "Requests running, as the engine last reported",
+            engine_running.clone(),
+        );
+        let engine_waiting = Family::<WorkerLabels, Gauge>::default();
+        registry.register(
+            "engine_waiting",
+            "Requests waiting in the engine, as it last reported",
+            engine_waiting.clone(),
+        );
+        let engine_kv_usage =
+            Family::<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "engine_kv_usage",
+            "Share of KV blocks in use, as the engine last reported",
+            engine_kv_usage.clone(),
+        );
+        let workers = Gauge::default();
+        registry.register("workers", "Workers serving the model", workers.clone());
+        let indexer_events = Gauge::default();
+        registry.register(
+            "indexer_events_applied",
+            "KV events applied by the indexer",
+            indexer_events.clone(),
+        );
+        let indexer_gaps = Gauge::default();
+        registry.register(
+            "indexer_event_gaps",
+            "KV event id gaps detected",
+            indexer_gaps.clone(),
+        );
+        let indexer_blocks = Gauge::default();
+        registry.register(
+            "indexer_blocks",
+            "Distinct blocks in the indexer",
+            indexer_blocks.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            in_flight,
+            queued,
+            ttft,
+            itl,
+            duration,
+            routing_decision,
+            input_tokens,
+            output_tokens,
+            cached_tokens,
+            worker_active_blocks,
+            worker_prefill_tokens,
+            worker_requests,
+            engine_running,
+            engine_waiting,
+            engine_kv_usage,
+            workers,
+            indexer_events,
+            indexer_gaps,
+            indexer_blocks,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn count_request(&self, route: &'static str, status: u16) {
+        self.requests
+            .get_or_create(&RouteLabels { route, status })
+            .inc();
+    }
+
+    pub fn observe_ttft(&self, d: Duration) {
+        self.ttft.observe(d.as_secs_f64());
+    }
+
+    /// Renders the Prometheus text format, refreshing the gauges read from live state.
+    pub fn render(&self, routing: &RoutingService, queued: usize) -> String {
+        self.queued.set(queued as i64);
+        self.workers.set(routing.worker_count() as i64);
+        self.worker_active_blocks.clear();
+        self.worker_prefill_tokens.clear();
+        self.worker_requests.clear();
+        self.engine_running.clear();
+        self.engine_waiting.clear();
+        self.engine_kv_usage.clear();
+        for (key, load, engine) in routing.loads() {
+            let labels = WorkerLabels {
+                worker: key.to_string(),
+            };
+            self.worker_active_blocks
+                .get_or_create(&labels)
+                .set(load.active_blocks as i64);
+            self.worker_prefill_tokens
+                .get_or_create(&labels)
+                .set(load.prefill_tokens as i64);
+            self.worker_requests
+                .get_or_create(&labels)
+                .set(i64::from(load.requests));
+            if let Some(engine) = engine {
+                self.engine_running
+                    .get_or_create(&labels)
+                    .set(i64::from(engine.running));
+                self.engine_waiting
+                    .get_or_create(&labels)
+                    .set(i64::from(engine.waiting));
+                self.engine_kv_usage
+                    .get_or_create(&labels)
+                    .set(engine.kv_usage());
+            }
+        }
+        let (events, gaps, blocks) = routing
+            .indexer()
+            .read(|i| (i.stats().events_applied, i.stats().gaps, i.block_count()));
+        self.indexer_events.set(events as i64);
+        self.indexer_gaps.set(gaps as i64);
+        self.indexer_blocks.set(blocks as i64);
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

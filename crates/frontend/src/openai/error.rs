@@ -1,0 +1,195 @@
+//! OpenAI-style errors: `{"error": {"message", "type", "code", "param"}}` with the right
+//! HTTP status.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// An error answered to the client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub param: Option<String>,
+    /// Sent as `Retry-After` (seconds, rounded up).
+    pub retry_after: Option<Duration>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    code: Option<&'a str>,
+    param: Option<&'a str>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: Option<&'static str>,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            code,
+            param: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the request is malformed or has invalid values.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            message,
+        )
+    }
+
+    /// 400 naming the offending parameter.
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(param.to_string()),
+            ..Self::invalid(message)
+        }
+    }
+
+    /// 400: prompt plus completion exceed the model's context.
+    pub fn context_length(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("context_length_exceeded"),
+            message,
+        )
+    }
+
+    /// 404: no such model.
+    pub fn model_not_found(model: &str) -> Self {
+        ApiError {
+            param: Some("model".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+                format!("The model `{model}` does not exist"),
+            )
+        }
+    }
+
+    /// 404: no such route.
+    pub fn not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("not_found"),
+            format!("No route for {path}"),
+        )
+    }
+
+    /// 405.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            Some("method_not_allowed"),
+            "Method not allowed",
+        )
+    }
+
+    /// 413: the body is over the limit.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            Some("request_too_large"),
+            format!("The request body exceeds {limit} bytes"),
+        )
+    }
+
+    /// 429: shed under load; retry later.
+    pub fn overloaded(message: impl Into<String>, retry_after: Duration) -> Self {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("overloaded"),
+                message,
+            )
+        }
+    }
+
+    /// 503: no capacity or no worker.
+    pub fn unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                Some("unavailable"),
+                message,
+            )
+        }
+    }
+
+    /// 500: something went wrong on our side.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            None,
+            message,
+        )
+    }
+
+    /// The JSON body (also sent as an SSE event when a stream fails midway).
+    pub fn body(&self) -> String {
+        let body = Body {
+            error: Inner {
+                message: &self.message,
+                kind: self.kind,
+                code: self.code,
+                param: self.param.as_deref(),
+            },
+        };
+        serde_json::to_string(&body).unwrap_or_else(|_| {
+            String::from(r#"{"error":{"message":"error","type":"server_error"}}"#)
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.body(),
+        )
+            .into_response();
+        if let Some(after) = self.retry_after {
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            if let Ok(value) = HeaderValue::from_str(&secs.max(1).to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}

@@ -1,0 +1,213 @@
+//! Request bodies. Unknown fields are ignored, as OpenAI clients send many optional ones;
+//! known fields are type-checked, and unsupported values get a clear 400.
+
+use serde::Deserialize;
+use switchyard_router::PolicyKind;
+
+use super::error::ApiError;
+
+/// Declares a request body with the parameters both endpoints share, inline rather than
+/// `#[serde(flatten)]`ed, so that type errors keep their path (`max_tokens`, not `.`).
+macro_rules! request_body {
+    ($(#[$meta:meta])* $name:ident { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Deserialize)]
+        pub struct $name {
+            $($(#[$field_meta])* pub $field: $ty,)*
+            pub max_tokens: Option<u32>,
+            pub max_completion_tokens: Option<u32>,
+            pub temperature: Option<f32>,
+            pub top_p: Option<f32>,
+            pub stop: Option<StopInput>,
+            pub seed: Option<i64>,
+            pub stream: Option<bool>,
+            pub stream_options: Option<StreamOptions>,
+            pub n: Option<u32>,
+            pub logprobs: Option<serde_json::Value>,
+            pub tools: Option<Vec<serde_json::Value>>,
+            /// Switchyard's extension: routing overrides and a priority tier.
+            pub switchyard: Option<Extension>,
+        }
+
+        impl $name {
+            /// The shared parameters.
+            pub fn common(&self) -> CommonParams {
+                CommonParams {
+                    max_tokens: self.max_tokens,
+                    max_completion_tokens: self.max_completion_tokens,
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    stop: self.stop.clone(),
+                    seed: self.seed,
+                    stream: self.stream,
+                    stream_options: self.stream_options.clone(),
+                    n: self.n,
+                    logprobs: self.logprobs.clone(),
+                    tools: self.tools.clone(),
+                    switchyard: self.switchyard.clone(),
+                }
+            }
+        }
+    };
+}
+
+request_body! {
+    /// `POST /v1/chat/completions`.
+    ChatCompletionRequest {
+        model: String,
+        messages: Vec<ChatMessageIn>,
+    }
+}
+
+request_body! {
+    /// `POST /v1/completions`.
+    CompletionRequest {
+        model: String,
+        prompt: PromptInput,
+        #[serde(default)]
+        echo: Option<bool>,
+    }
+}
+
+/// Parameters both endpoints share.
+#[derive(Debug, Clone, Default)]
+pub struct CommonParams {
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub stop: Option<StopInput>,
+    pub seed: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+    pub logprobs: Option<serde_json::Value>,
+    pub tools: Option<Vec<serde_json::Value>>,
+    pub switchyard: Option<Extension>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `stop`: a string or up to four strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `prompt`: text, token ids, or batches of either (batches are not supported).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenBatches(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// Priority tiers: under overload the lowest are shed first.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    BestEffort,
+    #[default]
+    Standard,
+    Premium,
+}
+
+impl Priority {
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::BestEffort => "best_effort",
+            Priority::Standard => "standard",
+            Priority::Premium => "premium",
+        }
+    }
+}
+
+/// The `switchyard` request extension.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Extension {
+    pub priority: Option<Priority>,
+    pub routing: Option<RoutingExtension>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingExtension {
+    pub policy: Option<PolicyKind>,
+    pub overlap_weight: Option<f64>,
+    pub temperature: Option<f64>,
+}
+
+impl ChatMessageIn {
+    /// The message's text: a string, or its text parts joined.
+    pub fn text(&self, index: usize) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(MessageContent::Text(t)) => Ok(t.clone()),
+            Some(MessageContent::Parts(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.kind.as_str(), &part.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        ("text", None) => {
+                            return Err(ApiError::invalid_param(
+                                &format!("messages[{index}].content"),
+                                "a text part needs `text`",
+                            ));
+                        }
+                        (other, _) => {
+                            return Err(ApiError::invalid_param(
+                                &format!("messages[{index}].content"),
+                                format!(
+                                    "content parts of type `{other}` are not supported; only `text`"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+impl StopInput {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopInput::One(s) => vec![s],
+            StopInput::Many(v) => v,
+        }
+    }
+}

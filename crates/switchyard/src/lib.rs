@@ -1,0 +1,4 @@
+//! The wiring behind the `switchyard` command: the configuration tree and deployments.
+
+pub mod config;
+pub mod deploy;

@@ -1,0 +1,327 @@
+//! Every error path of the HTTP API answers OpenAI-style JSON with the right status.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+
+const MODEL: &str = "switchyard-mock";
+
+fn assert_error(status: u16, body: &Value, expected_status: u16, kind: &str) {
+    assert_eq!(status, expected_status, "{body}");
+    assert_eq!(body["error"]["type"], kind, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_and_mistyped_bodies_are_400() {
+    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "1")]).await;
+    let (s, b) = post_raw(&d, "/v1/chat/completions", b"{\"model\": ".to_vec()).await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+    let (s, b) = post_raw(&d, "/v1/chat/completions", Vec::new()).await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    let (s, _, b) = post(
+        &d,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": "hi"}),
+    )
+    .await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    assert_eq!(b["error"]["param"], "messages", "{b}");
+    let (s, _, b) = post(&d, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"})).await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    assert_eq!(b["error"]["param"], "max_tokens", "{b}");
+    let (s, _, b) = post(&d, "/v1/completions", &json!({"prompt": "no model"})).await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn invalid_values_are_400_naming_the_parameter() {
+    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "1")]).await;
+    let base = |extra: Value| {
+        let mut body = chat(MODEL, "hello", 4);
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let cases = [
+        (base(json!({"n": 2})), "n"),
+        (base(json!({"temperature": 3.5})), "temperature"),
+        (base(json!({"top_p": 0})), "top_p"),
+        (base(json!({"max_tokens": 0})), "max_tokens"),
+        (base(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop"),
+        (base(json!({"logprobs": true})), "logprobs"),
+        (base(json!({"tools": [{"type": "function"}]})), "tools"),
+        (base(json!({"messages": []})), "messages"),
+        (
+            base(json!({"messages": [{"role": "wizard", "content": "x"}]})),
+            "messages[0].role",
+        ),
+        (
+            base(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+            "messages[0].content",
+        ),
+        (
+            base(json!({"switchyard": {"routing": {"policy": "fastest"}}})),
+            "switchyard.routing.policy",
+        ),
+        (
+            base(json!({"switchyard": {"priority": "vip"}})),
+            "switchyard.priority",
+        ),
+    ];
+    for (body, param) in cases {
+        let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
+        assert_error(s, &b, 400, "invalid_request_error");
+        assert_eq!(b["error"]["param"], param, "{b}");
+    }
+    let (s, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": ["a", "b"]}),
+    )
+    .await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    let (s, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": [1, 2, 99999999]}),
+    )
+    .await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    let (s, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": ""}),
+    )
+    .await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unknown_model_route_and_method() {
+    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "1")]).await;
+    let (s, _, b) = post(&d, "/v1/chat/completions", &chat("gpt-7", "hi", 4)).await;
+    assert_error(s, &b, 404, "invalid_request_error");
+    assert_eq!(b["error"]["code"], "model_not_found");
+    let (s, _, b) = post(&d, "/v1/embeddings", &json!({})).await;
+    assert_error(s, &b, 404, "invalid_request_error");
+    let response = client()
+        .get(url(&d, "/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 405);
+    let b: Value = response.json().await.unwrap();
+    assert_eq!(b["error"]["code"], "method_not_allowed");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_413() {
+    let d = start(&[
+        ("WORKERS__ENGINE", "echo"),
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MAX_BODY_BYTES", "2048"),
+    ])
+    .await;
+    let big = "x".repeat(4096);
+    let (s, _, b) = post(&d, "/v1/chat/completions", &chat(MODEL, &big, 4)).await;
+    assert_error(s, &b, 413, "invalid_request_error");
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn prompts_beyond_the_context_are_400() {
+    let d = start(&[
+        ("WORKERS__ENGINE", "echo"),
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__CONTEXT_LENGTH", "64"),
+    ])
+    .await;
+    let (s, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "0123456789", "max_tokens": 60}),
+    )
+    .await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    assert_eq!(b["error"]["code"], "context_length_exceeded");
+    let (s, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "x".repeat(100)}),
+    )
+    .await;
+    assert_eq!(b["error"]["code"], "context_length_exceeded", "{s} {b}");
+    // Within the context it works, and the default max_tokens fits what is left.
+    let (s, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "0123456789"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["usage"]["completion_tokens"], 54);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn overload_sheds_low_tiers_with_retry_after() {
+    // One mocker engine that runs one request at a time, slowly: it is busy as soon as one
+    // request is in flight.
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__MOCKER__MAX_NUM_SEQS", "1"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "0.2"),
+        ("FRONTEND__ADMISSION__MAX_QUEUE", "2"),
+        ("FRONTEND__ADMISSION__QUEUE_TIMEOUT", "30s"),
+    ])
+    .await;
+    let first = {
+        let body = chat(MODEL, "keep the worker busy", 20);
+        let url = url(&d, "/v1/chat/completions");
+        tokio::spawn(async move {
+            client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    // Wait until the first request holds the worker.
+    for _ in 0..200 {
+        if metric(&d, "switchyard_requests_in_flight").await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let with = |priority: &str| {
+        let mut body = chat(MODEL, "hi", 2);
+        body["switchyard"] = json!({"priority": priority});
+        body
+    };
+    let (s, headers, b) = post(&d, "/v1/chat/completions", &with("best_effort")).await;
+    assert_error(s, &b, 429, "rate_limit_error");
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+    // A standard request queues (the queue is empty), and a second standard one is shed
+    // because the queue is half full; a premium one still queues; the next premium finds
+    // the queue full.
+    let queued = {
+        let (url, body) = (url(&d, "/v1/chat/completions"), with("standard"));
+        tokio::spawn(async move {
+            client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    for _ in 0..200 {
+        if metric(&d, "switchyard_requests_queued").await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (s, _, b) = post(&d, "/v1/chat/completions", &with("standard")).await;
+    assert_error(s, &b, 429, "rate_limit_error");
+    let premium = {
+        let (url, body) = (url(&d, "/v1/chat/completions"), with("premium"));
+        tokio::spawn(async move {
+            client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    for _ in 0..200 {
+        if metric(&d, "switchyard_requests_queued").await >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (s, headers, b) = post(&d, "/v1/chat/completions", &with("premium")).await;
+    assert_error(s, &b, 503, "service_unavailable");
+    assert!(headers.contains_key("retry-after"));
+    // Everything admitted completes.
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(queued.await.unwrap(), 200);
+    assert_eq!(premium.await.unwrap(), 200);
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn service_routes_answer() {
+    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "2")]).await;
+    let health: Value = client()
+        .get(url(&d, "/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["workers"], 2);
+    assert_eq!(
+        client()
+            .get(url(&d, "/live"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    let models: Value = client()
+        .get(url(&d, "/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    let metrics = client()
+        .get(url(&d, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "switchyard_http_requests_total",
+        "switchyard_requests_in_flight",
+        "switchyard_time_to_first_token_seconds",
+        "switchyard_workers",
+    ] {
+        assert!(metrics.contains(name), "{name} missing");
+    }
+    d.shutdown().await.unwrap();
+}

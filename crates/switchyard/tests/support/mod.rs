@@ -1,0 +1,118 @@
+//! Starting a deployment for a test, and talking to it.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+use switchyard::config::{self, Config};
+use switchyard::deploy::{self, Deployment};
+
+/// A configuration for tests: any free port, the given overrides as `SWITCHYARD_*` pairs.
+pub fn config(overrides: &[(&str, &str)]) -> Config {
+    let mut env: BTreeMap<String, String> = overrides
+        .iter()
+        .map(|(k, v)| (format!("SWITCHYARD_{k}"), v.to_string()))
+        .collect();
+    env.entry("SWITCHYARD_FRONTEND__PORT".into())
+        .or_insert_with(|| "0".into());
+    config::load(None, &env, toml::Table::new()).expect("valid test configuration")
+}
+
+pub async fn start(overrides: &[(&str, &str)]) -> Deployment {
+    deploy::start_local(config(overrides))
+        .await
+        .expect("deployment starts")
+}
+
+pub fn url(d: &Deployment, path: &str) -> String {
+    format!("http://{}{path}", d.address)
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+/// Posts JSON; returns status, headers and the body parsed as JSON (or as a string).
+pub async fn post(
+    d: &Deployment,
+    path: &str,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let response = client()
+        .post(url(d, path))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("body");
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, headers, value)
+}
+
+/// Posts raw bytes.
+pub async fn post_raw(d: &Deployment, path: &str, body: Vec<u8>) -> (u16, Value) {
+    let response = client()
+        .post(url(d, path))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Reads an SSE response to the end: the `data:` payloads in order.
+pub async fn sse(d: &Deployment, path: &str, body: &Value) -> (u16, Vec<String>) {
+    let response = client()
+        .post(url(d, path))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    let mut text = String::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+    }
+    let events = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect();
+    (status, events)
+}
+
+/// The value of an unlabelled metric, or the sum of a labelled family.
+pub async fn metric(d: &Deployment, name: &str) -> f64 {
+    let text = client()
+        .get(url(d, "/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+pub fn chat(model: &str, content: &str, max_tokens: u32) -> Value {
+    serde_json::json!({ "model": model, "messages": [{ "role": "user", "content": content }], "max_tokens": max_tokens })
+}
