@@ -88,6 +88,10 @@ impl Frontend {
         prepared: Prepared,
     ) -> Result<(RequestId, Generation), ApiError> {
         let retry = self.config.admission.retry_after;
+        // Nothing to wait for: fail at once rather than queue.
+        if self.routing.worker_count() == 0 {
+            return Err(ApiError::unavailable("No worker serves this model right now.", retry));
+        }
         self.metrics.queued.set(self.admission.queued() as i64 + 1);
         let admitted = self.admission.admit(prepared.priority, &self.routing).await;
         self.metrics.queued.set(self.admission.queued() as i64);

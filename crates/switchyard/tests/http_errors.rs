@@ -325,3 +325,49 @@ async fn service_routes_answer() {
     }
     d.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn without_workers_health_and_requests_are_503() {
+    use std::sync::Arc;
+    use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
+    let config = support::config(&[]);
+    let (tracker, cancel) = (
+        tokio_util::task::TaskTracker::new(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let (frontend, listener) = switchyard::deploy::start_frontend(
+        &config.frontend,
+        &LocalDiscovery::new(),
+        &LocalEventPlane::new(),
+        Arc::new(LocalRequestPlane::new()),
+        &tracker,
+        &cancel,
+    )
+    .await
+    .unwrap();
+    let address = listener.local_addr().unwrap();
+    let stop = cancel.clone();
+    let server = tokio::spawn(switchyard_frontend::server::serve(
+        listener,
+        frontend,
+        async move { stop.cancelled().await },
+    ));
+    let health = client()
+        .get(format!("http://{address}/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    let response = client()
+        .post(format!("http://{address}/v1/chat/completions"))
+        .json(&chat(MODEL, "hi", 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "service_unavailable");
+    cancel.cancel();
+    server.await.unwrap().unwrap();
+}
