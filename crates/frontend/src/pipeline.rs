@@ -90,7 +90,10 @@ impl Frontend {
         let retry = self.config.admission.retry_after;
         // Nothing to wait for: fail at once rather than queue.
         if self.routing.worker_count() == 0 {
-            return Err(ApiError::unavailable("No worker serves this model right now.", retry));
+            return Err(ApiError::unavailable(
+                "No worker serves this model right now.",
+                retry,
+            ));
         }
         self.metrics.queued.set(self.admission.queued() as i64 + 1);
         let admitted = self.admission.admit(prepared.priority, &self.routing).await;
