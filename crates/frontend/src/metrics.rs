@@ -45,6 +45,9 @@ pub struct Metrics {
     pub indexer_events: Gauge,
     pub indexer_gaps: Gauge,
     pub indexer_blocks: Gauge,
+    pub indexer_resyncs: Gauge,
+    pub dispatched: Family<WorkerLabels, Counter>,
+    pub dispatch_failures: Family<WorkerLabels, Counter>,
 }
 
 fn exponential(start: f64, factor: f64, n: u16) -> impl Iterator<Item = f64> {
@@ -163,6 +166,24 @@ impl Default for Metrics {
             "Distinct blocks in the indexer",
             indexer_blocks.clone(),
         );
+        let indexer_resyncs = Gauge::default();
+        registry.register(
+            "indexer_resyncs",
+            "Workers rebuilt from their dumps (on joining, after a gap or a reconnection)",
+            indexer_resyncs.clone(),
+        );
+        let dispatched = Family::<WorkerLabels, Counter>::default();
+        registry.register(
+            "dispatched_requests",
+            "Requests sent to each worker",
+            dispatched.clone(),
+        );
+        let dispatch_failures = Family::<WorkerLabels, Counter>::default();
+        registry.register(
+            "dispatch_failures",
+            "Requests a worker could not be reached for (retried on another)",
+            dispatch_failures.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -185,6 +206,9 @@ impl Default for Metrics {
             indexer_events,
             indexer_gaps,
             indexer_blocks,
+            indexer_resyncs,
+            dispatched,
+            dispatch_failures,
         }
     }
 }
@@ -194,6 +218,18 @@ impl Metrics {
         self.requests
             .get_or_create(&RouteLabels { route, status })
             .inc();
+    }
+
+    pub fn count_dispatch(&self, worker: switchyard_core::WorkerKey, reached: bool) {
+        let labels = WorkerLabels {
+            worker: worker.to_string(),
+        };
+        let family = if reached {
+            &self.dispatched
+        } else {
+            &self.dispatch_failures
+        };
+        family.get_or_create(&labels).inc();
     }
 
     pub fn observe_ttft(&self, d: Duration) {
@@ -241,6 +277,7 @@ impl Metrics {
         self.indexer_events.set(events as i64);
         self.indexer_gaps.set(gaps as i64);
         self.indexer_blocks.set(blocks as i64);
+        self.indexer_resyncs.set(routing.resyncs() as i64);
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

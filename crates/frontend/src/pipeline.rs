@@ -14,7 +14,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest, SamplingParams};
-use switchyard_core::{RequestId, Token};
+use switchyard_core::{RequestId, Token, WorkerId};
 use switchyard_router::RoutingOverrides;
 use switchyard_runtime::{RequestPlane, RequestPlaneError, ResponseStream};
 
@@ -27,6 +27,9 @@ use crate::openai::response::Usage;
 use crate::preprocess::{IncrementalDecoder, Preprocessor};
 use crate::routing::{RouteFailure, RoutingService};
 use crate::stop::{StopCheck, StopMatcher};
+
+/// Workers tried for one request before it fails as unavailable.
+const MAX_DISPATCH_ATTEMPTS: usize = 3;
 
 /// Everything the HTTP layer shares.
 #[derive(Debug)]
@@ -101,42 +104,60 @@ impl Frontend {
         admitted?;
 
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let decided = Instant::now();
-        let routed = self
-            .routing
-            .route(id, &prepared.token_ids, prepared.overrides)
-            .map_err(|e| match e {
-                RouteFailure::NoWorkers => {
-                    ApiError::unavailable("No worker serves this model right now.", retry)
-                }
-                RouteFailure::Invalid(message) => ApiError::internal(message),
-            })?;
-        self.metrics
-            .routing_decision
-            .observe(decided.elapsed().as_secs_f64());
-        // From here on the request holds a router slot, released by the guard.
-        let guard = InFlight::new(Arc::clone(self), id);
-
         let prompt_tokens = prepared.token_ids.len() as u32;
-        let request = GenerateRequest {
-            id,
-            token_ids: prepared.token_ids,
-            max_tokens: prepared.max_tokens,
-            sampling: prepared.sampling,
-            dp_rank: routed.decision.worker.dp_rank,
+        // A worker that cannot be reached has produced nothing yet: try another, a few
+        // times, before failing the request.
+        let mut failed: Vec<WorkerId> = Vec::new();
+        let (engine, guard) = loop {
+            let decided = Instant::now();
+            let routed = self
+                .routing
+                .route(id, &prepared.token_ids, prepared.overrides, &failed)
+                .map_err(|e| match e {
+                    RouteFailure::NoWorkers => {
+                        ApiError::unavailable("No worker serves this model right now.", retry)
+                    }
+                    RouteFailure::Invalid(message) => ApiError::internal(message),
+                })?;
+            self.metrics
+                .routing_decision
+                .observe(decided.elapsed().as_secs_f64());
+            // From here on the request holds a router slot, released by the guard.
+            let guard = InFlight::new(Arc::clone(self), id);
+            let request = GenerateRequest {
+                id,
+                token_ids: prepared.token_ids.clone(),
+                max_tokens: prepared.max_tokens,
+                sampling: prepared.sampling.clone(),
+                dp_rank: routed.decision.worker.dp_rank,
+            };
+            let outcome = self.requests.generate(&routed.instance, request).await;
+            let reached = !matches!(
+                outcome,
+                Err(RequestPlaneError::Unavailable(_) | RequestPlaneError::UnknownWorker(_))
+            );
+            self.metrics.count_dispatch(routed.decision.worker, reached);
+            match outcome {
+                Ok(engine) => break (engine, guard),
+                Err(RequestPlaneError::Rejected(message)) => {
+                    return Err(ApiError::invalid(format!(
+                        "The engine refused the request: {message}"
+                    )));
+                }
+                Err(other) => {
+                    let worker = routed.instance.worker_id;
+                    tracing::warn!(%worker, error = %other, "cannot dispatch to the worker");
+                    guard.retry();
+                    failed.push(worker);
+                    if failed.len() >= MAX_DISPATCH_ATTEMPTS {
+                        return Err(ApiError::unavailable(
+                            format!("The worker is unavailable: {other}"),
+                            retry,
+                        ));
+                    }
+                }
+            }
         };
-        let engine = self
-            .requests
-            .generate(&routed.instance, request)
-            .await
-            .map_err(|e| match e {
-                RequestPlaneError::Rejected(message) => {
-                    ApiError::invalid(format!("The engine refused the request: {message}"))
-                }
-                other => {
-                    ApiError::unavailable(format!("The worker is unavailable: {other}"), retry)
-                }
-            })?;
         self.metrics.input_tokens.inc_by(u64::from(prompt_tokens));
 
         let state = Streaming {
@@ -160,6 +181,8 @@ struct InFlight {
     frontend: Arc<Frontend>,
     id: RequestId,
     started: Instant,
+    /// Whether its duration counts: not for a dispatch that failed and is retried.
+    observe: bool,
 }
 
 impl InFlight {
@@ -169,7 +192,13 @@ impl InFlight {
             frontend,
             id,
             started: Instant::now(),
+            observe: true,
         }
+    }
+
+    /// Releases the slot of an attempt that will be retried.
+    fn retry(mut self) {
+        self.observe = false;
     }
 }
 
@@ -177,10 +206,12 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.frontend.routing.finish(self.id);
         self.frontend.metrics.in_flight.dec();
-        self.frontend
-            .metrics
-            .duration
-            .observe(self.started.elapsed().as_secs_f64());
+        if self.observe {
+            self.frontend
+                .metrics
+                .duration
+                .observe(self.started.elapsed().as_secs_f64());
+        }
     }
 }
 

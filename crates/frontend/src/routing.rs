@@ -6,21 +6,38 @@
 //! a mutex: a decision takes microseconds), the workers discovered for the model, and their
 //! last reported load. Two tasks keep it current: one follows discovery, one applies the
 //! event plane's KV events and load reports.
+//!
+//! With a [`KvSnapshotSource`] (distributed mode) the index also resynchronises: a worker
+//! that joins, whose event stream shows a gap, or whose events may have been lost while the
+//! event plane reconnected, is rebuilt from its dump. Its events are buffered from the
+//! moment the resync starts; once the dump arrives it replaces the worker's entries and the
+//! buffered events newer than the dump are replayed, so nothing between is lost. Events from
+//! workers discovery does not (yet) list are dropped: the dump taken when they join
+//! includes them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use switchyard_core::{HashSeed, LoadSnapshot, RequestId, Token, TokenBlocks, WorkerId, WorkerKey};
+use switchyard_core::{
+    HashSeed, KvEvent, LoadSnapshot, RequestId, Token, TokenBlocks, WorkerId, WorkerKey,
+};
 use switchyard_router::indexer::shared::SharedIndexer;
 use switchyard_router::{
     Indexer, IndexerConfig, RouteDecision, RouteRequest, Router, RouterConfig, RoutingOverrides,
-    WorkerLoad,
+    WorkerLoad, WorkerSnapshot,
 };
-use switchyard_runtime::{EventSubscription, Instances, WorkerEvent, WorkerInstance};
+use switchyard_runtime::{
+    EventSubscription, IndexView, Instances, KvSnapshotSource, WorkerEvent, WorkerInstance,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Most events buffered for a worker being resynchronised; past this the buffer restarts
+/// (the next dump covers what it held, and a gap in the replay triggers another round).
+const MAX_BUFFERED_EVENTS: usize = 1 << 20;
 
 /// Where a request was sent.
 #[derive(Debug, Clone)]
@@ -48,6 +65,19 @@ pub struct RoutingService {
     engine_loads: RwLock<BTreeMap<WorkerKey, LoadSnapshot>>,
     /// Changes whenever a request ends or the worker set changes: capacity may have freed.
     capacity_changed: tokio::sync::Notify,
+    resync: Option<Resync>,
+    /// Workers being resynchronised, with their events since it began. Lock order: this,
+    /// then `workers`.
+    syncing: Mutex<HashMap<WorkerId, Vec<KvEvent>>>,
+    resyncs: std::sync::atomic::AtomicU64,
+}
+
+/// What resynchronisation needs: where dumps come from, and where its tasks run.
+#[derive(Debug, Clone)]
+struct Resync {
+    source: Arc<dyn KvSnapshotSource>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
 }
 
 impl RoutingService {
@@ -61,7 +91,26 @@ impl RoutingService {
             block_size: RwLock::new(None),
             engine_loads: RwLock::new(BTreeMap::new()),
             capacity_changed: tokio::sync::Notify::new(),
+            resync: None,
+            syncing: Mutex::new(HashMap::new()),
+            resyncs: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Resynchronises workers from `source` (see the module docs); its tasks run on
+    /// `tracker` until `cancel`.
+    pub fn with_resync(
+        mut self,
+        source: Arc<dyn KvSnapshotSource>,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        self.resync = Some(Resync {
+            source,
+            tracker,
+            cancel,
+        });
+        self
     }
 
     pub fn model(&self) -> &str {
@@ -81,7 +130,8 @@ impl RoutingService {
     }
 
     /// Brings the worker set in line with discovery.
-    pub fn sync_workers(&self, instances: &Instances) {
+    pub fn sync_workers(self: &Arc<Self>, instances: &Instances) {
+        let mut syncing = self.syncing.lock();
         let mut workers = self.workers.write();
         let mut router = self.router.lock();
         let mut block_size = self.block_size.write();
@@ -96,6 +146,7 @@ impl RoutingService {
             .copied()
             .collect();
         for id in gone {
+            syncing.remove(&id);
             if let Some(instance) = workers.remove(&id) {
                 for rank in 0..instance.dp_size.max(1) {
                     let key = WorkerKey {
@@ -126,21 +177,161 @@ impl RoutingService {
             }
             workers.insert(id, instance.clone());
             tracing::info!(worker = %id, "worker joined");
+            self.start_resync(&mut syncing, id);
         }
         if workers.is_empty() {
             *block_size = None;
         }
-        drop((workers, router, block_size));
+        drop((syncing, workers, router, block_size));
         self.capacity_changed.notify_waiters();
     }
 
+    /// Starts rebuilding `worker` from its dump, unless already under way (or there is no
+    /// dump source).
+    fn start_resync(
+        self: &Arc<Self>,
+        syncing: &mut HashMap<WorkerId, Vec<KvEvent>>,
+        worker: WorkerId,
+    ) {
+        let Some(resync) = &self.resync else { return };
+        if syncing.contains_key(&worker) {
+            return;
+        }
+        syncing.insert(worker, Vec::new());
+        resync
+            .tracker
+            .spawn(Arc::clone(self).resync_worker(worker, resync.clone()));
+    }
+
+    async fn resync_worker(self: Arc<Self>, worker: WorkerId, resync: Resync) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let instance = self.workers.read().get(&worker).cloned();
+            let Some(instance) = instance else {
+                self.syncing.lock().remove(&worker);
+                return;
+            };
+            match resync.source.snapshot(&instance).await {
+                Ok(snapshots) => {
+                    self.finish_resync(&instance, snapshots);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(%worker, error = %e, "cannot fetch the worker's KV state; retrying")
+                }
+            }
+            tokio::select! {
+                () = resync.cancel.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Replaces the worker's entries with its dump and replays what arrived meanwhile.
+    fn finish_resync(self: &Arc<Self>, instance: &WorkerInstance, snapshots: Vec<WorkerSnapshot>) {
+        let worker = instance.worker_id;
+        let mut syncing = self.syncing.lock();
+        let Some(buffered) = syncing.remove(&worker) else {
+            return;
+        };
+        if !self.workers.read().contains_key(&worker) {
+            return;
+        }
+        let mut last: HashMap<WorkerKey, u64> = HashMap::new();
+        let mut blocks = 0;
+        for rank in 0..instance.dp_size.max(1) {
+            let key = WorkerKey {
+                worker_id: worker,
+                dp_rank: rank,
+            };
+            if !snapshots.iter().any(|s| s.worker == key) {
+                self.indexer.remove_worker(key);
+            }
+        }
+        for snapshot in snapshots
+            .into_iter()
+            .filter(|s| s.worker.worker_id == worker)
+        {
+            if let Some(id) = snapshot.last_event_id {
+                last.insert(snapshot.worker, id);
+            }
+            blocks += snapshot.events.len();
+            self.indexer.restore(snapshot);
+        }
+        let replay: Vec<KvEvent> = buffered
+            .into_iter()
+            .filter(|e| last.get(&e.worker()).is_none_or(|&l| e.event_id > l))
+            .collect();
+        let replayed = replay.len();
+        self.resyncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let gaps = self.indexer.apply_all(replay);
+        tracing::info!(%worker, dump_events = blocks, replayed, "resynchronised the worker's KV state");
+        if let Some(gap) = gaps.first() {
+            tracing::warn!(worker = %gap.worker, expected = gap.expected, received = gap.received, "KV event gap after a resync");
+            self.start_resync(&mut syncing, worker);
+        }
+    }
+
+    /// Resynchronises every worker: events may have been lost.
+    pub fn resync_all(self: &Arc<Self>) {
+        let mut syncing = self.syncing.lock();
+        let workers: Vec<WorkerId> = self.workers.read().keys().copied().collect();
+        for worker in workers {
+            self.start_resync(&mut syncing, worker);
+        }
+    }
+
+    /// Workers rebuilt from their dumps so far.
+    pub fn resyncs(&self) -> u64 {
+        self.resyncs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether any worker is being resynchronised.
+    pub fn resyncing(&self) -> bool {
+        !self.syncing.lock().is_empty()
+    }
+
+    /// The index, for comparison with the workers'.
+    pub fn index_view(&self) -> IndexView {
+        self.indexer.read(IndexView::of)
+    }
+
     /// Applies one event-plane message.
-    pub fn apply_event(&self, event: WorkerEvent) {
+    pub fn apply_event(self: &Arc<Self>, event: WorkerEvent) {
         match event {
-            WorkerEvent::Kv(events) => {
+            WorkerEvent::Kv(events) if self.resync.is_none() => {
                 for gap in self.indexer.apply_all(events) {
                     tracing::warn!(worker = %gap.worker, expected = gap.expected, received = gap.received, "KV event gap");
                 }
+            }
+            WorkerEvent::Kv(events) => {
+                let mut syncing = self.syncing.lock();
+                let live: Vec<KvEvent> = {
+                    let workers = self.workers.read();
+                    events
+                        .into_iter()
+                        .filter_map(|event| match syncing.get_mut(&event.worker_id) {
+                            Some(buffer) => {
+                                if buffer.len() >= MAX_BUFFERED_EVENTS {
+                                    buffer.clear();
+                                }
+                                buffer.push(event);
+                                None
+                            }
+                            None => workers.contains_key(&event.worker_id).then_some(event),
+                        })
+                        .collect()
+                };
+                for gap in self.indexer.apply_all(live) {
+                    tracing::warn!(worker = %gap.worker, expected = gap.expected, received = gap.received, "KV event gap; resynchronising");
+                    self.start_resync(&mut syncing, gap.worker.worker_id);
+                }
+            }
+            WorkerEvent::Reconnected => {
+                tracing::info!("the event plane reconnected; resynchronising every worker");
+                self.resync_all();
             }
             WorkerEvent::Load { worker, load } => {
                 self.engine_loads.write().insert(worker, load);
@@ -148,12 +339,14 @@ impl RoutingService {
         }
     }
 
-    /// Picks a worker for a prompt and records the request as active on it.
+    /// Picks a worker for a prompt, other than those in `exclude` (workers that just failed
+    /// it), and records the request as active on it.
     pub fn route(
         &self,
         id: RequestId,
         tokens: &[Token],
         overrides: RoutingOverrides,
+        exclude: &[WorkerId],
     ) -> Result<Routed, RouteFailure> {
         let block_size = (*self.block_size.read()).ok_or(RouteFailure::NoWorkers)?;
         let blocks = TokenBlocks::new(tokens, block_size, HashSeed::default())
@@ -168,7 +361,8 @@ impl RoutingService {
         let now = self.now();
         let decision = {
             let mut router = self.router.lock();
-            let candidates = router.candidates(&request, &overlaps);
+            let mut candidates = router.candidates(&request, &overlaps);
+            candidates.retain(|c| !exclude.contains(&c.worker.worker_id));
             let decision = router
                 .select(&request, &candidates)
                 .map_err(|_| RouteFailure::NoWorkers)?;

@@ -17,6 +17,9 @@ pub enum WorkerEvent {
         worker: WorkerKey,
         load: LoadSnapshot,
     },
+    /// Never published: a subscription's plane lost its connection and got it back, so
+    /// events may have been lost in between and every worker needs resynchronising.
+    Reconnected,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -5,13 +5,19 @@
 //! - [`events`]: KV events and load reports from workers to every frontend;
 //! - [`request`]: streaming generate requests from a frontend to a worker.
 //!
-//! [`local`] implements all three in-process, with no external service.
+//! [`local`] implements all three in-process, with no external service; [`net`] over NATS,
+//! etcd and HTTP/2.
 
 pub mod discovery;
 pub mod events;
 pub mod local;
+pub mod net;
 pub mod request;
+pub mod snapshot;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
 pub use events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
 pub use request::{EngineService, RequestPlane, RequestPlaneError, ResponseStream};
+pub use snapshot::{IndexView, KvSnapshotSource, StreamView};

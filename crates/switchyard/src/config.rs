@@ -8,19 +8,124 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_frontend::FrontendConfig;
 use switchyard_worker::{EchoConfig, MockerConfig};
 use thiserror::Error;
 
-/// Everything `switchyard serve` runs.
+/// Everything `switchyard serve`, `frontend` and `worker` run.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub frontend: FrontendConfig,
+    /// The engine workers run (`count` is for `serve` only).
     pub workers: WorkersConfig,
+    /// The planes of a distributed deployment (`frontend` and `worker`).
+    pub runtime: RuntimeConfig,
+    /// A `switchyard worker` process.
+    pub worker: WorkerProcessConfig,
     pub log: LogConfig,
+}
+
+/// Where the distributed planes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// `etcd://host:port`.
+    pub discovery: Option<String>,
+    /// `nats://host:port`.
+    pub event_plane: Option<String>,
+    /// Deployments sharing etcd and NATS stay apart by namespace.
+    pub namespace: String,
+    /// A worker that stops renewing its registration is dropped after this long.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            discovery: None,
+            event_plane: None,
+            namespace: "default".into(),
+            lease_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The planes' addresses, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planes {
+    pub etcd: String,
+    pub nats: String,
+}
+
+impl RuntimeConfig {
+    /// The etcd and NATS addresses, or an error naming what is missing or malformed.
+    pub fn planes(&self) -> Result<Planes, ConfigError> {
+        let discovery = self.discovery.as_deref().ok_or_else(|| {
+            ConfigError::Check(
+                "runtime.discovery is required: pass --discovery etcd://HOST:PORT".into(),
+            )
+        })?;
+        let events = self.event_plane.as_deref().ok_or_else(|| {
+            ConfigError::Check(
+                "runtime.event_plane is required: pass --event-plane nats://HOST:PORT".into(),
+            )
+        })?;
+        Ok(Planes {
+            etcd: endpoint("runtime.discovery", discovery, "etcd")?,
+            nats: endpoint("runtime.event_plane", events, "nats")?,
+        })
+    }
+}
+
+/// Checks `scheme://host:port` and returns it.
+fn endpoint(key: &str, url: &str, scheme: &str) -> Result<String, ConfigError> {
+    let bad = |why: &str| {
+        ConfigError::Check(format!(
+            "{key} must look like {scheme}://HOST:PORT, got `{url}` ({why})"
+        ))
+    };
+    let rest = url
+        .strip_prefix(scheme)
+        .and_then(|r| r.strip_prefix("://"))
+        .ok_or_else(|| bad("wrong scheme"))?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if host.is_empty() || host.contains('/') {
+        return Err(bad("no host"));
+    }
+    port.parse::<u16>().map_err(|_| bad("bad port"))?;
+    Ok(url.to_string())
+}
+
+/// One worker process of a distributed deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerProcessConfig {
+    /// Where its request plane listens (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// The `host:port` frontends reach it on; by default the listening address (which
+    /// must then not be a wildcard like 0.0.0.0).
+    pub advertise: Option<String>,
+    /// Its worker id; by default a random one, so a restarted worker is a new worker.
+    pub id: Option<u64>,
+    /// On SIGTERM, how long requests in flight get to finish.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for WorkerProcessConfig {
+    fn default() -> Self {
+        WorkerProcessConfig {
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            id: None,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -103,17 +208,43 @@ pub fn load(
         })?;
         merge(&mut merged, table);
     }
-    merge(&mut merged, env_table(env));
+    let (env_values, mut typed) = env_table(env);
+    merge(&mut merged, env_values);
     merge(&mut merged, flags);
-    let config: Config =
-        serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
-            ConfigError::Invalid {
-                path: e.path().to_string(),
-                message: e.inner().to_string(),
+    loop {
+        match serde_path_to_error::deserialize::<_, Config>(toml::Value::Table(merged.clone())) {
+            Ok(config) => {
+                config.validate()?;
+                return Ok(config);
             }
-        })?;
-    config.validate()?;
-    Ok(config)
+            Err(e) => {
+                let path = e.path().to_string();
+                // An environment value read as a number or boolean where a string was
+                // wanted (a model named `7`): take it as the string it was, and retry.
+                if let Some(at) = typed.iter().position(|(p, _)| p.join(".") == path) {
+                    let (keys, text) = typed.swap_remove(at);
+                    if lookup(&merged, &keys).is_some_and(|v| !v.is_str()) {
+                        insert(&mut merged, &keys, toml::Value::String(text));
+                        continue;
+                    }
+                }
+                return Err(ConfigError::Invalid {
+                    path,
+                    message: e.inner().to_string(),
+                });
+            }
+        }
+    }
+}
+
+fn lookup<'a>(table: &'a toml::Table, path: &[String]) -> Option<&'a toml::Value> {
+    let (first, rest) = path.split_first()?;
+    let value = table.get(first)?;
+    match (rest.is_empty(), value) {
+        (true, value) => Some(value),
+        (false, toml::Value::Table(inner)) => lookup(inner, rest),
+        _ => None,
+    }
 }
 
 impl Config {
@@ -134,24 +265,48 @@ impl Config {
                 "workers.echo.block_size must be at least 1".into(),
             ));
         }
+        if self.runtime.namespace.is_empty() {
+            return Err(ConfigError::Check(
+                "runtime.namespace must not be empty".into(),
+            ));
+        }
+        if self.runtime.lease_ttl < Duration::from_secs(1) {
+            return Err(ConfigError::Check(
+                "runtime.lease_ttl must be at least 1s (etcd leases count whole seconds)".into(),
+            ));
+        }
+        if self.worker.id == Some(0) {
+            return Err(ConfigError::Check("worker.id must not be 0".into()));
+        }
         Ok(())
     }
 }
 
-/// `SWITCHYARD_A__B=v` becomes `a.b = v`.
-fn env_table(env: &BTreeMap<String, String>) -> toml::Table {
+/// `SWITCHYARD_A__B=v` becomes `a.b = v`; variables without a `__` are ignored.
+/// Also returns the values typed other than as strings, with their text, in case the
+/// setting wants a string after all.
+#[allow(clippy::type_complexity)]
+fn env_table(env: &BTreeMap<String, String>) -> (toml::Table, Vec<(Vec<String>, String)>) {
     let mut table = toml::Table::new();
+    let mut typed = Vec::new();
     for (key, value) in env {
         let Some(rest) = key.strip_prefix("SWITCHYARD_") else {
             continue;
         };
         let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
-        if path.iter().any(String::is_empty) {
+        // Every setting sits in a section, so configuration variables have a `__`; others
+        // (SWITCHYARD_CACHE for scripts/test, ...) are not configuration. A misspelt
+        // section still has its `__` and is reported as unknown.
+        if path.len() < 2 || path.iter().any(String::is_empty) {
             continue;
         }
-        insert(&mut table, &path, scalar(value));
+        let parsed = scalar(value);
+        if !parsed.is_str() {
+            typed.push((path.clone(), value.clone()));
+        }
+        insert(&mut table, &path, parsed);
     }
-    table
+    (table, typed)
 }
 
 fn scalar(text: &str) -> toml::Value {
@@ -216,6 +371,8 @@ mod tests {
         let e = env(&[
             ("SWITCHYARD_FRONTEND__PORT", "7100"),
             ("SWITCHYARD_WORKERS__ENGINE", "echo"),
+            ("SWITCHYARD_CACHE", "/tmp/elsewhere"),
+            ("SWITCHYARD_PYTHON", "/usr/bin/python3"),
             ("HOME", "/x"),
         ]);
         let mut flags = toml::Table::new();
@@ -254,6 +411,14 @@ mod tests {
             err.contains("frontend") && err.contains("unknown field `prot`"),
             "{err}"
         );
+        let err = load(
+            None,
+            &env(&[("SWITCHYARD_FRONTNED__PORT", "1")]),
+            toml::Table::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unknown field `frontned`"), "{err}");
         let err = load(
             None,
             &env(&[("SWITCHYARD_WORKERS__COUNT", "many")]),
@@ -303,6 +468,92 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("max_num_seqs must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn plane_addresses_are_checked() {
+        let mut runtime = RuntimeConfig::default();
+        let err = runtime.planes().unwrap_err().to_string();
+        assert!(err.contains("--discovery etcd://HOST:PORT"), "{err}");
+        runtime.discovery = Some("etcd://127.0.0.1:2379".into());
+        let err = runtime.planes().unwrap_err().to_string();
+        assert!(err.contains("--event-plane nats://HOST:PORT"), "{err}");
+        runtime.event_plane = Some("http://127.0.0.1:4222".into());
+        let err = runtime.planes().unwrap_err().to_string();
+        assert!(
+            err.contains("runtime.event_plane must look like nats://HOST:PORT")
+                && err.contains("wrong scheme"),
+            "{err}"
+        );
+        runtime.event_plane = Some("nats://127.0.0.1".into());
+        assert!(
+            runtime
+                .planes()
+                .unwrap_err()
+                .to_string()
+                .contains("no port")
+        );
+        runtime.event_plane = Some("nats://127.0.0.1:99999".into());
+        assert!(
+            runtime
+                .planes()
+                .unwrap_err()
+                .to_string()
+                .contains("bad port")
+        );
+        runtime.event_plane = Some("nats://localhost:4222".into());
+        let planes = runtime.planes().unwrap();
+        assert_eq!(planes.etcd, "etcd://127.0.0.1:2379");
+        assert_eq!(planes.nats, "nats://localhost:4222");
+
+        let err = load(
+            None,
+            &env(&[("SWITCHYARD_RUNTIME__LEASE_TTL", "200ms")]),
+            toml::Table::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("runtime.lease_ttl must be at least 1s"),
+            "{err}"
+        );
+        let config = load(
+            None,
+            &env(&[
+                ("SWITCHYARD_RUNTIME__LEASE_TTL", "3s"),
+                ("SWITCHYARD_WORKER__ID", "7"),
+            ]),
+            toml::Table::new(),
+        )
+        .unwrap();
+        assert_eq!(config.runtime.lease_ttl, Duration::from_secs(3));
+        assert_eq!(config.worker.id, Some(7));
+    }
+
+    #[test]
+    fn env_values_that_look_like_numbers_can_still_be_strings() {
+        let config = load(
+            None,
+            &env(&[
+                ("SWITCHYARD_FRONTEND__MODEL", "7"),
+                ("SWITCHYARD_RUNTIME__NAMESPACE", "true"),
+                ("SWITCHYARD_FRONTEND__PORT", "9000"),
+            ]),
+            toml::Table::new(),
+        )
+        .unwrap();
+        assert_eq!(config.frontend.model, "7");
+        assert_eq!(config.runtime.namespace, "true");
+        assert_eq!(config.frontend.port, 9000);
+        // A number where a number is wanted is still checked.
+        let err = load(
+            None,
+            &env(&[("SWITCHYARD_FRONTEND__PORT", "1.5")]),
+            toml::Table::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("`frontend.port`"), "{err}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use switchyard_core::WorkerId;
@@ -11,8 +12,12 @@ use switchyard_frontend::{Frontend, FrontendConfig, server};
 use switchyard_router::RouterConfig;
 use switchyard_router::policy::KvPolicyConfig;
 use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
-use switchyard_runtime::{Discovery, EventPlane, RequestPlane};
-use switchyard_worker::{EngineConfig, Worker, WorkerConfig, WorkerPlanes};
+use switchyard_runtime::net::etcd::EtcdDiscovery;
+use switchyard_runtime::net::http::HttpRequestPlane;
+use switchyard_runtime::net::kv::KvDumpClient;
+use switchyard_runtime::net::nats::NatsEventPlane;
+use switchyard_runtime::{Discovery, EventPlane, KvSnapshotSource, RequestPlane};
+use switchyard_worker::{EngineConfig, Serving, Worker, WorkerConfig, WorkerPlanes};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -45,11 +50,13 @@ impl Deployment {
 }
 
 /// The frontend on its planes: preprocessor, routing service, background tasks, HTTP.
+/// With `resync`, its index rebuilds workers from their dumps when needed.
 pub async fn start_frontend(
     config: &FrontendConfig,
     discovery: &dyn Discovery,
     events: &dyn EventPlane,
     requests: Arc<dyn RequestPlane>,
+    resync: Option<Arc<dyn KvSnapshotSource>>,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> Result<(Arc<Frontend>, TcpListener)> {
@@ -58,7 +65,7 @@ pub async fn start_frontend(
         None => Preprocessor::builtin(config.context_length.unwrap_or(32_768)),
     };
     let settings = config.router;
-    let routing = Arc::new(RoutingService::new(
+    let mut routing = RoutingService::new(
         config.model.clone(),
         RouterConfig {
             policy: settings.policy,
@@ -70,7 +77,11 @@ pub async fn start_frontend(
             seed: settings.seed,
             ..RouterConfig::default()
         },
-    ));
+    );
+    if let Some(source) = resync {
+        routing = routing.with_resync(source, tracker.clone(), cancel.clone());
+    }
+    let routing = Arc::new(routing);
     let frontend = Arc::new(Frontend::new(
         config.clone(),
         Arc::new(preprocessor),
@@ -99,24 +110,14 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         discovery.as_ref(),
         events.as_ref(),
         Arc::new(requests.clone()),
+        None,
         &tracker,
         &cancel,
     )
     .await?;
 
-    let planes = WorkerPlanes {
-        discovery,
-        events,
-        requests,
-    };
-    let engine = match config.workers.engine {
-        EngineKind::Mocker => EngineConfig::Mocker(config.workers.mocker.clone()),
-        EngineKind::Echo => EngineConfig::Echo(config.workers.echo.clone()),
-    };
-    let worker_config = WorkerConfig {
-        model: config.frontend.model.clone(),
-        engine,
-    };
+    let planes = WorkerPlanes { discovery, events };
+    let worker_config = worker_config(&config);
     let mut workers = Vec::new();
     for i in 0..config.workers.count {
         workers.push(
@@ -124,6 +125,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
                 WorkerId(u64::from(i) + 1),
                 &worker_config,
                 &planes,
+                Serving::Local(requests.clone()),
                 &tracker,
                 cancel.clone(),
             )
@@ -131,18 +133,152 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         );
     }
 
-    let address = listener.local_addr()?;
-    let shutdown = {
-        let cancel = cancel.clone();
-        async move { cancel.cancelled().await }
+    Deployment::serve(listener, frontend, workers, tracker, cancel)
+}
+
+impl Deployment {
+    fn serve(
+        listener: TcpListener,
+        frontend: Arc<Frontend>,
+        workers: Vec<Worker>,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<Deployment> {
+        let address = listener.local_addr()?;
+        let shutdown = {
+            let cancel = cancel.clone();
+            async move { cancel.cancelled().await }
+        };
+        let server = tokio::spawn(server::serve(listener, Arc::clone(&frontend), shutdown));
+        Ok(Deployment {
+            address,
+            frontend,
+            workers,
+            cancel,
+            tracker,
+            server,
+        })
+    }
+}
+
+fn worker_config(config: &Config) -> WorkerConfig {
+    let engine = match config.workers.engine {
+        EngineKind::Mocker => EngineConfig::Mocker(config.workers.mocker.clone()),
+        EngineKind::Echo => EngineConfig::Echo(config.workers.echo.clone()),
     };
-    let server = tokio::spawn(server::serve(listener, Arc::clone(&frontend), shutdown));
-    Ok(Deployment {
-        address,
-        frontend,
-        workers,
+    WorkerConfig {
+        model: config.frontend.model.clone(),
+        engine,
+    }
+}
+
+/// A frontend of a distributed deployment: workers from etcd, their events from NATS,
+/// requests to them over HTTP/2.
+pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
+    let planes = config.runtime.planes()?;
+    let tracker = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let runtime = &config.runtime;
+    let discovery = EtcdDiscovery::start(
+        &planes.etcd,
+        &runtime.namespace,
+        runtime.lease_ttl,
+        tracker.clone(),
+        cancel.clone(),
+    );
+    let events = NatsEventPlane::connect(
+        &planes.nats,
+        &runtime.namespace,
+        tracker.clone(),
+        cancel.clone(),
+    )
+    .await?;
+    let requests = HttpRequestPlane::new()?;
+    let dumps = KvDumpClient::new().map_err(anyhow::Error::msg)?;
+    let (frontend, listener) = start_frontend(
+        &config.frontend,
+        &discovery,
+        &events,
+        Arc::new(requests),
+        Some(Arc::new(dumps)),
+        &tracker,
+        &cancel,
+    )
+    .await?;
+    Deployment::serve(listener, frontend, Vec::new(), tracker, cancel)
+}
+
+/// A worker of a distributed deployment, serving requests over HTTP/2.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    pub worker: Worker,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl WorkerProcess {
+    /// Deregisters, lets the requests in flight finish (for at most `grace`), then stops.
+    pub async fn drain(self, grace: Duration) {
+        self.worker.drain(grace).await;
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
+pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
+    let planes = config.runtime.planes()?;
+    let tracker = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let runtime = &config.runtime;
+    let listen = &config.worker.listen;
+    let listener = TcpListener::bind(listen.as_str())
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let local = listener.local_addr()?;
+    let advertise = match &config.worker.advertise {
+        Some(address) => address.clone(),
+        None if local.ip().is_unspecified() => anyhow::bail!(
+            "worker.listen ({listen}) binds every interface: say where frontends reach this worker with --advertise HOST:PORT"
+        ),
+        None => local.to_string(),
+    };
+    let discovery = EtcdDiscovery::start(
+        &planes.etcd,
+        &runtime.namespace,
+        runtime.lease_ttl,
+        tracker.clone(),
+        cancel.clone(),
+    );
+    let events = NatsEventPlane::connect(
+        &planes.nats,
+        &runtime.namespace,
+        tracker.clone(),
+        cancel.clone(),
+    )
+    .await?;
+    let id = config
+        .worker
+        .id
+        .unwrap_or_else(|| rand::random::<u64>() >> 1 | 1);
+    let worker = Worker::start(
+        WorkerId(id),
+        &worker_config(&config),
+        &WorkerPlanes {
+            discovery: Arc::new(discovery),
+            events: Arc::new(events),
+        },
+        Serving::Network {
+            listener,
+            advertise,
+        },
+        &tracker,
+        cancel.clone(),
+    )
+    .await?;
+    Ok(WorkerProcess {
+        worker,
         cancel,
         tracker,
-        server,
     })
 }

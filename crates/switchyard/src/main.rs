@@ -23,6 +23,11 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI API over a fleet of in-process workers (no external service).
     Serve(cmd::serve::ServeArgs),
+    /// A frontend of a distributed deployment: workers from etcd, events from NATS.
+    Frontend(cmd::distributed::FrontendArgs),
+    /// A worker of a distributed deployment: registers in etcd, publishes to NATS, serves
+    /// requests over HTTP/2. SIGTERM drains it.
+    Worker(cmd::distributed::WorkerArgs),
     /// Replay a trace through the router and a simulated fleet, in virtual time.
     Sim(cmd::sim::SimArgs),
     /// Analyse a trace, or synthesise a new one with the same structure.
@@ -35,6 +40,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args, &std::env::vars().collect()),
+        Command::Frontend(args) => {
+            cmd::distributed::run_frontend(args, &std::env::vars().collect())
+        }
+        Command::Worker(args) => cmd::distributed::run_worker(args, &std::env::vars().collect()),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),

@@ -340,6 +340,7 @@ async fn without_workers_health_and_requests_are_503() {
         &LocalDiscovery::new(),
         &LocalEventPlane::new(),
         Arc::new(LocalRequestPlane::new()),
+        None,
         &tracker,
         &cancel,
     )

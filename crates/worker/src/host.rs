@@ -1,7 +1,10 @@
 //! Starting a worker on a set of planes.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use parking_lot::Mutex;
 use switchyard_core::{WorkerId, WorkerKey};
 use switchyard_mocker::{MockEngine, PerfModel, driver};
 use switchyard_runtime::local::LocalRequestPlane;
@@ -9,21 +12,34 @@ use switchyard_runtime::{
     Discovery, EngineService, EventPlane, Lease, WorkerEvent, WorkerInstance,
 };
 use thiserror::Error;
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{EngineConfig, WorkerConfig};
 use crate::echo::EchoService;
+use crate::kv_state::{self, KvState};
 use crate::mocker::MockerService;
+
+/// How a worker receives requests.
+#[derive(Debug)]
+pub enum Serving {
+    /// Through an in-process request plane.
+    Local(LocalRequestPlane),
+    /// Over the network (HTTP/2) on this listener, announced at `advertise` (host:port).
+    Network {
+        listener: TcpListener,
+        advertise: String,
+    },
+}
 
 /// The planes a worker attaches to.
 #[derive(Debug, Clone)]
 pub struct WorkerPlanes {
     pub discovery: Arc<dyn Discovery>,
     pub events: Arc<dyn EventPlane>,
-    /// The in-process request plane to serve on.
-    pub requests: LocalRequestPlane,
 }
 
 #[derive(Debug, Error)]
@@ -34,6 +50,8 @@ pub enum WorkerError {
     Profile(#[from] switchyard_mocker::perf::ProfileError),
     #[error(transparent)]
     Discovery(#[from] switchyard_runtime::DiscoveryError),
+    #[error("cannot serve requests: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// A running worker. Dropping it deregisters it; its tasks stop with the cancellation token
@@ -42,17 +60,19 @@ pub enum WorkerError {
 pub struct Worker {
     pub instance: WorkerInstance,
     pub service: Arc<dyn EngineService>,
-    lease: Box<dyn Lease>,
-    requests: LocalRequestPlane,
+    pub kv_state: Arc<Mutex<KvState>>,
+    lease: Option<Box<dyn Lease>>,
+    local: Option<LocalRequestPlane>,
+    server: Option<(CancellationToken, JoinHandle<std::io::Result<()>>)>,
 }
 
 impl Worker {
-    /// Builds the engine, serves it on the request plane, publishes its events and load,
-    /// and registers it.
+    /// Builds the engine, serves it, publishes its events and load, and registers it.
     pub async fn start(
         worker_id: WorkerId,
         config: &WorkerConfig,
         planes: &WorkerPlanes,
+        serving: Serving,
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Result<Worker, WorkerError> {
@@ -60,7 +80,9 @@ impl Worker {
             worker_id,
             dp_rank: 0,
         };
-        let (service, instance): (Arc<dyn EngineService>, WorkerInstance) = match &config.engine {
+        let kv_state = Arc::new(Mutex::new(KvState::default()));
+        let (service, mut instance): (Arc<dyn EngineService>, WorkerInstance) = match &config.engine
+        {
             EngineConfig::Mocker(mocker) => {
                 let perf = match &mocker.perf_profile {
                     Some(path) => PerfModel::load(path)?,
@@ -76,6 +98,7 @@ impl Worker {
                     key,
                     events_rx,
                     handle.watch_load(),
+                    Arc::clone(&kv_state),
                     mocker.load_report_interval,
                     cancel.clone(),
                 ));
@@ -106,36 +129,93 @@ impl Worker {
                 (Arc::new(EchoService::new(echo.clone())), instance)
             }
         };
-        planes.requests.serve(worker_id, Arc::clone(&service));
+        let (local, server) = match serving {
+            Serving::Local(plane) => {
+                plane.serve(worker_id, Arc::clone(&service));
+                (Some(plane), None)
+            }
+            Serving::Network {
+                listener,
+                advertise,
+            } => {
+                instance.address = Some(advertise);
+                let app = switchyard_runtime::net::http::routes(Arc::clone(&service))
+                    .merge(kv_state::routes(Arc::clone(&kv_state)));
+                let stop = cancel.child_token();
+                let shutdown = {
+                    let stop = stop.clone();
+                    async move { stop.cancelled().await }
+                };
+                let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                let task = tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                });
+                (None, Some((stop, task)))
+            }
+        };
         let lease = planes.discovery.register(instance.clone()).await?;
         Ok(Worker {
             instance,
             service,
-            lease,
-            requests: planes.requests.clone(),
+            kv_state,
+            lease: Some(lease),
+            local,
+            server,
         })
     }
 
     pub fn worker_id(&self) -> WorkerId {
-        self.lease.worker_id()
+        self.instance.worker_id
+    }
+
+    /// The address requests reach it on, when it serves over the network.
+    pub fn address(&self) -> Option<SocketAddr> {
+        self.instance
+            .address
+            .as_deref()
+            .and_then(|a| a.parse().ok())
+    }
+
+    /// Leaves gracefully: deregisters (frontends stop routing here), then lets the requests
+    /// in flight finish, for at most `grace`.
+    pub async fn drain(mut self, grace: Duration) {
+        self.lease.take();
+        if let Some((stop, task)) = self.server.take() {
+            stop.cancel();
+            if tokio::time::timeout(grace, task).await.is_err() {
+                tracing::warn!(worker = %self.instance.worker_id, "requests still in flight after the grace period");
+            }
+        }
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.requests.remove(self.instance.worker_id);
+        if let Some(local) = &self.local {
+            local.remove(self.instance.worker_id);
+        }
+        if let Some((stop, _)) = &self.server {
+            stop.cancel();
+        }
     }
 }
 
-/// Forwards KV events as they come, and the load at most once per interval (the latest
-/// state always goes out, at the end of the interval if it changed within it).
+/// Forwards KV events as they come (recording them for dumps first), and the load at most
+/// once per interval (the latest state always goes out, at the end of the interval if it
+/// changed within it).
+#[allow(clippy::too_many_arguments)]
 async fn publish(
     plane: Arc<dyn EventPlane>,
     model: String,
     worker: WorkerKey,
     mut events: mpsc::UnboundedReceiver<Vec<switchyard_core::KvEvent>>,
     mut load: tokio::sync::watch::Receiver<switchyard_core::LoadSnapshot>,
-    interval: std::time::Duration,
+    kv_state: Arc<Mutex<KvState>>,
+    interval: Duration,
     cancel: CancellationToken,
 ) {
     let mut next_report = tokio::time::Instant::now();
@@ -146,6 +226,7 @@ async fn publish(
             () = cancel.cancelled() => return,
             batch = events.recv() => match batch {
                 Some(batch) => {
+                    kv_state.lock().record(&batch);
                     if let Err(e) = plane.publish(&model, WorkerEvent::Kv(batch)).await {
                         tracing::warn!(%worker, error = %e, "cannot publish KV events");
                     }

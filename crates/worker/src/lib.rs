@@ -8,7 +8,8 @@
 pub mod config;
 pub mod echo;
 pub mod host;
+pub mod kv_state;
 pub mod mocker;
 
 pub use config::{EchoConfig, EngineConfig, MockerConfig, WorkerConfig};
-pub use host::{Worker, WorkerError, WorkerPlanes};
+pub use host::{Serving, Worker, WorkerError, WorkerPlanes};

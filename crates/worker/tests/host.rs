@@ -11,7 +11,7 @@ use switchyard_core::{RequestId, WorkerId};
 use switchyard_mocker::EngineArgs;
 use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
 use switchyard_runtime::{RequestPlane, WorkerEvent};
-use switchyard_worker::{EngineConfig, MockerConfig, Worker, WorkerConfig, WorkerPlanes};
+use switchyard_worker::{EngineConfig, MockerConfig, Serving, Worker, WorkerConfig, WorkerPlanes};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -20,8 +20,8 @@ async fn a_worker_registers_serves_and_publishes() {
     let planes = WorkerPlanes {
         discovery: Arc::new(LocalDiscovery::new()),
         events: Arc::new(LocalEventPlane::new()),
-        requests: LocalRequestPlane::new(),
     };
+    let requests = LocalRequestPlane::new();
     let mut events = planes.events.subscribe("m").await.unwrap();
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
     let config = WorkerConfig {
@@ -34,9 +34,16 @@ async fn a_worker_registers_serves_and_publishes() {
             ..MockerConfig::default()
         }),
     };
-    let worker = Worker::start(WorkerId(42), &config, &planes, &tracker, cancel.clone())
-        .await
-        .unwrap();
+    let worker = Worker::start(
+        WorkerId(42),
+        &config,
+        &planes,
+        Serving::Local(requests.clone()),
+        &tracker,
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
     let instances = planes.discovery.watch().borrow().clone();
     assert_eq!(instances[&WorkerId(42)].block_size, 16);
     assert_eq!(instances[&WorkerId(42)].capacity_blocks, 16_384);
@@ -48,8 +55,7 @@ async fn a_worker_registers_serves_and_publishes() {
         sampling: SamplingParams::default(),
         dp_rank: 0,
     };
-    let items: Vec<_> = planes
-        .requests
+    let items: Vec<_> = requests
         .generate(&worker.instance, request)
         .await
         .unwrap()
@@ -86,10 +92,15 @@ async fn a_worker_registers_serves_and_publishes() {
                 assert_eq!(worker.worker_id, WorkerId(42));
                 saw_load = true;
             }
+            WorkerEvent::Reconnected => panic!("a local plane never reconnects"),
         }
     }
     assert_eq!(stored, 6);
     assert!(saw_load);
+    // The worker's own record of its cache, for frontends that resynchronise.
+    let index = worker.kv_state.lock().index();
+    assert_eq!(index.streams.len(), 1);
+    assert_eq!(index.streams[0].blocks.len(), 6);
 
     drop(worker);
     assert!(planes.discovery.watch().borrow().is_empty());

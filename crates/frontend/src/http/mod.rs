@@ -25,6 +25,10 @@ pub fn router(frontend: Arc<Frontend>) -> Router {
         .route("/health", get(service::health))
         .route("/live", get(service::live))
         .route("/metrics", get(service::metrics))
+        .route(
+            switchyard_runtime::net::kv::INDEX_PATH,
+            get(service::kv_index),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

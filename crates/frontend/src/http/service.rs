@@ -34,13 +34,26 @@ pub async fn models(State(frontend): State<Arc<Frontend>>) -> Json<ModelList> {
 /// Ready when at least one worker serves the model.
 pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
     let workers = frontend.routing.worker_count();
-    let body = json!({ "model": frontend.config.model, "workers": workers, "status": if workers > 0 { "ready" } else { "no workers" } });
+    let body = json!({
+        "model": frontend.config.model,
+        "workers": workers,
+        "resyncing": frontend.routing.resyncing(),
+        "status": if workers > 0 { "ready" } else { "no workers" },
+    });
     let status = if workers > 0 {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(body)).into_response()
+}
+
+/// The KV index, per worker stream, as sorted block hashes: for comparing frontends with
+/// each other and with the workers.
+pub async fn kv_index(
+    State(frontend): State<Arc<Frontend>>,
+) -> Json<switchyard_runtime::IndexView> {
+    Json(frontend.routing.index_view())
 }
 
 pub async fn live() -> Json<serde_json::Value> {

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod distributed;
 pub mod serve;
 pub mod sim;
 pub mod synth;

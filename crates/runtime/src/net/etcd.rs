@@ -1,0 +1,307 @@
+//! Discovery over etcd: each worker's instance is a key under the namespace's prefix,
+//! attached to a lease the worker keeps alive. A worker that dies stops renewing; when its
+//! lease expires etcd deletes the key and every watcher sees it leave.
+//!
+//! Both sides survive etcd restarts: watchers re-list and watch again; a registration whose
+//! lease was lost registers again under a new lease.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use switchyard_core::WorkerId;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::token;
+use crate::discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
+
+#[derive(Debug, Clone)]
+pub struct EtcdDiscovery {
+    endpoint: String,
+    prefix: String,
+    ttl: Duration,
+    instances: Arc<watch::Sender<Instances>>,
+    /// Whether the watch task runs: only processes that look at the workers need it.
+    following: Arc<std::sync::atomic::AtomicBool>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+async fn connect(endpoint: &str) -> Result<Client, etcd_client::Error> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+    Client::connect([endpoint], Some(options)).await
+}
+
+/// Waits `delay`, or returns `false` if cancelled first.
+async fn pause(cancel: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        () = cancel.cancelled() => false,
+        () = tokio::time::sleep(delay) => true,
+    }
+}
+
+impl EtcdDiscovery {
+    /// Discovery through `etcd://host:port` under `namespace`. Registrations use leases of
+    /// `ttl`. Returns at once; the first [`Discovery::watch`] starts following the
+    /// namespace's workers in the background (connecting, and reconnecting, as needed).
+    pub fn start(
+        url: &str,
+        namespace: &str,
+        ttl: Duration,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let endpoint = url.strip_prefix("etcd://").unwrap_or(url).to_string();
+        EtcdDiscovery {
+            endpoint,
+            prefix: format!("/switchyard/{}/instances/", token(namespace)),
+            ttl: ttl.max(Duration::from_secs(1)),
+            instances: Arc::new(watch::Sender::new(Arc::new(BTreeMap::new()))),
+            following: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            tracker,
+            cancel,
+        }
+    }
+
+    fn key(&self, id: WorkerId) -> String {
+        format!("{}{:016x}", self.prefix, id.0)
+    }
+
+    /// Lists the prefix, then watches it from the listed revision; on any failure starts
+    /// over.
+    async fn follow(self) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.follow_once().await {
+                Ok(()) => return,
+                Err(e) => tracing::warn!(error = %e, "etcd watch interrupted; retrying"),
+            }
+            if !pause(&self.cancel, backoff).await {
+                return;
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn follow_once(&self) -> Result<(), etcd_client::Error> {
+        let mut client = connect(&self.endpoint).await?;
+        let listed = client
+            .get(self.prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        let revision = listed.header().map_or(0, |h| h.revision());
+        let mut by_key: HashMap<Vec<u8>, WorkerInstance> = HashMap::new();
+        for kv in listed.kvs() {
+            if let Ok(instance) = serde_json::from_slice::<WorkerInstance>(kv.value()) {
+                by_key.insert(kv.key().to_vec(), instance);
+            }
+        }
+        self.publish(&by_key);
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let (_watcher, mut stream) = client.watch(self.prefix.as_str(), Some(options)).await?;
+        loop {
+            let message = tokio::select! {
+                () = self.cancel.cancelled() => return Ok(()),
+                message = stream.message() => message?,
+            };
+            let Some(response) = message else {
+                return Err(etcd_client::Error::WatchError(
+                    "the watch stream ended".into(),
+                ));
+            };
+            if response.canceled() {
+                return Err(etcd_client::Error::WatchError(format!(
+                    "watch cancelled: {}",
+                    response.cancel_reason()
+                )));
+            }
+            for event in response.events() {
+                let Some(kv) = event.kv() else { continue };
+                match event.event_type() {
+                    EventType::Put => {
+                        if let Ok(instance) = serde_json::from_slice::<WorkerInstance>(kv.value()) {
+                            by_key.insert(kv.key().to_vec(), instance);
+                        }
+                    }
+                    EventType::Delete => {
+                        by_key.remove(kv.key());
+                    }
+                }
+            }
+            self.publish(&by_key);
+        }
+    }
+
+    fn publish(&self, by_key: &HashMap<Vec<u8>, WorkerInstance>) {
+        let map: BTreeMap<WorkerId, WorkerInstance> =
+            by_key.values().map(|i| (i.worker_id, i.clone())).collect();
+        self.instances.send_if_modified(|current| {
+            if **current == map {
+                return false;
+            }
+            *current = Arc::new(map);
+            true
+        });
+    }
+}
+
+#[derive(Debug)]
+struct EtcdLease {
+    worker_id: WorkerId,
+    stop: CancellationToken,
+}
+
+impl Lease for EtcdLease {
+    fn worker_id(&self) -> WorkerId {
+        self.worker_id
+    }
+}
+
+impl Drop for EtcdLease {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[async_trait]
+impl Discovery for EtcdDiscovery {
+    /// Registers once (so a misconfigured endpoint fails loudly), then keeps the lease
+    /// alive, registering again whenever the lease is lost. Dropping the lease revokes it.
+    async fn register(&self, instance: WorkerInstance) -> Result<Box<dyn Lease>, DiscoveryError> {
+        let key = self.key(instance.worker_id);
+        let value = serde_json::to_vec(&instance)
+            .map_err(|e| DiscoveryError::Unavailable(e.to_string()))?;
+        let first = grant_and_put(&self.endpoint, &key, &value, self.ttl)
+            .await
+            .map_err(|e| {
+                DiscoveryError::Unavailable(format!(
+                    "cannot register with etcd at {}: {e}",
+                    self.endpoint
+                ))
+            })?;
+        let stop = self.cancel.child_token();
+        let keeper = Keeper {
+            endpoint: self.endpoint.clone(),
+            key,
+            value,
+            ttl: self.ttl,
+            stop: stop.clone(),
+        };
+        self.tracker.spawn(keeper.run(first));
+        Ok(Box::new(EtcdLease {
+            worker_id: instance.worker_id,
+            stop,
+        }))
+    }
+
+    fn watch(&self) -> watch::Receiver<Instances> {
+        if !self
+            .following
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            self.tracker.spawn(self.clone().follow());
+        }
+        self.instances.subscribe()
+    }
+}
+
+async fn grant_and_put(
+    endpoint: &str,
+    key: &str,
+    value: &[u8],
+    ttl: Duration,
+) -> Result<(Client, i64), etcd_client::Error> {
+    let mut client = connect(endpoint).await?;
+    let lease = client
+        .lease_grant(ttl.as_secs().max(1) as i64, None)
+        .await?
+        .id();
+    client
+        .put(key, value, Some(PutOptions::new().with_lease(lease)))
+        .await?;
+    Ok((client, lease))
+}
+
+struct Keeper {
+    endpoint: String,
+    key: String,
+    value: Vec<u8>,
+    ttl: Duration,
+    stop: CancellationToken,
+}
+
+impl Keeper {
+    async fn run(self, first: (Client, i64)) {
+        let mut current = Some(first);
+        loop {
+            let (mut client, lease) = match current.take() {
+                Some(registered) => registered,
+                None => match grant_and_put(&self.endpoint, &self.key, &self.value, self.ttl).await
+                {
+                    Ok(registered) => {
+                        tracing::info!(key = %self.key, "registered again with etcd");
+                        registered
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register with etcd; retrying");
+                        if !pause(&self.stop, Duration::from_millis(500)).await {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+            };
+            match self.keep_alive(&mut client, lease).await {
+                Ok(()) => {
+                    // Stopped: revoke so watchers see the worker leave at once.
+                    let revoke = client.lease_revoke(lease);
+                    let _ = tokio::time::timeout(Duration::from_secs(2), revoke).await;
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "lost the etcd lease; registering again");
+                    if !pause(&self.stop, Duration::from_millis(200)).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews every third of the TTL; returns Ok when stopped, Err when the lease is lost.
+    async fn keep_alive(&self, client: &mut Client, lease: i64) -> Result<(), etcd_client::Error> {
+        let (mut keeper, mut responses) = client.lease_keep_alive(lease).await?;
+        loop {
+            if !pause(&self.stop, self.ttl / 3).await {
+                return Ok(());
+            }
+            // A dead connection may not fail on its own: bound each round.
+            let round = async {
+                keeper.keep_alive().await?;
+                responses.message().await
+            };
+            match tokio::time::timeout(self.ttl / 2, round).await {
+                Ok(Ok(Some(response))) if response.ttl() > 0 => {}
+                Ok(Err(e)) => return Err(e),
+                Ok(_) => {
+                    return Err(etcd_client::Error::LeaseKeepAliveError(
+                        "the lease expired".into(),
+                    ));
+                }
+                Err(_) => {
+                    return Err(etcd_client::Error::LeaseKeepAliveError(
+                        "no answer from etcd".into(),
+                    ));
+                }
+            }
+        }
+    }
+}

