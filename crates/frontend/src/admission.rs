@@ -59,11 +59,20 @@ pub struct Admission {
 struct Waiting<'a> {
     admission: &'a Admission,
     tier: usize,
+    wake: &'a tokio::sync::Notify,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.admission.queued.lock()[self.tier] -= 1;
+        let lower_waiting = {
+            let mut queued = self.admission.queued.lock();
+            queued[self.tier] -= 1;
+            queued[..self.tier].iter().sum::<usize>() > 0
+        };
+        // Lower tiers may have been waiting only for this one to go first.
+        if lower_waiting {
+            self.wake.notify_waiters();
+        }
     }
 }
 
@@ -130,6 +139,7 @@ impl Admission {
         let _waiting = Waiting {
             admission: self,
             tier: t,
+            wake: routing.capacity_notify(),
         };
         let wait = async {
             loop {

@@ -11,9 +11,11 @@
 //! that joins, whose event stream shows a gap, or whose events may have been lost while the
 //! event plane reconnected, is rebuilt from its dump. Its events are buffered from the
 //! moment the resync starts; once the dump arrives it replaces the worker's entries and the
-//! buffered events newer than the dump are replayed, so nothing between is lost. Events from
-//! workers discovery does not (yet) list are dropped: the dump taken when they join
-//! includes them.
+//! buffered events newer than the dump are replayed, so nothing between is lost.
+//!
+//! Events from workers discovery does not list are dropped, in either mode: late events of
+//! a worker that left would otherwise stay in the index for good, and early events of one
+//! that is joining are in the dump taken when it joins.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -160,11 +162,21 @@ impl RoutingService {
                 tracing::info!(worker = %id, "worker left");
             }
         }
+        // With every worker gone, the next ones may bring another block size.
+        if workers.is_empty() {
+            *block_size = None;
+        }
         for (id, instance) in wanted {
             if workers.contains_key(&id) {
                 continue;
             }
-            let size = *block_size.get_or_insert(instance.block_size);
+            let size = match *block_size {
+                Some(size) => size,
+                None => {
+                    router.set_block_size(instance.block_size);
+                    *block_size.insert(instance.block_size)
+                }
+            };
             if instance.block_size != size {
                 tracing::warn!(worker = %id, block_size = instance.block_size, expected = size, "ignoring a worker with another block size");
                 continue;
@@ -178,9 +190,6 @@ impl RoutingService {
             workers.insert(id, instance.clone());
             tracing::info!(worker = %id, "worker joined");
             self.start_resync(&mut syncing, id);
-        }
-        if workers.is_empty() {
-            *block_size = None;
         }
         drop((syncing, workers, router, block_size));
         self.capacity_changed.notify_waiters();
@@ -301,11 +310,6 @@ impl RoutingService {
     /// Applies one event-plane message.
     pub fn apply_event(self: &Arc<Self>, event: WorkerEvent) {
         match event {
-            WorkerEvent::Kv(events) if self.resync.is_none() => {
-                for gap in self.indexer.apply_all(events) {
-                    tracing::warn!(worker = %gap.worker, expected = gap.expected, received = gap.received, "KV event gap");
-                }
-            }
             WorkerEvent::Kv(events) => {
                 let mut syncing = self.syncing.lock();
                 let live: Vec<KvEvent> = {
@@ -325,7 +329,7 @@ impl RoutingService {
                         .collect()
                 };
                 for gap in self.indexer.apply_all(live) {
-                    tracing::warn!(worker = %gap.worker, expected = gap.expected, received = gap.received, "KV event gap; resynchronising");
+                    tracing::warn!(worker = %gap.worker, expected = gap.expected, received = gap.received, "KV event gap");
                     self.start_resync(&mut syncing, gap.worker.worker_id);
                 }
             }
@@ -334,7 +338,9 @@ impl RoutingService {
                 self.resync_all();
             }
             WorkerEvent::Load { worker, load } => {
-                self.engine_loads.write().insert(worker, load);
+                if self.workers.read().contains_key(&worker.worker_id) {
+                    self.engine_loads.write().insert(worker, load);
+                }
             }
         }
     }

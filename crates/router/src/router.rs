@@ -87,6 +87,12 @@ pub struct Router {
 }
 
 impl Router {
+    /// Sets the tokens per KV block, when the workers tell (every worker of a model shares
+    /// it).
+    pub fn set_block_size(&mut self, block_size: u32) {
+        self.config.block_size = block_size.max(1);
+    }
+
     pub fn new(config: RouterConfig) -> Self {
         let policies = PolicyKind::ALL
             .into_iter()

@@ -1,0 +1,194 @@
+//! The routing service's bookkeeping: block sizes, departed workers, and admission wake-ups.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_core::{
+    HashSeed, KvEvent, KvEventData, RequestId, StorageTier, StoredBlock, TokenBlocks, WorkerId,
+};
+use switchyard_frontend::admission::{Admission, AdmissionConfig};
+use switchyard_frontend::openai::request::Priority;
+use switchyard_frontend::routing::RoutingService;
+use switchyard_router::{RouterConfig, RoutingOverrides};
+use switchyard_runtime::{Instances, WorkerEvent, WorkerInstance};
+
+fn worker(id: u64, block_size: u32, max_num_seqs: u32) -> WorkerInstance {
+    WorkerInstance {
+        worker_id: WorkerId(id),
+        model: "m".into(),
+        block_size,
+        capacity_blocks: 100_000,
+        max_num_seqs,
+        dp_size: 1,
+        address: None,
+    }
+}
+
+fn set(workers: &[WorkerInstance]) -> Instances {
+    Arc::new(
+        workers
+            .iter()
+            .map(|w| (w.worker_id, w.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    )
+}
+
+/// The worker's KV event storing the full blocks of `tokens`.
+fn stored(worker: u64, event_id: u64, tokens: &[u32], block_size: u32) -> WorkerEvent {
+    let blocks = TokenBlocks::new(tokens, block_size, HashSeed::default()).unwrap();
+    let blocks = blocks
+        .sequence_hashes()
+        .iter()
+        .zip(blocks.local_hashes())
+        .map(|(&seq_hash, &local_hash)| StoredBlock {
+            seq_hash,
+            local_hash,
+        })
+        .collect();
+    WorkerEvent::Kv(vec![KvEvent {
+        worker_id: WorkerId(worker),
+        dp_rank: 0,
+        event_id,
+        tier: StorageTier::Device,
+        data: KvEventData::Stored {
+            parent: None,
+            blocks,
+        },
+    }])
+}
+
+fn service() -> Arc<RoutingService> {
+    Arc::new(RoutingService::new("m".into(), RouterConfig::default()))
+}
+
+#[test]
+fn the_router_counts_in_the_workers_block_size() {
+    for block_size in [16, 64] {
+        let routing = service();
+        routing.sync_workers(&set(&[worker(1, block_size, 8), worker(2, block_size, 8)]));
+        let tokens: Vec<u32> = (0..128).collect();
+        routing.apply_event(stored(1, 1, &tokens, block_size));
+        let routed = routing
+            .route(RequestId(1), &tokens, RoutingOverrides::default(), &[])
+            .unwrap();
+        assert_eq!(routed.instance.worker_id, WorkerId(1));
+        assert_eq!(routed.decision.overlap_blocks, 128 / block_size);
+        assert_eq!(
+            routed.decision.prefill_tokens, 0,
+            "block size {block_size}: the whole prompt is cached"
+        );
+        // Excluding the worker (it just failed this request) sends it elsewhere.
+        routing.finish(RequestId(1));
+        let routed = routing
+            .route(
+                RequestId(2),
+                &tokens,
+                RoutingOverrides::default(),
+                &[WorkerId(1)],
+            )
+            .unwrap();
+        assert_eq!(routed.instance.worker_id, WorkerId(2));
+        assert_eq!(routed.decision.prefill_tokens, 128);
+    }
+}
+
+#[test]
+fn a_new_block_size_takes_over_once_the_old_workers_are_gone() {
+    let routing = service();
+    routing.sync_workers(&set(&[worker(1, 16, 8)]));
+    // Another block size, while the old one serves: ignored.
+    routing.sync_workers(&set(&[worker(1, 16, 8), worker(2, 32, 8)]));
+    assert_eq!(routing.worker_count(), 1);
+    // The old one leaves: the new one is taken, in the same sync.
+    routing.sync_workers(&set(&[worker(2, 32, 8)]));
+    assert_eq!(routing.worker_count(), 1);
+    let tokens: Vec<u32> = (0..64).collect();
+    routing.apply_event(stored(2, 1, &tokens, 32));
+    let routed = routing
+        .route(RequestId(1), &tokens, RoutingOverrides::default(), &[])
+        .unwrap();
+    assert_eq!(routed.instance.worker_id, WorkerId(2));
+    assert_eq!(
+        routed.decision.overlap_blocks, 2,
+        "hashed in 32-token blocks"
+    );
+}
+
+#[test]
+fn events_of_workers_not_listed_are_dropped() {
+    let routing = service();
+    routing.sync_workers(&set(&[worker(1, 16, 8)]));
+    let tokens: Vec<u32> = (0..64).collect();
+    routing.apply_event(stored(1, 1, &tokens, 16));
+    assert_eq!(routing.indexer().read(|i| i.block_count()), 4);
+    // It leaves, then its last batch arrives on the other channel.
+    routing.sync_workers(&set(&[]));
+    assert_eq!(routing.indexer().read(|i| i.block_count()), 0);
+    routing.apply_event(stored(1, 2, &(100..164).collect::<Vec<_>>(), 16));
+    routing.apply_event(WorkerEvent::Load {
+        worker: switchyard_core::WorkerKey::new(1, 0),
+        load: Default::default(),
+    });
+    assert_eq!(routing.indexer().read(|i| i.block_count()), 0);
+    assert!(routing.loads().is_empty());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_lower_tier_waiter_is_woken_when_the_higher_one_ahead_of_it_is_admitted() {
+    // One worker running two requests, its maximum; a standard request queues, then a
+    // premium one. Both running requests end: the premium request goes first and takes one
+    // slot; the standard one must take the other without waiting for anything else.
+    for premium_first in [false, true] {
+        let routing = service();
+        routing.sync_workers(&set(&[worker(1, 16, 2)]));
+        let tokens: Vec<u32> = (0..32).collect();
+        for id in [1, 2] {
+            routing
+                .route(RequestId(id), &tokens, RoutingOverrides::default(), &[])
+                .unwrap();
+        }
+        assert!(routing.all_busy(0.95));
+        let admission = Arc::new(Admission::new(AdmissionConfig {
+            queue_timeout: Duration::from_secs(2),
+            ..AdmissionConfig::default()
+        }));
+        let spawn = |priority: Priority, takes_slot: Option<u64>| {
+            let (routing, admission) = (Arc::clone(&routing), Arc::clone(&admission));
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                let admitted = admission.admit(priority, &routing).await.is_ok();
+                if let (true, Some(id)) = (admitted, takes_slot) {
+                    let tokens: Vec<u32> = (0..32).collect();
+                    routing
+                        .route(RequestId(id), &tokens, RoutingOverrides::default(), &[])
+                        .unwrap();
+                }
+                (admitted, started.elapsed())
+            })
+        };
+        let (premium, standard) = if premium_first {
+            let p = spawn(Priority::Premium, Some(3));
+            tokio::task::yield_now().await;
+            (p, spawn(Priority::Standard, None))
+        } else {
+            let s = spawn(Priority::Standard, None);
+            tokio::task::yield_now().await;
+            (spawn(Priority::Premium, Some(3)), s)
+        };
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(admission.queued(), 2);
+        routing.finish(RequestId(1));
+        routing.finish(RequestId(2));
+        assert!(premium.await.unwrap().0);
+        let (admitted, waited) = standard.await.unwrap();
+        assert!(
+            admitted && waited < Duration::from_secs(1),
+            "premium first: {premium_first}; standard admitted {admitted} after {waited:?}"
+        );
+    }
+}
