@@ -25,6 +25,8 @@ pub struct WorkerLabels {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// One render at a time: each clears and refills the per-worker gauges.
+    rendering: parking_lot::Mutex<()>,
     pub requests: Family<RouteLabels, Counter>,
     pub in_flight: Gauge,
     pub queued: Gauge,
@@ -186,6 +188,7 @@ impl Default for Metrics {
         );
         Metrics {
             registry,
+            rendering: parking_lot::Mutex::new(()),
             requests,
             in_flight,
             queued,
@@ -238,6 +241,7 @@ impl Metrics {
 
     /// Renders the Prometheus text format, refreshing the gauges read from live state.
     pub fn render(&self, routing: &RoutingService, queued: usize) -> String {
+        let _one_at_a_time = self.rendering.lock();
         self.queued.set(queued as i64);
         self.workers.set(routing.worker_count() as i64);
         self.worker_active_blocks.clear();

@@ -90,6 +90,8 @@ impl Frontend {
         self: &Arc<Self>,
         prepared: Prepared,
     ) -> Result<(RequestId, Generation), ApiError> {
+        // Time to first token and request duration count from here, queueing included.
+        let arrived = Instant::now();
         let retry = self.config.admission.retry_after;
         // Nothing to wait for: fail at once rather than queue.
         if self.routing.worker_count() == 0 {
@@ -123,7 +125,7 @@ impl Frontend {
                 .routing_decision
                 .observe(decided.elapsed().as_secs_f64());
             // From here on the request holds a router slot, released by the guard.
-            let guard = InFlight::new(Arc::clone(self), id);
+            let guard = InFlight::new(Arc::clone(self), id, arrived);
             let request = GenerateRequest {
                 id,
                 token_ids: prepared.token_ids.clone(),
@@ -186,12 +188,12 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn new(frontend: Arc<Frontend>, id: RequestId) -> Self {
+    fn new(frontend: Arc<Frontend>, id: RequestId, started: Instant) -> Self {
         frontend.metrics.in_flight.inc();
         InFlight {
             frontend,
             id,
-            started: Instant::now(),
+            started,
             observe: true,
         }
     }

@@ -192,3 +192,30 @@ async fn a_lower_tier_waiter_is_woken_when_the_higher_one_ahead_of_it_is_admitte
         );
     }
 }
+
+#[test]
+fn concurrent_scrapes_each_see_every_worker() {
+    let routing = service();
+    routing.sync_workers(&set(&(1..=4)
+        .map(|id| worker(id, 16, 8))
+        .collect::<Vec<_>>()));
+    let metrics = Arc::new(switchyard_frontend::metrics::Metrics::default());
+    let scrapes: Vec<_> = (0..4)
+        .map(|_| {
+            let (metrics, routing) = (Arc::clone(&metrics), Arc::clone(&routing));
+            std::thread::spawn(move || {
+                (0..500)
+                    .filter(|_| {
+                        let text = metrics.render(&routing, 0);
+                        text.lines()
+                            .filter(|l| l.starts_with("switchyard_worker_requests{"))
+                            .count()
+                            != 4
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let incomplete: usize = scrapes.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(incomplete, 0, "scrapes missing a worker's series");
+}

@@ -52,7 +52,7 @@ impl Default for EngineArgs {
 pub enum InvalidArgs {
     #[error("{name} must be at least 1, got {value}")]
     Zero { name: &'static str, value: u32 },
-    #[error("speedup_ratio must be a positive finite number, got {0}")]
+    #[error("speedup_ratio must be a finite number of at least 0.001, got {0}")]
     Speedup(f64),
 }
 
@@ -68,7 +68,8 @@ impl EngineArgs {
                 return Err(InvalidArgs::Zero { name, value });
             }
         }
-        if !(self.speedup_ratio.is_finite() && self.speedup_ratio > 0.0) {
+        // Below 0.001 a step would last hours: surely a typo.
+        if !(self.speedup_ratio.is_finite() && self.speedup_ratio >= 0.001) {
             return Err(InvalidArgs::Speedup(self.speedup_ratio));
         }
         Ok(())
@@ -82,6 +83,19 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_zeroes_are_named() {
         assert!(EngineArgs::default().validate().is_ok());
+        for speedup_ratio in [0.0, 1e-30, -1.0, f64::NAN, f64::INFINITY] {
+            let bad = EngineArgs {
+                speedup_ratio,
+                ..EngineArgs::default()
+            };
+            assert!(
+                bad.validate()
+                    .unwrap_err()
+                    .to_string()
+                    .starts_with("speedup_ratio must be a finite number of at least 0.001"),
+                "{speedup_ratio}"
+            );
+        }
         let bad = EngineArgs {
             max_num_seqs: 0,
             ..EngineArgs::default()

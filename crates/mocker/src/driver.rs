@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
 use rustc_hash::FxHashMap;
 use switchyard_core::{KvEvent, LoadSnapshot, RequestId};
 use tokio::sync::{mpsc, watch};
@@ -52,11 +53,23 @@ impl std::fmt::Debug for Command {
 }
 
 /// What the task reports when it stops.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct DriverReport {
     pub steps: u64,
-    /// How late each step's end was observed, in microseconds.
-    pub lag_us: Vec<u32>,
+    /// How late each step's end was observed, in microseconds (bounded memory however
+    /// long the engine runs).
+    pub lag_us: Histogram<u64>,
+}
+
+impl Default for DriverReport {
+    fn default() -> Self {
+        DriverReport {
+            steps: 0,
+            // Microseconds up to an hour, 3 significant digits.
+            lag_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("constant, valid histogram bounds"),
+        }
+    }
 }
 
 impl EngineHandle {
@@ -181,7 +194,7 @@ async fn run(
         report.steps += 1;
         report
             .lag_us
-            .push(lag.as_micros().min(u128::from(u32::MAX)) as u32);
+            .saturating_record(lag.as_micros().min(u128::from(u64::MAX)) as u64);
 
         for token in out.tokens.drain(..) {
             let gone = match streams.get(&token.request) {
@@ -218,12 +231,10 @@ async fn run(
     }
 }
 
-/// Lag percentile helper for reports.
-pub fn percentile_us(samples: &mut [u32], p: f64) -> Duration {
-    if samples.is_empty() {
+/// A lag percentile from a report's histogram.
+pub fn percentile_us(lags: &Histogram<u64>, p: f64) -> Duration {
+    if lags.is_empty() {
         return Duration::ZERO;
     }
-    samples.sort_unstable();
-    let i = ((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1;
-    Duration::from_micros(u64::from(samples[i]))
+    Duration::from_micros(lags.value_at_quantile(p))
 }

@@ -240,7 +240,13 @@ impl MockEngine {
         }
         out.shape = self.shape();
         let model_ms = self.perf.step_ms(&out.shape);
-        out.duration = Duration::from_secs_f64(model_ms / 1e3 / self.args.speedup_ratio);
+        // A measured profile could say anything: no negative or endless steps.
+        let seconds = model_ms / 1e3 / self.args.speedup_ratio;
+        out.duration = if seconds > 0.0 {
+            Duration::try_from_secs_f64(seconds.min(3600.0)).unwrap_or_default()
+        } else {
+            Duration::ZERO
+        };
         self.apply(out);
         for data in self.blocks.drain_events() {
             self.next_event_id += 1;

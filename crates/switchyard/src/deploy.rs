@@ -25,26 +25,49 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, EngineKind};
 
+/// How long `shutdown` lets the responses in flight run before cutting them off.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
 /// A running deployment.
 #[derive(Debug)]
 pub struct Deployment {
     pub address: SocketAddr,
     pub frontend: Arc<Frontend>,
     pub workers: Vec<Worker>,
+    /// Stops the HTTP server (which then finishes the responses in flight).
+    stop_http: CancellationToken,
+    /// Stops everything else: workers, engines, background tasks.
     cancel: CancellationToken,
     tracker: TaskTracker,
     server: JoinHandle<std::io::Result<()>>,
 }
 
 impl Deployment {
-    /// Stops accepting, finishes the responses in flight, then stops the workers.
-    pub async fn shutdown(self) -> Result<()> {
+    /// Stops accepting, finishes the responses in flight (for at most `grace`), then stops
+    /// the workers and the background tasks.
+    pub async fn shutdown(self, grace: Duration) -> Result<()> {
+        self.stop_http.cancel();
+        let mut server = self.server;
+        let served = match tokio::time::timeout(grace, &mut server).await {
+            Ok(served) => Some(served),
+            Err(_) => {
+                tracing::warn!(
+                    ?grace,
+                    "responses still in flight after the grace period; cutting them off"
+                );
+                None
+            }
+        };
         self.cancel.cancel();
-        let served = self.server.await;
         drop(self.workers);
+        if served.is_none() {
+            server.abort();
+        }
         self.tracker.close();
         self.tracker.wait().await;
-        served??;
+        if let Some(served) = served {
+            served??;
+        }
         Ok(())
     }
 }
@@ -88,11 +111,11 @@ pub async fn start_frontend(
         routing,
         requests,
     ));
-    server::start_background(&frontend, discovery, events, tracker, cancel).await?;
     let (host, port) = (config.host.as_str(), config.port);
     let listener = TcpListener::bind((host, port))
         .await
         .with_context(|| format!("cannot listen on {host}:{port}"))?;
+    server::start_background(&frontend, discovery, events, tracker, cancel).await?;
     Ok((frontend, listener))
 }
 
@@ -101,6 +124,8 @@ pub async fn start_frontend(
 pub async fn start_local(config: Config) -> Result<Deployment> {
     let tracker = TaskTracker::new();
     let cancel = CancellationToken::new();
+    // Whatever fails on the way, what was started stops.
+    let stop_on_error = cancel.clone().drop_guard();
     let discovery = Arc::new(LocalDiscovery::new());
     let events = Arc::new(LocalEventPlane::new());
     let requests = LocalRequestPlane::new();
@@ -133,6 +158,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         );
     }
 
+    stop_on_error.disarm();
     Deployment::serve(listener, frontend, workers, tracker, cancel)
 }
 
@@ -145,15 +171,17 @@ impl Deployment {
         cancel: CancellationToken,
     ) -> Result<Deployment> {
         let address = listener.local_addr()?;
+        let stop_http = cancel.child_token();
         let shutdown = {
-            let cancel = cancel.clone();
-            async move { cancel.cancelled().await }
+            let stop_http = stop_http.clone();
+            async move { stop_http.cancelled().await }
         };
         let server = tokio::spawn(server::serve(listener, Arc::clone(&frontend), shutdown));
         Ok(Deployment {
             address,
             frontend,
             workers,
+            stop_http,
             cancel,
             tracker,
             server,
@@ -178,6 +206,7 @@ pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
     let planes = config.runtime.planes()?;
     let tracker = TaskTracker::new();
     let cancel = CancellationToken::new();
+    let stop_on_error = cancel.clone().drop_guard();
     let runtime = &config.runtime;
     let discovery = EtcdDiscovery::start(
         &planes.etcd,
@@ -205,6 +234,7 @@ pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
         &cancel,
     )
     .await?;
+    stop_on_error.disarm();
     Deployment::serve(listener, frontend, Vec::new(), tracker, cancel)
 }
 
@@ -230,6 +260,7 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
     let planes = config.runtime.planes()?;
     let tracker = TaskTracker::new();
     let cancel = CancellationToken::new();
+    let stop_on_error = cancel.clone().drop_guard();
     let runtime = &config.runtime;
     let listen = &config.worker.listen;
     let listener = TcpListener::bind(listen.as_str())
@@ -276,6 +307,7 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
         cancel.clone(),
     )
     .await?;
+    stop_on_error.disarm();
     Ok(WorkerProcess {
         worker,
         cancel,

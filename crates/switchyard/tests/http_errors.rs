@@ -46,7 +46,9 @@ async fn malformed_and_mistyped_bodies_are_400() {
     assert_eq!(b["error"]["param"], "max_tokens", "{b}");
     let (s, _, b) = post(&d, "/v1/completions", &json!({"prompt": "no model"})).await;
     assert_error(s, &b, 400, "invalid_request_error");
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -111,7 +113,9 @@ async fn invalid_values_are_400_naming_the_parameter() {
     )
     .await;
     assert_error(s, &b, 400, "invalid_request_error");
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -130,7 +134,9 @@ async fn unknown_model_route_and_method() {
     assert_eq!(response.status().as_u16(), 405);
     let b: Value = response.json().await.unwrap();
     assert_eq!(b["error"]["code"], "method_not_allowed");
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -144,7 +150,9 @@ async fn bodies_over_the_limit_are_413() {
     let big = "x".repeat(4096);
     let (s, _, b) = post(&d, "/v1/chat/completions", &chat(MODEL, &big, 4)).await;
     assert_error(s, &b, 413, "invalid_request_error");
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -179,7 +187,9 @@ async fn prompts_beyond_the_context_are_400() {
     .await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["usage"]["completion_tokens"], 54);
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -273,7 +283,9 @@ async fn overload_sheds_low_tiers_with_retry_after() {
     assert_eq!(first.await.unwrap(), 200);
     assert_eq!(queued.await.unwrap(), 200);
     assert_eq!(premium.await.unwrap(), 200);
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -323,7 +335,9 @@ async fn service_routes_answer() {
     ] {
         assert!(metrics.contains(name), "{name} missing");
     }
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

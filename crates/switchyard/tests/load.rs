@@ -81,5 +81,7 @@ async fn abandoned_streams_free_every_slot() {
     assert!(settled, "slots leaked");
     assert_eq!(d.frontend.routing.active_requests(), 0);
     assert!(metric(&d, "switchyard_engine_running").await == 0.0);
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }

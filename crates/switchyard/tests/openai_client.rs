@@ -36,5 +36,7 @@ async fn openai_python_client_works() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"));
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }

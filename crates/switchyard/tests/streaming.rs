@@ -40,7 +40,9 @@ async fn chat_non_streamed_has_usage_and_cache_hits_on_repeats() {
         .as_u64()
         .unwrap();
     assert!(cached >= 512, "{second}");
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -73,7 +75,9 @@ async fn chat_streamed_ends_with_done_and_reports_usage() {
     let usage = &chunks[chunks.len() - 1];
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 12);
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -121,7 +125,9 @@ async fn completions_streamed_and_not_with_token_prompts_and_stops() {
         chunks.last().unwrap()["choices"][0]["finish_reason"],
         "stop"
     );
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -133,5 +139,43 @@ async fn routing_overrides_apply_per_request() {
         let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
         assert_eq!(s, 200, "{b}");
     }
-    d.shutdown().await.unwrap();
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_the_streams_in_flight() {
+    use futures::StreamExt;
+    // The mocker in real time: a 40-token answer takes a while.
+    let d = start(&[("WORKERS__COUNT", "1")]).await;
+    let mut body = chat(MODEL, "a story, please", 40);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let response = client()
+        .post(url(&d, "/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream();
+    let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).to_string();
+    assert!(!text.contains("[DONE]"));
+    let address = d.address;
+    let shutdown = tokio::spawn(d.shutdown(switchyard::deploy::SHUTDOWN_GRACE));
+    while let Some(chunk) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    assert!(!text.contains("error"), "{text}");
+    assert!(text.contains("\"completion_tokens\":40"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    shutdown.await.unwrap().unwrap();
+    // And it no longer accepts anything.
+    assert!(
+        client()
+            .get(format!("http://{address}/health"))
+            .send()
+            .await
+            .is_err()
+    );
 }

@@ -54,8 +54,8 @@ pub enum WorkerError {
     Io(#[from] std::io::Error),
 }
 
-/// A running worker. Dropping it deregisters it; its tasks stop with the cancellation token
-/// it was started with.
+/// A running worker. Dropping it deregisters it and stops its engine and tasks (as does the
+/// cancellation token it was started with).
 #[derive(Debug)]
 pub struct Worker {
     pub instance: WorkerInstance,
@@ -64,6 +64,8 @@ pub struct Worker {
     lease: Option<Box<dyn Lease>>,
     local: Option<LocalRequestPlane>,
     server: Option<(CancellationToken, JoinHandle<std::io::Result<()>>)>,
+    /// Stops the engine and the publisher.
+    stop: CancellationToken,
 }
 
 impl Worker {
@@ -81,6 +83,10 @@ impl Worker {
             dp_rank: 0,
         };
         let kv_state = Arc::new(Mutex::new(KvState::default()));
+        let stop = cancel.child_token();
+        // Whatever fails below, the engine and its tasks stop with it.
+        let stop_on_error = stop.clone().drop_guard();
+        let cancel = stop.clone();
         let (service, mut instance): (Arc<dyn EngineService>, WorkerInstance) = match &config.engine
         {
             EngineConfig::Mocker(mocker) => {
@@ -129,11 +135,25 @@ impl Worker {
                 (Arc::new(EchoService::new(echo.clone())), instance)
             }
         };
-        let (local, server) = match serving {
-            Serving::Local(plane) => {
-                plane.serve(worker_id, Arc::clone(&service));
-                (Some(plane), None)
-            }
+        // In-process: register first, so a duplicate id cannot take over the registered
+        // worker's requests. (Until it serves, a frontend gets `UnknownWorker` and tries
+        // another.) Over the network: listen first, so it is reachable once listed.
+        if let Serving::Local(plane) = serving {
+            let lease = planes.discovery.register(instance.clone()).await?;
+            plane.serve(worker_id, Arc::clone(&service));
+            stop_on_error.disarm();
+            return Ok(Worker {
+                instance,
+                service,
+                kv_state,
+                lease: Some(lease),
+                local: Some(plane),
+                server: None,
+                stop,
+            });
+        }
+        let server = match serving {
+            Serving::Local(_) => None,
             Serving::Network {
                 listener,
                 advertise,
@@ -154,17 +174,19 @@ impl Worker {
                         .with_graceful_shutdown(shutdown)
                         .await
                 });
-                (None, Some((stop, task)))
+                Some((stop, task))
             }
         };
         let lease = planes.discovery.register(instance.clone()).await?;
+        stop_on_error.disarm();
         Ok(Worker {
             instance,
             service,
             kv_state,
             lease: Some(lease),
-            local,
+            local: None,
             server,
+            stop,
         })
     }
 
@@ -201,6 +223,7 @@ impl Drop for Worker {
         if let Some((stop, _)) = &self.server {
             stop.cancel();
         }
+        self.stop.cancel();
     }
 }
 

@@ -10,8 +10,11 @@ use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest, S
 use switchyard_core::{RequestId, WorkerId};
 use switchyard_mocker::EngineArgs;
 use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
-use switchyard_runtime::{RequestPlane, WorkerEvent};
-use switchyard_worker::{EngineConfig, MockerConfig, Serving, Worker, WorkerConfig, WorkerPlanes};
+use switchyard_runtime::{DiscoveryError, RequestPlane, WorkerEvent};
+use switchyard_worker::{
+    EchoConfig, EngineConfig, MockerConfig, Serving, Worker, WorkerConfig, WorkerError,
+    WorkerPlanes,
+};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -107,4 +110,77 @@ async fn a_worker_registers_serves_and_publishes() {
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
+    let planes = WorkerPlanes {
+        discovery: Arc::new(LocalDiscovery::new()),
+        events: Arc::new(LocalEventPlane::new()),
+    };
+    let requests = LocalRequestPlane::new();
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let echo = WorkerConfig {
+        model: "m".into(),
+        engine: EngineConfig::Echo(EchoConfig::default()),
+    };
+    let mocker = WorkerConfig {
+        model: "m".into(),
+        engine: EngineConfig::Mocker(MockerConfig::default()),
+    };
+    let first = Worker::start(
+        WorkerId(1),
+        &echo,
+        &planes,
+        Serving::Local(requests.clone()),
+        &tracker,
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+    let second = Worker::start(
+        WorkerId(1),
+        &mocker,
+        &planes,
+        Serving::Local(requests.clone()),
+        &tracker,
+        cancel.clone(),
+    )
+    .await;
+    assert!(
+        matches!(
+            second,
+            Err(WorkerError::Discovery(DiscoveryError::Duplicate(WorkerId(
+                1
+            ))))
+        ),
+        "{second:?}"
+    );
+    // The echo worker still answers its requests (the mocker's would be other tokens).
+    let request = GenerateRequest {
+        id: RequestId(1),
+        token_ids: vec![5, 6, 7],
+        max_tokens: 3,
+        sampling: SamplingParams::default(),
+        dp_rank: 0,
+    };
+    let tokens: Vec<u32> = requests
+        .generate(&first.instance, request)
+        .await
+        .unwrap()
+        .filter_map(|o| async move {
+            match o {
+                Ok(GenerateOutput::Tokens { token_ids, .. }) => Some(token_ids),
+                _ => None,
+            }
+        })
+        .concat()
+        .await;
+    assert_eq!(tokens, vec![5, 6, 7]);
+    // The refused worker's engine stopped with it: only the first worker's tasks remain.
+    drop(first);
+    tracker.close();
+    tokio::time::timeout(Duration::from_secs(5), tracker.wait())
+        .await
+        .expect("every task stops once the workers are gone, without the global token");
 }

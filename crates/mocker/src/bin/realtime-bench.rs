@@ -96,16 +96,16 @@ async fn run(args: Args) -> Result<()> {
     tracker.close();
     tracker.wait().await;
 
-    let mut lags = Vec::new();
+    let mut lags = driver::DriverReport::default().lag_us;
     let mut steps = 0;
     for task in tasks {
         let report = task.await?;
         steps += report.steps;
-        lags.extend(report.lag_us);
+        lags.add(&report.lag_us)?;
     }
-    let p50 = percentile_us(&mut lags, 0.50);
-    let p99 = percentile_us(&mut lags, 0.99);
-    let max = percentile_us(&mut lags, 1.0);
+    let p50 = percentile_us(&lags, 0.50);
+    let p99 = percentile_us(&lags, 0.99);
+    let max = percentile_us(&lags, 1.0);
     if args.json {
         println!(
             "{}",

@@ -151,7 +151,7 @@ fn main() -> Result<()> {
             );
         }
     }
-    servers.block_on(deployment.shutdown())?;
+    servers.block_on(deployment.shutdown(switchyard::deploy::SHUTDOWN_GRACE))?;
     Ok(())
 }
 

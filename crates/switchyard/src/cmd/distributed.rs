@@ -207,7 +207,7 @@ pub fn run_frontend(args: FrontendArgs, env: &BTreeMap<String, String>) -> Resul
             );
             crate::signals::terminated().await;
             tracing::info!("shutting down");
-            deployment.shutdown().await
+            deployment.shutdown(deploy::SHUTDOWN_GRACE).await
         })
 }
 

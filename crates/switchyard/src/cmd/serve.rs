@@ -103,6 +103,6 @@ pub fn run(args: ServeArgs, env: &BTreeMap<String, String>) -> Result<()> {
         );
         crate::signals::terminated().await;
         tracing::info!("shutting down");
-        deployment.shutdown().await
+        deployment.shutdown(deploy::SHUTDOWN_GRACE).await
     })
 }
