@@ -48,6 +48,7 @@ pub struct Metrics {
     pub indexer_gaps: Gauge,
     pub indexer_blocks: Gauge,
     pub indexer_resyncs: Gauge,
+    pub replica_requests: Gauge,
     pub dispatched: Family<WorkerLabels, Counter>,
     pub dispatch_failures: Family<WorkerLabels, Counter>,
 }
@@ -174,6 +175,12 @@ impl Default for Metrics {
             "Workers rebuilt from their dumps (on joining, after a gap or a reconnection)",
             indexer_resyncs.clone(),
         );
+        let replica_requests = Gauge::default();
+        registry.register(
+            "replica_requests",
+            "Other frontends' in-flight requests counted in the workers' load",
+            replica_requests.clone(),
+        );
         let dispatched = Family::<WorkerLabels, Counter>::default();
         registry.register(
             "dispatched_requests",
@@ -210,6 +217,7 @@ impl Default for Metrics {
             indexer_gaps,
             indexer_blocks,
             indexer_resyncs,
+            replica_requests,
             dispatched,
             dispatch_failures,
         }
@@ -282,6 +290,7 @@ impl Metrics {
         self.indexer_gaps.set(gaps as i64);
         self.indexer_blocks.set(blocks as i64);
         self.indexer_resyncs.set(routing.resyncs() as i64);
+        self.replica_requests.set(routing.replica_requests() as i64);
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -5,19 +5,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
-use switchyard_runtime::{Discovery, EventPlane, EventPlaneError};
+use switchyard_runtime::{Discovery, EventPlane, EventPlaneError, ReplicaEvent, ReplicaPlane};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::pipeline::Frontend;
 use crate::routing;
 
-/// Starts the tasks that keep the routing state current: discovery, events, expiry.
+/// Replica sync: the plane, and this frontend's events to publish on it (from
+/// [`RoutingService::with_replicas`](crate::routing::RoutingService::with_replicas)).
+pub type ReplicaSync = (Arc<dyn ReplicaPlane>, mpsc::UnboundedReceiver<ReplicaEvent>);
+
+/// Starts the tasks that keep the routing state current: discovery, events, expiry, and
+/// replica sync when given.
 pub async fn start_background(
     frontend: &Arc<Frontend>,
     discovery: &dyn Discovery,
     events: &dyn EventPlane,
+    replicas: Option<ReplicaSync>,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> Result<(), EventPlaneError> {
@@ -33,6 +40,20 @@ pub async fn start_background(
         subscription,
         cancel.clone(),
     ));
+    if let Some((plane, outbox)) = replicas {
+        let messages = plane.subscribe_replicas(routing.model()).await?;
+        tracker.spawn(routing::follow_replicas(
+            Arc::clone(&routing),
+            messages,
+            cancel.clone(),
+        ));
+        tracker.spawn(routing::publish_replicas(
+            Arc::clone(&routing),
+            plane,
+            outbox,
+            cancel.clone(),
+        ));
+    }
     tracker.spawn(routing::expire_requests(
         routing,
         Duration::from_secs(30),

@@ -222,6 +222,11 @@ impl ActiveSequences {
             .unwrap_or(0)
     }
 
+    /// Every request tracked.
+    pub fn request_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.requests.keys().copied()
+    }
+
     pub fn active_requests(&self) -> usize {
         self.requests.len()
     }

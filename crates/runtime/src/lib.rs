@@ -12,6 +12,7 @@ pub mod discovery;
 pub mod events;
 pub mod local;
 pub mod net;
+pub mod replicas;
 pub mod request;
 pub mod snapshot;
 #[cfg(feature = "testing")]
@@ -19,5 +20,6 @@ pub mod testing;
 
 pub use discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
 pub use events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
+pub use replicas::{ReplicaEvent, ReplicaMessage, ReplicaPlane, ReplicaSubscription};
 pub use request::{EngineService, RequestPlane, RequestPlaneError, ResponseStream};
 pub use snapshot::{IndexView, KvSnapshotSource, StreamView};

@@ -42,6 +42,9 @@ pub struct RuntimeConfig {
     /// A worker that stops renewing its registration is dropped after this long.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// Frontends share their in-flight requests over NATS, so each counts the others'
+    /// load.
+    pub replica_sync: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -51,6 +54,7 @@ impl Default for RuntimeConfig {
             event_plane: None,
             namespace: "default".into(),
             lease_ttl: Duration::from_secs(10),
+            replica_sync: true,
         }
     }
 }
@@ -554,6 +558,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("`frontend.port`"), "{err}");
+    }
+
+    #[test]
+    fn the_documented_example_is_the_defaults() {
+        let doc = include_str!("../../../docs/configuration.md");
+        let example = doc
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .unwrap();
+        let table: toml::Table = toml::from_str(example).unwrap();
+        let documented: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .unwrap_or_else(|e| panic!("docs/configuration.md: {e}"));
+        assert_eq!(documented, Config::default());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use switchyard_core::WorkerId;
 use switchyard_frontend::preprocess::Preprocessor;
-use switchyard_frontend::routing::RoutingService;
+use switchyard_frontend::routing::{ReplicaSettings, RoutingService};
 use switchyard_frontend::{Frontend, FrontendConfig, server};
 use switchyard_router::RouterConfig;
 use switchyard_router::policy::KvPolicyConfig;
@@ -16,7 +16,7 @@ use switchyard_runtime::net::etcd::EtcdDiscovery;
 use switchyard_runtime::net::http::HttpRequestPlane;
 use switchyard_runtime::net::kv::KvDumpClient;
 use switchyard_runtime::net::nats::NatsEventPlane;
-use switchyard_runtime::{Discovery, EventPlane, KvSnapshotSource, RequestPlane};
+use switchyard_runtime::{Discovery, EventPlane, KvSnapshotSource, ReplicaPlane, RequestPlane};
 use switchyard_worker::{EngineConfig, Serving, Worker, WorkerConfig, WorkerPlanes};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -72,14 +72,22 @@ impl Deployment {
     }
 }
 
+/// How a frontend keeps in step with the rest of a distributed deployment.
+#[derive(Debug, Default)]
+pub struct FrontendSync {
+    /// Rebuild workers' index entries from their dumps when needed.
+    pub resync: Option<Arc<dyn KvSnapshotSource>>,
+    /// Share routing state with the model's other frontends.
+    pub replicas: Option<Arc<dyn ReplicaPlane>>,
+}
+
 /// The frontend on its planes: preprocessor, routing service, background tasks, HTTP.
-/// With `resync`, its index rebuilds workers from their dumps when needed.
 pub async fn start_frontend(
     config: &FrontendConfig,
     discovery: &dyn Discovery,
     events: &dyn EventPlane,
     requests: Arc<dyn RequestPlane>,
-    resync: Option<Arc<dyn KvSnapshotSource>>,
+    sync: FrontendSync,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> Result<(Arc<Frontend>, TcpListener)> {
@@ -101,8 +109,14 @@ pub async fn start_frontend(
             ..RouterConfig::default()
         },
     );
-    if let Some(source) = resync {
+    if let Some(source) = sync.resync {
         routing = routing.with_resync(source, tracker.clone(), cancel.clone());
+    }
+    let mut replicas = None;
+    if let Some(plane) = sync.replicas {
+        let (with, outbox) = routing.with_replicas(rand::random(), ReplicaSettings::default());
+        routing = with;
+        replicas = Some((plane, outbox));
     }
     let routing = Arc::new(routing);
     let frontend = Arc::new(Frontend::new(
@@ -115,7 +129,7 @@ pub async fn start_frontend(
     let listener = TcpListener::bind((host, port))
         .await
         .with_context(|| format!("cannot listen on {host}:{port}"))?;
-    server::start_background(&frontend, discovery, events, tracker, cancel).await?;
+    server::start_background(&frontend, discovery, events, replicas, tracker, cancel).await?;
     Ok((frontend, listener))
 }
 
@@ -135,7 +149,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         discovery.as_ref(),
         events.as_ref(),
         Arc::new(requests.clone()),
-        None,
+        FrontendSync::default(),
         &tracker,
         &cancel,
     )
@@ -224,12 +238,18 @@ pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
     .await?;
     let requests = HttpRequestPlane::new()?;
     let dumps = KvDumpClient::new().map_err(anyhow::Error::msg)?;
+    let sync = FrontendSync {
+        resync: Some(Arc::new(dumps)),
+        replicas: runtime
+            .replica_sync
+            .then(|| Arc::new(events.clone()) as Arc<dyn ReplicaPlane>),
+    };
     let (frontend, listener) = start_frontend(
         &config.frontend,
         &discovery,
         &events,
         Arc::new(requests),
-        Some(Arc::new(dumps)),
+        sync,
         &tracker,
         &cancel,
     )

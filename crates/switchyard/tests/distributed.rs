@@ -408,3 +408,86 @@ async fn sigterm_deregisters_a_worker_and_finishes_its_requests() {
         .unwrap();
     assert_eq!(response.status(), 503);
 }
+
+async fn metric(frontend: &Process, name: &str) -> f64 {
+    let text = client()
+        .get(frontend.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.split([' ', '{']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frontends_share_their_requests_and_do_not_pile_onto_one_worker() {
+    let cluster = Cluster::start();
+    let _workers: Vec<Process> = (1..=2).map(|id| cluster.worker(id, "1")).collect();
+    let a = cluster.frontend("frontend-a", 0);
+    let b = cluster.frontend("frontend-b", 0);
+    for frontend in [&a, &b] {
+        wait_for_workers(frontend, 2, Duration::from_secs(10)).await;
+    }
+    // A long answer streams through a...
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "A very long story."}],
+        "max_tokens": 400,
+        "stream": true,
+    });
+    let response = client()
+        .post(a.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    let busy = if worker_metric(&a, "switchyard_dispatched_requests", "1/0").await == 1.0 {
+        "1/0"
+    } else {
+        "2/0"
+    };
+    let idle = if busy == "1/0" { "2/0" } else { "1/0" };
+    // ...and b counts it.
+    eventually(Duration::from_secs(5), "b counting a's request", || async {
+        let n = metric(&b, "switchyard_replica_requests").await;
+        let load = worker_metric(&b, "switchyard_worker_requests", busy).await;
+        if n == 1.0 && load == 1.0 {
+            Ok(())
+        } else {
+            Err(format!("replica requests {n}, load on {busy} {load}"))
+        }
+    })
+    .await;
+    // So b sends its own request to the idle worker.
+    ask(&b, 0, 0).await;
+    assert_eq!(
+        worker_metric(&b, "switchyard_dispatched_requests", idle).await,
+        1.0
+    );
+    assert_eq!(
+        worker_metric(&b, "switchyard_dispatched_requests", busy).await,
+        0.0
+    );
+    // a's client leaves: b stops counting the request.
+    drop(stream);
+    eventually(
+        Duration::from_secs(5),
+        "b forgetting a's request",
+        || async {
+            let n = metric(&b, "switchyard_replica_requests").await;
+            if n == 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{n}"))
+            }
+        },
+    )
+    .await;
+}

@@ -354,7 +354,7 @@ async fn without_workers_health_and_requests_are_503() {
         &LocalDiscovery::new(),
         &LocalEventPlane::new(),
         Arc::new(LocalRequestPlane::new()),
-        None,
+        switchyard::deploy::FrontendSync::default(),
         &tracker,
         &cancel,
     )

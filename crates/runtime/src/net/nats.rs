@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use super::token;
 use crate::events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
+use crate::replicas::{ReplicaMessage, ReplicaPlane, ReplicaSubscription};
 
 /// Most KV events per message, to stay well under NATS's payload limit.
 const MAX_EVENTS_PER_MESSAGE: usize = 256;
@@ -86,6 +87,10 @@ impl NatsEventPlane {
         format!("switchyard.{}.events.{}", self.namespace, token(model))
     }
 
+    fn replica_subject(&self, model: &str) -> String {
+        format!("switchyard.{}.replicas.{}", self.namespace, token(model))
+    }
+
     async fn send(&self, subject: &str, event: &WorkerEvent) -> Result<(), EventPlaneError> {
         let payload = rmp_serde::to_vec(event)
             .map_err(|e| EventPlaneError::Unavailable(format!("cannot encode an event: {e}")))?;
@@ -144,6 +149,55 @@ impl EventPlane for NatsEventPlane {
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "ignoring an undecodable event"),
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+#[async_trait]
+impl ReplicaPlane for NatsEventPlane {
+    async fn publish_replica(
+        &self,
+        model: &str,
+        message: &ReplicaMessage,
+    ) -> Result<(), EventPlaneError> {
+        let payload = rmp_serde::to_vec(message)
+            .map_err(|e| EventPlaneError::Unavailable(format!("cannot encode a message: {e}")))?;
+        self.client
+            .publish(self.replica_subject(model), payload.into())
+            .await
+            .map_err(|e| EventPlaneError::Unavailable(format!("cannot publish to NATS: {e}")))
+    }
+
+    async fn subscribe_replicas(
+        &self,
+        model: &str,
+    ) -> Result<ReplicaSubscription, EventPlaneError> {
+        let mut subscriber = self
+            .client
+            .subscribe(self.replica_subject(model))
+            .await
+            .map_err(|e| EventPlaneError::Unavailable(format!("cannot subscribe on NATS: {e}")))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = self.cancel.clone();
+        self.tracker.spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    message = subscriber.next() => match message {
+                        Some(message) => message,
+                        None => return,
+                    },
+                };
+                match rmp_serde::from_slice::<ReplicaMessage>(&message.payload) {
+                    Ok(message) => {
+                        if tx.send(message).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "ignoring an undecodable replica message"),
                 }
             }
         });

@@ -37,6 +37,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+mod replicas;
+
+use replicas::Replicas;
+pub use replicas::{ReplicaSettings, follow_replicas, publish_replicas};
+
 /// Most events buffered for a worker being resynchronised; past this the buffer restarts
 /// (the next dump covers what it held, and a gap in the replay triggers another round).
 const MAX_BUFFERED_EVENTS: usize = 1 << 20;
@@ -72,6 +77,8 @@ pub struct RoutingService {
     /// then `workers`.
     syncing: Mutex<HashMap<WorkerId, Vec<KvEvent>>>,
     resyncs: std::sync::atomic::AtomicU64,
+    /// Sharing routing state with the model's other frontends.
+    replicas: Option<Replicas>,
 }
 
 /// What resynchronisation needs: where dumps come from, and where its tasks run.
@@ -96,6 +103,7 @@ impl RoutingService {
             resync: None,
             syncing: Mutex::new(HashMap::new()),
             resyncs: std::sync::atomic::AtomicU64::new(0),
+            replicas: None,
         }
     }
 
@@ -375,6 +383,11 @@ impl RoutingService {
             router
                 .record(&request, &decision, now)
                 .map_err(|e| RouteFailure::Invalid(e.to_string()))?;
+            // Under the router's lock: the other frontends see events in the order the
+            // router took them.
+            if let Some(replicas) = &self.replicas {
+                replicas.routed(id, &decision, request.seq_hashes);
+            }
             decision
         };
         let instance = self.workers.read().get(&decision.worker.worker_id).cloned();
@@ -389,12 +402,24 @@ impl RoutingService {
 
     /// The request's first token arrived: its prompt is computed.
     pub fn prefill_done(&self, id: RequestId) {
-        self.router.lock().mark_prefill_completed(id);
+        let mut router = self.router.lock();
+        if router.mark_prefill_completed(id)
+            && let Some(replicas) = &self.replicas
+        {
+            replicas.prefill_done(id);
+        }
     }
 
     /// The request ended, however it ended.
     pub fn finish(&self, id: RequestId) {
-        self.router.lock().free(id);
+        {
+            let mut router = self.router.lock();
+            if router.free(id).is_some()
+                && let Some(replicas) = &self.replicas
+            {
+                replicas.finished(id);
+            }
+        }
         self.capacity_changed.notify_waiters();
     }
 

@@ -1,0 +1,56 @@
+//! Replica sync: the frontends of a model tell each other which requests they routed where,
+//! so each counts the others' requests in the workers' load and two frontends do not pile
+//! onto the same worker.
+//!
+//! Every message is one frontend's events, in the order it made them. Besides each request's
+//! routing, prefill and end, a frontend periodically announces the requests it still has
+//! (`Alive`), which repairs lost messages and lets the others drop a frontend that died.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use switchyard_core::{RequestId, SequenceHash, WorkerKey};
+use tokio::sync::mpsc;
+
+use crate::events::EventPlaneError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaEvent {
+    /// A request was sent to `worker`.
+    Routed {
+        request: RequestId,
+        worker: WorkerKey,
+        /// Prompt tokens the worker has to compute.
+        prefill_tokens: u64,
+        /// The prompt's full blocks.
+        seq_hashes: Vec<SequenceHash>,
+    },
+    /// Its prompt is computed.
+    PrefillDone { request: RequestId },
+    /// It ended.
+    Finished { request: RequestId },
+    /// Every request the frontend has in flight now.
+    Alive { requests: Vec<RequestId> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaMessage {
+    /// Which frontend (random per process).
+    pub frontend: u64,
+    pub events: Vec<ReplicaEvent>,
+}
+
+pub type ReplicaSubscription = mpsc::UnboundedReceiver<ReplicaMessage>;
+
+#[async_trait]
+pub trait ReplicaPlane: Send + Sync + std::fmt::Debug {
+    async fn publish_replica(
+        &self,
+        model: &str,
+        message: &ReplicaMessage,
+    ) -> Result<(), EventPlaneError>;
+
+    /// Every later message about `model` (including this process's own).
+    async fn subscribe_replicas(&self, model: &str)
+    -> Result<ReplicaSubscription, EventPlaneError>;
+}
