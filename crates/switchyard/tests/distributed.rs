@@ -209,6 +209,43 @@ async fn ask(frontend: &Process, d: usize, question: usize) -> u64 {
         .unwrap_or(0)
 }
 
+type Stream = futures::stream::BoxStream<'static, reqwest::Result<axum::body::Bytes>>;
+
+/// Starts a streamed completion of `max_tokens` and waits for its first bytes.
+async fn start_stream(frontend: &Process, max_tokens: u32) -> (Stream, String) {
+    let body = json!({
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let response = client()
+        .post(frontend.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream().boxed();
+    let first = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).to_string();
+    assert!(!first.contains("[DONE]"), "still streaming");
+    (stream, first)
+}
+
+/// Reads the stream to its end: every token arrived, no error.
+async fn finish_stream((mut stream, mut text): (Stream, String), max_tokens: u32) {
+    while let Some(chunk) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    assert!(!text.contains("\"error\""), "{text}");
+    assert!(
+        text.contains(&format!("\"completion_tokens\":{max_tokens}")),
+        "{text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"));
+}
+
 /// A metric's value for one worker (0 when absent).
 async fn worker_metric(frontend: &Process, name: &str, worker: &str) -> f64 {
     let text = client()
@@ -314,11 +351,14 @@ async fn nats_then_etcd_restart_and_the_deployment_recovers() {
     }
     indexes_converge(&[&frontend], &[&w1, &w2]).await;
 
-    // NATS goes away. Requests still flow (they do not use it); their events are lost.
+    // NATS goes away. A stream in flight finishes; new requests still flow (they do not
+    // use it); their events are lost.
+    let in_flight = start_stream(&frontend, 1500).await;
     cluster.nats.kill();
     for d in 4..8 {
         ask(&frontend, d, 0).await;
     }
+    finish_stream(in_flight, 1500).await;
     cluster.nats.start_again();
     // The reconnection triggers a resync: the frontend catches up on what it missed.
     indexes_converge(&[&frontend], &[&w1, &w2]).await;
@@ -329,12 +369,14 @@ async fn nats_then_etcd_restart_and_the_deployment_recovers() {
     indexes_converge(&[&frontend], &[&w1, &w2]).await;
 
     // etcd goes away: the frontend keeps the workers it knows and keeps serving.
+    let in_flight = start_stream(&frontend, 1500).await;
     cluster.etcd.kill();
     for d in 0..3 {
         assert!(ask(&frontend, d, 1).await > 0, "still routed by cache");
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.etcd.start_again();
+    finish_stream(in_flight, 1500).await;
     // The workers keep (or renew) their registrations: still two, past a lease TTL.
     tokio::time::sleep(Duration::from_secs(LEASE_TTL_SECS + 1)).await;
     assert_eq!(workers_seen(&frontend).await, 2);
