@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use switchyard_core::KvEvent;
 use switchyard_router::{Indexer, IndexerConfig, WorkerSnapshot};
 use switchyard_runtime::IndexView;
-use switchyard_runtime::net::kv::{DUMP_PATH, INDEX_PATH};
+use switchyard_runtime::net::kv::{DUMP_PATH, EVENTS_PATH, INDEX_PATH};
 
 /// Recent events kept for inspection and replay.
 const RING: usize = 4096;
@@ -75,7 +75,30 @@ pub fn routes(state: Arc<Mutex<KvState>>) -> Router {
     Router::new()
         .route(DUMP_PATH, axum::routing::get(dump))
         .route(INDEX_PATH, axum::routing::get(index))
+        .route(EVENTS_PATH, axum::routing::get(events))
         .with_state(state)
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Since {
+    since: u64,
+}
+
+async fn events(
+    State(state): State<Arc<Mutex<KvState>>>,
+    axum::extract::Query(Since { since }): axum::extract::Query<Since>,
+) -> Response {
+    let Some(events) = state.lock().events_since(since) else {
+        return (
+            StatusCode::GONE,
+            format!("events after {since} are no longer in the ring; fetch {DUMP_PATH}"),
+        )
+            .into_response();
+    };
+    match rmp_serde::to_vec(&events) {
+        Ok(bytes) => bytes.into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 async fn index(State(state): State<Arc<Mutex<KvState>>>) -> axum::Json<IndexView> {
@@ -111,6 +134,55 @@ mod tests {
                 }],
             },
         }
+    }
+
+    #[tokio::test]
+    async fn the_routes_serve_dump_index_and_ring() {
+        use axum::body::Body;
+        use axum::http::Request;
+        use tower::ServiceExt;
+
+        let state = Arc::new(Mutex::new(KvState::default()));
+        state
+            .lock()
+            .record(&[stored(1, 10), stored(2, 20), stored(3, 30)]);
+        let get = |uri: &str| {
+            let app = routes(Arc::clone(&state));
+            let request = Request::get(uri).body(Body::empty()).unwrap();
+            async move {
+                let response = app.oneshot(request).await.unwrap();
+                let status = response.status();
+                let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                    .await
+                    .unwrap();
+                (status, body)
+            }
+        };
+        let (status, body) = get("/v1/internal/kv/events?since=1").await;
+        assert_eq!(status, StatusCode::OK);
+        let events: Vec<KvEvent> = rmp_serde::from_slice(&body).unwrap();
+        assert_eq!(
+            events.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+            [2, 3]
+        );
+        let (status, _) = get("/v1/internal/kv/events").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "since is required");
+        let (status, body) = get(DUMP_PATH).await;
+        assert_eq!(status, StatusCode::OK);
+        let dump: Vec<WorkerSnapshot> = rmp_serde::from_slice(&body).unwrap();
+        assert_eq!(dump[0].last_event_id, Some(3));
+        let (status, body) = get(INDEX_PATH).await;
+        assert_eq!(status, StatusCode::OK);
+        let view: IndexView = serde_json::from_slice(&body).unwrap();
+        assert_eq!(view, state.lock().index());
+        assert_eq!(view.streams[0].blocks.len(), 3);
+
+        for id in 4..(RING as u64 + 10) {
+            state.lock().record(&[stored(id, id)]);
+        }
+        let (status, body) = get("/v1/internal/kv/events?since=1").await;
+        assert_eq!(status, StatusCode::GONE);
+        assert!(String::from_utf8_lossy(&body).contains(DUMP_PATH));
     }
 
     #[test]

@@ -14,6 +14,9 @@ pub const DUMP_PATH: &str = "/v1/internal/kv/dump";
 /// An index as JSON [`crate::snapshot::IndexView`], on workers and frontends alike, for
 /// comparing them.
 pub const INDEX_PATH: &str = "/v1/internal/kv/index";
+/// The worker's recent events after `?since=ID`, as MessagePack `Vec<KvEvent>`; 410 Gone
+/// when its ring no longer holds them all (then fetch the dump).
+pub const EVENTS_PATH: &str = "/v1/internal/kv/events";
 
 #[derive(Debug, Clone)]
 pub struct KvDumpClient {
