@@ -35,6 +35,7 @@ impl Frontend {
                         max_num_seqs: 8,
                         dp_size: 1,
                         address: None,
+                        incarnation: 0,
                     },
                 )
             })

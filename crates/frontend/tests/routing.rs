@@ -24,6 +24,7 @@ fn worker(id: u64, block_size: u32, max_num_seqs: u32) -> WorkerInstance {
         max_num_seqs,
         dp_size: 1,
         address: None,
+        incarnation: 0,
     }
 }
 
@@ -218,4 +219,24 @@ fn concurrent_scrapes_each_see_every_worker() {
         .collect();
     let incomplete: usize = scrapes.into_iter().map(|t| t.join().unwrap()).sum();
     assert_eq!(incomplete, 0, "scrapes missing a worker's series");
+}
+
+#[test]
+fn a_worker_restarted_under_its_id_starts_afresh() {
+    let routing = service();
+    routing.sync_workers(&set(&[worker(1, 16, 8)]));
+    routing.apply_event(stored(1, 1, &(0..64).collect::<Vec<_>>(), 16));
+    routing.apply_event(stored(1, 2, &(100..164).collect::<Vec<_>>(), 16));
+    assert_eq!(routing.indexer().read(|i| i.block_count()), 8);
+    // The same id, a new incarnation: what the old one cached is gone, and the new one's
+    // event ids start again from 1.
+    let restarted = WorkerInstance {
+        incarnation: 7,
+        ..worker(1, 16, 8)
+    };
+    routing.sync_workers(&set(&[restarted]));
+    assert_eq!(routing.worker_count(), 1);
+    assert_eq!(routing.indexer().read(|i| i.block_count()), 0);
+    routing.apply_event(stored(1, 1, &(200..232).collect::<Vec<_>>(), 16));
+    assert_eq!(routing.indexer().read(|i| i.block_count()), 2);
 }

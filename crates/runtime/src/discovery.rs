@@ -26,6 +26,10 @@ pub struct WorkerInstance {
     /// Where its request plane listens, for network request planes.
     #[serde(default)]
     pub address: Option<String>,
+    /// Random per start: a worker restarted under the same id is a new incarnation, whose
+    /// cache and event ids start afresh.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// Every registered worker, by id.

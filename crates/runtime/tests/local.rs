@@ -23,6 +23,7 @@ fn instance(id: u64) -> WorkerInstance {
         max_num_seqs: 8,
         dp_size: 1,
         address: None,
+        incarnation: 0,
     }
 }
 

@@ -35,6 +35,7 @@ fn instance(id: u64, address: Option<String>) -> WorkerInstance {
         max_num_seqs: 8,
         dp_size: 1,
         address,
+        incarnation: 0,
     }
 }
 

@@ -83,6 +83,7 @@ impl Worker {
             dp_rank: 0,
         };
         let kv_state = Arc::new(Mutex::new(KvState::default()));
+        let incarnation = rand::random::<u64>();
         let stop = cancel.child_token();
         // Whatever fails below, the engine and its tasks stop with it.
         let stop_on_error = stop.clone().drop_guard();
@@ -116,6 +117,7 @@ impl Worker {
                     max_num_seqs: mocker.args.max_num_seqs,
                     dp_size: 1,
                     address: None,
+                    incarnation,
                 };
                 (
                     Arc::new(MockerService::new(handle, mocker.args.block_size)),
@@ -131,6 +133,7 @@ impl Worker {
                     max_num_seqs: u32::MAX,
                     dp_size: 1,
                     address: None,
+                    incarnation,
                 };
                 (Arc::new(EchoService::new(echo.clone())), instance)
             }

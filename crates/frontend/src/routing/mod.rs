@@ -150,10 +150,12 @@ impl RoutingService {
             .filter(|(_, i)| i.model == self.model)
             .map(|(id, i)| (*id, i))
             .collect();
+        // Gone, or restarted under the same id (then it leaves and joins again: its cache
+        // and event ids started afresh).
         let gone: Vec<WorkerId> = workers
-            .keys()
-            .filter(|id| !wanted.contains_key(id))
-            .copied()
+            .iter()
+            .filter(|(id, known)| wanted.get(id).is_none_or(|now| now != known))
+            .map(|(id, _)| *id)
             .collect();
         for id in gone {
             syncing.remove(&id);
