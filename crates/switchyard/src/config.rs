@@ -139,6 +139,16 @@ pub enum EngineKind {
     Echo,
 }
 
+impl EngineKind {
+    /// The name in configuration files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Mocker => "mocker",
+            EngineKind::Echo => "echo",
+        }
+    }
+}
+
 /// The in-process workers of `serve`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -214,14 +214,14 @@ fn worker_config(config: &Config) -> WorkerConfig {
     }
 }
 
-/// A frontend of a distributed deployment: workers from etcd, their events from NATS,
-/// requests to them over HTTP/2.
-pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
-    let planes = config.runtime.planes()?;
-    let tracker = TaskTracker::new();
-    let cancel = CancellationToken::new();
-    let stop_on_error = cancel.clone().drop_guard();
+/// Discovery through etcd and events through NATS, as `config.runtime` says.
+async fn connect(
+    config: &Config,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) -> Result<(EtcdDiscovery, NatsEventPlane)> {
     let runtime = &config.runtime;
+    let planes = runtime.planes()?;
     let discovery = EtcdDiscovery::start(
         &planes.etcd,
         &runtime.namespace,
@@ -236,11 +236,22 @@ pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
         cancel.clone(),
     )
     .await?;
+    Ok((discovery, events))
+}
+
+/// A frontend of a distributed deployment: workers from etcd, their events from NATS,
+/// requests to them over HTTP/2.
+pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
+    let tracker = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let stop_on_error = cancel.clone().drop_guard();
+    let (discovery, events) = connect(&config, &tracker, &cancel).await?;
     let requests = HttpRequestPlane::new()?;
     let dumps = KvDumpClient::new().map_err(anyhow::Error::msg)?;
     let sync = FrontendSync {
         resync: Some(Arc::new(dumps)),
-        replicas: runtime
+        replicas: config
+            .runtime
             .replica_sync
             .then(|| Arc::new(events.clone()) as Arc<dyn ReplicaPlane>),
     };
@@ -277,11 +288,9 @@ impl WorkerProcess {
 }
 
 pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
-    let planes = config.runtime.planes()?;
     let tracker = TaskTracker::new();
     let cancel = CancellationToken::new();
     let stop_on_error = cancel.clone().drop_guard();
-    let runtime = &config.runtime;
     let listen = &config.worker.listen;
     let listener = TcpListener::bind(listen.as_str())
         .await
@@ -294,20 +303,7 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
         ),
         None => local.to_string(),
     };
-    let discovery = EtcdDiscovery::start(
-        &planes.etcd,
-        &runtime.namespace,
-        runtime.lease_ttl,
-        tracker.clone(),
-        cancel.clone(),
-    );
-    let events = NatsEventPlane::connect(
-        &planes.nats,
-        &runtime.namespace,
-        tracker.clone(),
-        cancel.clone(),
-    )
-    .await?;
+    let (discovery, events) = connect(&config, &tracker, &cancel).await?;
     let id = config
         .worker
         .id

@@ -32,9 +32,11 @@ impl KvDumpClient {
             .map_err(|e| e.to_string())?;
         Ok(KvDumpClient { client })
     }
+}
 
-    /// The worker's cache, as a snapshot per data-parallel rank.
-    pub async fn dump(&self, worker: &WorkerInstance) -> Result<Vec<WorkerSnapshot>, String> {
+#[async_trait]
+impl KvSnapshotSource for KvDumpClient {
+    async fn snapshot(&self, worker: &WorkerInstance) -> Result<Vec<WorkerSnapshot>, String> {
         let address = worker
             .address
             .as_deref()
@@ -53,12 +55,5 @@ impl KvDumpClient {
             .await
             .map_err(|e| format!("{address}: {e}"))?;
         rmp_serde::from_slice(&bytes).map_err(|e| format!("{address}: invalid dump: {e}"))
-    }
-}
-
-#[async_trait]
-impl KvSnapshotSource for KvDumpClient {
-    async fn snapshot(&self, worker: &WorkerInstance) -> Result<Vec<WorkerSnapshot>, String> {
-        self.dump(worker).await
     }
 }

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use async_nats::Event;
 use async_trait::async_trait;
 use futures::StreamExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -91,13 +93,60 @@ impl NatsEventPlane {
         format!("switchyard.{}.replicas.{}", self.namespace, token(model))
     }
 
-    async fn send(&self, subject: &str, event: &WorkerEvent) -> Result<(), EventPlaneError> {
-        let payload = rmp_serde::to_vec(event)
-            .map_err(|e| EventPlaneError::Unavailable(format!("cannot encode an event: {e}")))?;
+    async fn send(&self, subject: String, message: &impl Serialize) -> Result<(), EventPlaneError> {
+        let payload = rmp_serde::to_vec(message)
+            .map_err(|e| EventPlaneError::Unavailable(format!("cannot encode a message: {e}")))?;
         self.client
-            .publish(subject.to_string(), payload.into())
+            .publish(subject, payload.into())
             .await
             .map_err(|e| EventPlaneError::Unavailable(format!("cannot publish to NATS: {e}")))
+    }
+
+    /// Subscribes to `subject` and forwards its decoded messages until cancelled, and
+    /// `on_reconnect` (if any) after each reconnection.
+    async fn forward<T>(
+        &self,
+        subject: String,
+        on_reconnect: Option<T>,
+    ) -> Result<mpsc::UnboundedReceiver<T>, EventPlaneError>
+    where
+        T: DeserializeOwned + Clone + Send + 'static,
+    {
+        let mut subscriber =
+            self.client.subscribe(subject).await.map_err(|e| {
+                EventPlaneError::Unavailable(format!("cannot subscribe on NATS: {e}"))
+            })?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = self.cancel.clone();
+        let mut reconnections = self.reconnections.subscribe();
+        reconnections.mark_unchanged();
+        self.tracker.spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    changed = reconnections.changed(), if on_reconnect.is_some() => {
+                        let marker = on_reconnect.clone();
+                        if changed.is_err() || marker.is_some_and(|m| tx.send(m).is_err()) {
+                            return;
+                        }
+                        continue;
+                    }
+                    message = subscriber.next() => match message {
+                        Some(message) => message,
+                        None => return,
+                    },
+                };
+                match rmp_serde::from_slice::<T>(&message.payload) {
+                    Ok(decoded) => {
+                        if tx.send(decoded).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "ignoring an undecodable message"),
+                }
+            }
+        });
+        Ok(rx)
     }
 }
 
@@ -108,51 +157,18 @@ impl EventPlane for NatsEventPlane {
         match event {
             WorkerEvent::Kv(events) if events.len() > MAX_EVENTS_PER_MESSAGE => {
                 for chunk in events.chunks(MAX_EVENTS_PER_MESSAGE) {
-                    self.send(&subject, &WorkerEvent::Kv(chunk.to_vec()))
+                    self.send(subject.clone(), &WorkerEvent::Kv(chunk.to_vec()))
                         .await?;
                 }
                 Ok(())
             }
-            event => self.send(&subject, &event).await,
+            event => self.send(subject, &event).await,
         }
     }
 
     async fn subscribe(&self, model: &str) -> Result<EventSubscription, EventPlaneError> {
-        let mut subscriber = self
-            .client
-            .subscribe(self.subject(model))
+        self.forward(self.subject(model), Some(WorkerEvent::Reconnected))
             .await
-            .map_err(|e| EventPlaneError::Unavailable(format!("cannot subscribe on NATS: {e}")))?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = self.cancel.clone();
-        let mut reconnections = self.reconnections.subscribe();
-        reconnections.mark_unchanged();
-        self.tracker.spawn(async move {
-            loop {
-                let message = tokio::select! {
-                    () = cancel.cancelled() => return,
-                    changed = reconnections.changed() => {
-                        if changed.is_err() || tx.send(WorkerEvent::Reconnected).is_err() {
-                            return;
-                        }
-                        continue;
-                    }
-                    message = subscriber.next() => match message {
-                        Some(message) => message,
-                        None => return,
-                    },
-                };
-                match rmp_serde::from_slice::<WorkerEvent>(&message.payload) {
-                    Ok(event) => {
-                        if tx.send(event).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "ignoring an undecodable event"),
-                }
-            }
-        });
-        Ok(rx)
     }
 }
 
@@ -163,44 +179,13 @@ impl ReplicaPlane for NatsEventPlane {
         model: &str,
         message: &ReplicaMessage,
     ) -> Result<(), EventPlaneError> {
-        let payload = rmp_serde::to_vec(message)
-            .map_err(|e| EventPlaneError::Unavailable(format!("cannot encode a message: {e}")))?;
-        self.client
-            .publish(self.replica_subject(model), payload.into())
-            .await
-            .map_err(|e| EventPlaneError::Unavailable(format!("cannot publish to NATS: {e}")))
+        self.send(self.replica_subject(model), message).await
     }
 
     async fn subscribe_replicas(
         &self,
         model: &str,
     ) -> Result<ReplicaSubscription, EventPlaneError> {
-        let mut subscriber = self
-            .client
-            .subscribe(self.replica_subject(model))
-            .await
-            .map_err(|e| EventPlaneError::Unavailable(format!("cannot subscribe on NATS: {e}")))?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = self.cancel.clone();
-        self.tracker.spawn(async move {
-            loop {
-                let message = tokio::select! {
-                    () = cancel.cancelled() => return,
-                    message = subscriber.next() => match message {
-                        Some(message) => message,
-                        None => return,
-                    },
-                };
-                match rmp_serde::from_slice::<ReplicaMessage>(&message.payload) {
-                    Ok(message) => {
-                        if tx.send(message).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "ignoring an undecodable replica message"),
-                }
-            }
-        });
-        Ok(rx)
+        self.forward(self.replica_subject(model), None).await
     }
 }

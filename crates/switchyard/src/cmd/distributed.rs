@@ -2,20 +2,18 @@
 //! deployment, meeting in etcd (discovery) and NATS (events).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
 use switchyard::config::{self, Config, EngineKind};
 use switchyard::deploy;
-use switchyard_router::PolicyKind;
 
-/// Flags both processes take.
+use super::flags::{FrontendFlags, Overlay};
+
+/// Where the planes are: flags both processes take.
 #[derive(Debug, Args)]
-pub struct CommonArgs {
-    /// A TOML configuration file (see docs/configuration.md).
-    #[arg(long)]
-    config: Option<PathBuf>,
+pub struct PlaneFlags {
     /// etcd, for discovery: etcd://HOST:PORT.
     #[arg(long)]
     discovery: Option<String>,
@@ -25,33 +23,43 @@ pub struct CommonArgs {
     /// Deployments sharing etcd and NATS stay apart by namespace.
     #[arg(long)]
     namespace: Option<String>,
-    /// The model name served.
-    #[arg(long)]
-    model: Option<String>,
+}
+
+impl PlaneFlags {
+    fn apply(&self, o: &mut Overlay) {
+        o.set_some(&["runtime", "discovery"], self.discovery.clone());
+        o.set_some(&["runtime", "event_plane"], self.event_plane.clone());
+        o.set_some(&["runtime", "namespace"], self.namespace.clone());
+    }
 }
 
 #[derive(Debug, Args)]
 pub struct FrontendArgs {
     #[command(flatten)]
-    common: CommonArgs,
-    /// Address to listen on.
-    #[arg(long)]
-    host: Option<String>,
-    /// Port to listen on (0: any free port).
-    #[arg(long)]
-    port: Option<u16>,
-    /// A Hugging Face model directory for the tokenizer and chat template.
-    #[arg(long)]
-    tokenizer: Option<PathBuf>,
-    /// Routing policy.
-    #[arg(long)]
-    policy: Option<PolicyKind>,
+    frontend: FrontendFlags,
+    #[command(flatten)]
+    planes: PlaneFlags,
+}
+
+impl FrontendArgs {
+    fn overlay(&self) -> toml::Table {
+        let mut o = Overlay::default();
+        self.frontend.apply(&mut o);
+        self.planes.apply(&mut o);
+        o.0
+    }
 }
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
+    /// A TOML configuration file (see docs/configuration.md).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The model name served.
+    #[arg(long)]
+    model: Option<String>,
     #[command(flatten)]
-    common: CommonArgs,
+    planes: PlaneFlags,
     /// The engine it runs.
     #[arg(long, value_enum)]
     engine: Option<EngineKind>,
@@ -64,7 +72,7 @@ pub struct WorkerArgs {
     /// Its worker id (default: random).
     #[arg(long)]
     worker_id: Option<u64>,
-    /// Seconds a dead worker stays registered.
+    /// How long a dead worker stays registered (e.g. 10s).
     #[arg(long)]
     lease_ttl: Option<String>,
     /// Mocker: KV cache capacity in blocks.
@@ -87,112 +95,57 @@ pub struct WorkerArgs {
     perf_profile: Option<PathBuf>,
 }
 
-struct Overlay(toml::Table);
-
-impl Overlay {
-    fn set(&mut self, path: &[&str], value: impl Into<toml::Value>) {
-        let path: Vec<String> = path.iter().map(|s| s.to_string()).collect();
-        config::insert(&mut self.0, &path, value.into());
-    }
-
-    fn common(&mut self, args: &CommonArgs) {
-        if let Some(url) = &args.discovery {
-            self.set(&["runtime", "discovery"], url.clone());
-        }
-        if let Some(url) = &args.event_plane {
-            self.set(&["runtime", "event_plane"], url.clone());
-        }
-        if let Some(namespace) = &args.namespace {
-            self.set(&["runtime", "namespace"], namespace.clone());
-        }
-        if let Some(model) = &args.model {
-            self.set(&["frontend", "model"], model.clone());
-        }
-    }
-}
-
-fn frontend_overlay(args: &FrontendArgs) -> toml::Table {
-    let mut o = Overlay(toml::Table::new());
-    o.common(&args.common);
-    if let Some(host) = &args.host {
-        o.set(&["frontend", "host"], host.clone());
-    }
-    if let Some(port) = args.port {
-        o.set(&["frontend", "port"], i64::from(port));
-    }
-    if let Some(tokenizer) = &args.tokenizer {
-        o.set(&["frontend", "tokenizer"], tokenizer.display().to_string());
-    }
-    if let Some(policy) = args.policy {
-        o.set(&["frontend", "router", "policy"], policy.name());
-    }
-    o.0
-}
-
-fn worker_overlay(args: &WorkerArgs) -> toml::Table {
-    let mut o = Overlay(toml::Table::new());
-    o.common(&args.common);
-    if let Some(engine) = args.engine {
-        let name = match engine {
-            EngineKind::Mocker => "mocker",
-            EngineKind::Echo => "echo",
-        };
-        o.set(&["workers", "engine"], name);
-    }
-    if let Some(listen) = &args.listen {
-        o.set(&["worker", "listen"], listen.clone());
-    }
-    if let Some(advertise) = &args.advertise {
-        o.set(&["worker", "advertise"], advertise.clone());
-    }
-    if let Some(id) = args.worker_id {
-        // TOML integers are signed; ids above i64::MAX are written as strings and refused
-        // by the loader with a precise message.
-        match i64::try_from(id) {
-            Ok(id) => o.set(&["worker", "id"], id),
-            Err(_) => o.set(&["worker", "id"], id.to_string()),
-        }
-    }
-    if let Some(ttl) = &args.lease_ttl {
-        o.set(&["runtime", "lease_ttl"], ttl.clone());
-    }
-    if let Some(n) = args.num_gpu_blocks {
-        o.set(&["workers", "mocker", "num_gpu_blocks"], i64::from(n));
-    }
-    if let Some(n) = args.block_size {
-        o.set(&["workers", "mocker", "block_size"], i64::from(n));
-        o.set(&["workers", "echo", "block_size"], i64::from(n));
-    }
-    if let Some(n) = args.max_num_seqs {
-        o.set(&["workers", "mocker", "max_num_seqs"], i64::from(n));
-    }
-    if let Some(n) = args.max_num_batched_tokens {
-        o.set(
-            &["workers", "mocker", "max_num_batched_tokens"],
-            i64::from(n),
+impl WorkerArgs {
+    fn overlay(&self) -> toml::Table {
+        let mut o = Overlay::default();
+        o.set_some(&["frontend", "model"], self.model.clone());
+        self.planes.apply(&mut o);
+        o.engine(self.engine);
+        o.set_some(&["worker", "listen"], self.listen.clone());
+        o.set_some(&["worker", "advertise"], self.advertise.clone());
+        // TOML integers are signed; larger ids go as strings, which the loader refuses
+        // with a precise message.
+        o.set_some(
+            &["worker", "id"],
+            self.worker_id.map(|id| match i64::try_from(id) {
+                Ok(id) => toml::Value::from(id),
+                Err(_) => toml::Value::from(id.to_string()),
+            }),
         );
-    }
-    if let Some(ratio) = args.speedup_ratio {
-        o.set(&["workers", "mocker", "speedup_ratio"], ratio);
-    }
-    if let Some(path) = &args.perf_profile {
-        o.set(
-            &["workers", "mocker", "perf_profile"],
-            path.display().to_string(),
+        o.set_some(&["runtime", "lease_ttl"], self.lease_ttl.clone());
+        let mocker = |key| ["workers", "mocker", key];
+        o.set_some(
+            &mocker("num_gpu_blocks"),
+            self.num_gpu_blocks.map(i64::from),
         );
+        o.set_some(&mocker("block_size"), self.block_size.map(i64::from));
+        o.set_some(
+            &["workers", "echo", "block_size"],
+            self.block_size.map(i64::from),
+        );
+        o.set_some(&mocker("max_num_seqs"), self.max_num_seqs.map(i64::from));
+        o.set_some(
+            &mocker("max_num_batched_tokens"),
+            self.max_num_batched_tokens.map(i64::from),
+        );
+        o.set_some(&mocker("speedup_ratio"), self.speedup_ratio);
+        o.set_some(
+            &mocker("perf_profile"),
+            self.perf_profile.as_ref().map(|p| p.display().to_string()),
+        );
+        o.0
     }
-    o.0
 }
 
-fn load(common: &CommonArgs, env: &BTreeMap<String, String>, flags: toml::Table) -> Result<Config> {
-    let config = config::load(common.config.as_deref(), env, flags)?;
+fn load(file: Option<&Path>, env: &BTreeMap<String, String>, flags: toml::Table) -> Result<Config> {
+    let config = config::load(file, env, flags)?;
     config.runtime.planes()?;
     crate::logging::init(&config.log.level)?;
     Ok(config)
 }
 
 pub fn run_frontend(args: FrontendArgs, env: &BTreeMap<String, String>) -> Result<()> {
-    let config = load(&args.common, env, frontend_overlay(&args))?;
+    let config = load(args.frontend.config.as_deref(), env, args.overlay())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -212,7 +165,7 @@ pub fn run_frontend(args: FrontendArgs, env: &BTreeMap<String, String>) -> Resul
 }
 
 pub fn run_worker(args: WorkerArgs, env: &BTreeMap<String, String>) -> Result<()> {
-    let config = load(&args.common, env, worker_overlay(&args))?;
+    let config = load(args.config.as_deref(), env, args.overlay())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod distributed;
+pub mod flags;
 pub mod serve;
 pub mod sim;
 pub mod synth;

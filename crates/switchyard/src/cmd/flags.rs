@@ -1,0 +1,68 @@
+//! Command-line flags as a configuration overlay (the last layer of `config::load`), and the
+//! flags more than one command takes.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use switchyard::config::{self, EngineKind};
+use switchyard_router::PolicyKind;
+
+/// A configuration overlay under construction.
+#[derive(Debug, Default)]
+pub struct Overlay(pub toml::Table);
+
+impl Overlay {
+    pub fn set(&mut self, path: &[&str], value: impl Into<toml::Value>) {
+        let path: Vec<String> = path.iter().map(|s| s.to_string()).collect();
+        config::insert(&mut self.0, &path, value.into());
+    }
+
+    pub fn set_some<T: Into<toml::Value>>(&mut self, path: &[&str], value: Option<T>) {
+        if let Some(value) = value {
+            self.set(path, value);
+        }
+    }
+
+    pub fn engine(&mut self, engine: Option<EngineKind>) {
+        self.set_some(&["workers", "engine"], engine.map(EngineKind::name));
+    }
+}
+
+/// The frontend's own flags (`serve` and `frontend`).
+#[derive(Debug, Args)]
+pub struct FrontendFlags {
+    /// A TOML configuration file (see docs/configuration.md).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long)]
+    host: Option<String>,
+    /// Port to listen on (0: any free port).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The model name served.
+    #[arg(long)]
+    model: Option<String>,
+    /// A Hugging Face model directory for the tokenizer and chat template.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Routing policy.
+    #[arg(long)]
+    policy: Option<PolicyKind>,
+}
+
+impl FrontendFlags {
+    pub fn apply(&self, o: &mut Overlay) {
+        o.set_some(&["frontend", "host"], self.host.clone());
+        o.set_some(&["frontend", "port"], self.port.map(i64::from));
+        o.set_some(&["frontend", "model"], self.model.clone());
+        o.set_some(
+            &["frontend", "tokenizer"],
+            self.tokenizer.as_ref().map(|t| t.display().to_string()),
+        );
+        o.set_some(
+            &["frontend", "router", "policy"],
+            self.policy.map(|p| p.name()),
+        );
+    }
+}
