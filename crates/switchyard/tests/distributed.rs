@@ -7,9 +7,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::{Value, json};
 use support::process::Process;
+use support::{OpenStream, assert_completed, metric_value, open_stream, scrape};
 use switchyard_runtime::IndexView;
 use switchyard_runtime::net::kv::INDEX_PATH;
 use switchyard_runtime::testing::{EtcdServer, NatsServer};
@@ -209,10 +209,8 @@ async fn ask(frontend: &Process, d: usize, question: usize) -> u64 {
         .unwrap_or(0)
 }
 
-type Stream = futures::stream::BoxStream<'static, reqwest::Result<axum::body::Bytes>>;
-
-/// Starts a streamed completion of `max_tokens` and waits for its first bytes.
-async fn start_stream(frontend: &Process, max_tokens: u32) -> (Stream, String) {
+/// Starts a streamed completion of `max_tokens`, in flight once this returns.
+async fn start_stream(frontend: &Process, max_tokens: u32) -> OpenStream {
     let body = json!({
         "model": MODEL,
         "prompt": "Once upon a time",
@@ -220,47 +218,17 @@ async fn start_stream(frontend: &Process, max_tokens: u32) -> (Stream, String) {
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let response = client()
-        .post(frontend.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream().boxed();
-    let first = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).to_string();
-    assert!(!first.contains("[DONE]"), "still streaming");
-    (stream, first)
+    open_stream(&frontend.url("/v1/completions"), &body).await
 }
 
-/// Reads the stream to its end: every token arrived, no error.
-async fn finish_stream((mut stream, mut text): (Stream, String), max_tokens: u32) {
-    while let Some(chunk) = stream.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
-    assert!(!text.contains("\"error\""), "{text}");
-    assert!(
-        text.contains(&format!("\"completion_tokens\":{max_tokens}")),
-        "{text}"
-    );
-    assert!(text.ends_with("data: [DONE]\n\n"));
-}
-
-/// A metric's value for one worker (0 when absent).
-async fn worker_metric(frontend: &Process, name: &str, worker: &str) -> f64 {
-    let text = client()
-        .get(frontend.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let label = format!("worker=\"{worker}\"");
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// A metric's value at a frontend, for one worker or summed.
+async fn metric(frontend: &Process, name: &str, worker: Option<&str>) -> f64 {
+    let label = worker.map(|w| format!("worker=\"{w}\""));
+    metric_value(
+        &scrape(&frontend.url("/metrics")).await,
+        name,
+        label.as_deref(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,8 +270,8 @@ async fn two_frontends_three_workers_agree_survive_a_crash_and_a_frontend_restar
     let mut before = Vec::new();
     for frontend in [&a, &b] {
         before.push((
-            worker_metric(frontend, "switchyard_dispatched_requests", dead_key).await,
-            worker_metric(frontend, "switchyard_dispatch_failures", dead_key).await,
+            metric(frontend, "switchyard_dispatched_requests", Some(dead_key)).await,
+            metric(frontend, "switchyard_dispatch_failures", Some(dead_key)).await,
         ));
     }
     for d in 0..6 {
@@ -313,8 +281,8 @@ async fn two_frontends_three_workers_agree_survive_a_crash_and_a_frontend_restar
     }
     for (i, frontend) in [&a, &b].into_iter().enumerate() {
         let after = (
-            worker_metric(frontend, "switchyard_dispatched_requests", dead_key).await,
-            worker_metric(frontend, "switchyard_dispatch_failures", dead_key).await,
+            metric(frontend, "switchyard_dispatched_requests", Some(dead_key)).await,
+            metric(frontend, "switchyard_dispatch_failures", Some(dead_key)).await,
         );
         assert_eq!(
             after, before[i],
@@ -358,7 +326,7 @@ async fn nats_then_etcd_restart_and_the_deployment_recovers() {
     for d in 4..8 {
         ask(&frontend, d, 0).await;
     }
-    finish_stream(in_flight, 1500).await;
+    assert_completed(&in_flight.finish().await, 1500);
     cluster.nats.start_again();
     // The reconnection triggers a resync: the frontend catches up on what it missed.
     indexes_converge(&[&frontend], &[&w1, &w2]).await;
@@ -376,7 +344,7 @@ async fn nats_then_etcd_restart_and_the_deployment_recovers() {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.etcd.start_again();
-    finish_stream(in_flight, 1500).await;
+    assert_completed(&in_flight.finish().await, 1500);
     // The workers keep (or renew) their registrations: still two, past a lease TTL.
     tokio::time::sleep(Duration::from_secs(LEASE_TTL_SECS + 1)).await;
     assert_eq!(workers_seen(&frontend).await, 2);
@@ -404,40 +372,11 @@ async fn sigterm_deregisters_a_worker_and_finishes_its_requests() {
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let response = client()
-        .post(frontend.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream();
-    let mut text = String::new();
     // The first chunk arrives; then the worker is told to stop.
-    text.push_str(&String::from_utf8_lossy(
-        &stream.next().await.unwrap().unwrap(),
-    ));
-    assert!(!text.contains("[DONE]"), "still streaming when signalled");
+    let stream = open_stream(&frontend.url("/v1/chat/completions"), &body).await;
     worker.sigterm();
     let signalled = Instant::now();
-    while let Some(chunk) = stream.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
-    let events: Vec<Value> = text
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .filter(|e| *e != "[DONE]")
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
-    let usage = events
-        .iter()
-        .find_map(|e| e.get("usage").filter(|u| !u.is_null()));
-    assert_eq!(
-        usage.unwrap()["completion_tokens"],
-        48,
-        "the request in flight finished: {text}"
-    );
-    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_completed(&stream.finish().await, 48);
     assert!(worker.wait(Duration::from_secs(10)).success());
     // Deregistered at once, not after a lease TTL.
     wait_for_workers(&frontend, 0, Duration::from_secs(LEASE_TTL_SECS)).await;
@@ -449,21 +388,6 @@ async fn sigterm_deregisters_a_worker_and_finishes_its_requests() {
         .await
         .unwrap();
     assert_eq!(response.status(), 503);
-}
-
-async fn metric(frontend: &Process, name: &str) -> f64 {
-    let text = client()
-        .get(frontend.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.split([' ', '{']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -482,15 +406,8 @@ async fn frontends_share_their_requests_and_do_not_pile_onto_one_worker() {
         "max_tokens": 400,
         "stream": true,
     });
-    let response = client()
-        .post(a.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut stream = response.bytes_stream();
-    stream.next().await.unwrap().unwrap();
-    let busy = if worker_metric(&a, "switchyard_dispatched_requests", "1/0").await == 1.0 {
+    let stream = open_stream(&a.url("/v1/chat/completions"), &body).await;
+    let busy = if metric(&a, "switchyard_dispatched_requests", Some("1/0")).await == 1.0 {
         "1/0"
     } else {
         "2/0"
@@ -498,8 +415,8 @@ async fn frontends_share_their_requests_and_do_not_pile_onto_one_worker() {
     let idle = if busy == "1/0" { "2/0" } else { "1/0" };
     // ...and b counts it.
     eventually(Duration::from_secs(5), "b counting a's request", || async {
-        let n = metric(&b, "switchyard_replica_requests").await;
-        let load = worker_metric(&b, "switchyard_worker_requests", busy).await;
+        let n = metric(&b, "switchyard_replica_requests", None).await;
+        let load = metric(&b, "switchyard_worker_requests", Some(busy)).await;
         if n == 1.0 && load == 1.0 {
             Ok(())
         } else {
@@ -510,11 +427,11 @@ async fn frontends_share_their_requests_and_do_not_pile_onto_one_worker() {
     // So b sends its own request to the idle worker.
     ask(&b, 0, 0).await;
     assert_eq!(
-        worker_metric(&b, "switchyard_dispatched_requests", idle).await,
+        metric(&b, "switchyard_dispatched_requests", Some(idle)).await,
         1.0
     );
     assert_eq!(
-        worker_metric(&b, "switchyard_dispatched_requests", busy).await,
+        metric(&b, "switchyard_dispatched_requests", Some(busy)).await,
         0.0
     );
     // a's client leaves: b stops counting the request.
@@ -523,7 +440,7 @@ async fn frontends_share_their_requests_and_do_not_pile_onto_one_worker() {
         Duration::from_secs(5),
         "b forgetting a's request",
         || async {
-            let n = metric(&b, "switchyard_replica_requests").await;
+            let n = metric(&b, "switchyard_replica_requests", None).await;
             if n == 0.0 {
                 Ok(())
             } else {

@@ -7,7 +7,6 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde_json::{Value, json};
 use support::process::Process;
 
@@ -41,20 +40,9 @@ async fn serve_answers_and_finishes_its_streams_on_sigterm() {
         "max_tokens": 40,
         "stream": true,
     });
-    let response = client
-        .post(serve.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream();
-    let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).to_string();
-    assert!(!text.contains("[DONE]"));
+    let stream = support::open_stream(&serve.url("/v1/chat/completions"), &body).await;
     serve.sigterm();
-    while let Some(chunk) = stream.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
+    let text = stream.finish().await;
     assert!(!text.contains("\"error\""), "{text}");
     assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");

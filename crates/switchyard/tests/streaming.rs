@@ -146,26 +146,15 @@ async fn routing_overrides_apply_per_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_the_streams_in_flight() {
-    use futures::StreamExt;
     // The mocker in real time: a 40-token answer takes a while.
     let d = start(&[("WORKERS__COUNT", "1")]).await;
     let mut body = chat(MODEL, "a story, please", 40);
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
-    let response = client()
-        .post(url(&d, "/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut stream = response.bytes_stream();
-    let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).to_string();
-    assert!(!text.contains("[DONE]"));
+    let stream = open_stream(&url(&d, "/v1/chat/completions"), &body).await;
     let address = d.address;
     let shutdown = tokio::spawn(d.shutdown(switchyard::deploy::SHUTDOWN_GRACE));
-    while let Some(chunk) = stream.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
+    let text = stream.finish().await;
     assert!(!text.contains("error"), "{text}");
     assert!(text.contains("\"completion_tokens\":40"), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");

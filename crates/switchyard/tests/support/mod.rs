@@ -100,19 +100,76 @@ pub async fn sse(d: &Deployment, path: &str, body: &Value) -> (u16, Vec<String>)
 
 /// The value of an unlabelled metric, or the sum of a labelled family.
 pub async fn metric(d: &Deployment, name: &str) -> f64 {
-    let text = client()
-        .get(url(d, "/metrics"))
+    metric_value(&scrape(&url(d, "/metrics")).await, name, None)
+}
+
+pub async fn scrape(url: &str) -> String {
+    client()
+        .get(url)
         .send()
         .await
         .expect("metrics")
         .text()
         .await
-        .expect("body");
+        .expect("body")
+}
+
+/// A metric (`name`, or counter `name_total`) in Prometheus text: summed over its series,
+/// or only those with `label` (like `worker="1/0"`); 0 when absent.
+pub fn metric_value(text: &str, name: &str, label: Option<&str>) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| {
+            let series = l.split(['{', ' ']).next().unwrap_or_default();
+            series == name || series.strip_suffix("_total") == Some(name)
+        })
+        .filter(|l| label.is_none_or(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
         .sum()
+}
+
+/// A streamed response being read.
+pub struct OpenStream {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<axum::body::Bytes>>,
+    /// What arrived so far.
+    pub text: String,
+}
+
+/// Posts a streamed request and waits for its first bytes: it is then in flight.
+pub async fn open_stream(url: &str, body: &Value) -> OpenStream {
+    let response = client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream().boxed();
+    let first = stream.next().await.expect("a first chunk").expect("chunk");
+    let text = String::from_utf8_lossy(&first).to_string();
+    assert!(!text.contains("[DONE]"), "still streaming: {text}");
+    OpenStream { stream, text }
+}
+
+impl OpenStream {
+    /// Reads to the end; returns the whole text.
+    pub async fn finish(mut self) -> String {
+        while let Some(chunk) = self.stream.next().await {
+            self.text
+                .push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        }
+        self.text
+    }
+}
+
+/// Checks a finished stream: no error, `completion_tokens` tokens, `[DONE]` last.
+pub fn assert_completed(text: &str, completion_tokens: u32) {
+    assert!(!text.contains("\"error\""), "{text}");
+    assert!(
+        text.contains(&format!("\"completion_tokens\":{completion_tokens}")),
+        "{text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
 }
 
 pub fn chat(model: &str, content: &str, max_tokens: u32) -> Value {
