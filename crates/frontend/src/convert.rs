@@ -224,7 +224,11 @@ fn common(
             temperature: params.temperature,
             top_p: params.top_p,
             seed: params.seed.map(|s| s as u64),
-            stop_token_ids: frontend.preprocessor.eos_token_ids().to_vec(),
+            stop_token_ids: if params.ignore_eos == Some(true) {
+                Vec::new()
+            } else {
+                frontend.preprocessor.eos_token_ids().to_vec()
+            },
         },
         stop,
         priority: extension.priority.unwrap_or_default(),

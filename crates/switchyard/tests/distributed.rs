@@ -193,6 +193,7 @@ async fn ask(frontend: &Process, d: usize, question: usize) -> u64 {
         "model": MODEL,
         "prompt": format!("{}. Question {question}: what does line {question} hold?", document(d)),
         "max_tokens": 8,
+        "ignore_eos": true,
     });
     let response = client()
         .post(frontend.url("/v1/completions"))
@@ -216,6 +217,7 @@ async fn start_stream(frontend: &Process, max_tokens: u32) -> OpenStream {
         "prompt": "Once upon a time",
         "max_tokens": max_tokens,
         "stream": true,
+        "ignore_eos": true,
         "stream_options": {"include_usage": true},
     });
     open_stream(&frontend.url("/v1/completions"), &body).await
@@ -370,6 +372,7 @@ async fn sigterm_deregisters_a_worker_and_finishes_its_requests() {
         "messages": [{"role": "user", "content": "Tell me a long story."}],
         "max_tokens": 48,
         "stream": true,
+        "ignore_eos": true,
         "stream_options": {"include_usage": true},
     });
     // The first chunk arrives; then the worker is told to stop.
@@ -405,6 +408,7 @@ async fn frontends_share_their_requests_and_do_not_pile_onto_one_worker() {
         "messages": [{"role": "user", "content": "A very long story."}],
         "max_tokens": 400,
         "stream": true,
+        "ignore_eos": true,
     });
     let stream = open_stream(&a.url("/v1/chat/completions"), &body).await;
     let busy = if metric(&a, "switchyard_dispatched_requests", Some("1/0")).await == 1.0 {

@@ -39,6 +39,7 @@ async fn serve_answers_and_finishes_its_streams_on_sigterm() {
         "messages": [{"role": "user", "content": "A long story, please."}],
         "max_tokens": 40,
         "stream": true,
+        "ignore_eos": true,
     });
     let stream = support::open_stream(&serve.url("/v1/chat/completions"), &body).await;
     serve.sigterm();

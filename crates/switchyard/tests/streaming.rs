@@ -100,6 +100,24 @@ async fn completions_streamed_and_not_with_token_prompts_and_stops() {
     )
     .await;
     assert_eq!(b["choices"][0]["text"], "hih");
+    // The end-of-sequence token (257 in the built-in vocabulary) ends generation, unless
+    // `ignore_eos` says otherwise.
+    let (_, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": [104, 257, 105], "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(b["choices"][0]["finish_reason"], "stop");
+    assert_eq!(b["usage"]["completion_tokens"], 2);
+    let (_, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": [104, 257, 105], "max_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(b["choices"][0]["finish_reason"], "length");
+    assert_eq!(b["usage"]["completion_tokens"], 3);
     // A stop string cuts the output and ends with finish_reason "stop".
     let (_, _, b) = post(
         &d,
@@ -150,6 +168,7 @@ async fn shutdown_finishes_the_streams_in_flight() {
     let d = start(&[("WORKERS__COUNT", "1")]).await;
     let mut body = chat(MODEL, "a story, please", 40);
     body["stream"] = json!(true);
+    body["ignore_eos"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
     let stream = open_stream(&url(&d, "/v1/chat/completions"), &body).await;
     let address = d.address;

@@ -25,6 +25,9 @@ macro_rules! request_body {
             pub n: Option<u32>,
             pub logprobs: Option<serde_json::Value>,
             pub tools: Option<Vec<serde_json::Value>>,
+            /// vLLM's and SGLang's extension: generate up to `max_tokens` whatever the
+            /// end-of-sequence tokens (for benchmarks).
+            pub ignore_eos: Option<bool>,
             /// Switchyard's extension: routing overrides and a priority tier.
             pub switchyard: Option<Extension>,
         }
@@ -44,6 +47,7 @@ macro_rules! request_body {
                     n: self.n,
                     logprobs: self.logprobs.clone(),
                     tools: self.tools.clone(),
+                    ignore_eos: self.ignore_eos,
                     switchyard: self.switchyard.clone(),
                 }
             }
@@ -83,6 +87,7 @@ pub struct CommonParams {
     pub n: Option<u32>,
     pub logprobs: Option<serde_json::Value>,
     pub tools: Option<Vec<serde_json::Value>>,
+    pub ignore_eos: Option<bool>,
     pub switchyard: Option<Extension>,
 }
 
