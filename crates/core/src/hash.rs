@@ -60,6 +60,15 @@ pub fn local_block_hash(tokens: &[Token], seed: HashSeed) -> LocalBlockHash {
     LocalBlockHash(xxh3_64_with_seed(token_bytes(tokens).as_ref(), seed.0))
 }
 
+/// Local hash of a block that covers media: its tokens, then the media key (see
+/// [`crate::blocks::blocks_for`]). Differs from the plain hash of the same tokens.
+pub fn local_block_hash_with_media(tokens: &[Token], media: u64, seed: HashSeed) -> LocalBlockHash {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(seed.0);
+    hasher.update(token_bytes(tokens).as_ref());
+    hasher.update(&media.to_le_bytes());
+    LocalBlockHash(hasher.digest())
+}
+
 /// Sequence hash of a block given its parent's sequence hash (`None` for the first block).
 pub fn sequence_hash(parent: Option<SequenceHash>, local: LocalBlockHash) -> SequenceHash {
     match parent {

@@ -3,10 +3,13 @@
 //! - [`hash`]: local block hashes and chained sequence hashes, compatible with Dynamo
 //!   (XXH3-64, seed 1337, token ids as u32 little-endian).
 //! - [`blocks`]: a token sequence cut into fixed-size blocks, with the partial last block
-//!   kept apart (it is not cacheable until it fills).
-//! - [`worker`]: worker identity (`WorkerId` plus data-parallel rank).
+//!   kept apart (it is not cacheable until it fills), and [`blocks_for`], the one way a
+//!   prompt (tokens, media spans, LoRA adapter) becomes blocks.
+//! - [`worker`]: worker identity (`WorkerId` plus data-parallel rank) and roles.
 //! - [`load`]: what an engine reports about its load.
-//! - [`protocol`]: the engine protocol (generate requests and their output streams).
+//! - [`protocol`]: the engine protocol: requests (prompts with media spans, resumed,
+//!   prefill-only and remote-KV requests), output streams, and typed errors that say
+//!   whether another worker can help.
 //! - [`request`]: request identity.
 //! - [`trace`]: Mooncake trace rows and their mapping onto engine blocks.
 //! - [`event`]: the KV cache event model engines publish and the indexer consumes, with
@@ -21,12 +24,13 @@ pub mod request;
 pub mod trace;
 pub mod worker;
 
-pub use blocks::TokenBlocks;
+pub use blocks::{InvalidPrompt, TokenBlocks, blocks_for};
 pub use event::{KvEvent, KvEventData, StorageTier, StoredBlock};
 pub use hash::{HashSeed, LocalBlockHash, SequenceHash};
 pub use load::LoadSnapshot;
-pub use request::RequestId;
-pub use worker::{WorkerId, WorkerKey};
+pub use protocol::{EngineError, MediaSpan, Modality, Prompt};
+pub use request::{Priority, RequestId};
+pub use worker::{WorkerId, WorkerKey, WorkerRole};
 
 /// A token id as engines see it.
 pub type Token = u32;

@@ -1,31 +1,179 @@
 //! The engine protocol: what a frontend sends a worker, and what streams back.
+//!
+//! A [`GenerateRequest`] carries a [`Prompt`] (tokens, media spans, LoRA adapter), sampling
+//! options and what kind of work it is: a whole generation, a generation resumed on another
+//! worker after the first one failed ([`Resume`]), a prefill-only pass that leaves its KV
+//! blocks for a decode worker, or a decode that starts from such blocks ([`Phase`]). The
+//! response is a stream of [`GenerateOutput`] items ending with `Finished`; failures are
+//! [`EngineError`]s, which say whether trying another worker can help.
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
+use crate::hash::SequenceHash;
+use crate::worker::WorkerKey;
 use crate::{RequestId, Token};
+
+/// The kind of media a span of the prompt holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Modality {
+    Image,
+    Audio,
+    Video,
+}
+
+impl Modality {
+    pub fn name(self) -> &'static str {
+        match self {
+            Modality::Image => "image",
+            Modality::Audio => "audio",
+            Modality::Video => "video",
+        }
+    }
+}
+
+/// A media item in a prompt: its embeddings take the `length` placeholder positions from
+/// `offset`. `media_hash` names the item's content (decoded pixels or samples and the
+/// preprocessing settings), so two different images never share cached KV and the same one
+/// twice does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MediaSpan {
+    pub modality: Modality,
+    pub media_hash: u64,
+    pub offset: u32,
+    pub length: u32,
+}
+
+impl MediaSpan {
+    /// One past the last position the span covers.
+    pub fn end(&self) -> u64 {
+        u64::from(self.offset) + u64::from(self.length)
+    }
+}
+
+/// A prompt as engines and the router see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prompt {
+    pub token_ids: Vec<Token>,
+    /// Media spans, in order, not overlapping.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<MediaSpan>,
+    /// The LoRA adapter serving the request; its name seeds the block hashes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<String>,
+}
+
+impl Prompt {
+    /// A text prompt on the base model.
+    pub fn tokens(token_ids: Vec<Token>) -> Self {
+        Prompt {
+            token_ids,
+            media: Vec::new(),
+            lora: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+}
 
 /// Sampling options passed through to the engine.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<u32>,
     pub seed: Option<u64>,
     /// Generation stops after any of these tokens (which are included in the output).
     #[serde(default)]
     pub stop_token_ids: Vec<Token>,
 }
 
+/// A generation resumed on another worker: the prompt's last `generated` tokens were
+/// already produced (and delivered) by the worker that failed. The engine continues the
+/// same sequence: output positions count from `generated`, and a deterministic engine
+/// produces the tokens the first worker would have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    pub generated: u32,
+}
+
+/// Where a request's KV blocks are, for a decode worker to pull.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvHandle {
+    /// The worker (and rank) holding the blocks.
+    pub source: WorkerKey,
+    /// The prefill request that computed them.
+    pub request: RequestId,
+    /// The prompt's full blocks, from the first.
+    pub blocks: Vec<SequenceHash>,
+    /// Tokens the blocks hold.
+    pub tokens: u32,
+}
+
+/// What part of the work a request asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Prefill and decode on the same worker.
+    #[default]
+    Aggregated,
+    /// Compute the prompt's KV and the first token only; answer with a [`KvHandle`].
+    PrefillOnly,
+    /// Decode, starting from blocks computed elsewhere (pulling those not held here).
+    Decode { kv: KvHandle },
+}
+
 /// A request for an engine: the prompt, already tokenized.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenerateRequest {
     pub id: RequestId,
-    pub token_ids: Vec<Token>,
+    pub prompt: Prompt,
+    /// Tokens still to generate (for a resumed request: what is left of the original).
     pub max_tokens: u32,
     #[serde(default)]
     pub sampling: SamplingParams,
     /// The data-parallel rank chosen by the router.
     #[serde(default)]
     pub dp_rank: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+    #[serde(default)]
+    pub phase: Phase,
+}
+
+impl GenerateRequest {
+    /// A plain text generation.
+    pub fn text(id: RequestId, token_ids: Vec<Token>, max_tokens: u32) -> Self {
+        GenerateRequest {
+            id,
+            prompt: Prompt::tokens(token_ids),
+            max_tokens,
+            sampling: SamplingParams::default(),
+            dp_rank: 0,
+            resume: None,
+            phase: Phase::Aggregated,
+        }
+    }
+
+    /// Output tokens already produced before this request (0 unless resumed).
+    pub fn generated(&self) -> u32 {
+        self.resume.map_or(0, |r| r.generated)
+    }
+
+    /// What keys a deterministic engine's output: the sampling seed when given, else the
+    /// request id. It does not depend on the worker, so a resumed request continues the
+    /// sequence its first worker started.
+    pub fn stream_key(&self) -> u64 {
+        self.sampling.seed.unwrap_or(self.id.0)
+    }
 }
 
 /// Why generation ended.
@@ -36,8 +184,23 @@ pub enum FinishReason {
     Length,
     /// A stop token was produced.
     Stop,
-    /// The request was cancelled.
+    /// The engine gave the request up (it was cancelled, or the engine is stopping): the
+    /// output is truncated and must never be reported as complete.
     Cancelled,
+}
+
+/// One output token of an engine step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenOutput {
+    pub request: RequestId,
+    pub token: Token,
+    /// Position among the request's output tokens, from 0 (a resumed request continues
+    /// from what was generated before).
+    pub index: u32,
+    /// Prompt tokens found in the prefix cache when the request was admitted.
+    pub cached_tokens: u32,
+    /// Set on the request's last token.
+    pub finish: Option<FinishReason>,
 }
 
 /// One item of an engine's response stream.
@@ -50,9 +213,136 @@ pub enum GenerateOutput {
         token_ids: Vec<Token>,
         cached_tokens: Option<u32>,
     },
+    /// New text, from engines that stream text rather than tokens (an OpenAI-compatible
+    /// upstream). `tokens` is how many tokens it stands for, when the engine says.
+    Text {
+        text: String,
+        tokens: Option<u32>,
+        cached_tokens: Option<u32>,
+    },
+    /// A prefill-only request is done: its first token, and where its KV blocks are.
+    PrefillDone {
+        first_token: Token,
+        kv: KvHandle,
+        cached_tokens: u32,
+    },
     /// The end of the stream.
     Finished {
         reason: FinishReason,
         completion_tokens: u32,
     },
+}
+
+/// Why a request failed, typed so a caller knows whether another worker can help.
+#[derive(Debug, Clone, PartialEq, Eq, Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineError {
+    /// The worker could not be reached (connection refused, unknown here, not serving).
+    #[error("cannot reach the worker: {0}")]
+    Unreachable(String),
+    /// The connection was lost mid-request (or the stream ended without finishing).
+    #[error("the connection to the worker was lost mid-request")]
+    Disconnected,
+    /// The worker is shutting down and takes no more work.
+    #[error("the worker is stopping")]
+    Stopping,
+    /// The worker has no room now (back-pressure, not a fault).
+    #[error("the worker is overloaded: {0}")]
+    Overloaded(String),
+    /// This worker cannot serve the request (too large for its cache, a feature it lacks),
+    /// but another might.
+    #[error("the worker cannot serve this request: {0}")]
+    Unsupported(String),
+    /// The request is invalid for any worker (a 400 for the client).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The engine failed while serving it.
+    #[error("the engine failed: {0}")]
+    Internal(String),
+}
+
+impl EngineError {
+    /// Whether sending the same request to another worker can succeed.
+    pub fn retry_elsewhere(&self) -> bool {
+        !matches!(self, EngineError::Invalid(_))
+    }
+
+    /// Whether the error says something is wrong with the worker (as opposed to the request,
+    /// or back-pressure). Only these may count against a worker's health.
+    pub fn is_worker_fault(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Unreachable(_) | EngineError::Disconnected | EngineError::Internal(_)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_invalid_requests_are_final_and_back_pressure_is_no_fault() {
+        let all = [
+            EngineError::Unreachable("x".into()),
+            EngineError::Disconnected,
+            EngineError::Stopping,
+            EngineError::Overloaded("x".into()),
+            EngineError::Unsupported("x".into()),
+            EngineError::Invalid("x".into()),
+            EngineError::Internal("x".into()),
+        ];
+        let final_: Vec<_> = all.iter().filter(|e| !e.retry_elsewhere()).collect();
+        assert_eq!(final_, [&EngineError::Invalid("x".into())]);
+        let faults: Vec<_> = all.iter().filter(|e| e.is_worker_fault()).collect();
+        assert_eq!(faults.len(), 3);
+        assert!(!EngineError::Overloaded("x".into()).is_worker_fault());
+        assert!(!EngineError::Unsupported("x".into()).is_worker_fault());
+    }
+
+    #[test]
+    fn requests_round_trip_and_old_fields_default() {
+        let mut request = GenerateRequest::text(RequestId(7), vec![1, 2, 3], 5);
+        request.prompt.media.push(MediaSpan {
+            modality: Modality::Image,
+            media_hash: 42,
+            offset: 1,
+            length: 2,
+        });
+        request.resume = Some(Resume { generated: 2 });
+        request.phase = Phase::Decode {
+            kv: KvHandle {
+                source: WorkerKey::new(3, 0),
+                request: RequestId(6),
+                blocks: vec![SequenceHash(9)],
+                tokens: 16,
+            },
+        };
+        // Named encoding, as on the request plane: optional fields may be left out.
+        let bytes = rmp_serde::to_vec_named(&request).expect("encodes");
+        let back: GenerateRequest = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(back, request);
+        let plain = GenerateRequest::text(RequestId(2), vec![5], 1);
+        let bytes = rmp_serde::to_vec_named(&plain).expect("encodes");
+        assert_eq!(
+            rmp_serde::from_slice::<GenerateRequest>(&bytes).ok(),
+            Some(plain)
+        );
+        let json = r#"{"id":1,"prompt":{"token_ids":[4]},"max_tokens":2}"#;
+        let plain: GenerateRequest = serde_json::from_str(json).expect("decodes");
+        assert_eq!(plain, GenerateRequest::text(RequestId(1), vec![4], 2));
+        assert_eq!(plain.stream_key(), 1);
+        assert_eq!(back.generated(), 2);
+    }
+
+    #[test]
+    fn errors_round_trip() {
+        for e in [
+            EngineError::Disconnected,
+            EngineError::Invalid("bad".into()),
+        ] {
+            let bytes = rmp_serde::to_vec(&e).expect("encodes");
+            assert_eq!(rmp_serde::from_slice::<EngineError>(&bytes).ok(), Some(e));
+        }
+    }
 }

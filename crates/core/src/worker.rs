@@ -49,3 +49,64 @@ impl fmt::Display for WorkerKey {
         write!(f, "{}/{}", self.worker_id, self.dp_rank)
     }
 }
+
+/// What a worker does in the fleet.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerRole {
+    /// Prefill and decode on one engine.
+    #[default]
+    Aggregated,
+    /// Prefill only, handing KV blocks to decode workers.
+    Prefill,
+    /// Decode from KV blocks computed elsewhere (or locally, for short prompts).
+    Decode,
+    /// Encodes media into embeddings for LLM workers.
+    Encoder,
+}
+
+impl WorkerRole {
+    pub const ALL: [WorkerRole; 4] = [
+        WorkerRole::Aggregated,
+        WorkerRole::Prefill,
+        WorkerRole::Decode,
+        WorkerRole::Encoder,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerRole::Aggregated => "aggregated",
+            WorkerRole::Prefill => "prefill",
+            WorkerRole::Decode => "decode",
+            WorkerRole::Encoder => "encoder",
+        }
+    }
+
+    /// Whether the worker generates tokens for text requests routed to it directly.
+    pub fn serves_generation(self) -> bool {
+        matches!(self, WorkerRole::Aggregated | WorkerRole::Decode)
+    }
+}
+
+impl fmt::Display for WorkerRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WorkerRole {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        WorkerRole::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown worker role {s:?}; expected aggregated, prefill, decode or encoder"
+                )
+            })
+    }
+}

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_router::PolicyKind;
-
-use crate::admission::AdmissionConfig;
+use switchyard_router::indexer::approx::ApproxConfig;
+use switchyard_router::policy::KvPolicyConfig;
+use switchyard_router::{AdmissionConfig, CacheViewMode, PolicyKind, RouterConfig, RoutingConfig};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -56,6 +56,12 @@ pub struct RouterSettings {
     #[serde(with = "humantime_serde")]
     pub request_ttl: Duration,
     pub seed: u64,
+    /// `auto`: each worker seen through its KV events if it publishes them, else through
+    /// what was routed to it; `approximate`: every worker through what was routed to it.
+    pub cache_view: CacheViewMode,
+    /// How long the approximate view assumes a routed block stays cached.
+    #[serde(with = "humantime_serde")]
+    pub approx_ttl: Duration,
 }
 
 impl Default for RouterSettings {
@@ -66,6 +72,33 @@ impl Default for RouterSettings {
             temperature: 0.0,
             request_ttl: Duration::from_secs(600),
             seed: 0,
+            cache_view: CacheViewMode::Auto,
+            approx_ttl: ApproxConfig::default().ttl,
+        }
+    }
+}
+
+impl FrontendConfig {
+    /// The routing core's settings.
+    pub fn routing(&self) -> RoutingConfig {
+        let r = &self.router;
+        RoutingConfig {
+            router: RouterConfig {
+                policy: r.policy,
+                kv: KvPolicyConfig {
+                    overlap_weight: r.overlap_weight,
+                    temperature: r.temperature,
+                },
+                request_ttl: r.request_ttl,
+                seed: r.seed,
+                ..RouterConfig::default()
+            },
+            cache_view: r.cache_view,
+            approx: ApproxConfig {
+                ttl: r.approx_ttl,
+                ..ApproxConfig::default()
+            },
+            admission: self.admission,
         }
     }
 }
@@ -107,6 +140,9 @@ impl FrontendConfig {
         }
         if a.max_queue == 0 {
             return Err("frontend.admission.max_queue must be at least 1".into());
+        }
+        if r.approx_ttl.is_zero() {
+            return Err("frontend.router.approx_ttl must be longer than zero".into());
         }
         Ok(())
     }

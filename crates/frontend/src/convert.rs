@@ -1,6 +1,6 @@
 //! From OpenAI request bodies to validated, tokenized requests.
 
-use switchyard_core::protocol::SamplingParams;
+use switchyard_core::protocol::{Prompt, SamplingParams};
 use switchyard_router::RoutingOverrides;
 
 use crate::openai::ApiError;
@@ -218,11 +218,12 @@ fn common(
         include_usage: stream && params.stream_options.is_some_and(|o| o.include_usage),
     };
     let prepared = Prepared {
-        token_ids,
+        prompt: Prompt::tokens(token_ids),
         max_tokens,
         sampling: SamplingParams {
             temperature: params.temperature,
             top_p: params.top_p,
+            top_k: None,
             seed: params.seed.map(|s| s as u64),
             stop_token_ids: if params.ignore_eos == Some(true) {
                 Vec::new()

@@ -3,14 +3,13 @@
 //! - [`openai`]: request and response bodies, OpenAI-style errors.
 //! - [`preprocess`]: chat templates, tokenization and incremental detokenization.
 //! - [`convert`]: validating requests into tokenized [`pipeline::Prepared`] requests.
-//! - [`admission`]: the bounded, prioritised admission queue and load shedding.
-//! - [`routing`]: the frontend's view of its workers (indexer, router, discovery, events).
+//! - [`routing`]: the async shell around the routing core (which makes every decision:
+//!   admission, worker choice, exclusion): the shared index, discovery, events, resync.
 //! - [`pipeline`]: admission → routing → dispatch → detokenized response stream.
 //! - [`stop`]: stop strings.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`http`], [`server`]: the axum routes and the server.
 
-pub mod admission;
 pub mod config;
 pub mod convert;
 pub mod http;

@@ -22,6 +22,11 @@ pub struct WorkerLabels {
     pub worker: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub reason: &'static str,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -51,6 +56,9 @@ pub struct Metrics {
     pub replica_requests: Gauge,
     pub dispatched: Family<WorkerLabels, Counter>,
     pub dispatch_failures: Family<WorkerLabels, Counter>,
+    pub rejected: Family<RejectionLabels, Counter>,
+    /// Workers with per-worker counter series, so those of departed workers can be removed.
+    counted_workers: parking_lot::Mutex<std::collections::HashSet<switchyard_core::WorkerKey>>,
 }
 
 fn exponential(start: f64, factor: f64, n: u16) -> impl Iterator<Item = f64> {
@@ -193,6 +201,12 @@ impl Default for Metrics {
             "Requests a worker could not be reached for (retried on another)",
             dispatch_failures.clone(),
         );
+        let rejected = Family::<RejectionLabels, Counter>::default();
+        registry.register(
+            "requests_rejected",
+            "Requests refused by admission, by reason (no_workers, shed, queue_filling, queue_full, timed_out)",
+            rejected.clone(),
+        );
         Metrics {
             registry,
             rendering: parking_lot::Mutex::new(()),
@@ -220,6 +234,8 @@ impl Default for Metrics {
             replica_requests,
             dispatched,
             dispatch_failures,
+            rejected,
+            counted_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
     }
 }
@@ -231,7 +247,16 @@ impl Metrics {
             .inc();
     }
 
+    pub fn count_rejection(&self, rejection: switchyard_router::Rejection) {
+        self.rejected
+            .get_or_create(&RejectionLabels {
+                reason: rejection.name(),
+            })
+            .inc();
+    }
+
     pub fn count_dispatch(&self, worker: switchyard_core::WorkerKey, reached: bool) {
+        self.counted_workers.lock().insert(worker);
         let labels = WorkerLabels {
             worker: worker.to_string(),
         };
@@ -248,9 +273,10 @@ impl Metrics {
     }
 
     /// Renders the Prometheus text format, refreshing the gauges read from live state.
-    pub fn render(&self, routing: &RoutingService, queued: usize) -> String {
+    pub fn render(&self, routing: &RoutingService) -> String {
         let _one_at_a_time = self.rendering.lock();
-        self.queued.set(queued as i64);
+        self.queued
+            .set(routing.queued().iter().sum::<usize>() as i64);
         self.workers.set(routing.worker_count() as i64);
         self.worker_active_blocks.clear();
         self.worker_prefill_tokens.clear();
@@ -258,7 +284,20 @@ impl Metrics {
         self.engine_running.clear();
         self.engine_waiting.clear();
         self.engine_kv_usage.clear();
-        for (key, load, engine) in routing.loads() {
+        let loads = routing.loads();
+        // Counter series of workers that left go with them.
+        self.counted_workers.lock().retain(|key| {
+            let present = loads.iter().any(|(k, _, _)| k == key);
+            if !present {
+                let labels = WorkerLabels {
+                    worker: key.to_string(),
+                };
+                self.dispatched.remove(&labels);
+                self.dispatch_failures.remove(&labels);
+            }
+            present
+        });
+        for (key, load, engine) in loads {
             let labels = WorkerLabels {
                 worker: key.to_string(),
             };

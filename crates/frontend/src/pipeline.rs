@@ -9,20 +9,20 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest, SamplingParams};
-use switchyard_core::{RequestId, Token, WorkerId};
-use switchyard_router::RoutingOverrides;
-use switchyard_runtime::{RequestPlane, RequestPlaneError, ResponseStream};
+use switchyard_core::protocol::{
+    EngineError, FinishReason, GenerateOutput, GenerateRequest, Prompt, SamplingParams,
+};
+use switchyard_core::{Priority, RequestId, Token, WorkerId, WorkerKey};
+use switchyard_router::{Rejection, RoutingOverrides};
+use switchyard_runtime::{RequestPlane, ResponseStream};
+use tokio::time::Instant;
 
-use crate::admission::Admission;
 use crate::config::FrontendConfig;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
-use crate::openai::request::Priority;
 use crate::openai::response::Usage;
 use crate::preprocess::{IncrementalDecoder, Preprocessor};
 use crate::routing::{RouteFailure, RoutingService};
@@ -37,7 +37,6 @@ pub struct Frontend {
     pub config: FrontendConfig,
     pub preprocessor: Arc<Preprocessor>,
     pub routing: Arc<RoutingService>,
-    pub admission: Admission,
     pub requests: Arc<dyn RequestPlane>,
     pub metrics: Metrics,
     next_id: AtomicU64,
@@ -46,12 +45,26 @@ pub struct Frontend {
 /// A validated request, tokenized.
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    pub token_ids: Vec<Token>,
+    pub prompt: Prompt,
     pub max_tokens: u32,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub priority: Priority,
     pub overrides: RoutingOverrides,
+}
+
+impl Prepared {
+    /// A text prompt with default settings (standard priority, no stop strings).
+    pub fn text(token_ids: Vec<Token>, max_tokens: u32) -> Self {
+        Prepared {
+            prompt: Prompt::tokens(token_ids),
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            priority: Priority::Standard,
+            overrides: RoutingOverrides::default(),
+        }
+    }
 }
 
 /// A piece of a response.
@@ -64,6 +77,30 @@ pub enum Piece {
 /// A response stream. It always ends with `Finished` or an error.
 pub type Generation = BoxStream<'static, Result<Piece, ApiError>>;
 
+/// A request on its way: its id, the worker it was sent to, its response stream.
+pub struct Dispatched {
+    pub id: RequestId,
+    pub worker: WorkerKey,
+    pub generation: Generation,
+}
+
+impl std::fmt::Debug for Dispatched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatched")
+            .field("id", &self.id)
+            .field("worker", &self.worker)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The API error an admission refusal becomes.
+fn refused(rejection: Rejection, retry_after: std::time::Duration) -> ApiError {
+    match rejection.status() {
+        429 => ApiError::overloaded(rejection.message(), retry_after),
+        _ => ApiError::unavailable(rejection.message(), retry_after),
+    }
+}
+
 impl Frontend {
     pub fn new(
         config: FrontendConfig,
@@ -71,12 +108,10 @@ impl Frontend {
         routing: Arc<RoutingService>,
         requests: Arc<dyn RequestPlane>,
     ) -> Self {
-        let admission = Admission::new(config.admission);
         Frontend {
             config,
             preprocessor,
             routing,
-            admission,
             requests,
             metrics: Metrics::default(),
             // Ids only need to be unique per engine; a random start keeps several frontends
@@ -85,41 +120,41 @@ impl Frontend {
         }
     }
 
-    /// Admits, routes and dispatches a request; returns its id and response stream.
-    pub async fn generate(
-        self: &Arc<Self>,
-        prepared: Prepared,
-    ) -> Result<(RequestId, Generation), ApiError> {
+    /// Numbers the next requests from `next` on, in arrival order (for runs that must be
+    /// reproducible, such as replaying a trace against the simulator).
+    pub fn set_next_request_id(&self, next: u64) {
+        self.next_id.store(next, Ordering::Relaxed);
+    }
+
+    /// Admits, routes and dispatches a request.
+    pub async fn generate(self: &Arc<Self>, prepared: Prepared) -> Result<Dispatched, ApiError> {
         // Time to first token and request duration count from here, queueing included.
         let arrived = Instant::now();
-        let retry = self.config.admission.retry_after;
-        // Nothing to wait for: fail at once rather than queue.
-        if self.routing.worker_count() == 0 {
-            return Err(ApiError::unavailable(
-                "No worker serves this model right now.",
-                retry,
-            ));
-        }
-        self.metrics.queued.set(self.admission.queued() as i64 + 1);
-        let admitted = self.admission.admit(prepared.priority, &self.routing).await;
-        self.metrics.queued.set(self.admission.queued() as i64);
-        admitted?;
-
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let prompt_tokens = prepared.token_ids.len() as u32;
-        // A worker that cannot be reached has produced nothing yet: try another, a few
-        // times, before failing the request.
+        let retry = self.config.admission.retry_after;
+        let ticket = self
+            .routing
+            .admit(id, prepared.priority)
+            .await
+            .map_err(|rejection| {
+                self.metrics.count_rejection(rejection);
+                refused(rejection, retry)
+            })?;
+        let prompt_tokens = prepared.prompt.len() as u32;
+        // A worker that cannot serve the request has produced nothing yet: try another, a
+        // few times, before failing it.
         let mut failed: Vec<WorkerId> = Vec::new();
-        let (engine, guard) = loop {
-            let decided = Instant::now();
+        let (engine, guard, worker) = loop {
+            let decided = std::time::Instant::now();
             let routed = self
                 .routing
-                .route(id, &prepared.token_ids, prepared.overrides, &failed)
+                .route(id, &prepared.prompt, prepared.overrides, &failed)
                 .map_err(|e| match e {
                     RouteFailure::NoWorkers => {
-                        ApiError::unavailable("No worker serves this model right now.", retry)
+                        ApiError::unavailable(Rejection::NoWorkers.message(), retry)
                     }
-                    RouteFailure::Invalid(message) => ApiError::internal(message),
+                    RouteFailure::InvalidPrompt(message) => ApiError::invalid(message),
+                    RouteFailure::Internal(message) => ApiError::internal(message),
                 })?;
             self.metrics
                 .routing_decision
@@ -128,20 +163,19 @@ impl Frontend {
             let guard = InFlight::new(Arc::clone(self), id, arrived);
             let request = GenerateRequest {
                 id,
-                token_ids: prepared.token_ids.clone(),
+                prompt: prepared.prompt.clone(),
                 max_tokens: prepared.max_tokens,
                 sampling: prepared.sampling.clone(),
                 dp_rank: routed.decision.worker.dp_rank,
+                resume: None,
+                phase: Default::default(),
             };
             let outcome = self.requests.generate(&routed.instance, request).await;
-            let reached = !matches!(
-                outcome,
-                Err(RequestPlaneError::Unavailable(_) | RequestPlaneError::UnknownWorker(_))
-            );
+            let reached = !matches!(outcome, Err(ref e) if e.is_worker_fault());
             self.metrics.count_dispatch(routed.decision.worker, reached);
             match outcome {
-                Ok(engine) => break (engine, guard),
-                Err(RequestPlaneError::Rejected(message)) => {
+                Ok(engine) => break (engine, guard, routed.decision.worker),
+                Err(EngineError::Invalid(message)) => {
                     return Err(ApiError::invalid(format!(
                         "The engine refused the request: {message}"
                     )));
@@ -153,13 +187,14 @@ impl Frontend {
                     failed.push(worker);
                     if failed.len() >= MAX_DISPATCH_ATTEMPTS {
                         return Err(ApiError::unavailable(
-                            format!("The worker is unavailable: {other}"),
+                            format!("No worker could take the request: {other}"),
                             retry,
                         ));
                     }
                 }
             }
         };
+        drop(ticket);
         self.metrics.input_tokens.inc_by(u64::from(prompt_tokens));
 
         let state = Streaming {
@@ -174,7 +209,11 @@ impl Frontend {
             out: VecDeque::new(),
             ended: false,
         };
-        Ok((id, futures::stream::unfold(state, Streaming::next).boxed()))
+        Ok(Dispatched {
+            id,
+            worker,
+            generation: futures::stream::unfold(state, Streaming::next).boxed(),
+        })
     }
 }
 
@@ -248,10 +287,17 @@ impl Streaming {
                     token_ids,
                     cached_tokens,
                 })) => self.on_tokens(&token_ids, cached_tokens),
+                Some(Ok(GenerateOutput::Text { .. } | GenerateOutput::PrefillDone { .. })) => self
+                    .fail("The worker answered with output this frontend does not expect.".into()),
                 Some(Ok(GenerateOutput::Finished { reason, .. })) => {
                     let reason = match reason {
                         FinishReason::Length => "length",
-                        FinishReason::Stop | FinishReason::Cancelled => "stop",
+                        FinishReason::Stop => "stop",
+                        // A truncated answer is never reported as complete.
+                        FinishReason::Cancelled => {
+                            self.fail("The worker gave the request up before finishing it.".into());
+                            continue;
+                        }
                     };
                     let tail = self.decoder.finish();
                     self.emit(&tail);

@@ -16,7 +16,7 @@ use crate::routing;
 
 /// Replica sync: the plane, and this frontend's events to publish on it (from
 /// [`RoutingService::with_replicas`](crate::routing::RoutingService::with_replicas)).
-pub type ReplicaSync = (Arc<dyn ReplicaPlane>, mpsc::UnboundedReceiver<ReplicaEvent>);
+pub type ReplicaSync = (Arc<dyn ReplicaPlane>, mpsc::Receiver<ReplicaEvent>);
 
 /// Starts the tasks that keep the routing state current: discovery, events, expiry, and
 /// replica sync when given.

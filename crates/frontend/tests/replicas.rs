@@ -8,34 +8,30 @@ use std::time::Duration;
 
 use switchyard_core::{RequestId, WorkerId, WorkerKey};
 use switchyard_frontend::routing::{ReplicaSettings, RoutingService};
-use switchyard_router::{RouterConfig, RoutingOverrides};
+use switchyard_router::{RoutingConfig, RoutingOverrides};
 use switchyard_runtime::{ReplicaEvent, ReplicaMessage, WorkerInstance};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 
 struct Frontend {
     id: u64,
     routing: Arc<RoutingService>,
-    outbox: UnboundedReceiver<ReplicaEvent>,
+    outbox: Receiver<ReplicaEvent>,
 }
 
 impl Frontend {
     fn new(id: u64, settings: ReplicaSettings) -> Self {
         let (routing, outbox) =
-            RoutingService::new("m".into(), RouterConfig::default()).with_replicas(id, settings);
+            RoutingService::new("m".into(), RoutingConfig::default()).with_replicas(id, settings);
         let routing = Arc::new(routing);
         let workers: BTreeMap<WorkerId, WorkerInstance> = (1..=2)
             .map(|id| {
                 (
                     WorkerId(id),
                     WorkerInstance {
-                        worker_id: WorkerId(id),
-                        model: "m".into(),
-                        block_size: 16,
-                        capacity_blocks: 1000,
-                        max_num_seqs: 8,
-                        dp_size: 1,
-                        address: None,
-                        incarnation: 0,
+                        block_size: Some(16),
+                        capacity_blocks: Some(1000),
+                        max_num_seqs: Some(8),
+                        ..WorkerInstance::new(WorkerId(id), "m")
                     },
                 )
             })
@@ -70,7 +66,12 @@ impl Frontend {
     fn route(&self, id: u64) -> WorkerKey {
         let tokens: Vec<u32> = (0..64).map(|t| t + id as u32 * 1000).collect();
         self.routing
-            .route(RequestId(id), &tokens, RoutingOverrides::default(), &[])
+            .route(
+                RequestId(id),
+                &switchyard_core::protocol::Prompt::tokens(tokens),
+                RoutingOverrides::default(),
+                &[],
+            )
             .unwrap()
             .decision
             .worker

@@ -14,7 +14,7 @@ use switchyard_core::{
     KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerId,
 };
 use switchyard_frontend::routing::RoutingService;
-use switchyard_router::{Indexer, IndexerConfig, RouterConfig, WorkerSnapshot};
+use switchyard_router::{Indexer, IndexerConfig, RoutingConfig, WorkerSnapshot};
 use switchyard_runtime::{IndexView, KvSnapshotSource, WorkerEvent, WorkerInstance};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -113,14 +113,10 @@ impl KvSnapshotSource for Workers {
 
 fn instance(id: u64) -> WorkerInstance {
     WorkerInstance {
-        worker_id: WorkerId(id),
-        model: "m".into(),
-        block_size: 16,
-        capacity_blocks: 1000,
-        max_num_seqs: 8,
-        dp_size: 1,
-        address: None,
-        incarnation: 0,
+        block_size: Some(16),
+        capacity_blocks: Some(1000),
+        max_num_seqs: Some(8),
+        ..WorkerInstance::new(WorkerId(id), "m")
     }
 }
 
@@ -141,7 +137,7 @@ async fn settled(routing: &RoutingService) {
 
 fn service(workers: &Arc<Workers>) -> Arc<RoutingService> {
     Arc::new(
-        RoutingService::new("m".into(), RouterConfig::default()).with_resync(
+        RoutingService::new("m".into(), RoutingConfig::default()).with_resync(
             Arc::clone(workers) as Arc<dyn KvSnapshotSource>,
             TaskTracker::new(),
             CancellationToken::new(),
@@ -234,7 +230,7 @@ async fn gaps_and_reconnections_resync_and_failed_dumps_are_retried() {
     let _ = workers.remove(1, 3);
     let _ = workers.store(2, 50);
     workers.failures.store(1, Ordering::SeqCst);
-    routing.apply_event(WorkerEvent::Reconnected);
+    routing.apply_event(WorkerEvent::EventsLost);
     settled(&routing).await;
     assert_eq!(routing.index_view(), workers.view());
     assert_eq!(routing.resyncs(), before + 3);
@@ -243,7 +239,7 @@ async fn gaps_and_reconnections_resync_and_failed_dumps_are_retried() {
     let (release, hold) = oneshot::channel();
     workers.hold.lock().insert(WorkerId(1), hold);
     let _ = workers.store(1, 60);
-    routing.apply_event(WorkerEvent::Reconnected);
+    routing.apply_event(WorkerEvent::EventsLost);
     routing.sync_workers(&instances(&[2]));
     settled(&routing).await;
     release.send(()).unwrap();

@@ -6,26 +6,26 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use switchyard_core::protocol::Prompt;
 use switchyard_core::{
-    HashSeed, KvEvent, KvEventData, RequestId, StorageTier, StoredBlock, TokenBlocks, WorkerId,
+    HashSeed, KvEvent, KvEventData, Priority, RequestId, StorageTier, StoredBlock, TokenBlocks,
+    WorkerId,
 };
-use switchyard_frontend::admission::{Admission, AdmissionConfig};
-use switchyard_frontend::openai::request::Priority;
 use switchyard_frontend::routing::RoutingService;
-use switchyard_router::{RouterConfig, RoutingOverrides};
+use switchyard_router::{AdmissionConfig, Rejection, RoutingConfig, RoutingOverrides};
 use switchyard_runtime::{Instances, WorkerEvent, WorkerInstance};
 
 fn worker(id: u64, block_size: u32, max_num_seqs: u32) -> WorkerInstance {
     WorkerInstance {
-        worker_id: WorkerId(id),
-        model: "m".into(),
-        block_size,
-        capacity_blocks: 100_000,
-        max_num_seqs,
-        dp_size: 1,
-        address: None,
-        incarnation: 0,
+        block_size: Some(block_size),
+        capacity_blocks: Some(100_000),
+        max_num_seqs: Some(max_num_seqs),
+        ..WorkerInstance::new(WorkerId(id), "m")
     }
+}
+
+fn prompt(tokens: &[u32]) -> Prompt {
+    Prompt::tokens(tokens.to_vec())
 }
 
 fn set(workers: &[WorkerInstance]) -> Instances {
@@ -62,7 +62,16 @@ fn stored(worker: u64, event_id: u64, tokens: &[u32], block_size: u32) -> Worker
 }
 
 fn service() -> Arc<RoutingService> {
-    Arc::new(RoutingService::new("m".into(), RouterConfig::default()))
+    Arc::new(RoutingService::new(
+        "m".into(),
+        RoutingConfig {
+            admission: AdmissionConfig {
+                queue_timeout: Duration::from_secs(2),
+                ..AdmissionConfig::default()
+            },
+            ..RoutingConfig::default()
+        },
+    ))
 }
 
 #[test]
@@ -73,7 +82,12 @@ fn the_router_counts_in_the_workers_block_size() {
         let tokens: Vec<u32> = (0..128).collect();
         routing.apply_event(stored(1, 1, &tokens, block_size));
         let routed = routing
-            .route(RequestId(1), &tokens, RoutingOverrides::default(), &[])
+            .route(
+                RequestId(1),
+                &prompt(&tokens),
+                RoutingOverrides::default(),
+                &[],
+            )
             .unwrap();
         assert_eq!(routed.instance.worker_id, WorkerId(1));
         assert_eq!(routed.decision.overlap_blocks, 128 / block_size);
@@ -86,7 +100,7 @@ fn the_router_counts_in_the_workers_block_size() {
         let routed = routing
             .route(
                 RequestId(2),
-                &tokens,
+                &prompt(&tokens),
                 RoutingOverrides::default(),
                 &[WorkerId(1)],
             )
@@ -109,7 +123,12 @@ fn a_new_block_size_takes_over_once_the_old_workers_are_gone() {
     let tokens: Vec<u32> = (0..64).collect();
     routing.apply_event(stored(2, 1, &tokens, 32));
     let routed = routing
-        .route(RequestId(1), &tokens, RoutingOverrides::default(), &[])
+        .route(
+            RequestId(1),
+            &prompt(&tokens),
+            RoutingOverrides::default(),
+            &[],
+        )
         .unwrap();
     assert_eq!(routed.instance.worker_id, WorkerId(2));
     assert_eq!(
@@ -148,41 +167,56 @@ async fn a_lower_tier_waiter_is_woken_when_the_higher_one_ahead_of_it_is_admitte
         let tokens: Vec<u32> = (0..32).collect();
         for id in [1, 2] {
             routing
-                .route(RequestId(id), &tokens, RoutingOverrides::default(), &[])
+                .route(
+                    RequestId(id),
+                    &prompt(&tokens),
+                    RoutingOverrides::default(),
+                    &[],
+                )
                 .unwrap();
         }
-        assert!(routing.all_busy(0.95));
-        let admission = Arc::new(Admission::new(AdmissionConfig {
-            queue_timeout: Duration::from_secs(2),
-            ..AdmissionConfig::default()
-        }));
-        let spawn = |priority: Priority, takes_slot: Option<u64>| {
-            let (routing, admission) = (Arc::clone(&routing), Arc::clone(&admission));
+        assert!(routing.all_busy());
+        let spawn = |id: u64, priority: Priority| {
+            let routing = Arc::clone(&routing);
             tokio::spawn(async move {
                 let started = tokio::time::Instant::now();
-                let admitted = admission.admit(priority, &routing).await.is_ok();
-                if let (true, Some(id)) = (admitted, takes_slot) {
+                let ticket = routing.admit(RequestId(id), priority).await;
+                let admitted = ticket.is_ok();
+                if admitted {
                     let tokens: Vec<u32> = (0..32).collect();
                     routing
-                        .route(RequestId(id), &tokens, RoutingOverrides::default(), &[])
+                        .route(
+                            RequestId(id),
+                            &prompt(&tokens),
+                            RoutingOverrides::default(),
+                            &[],
+                        )
                         .unwrap();
                 }
                 (admitted, started.elapsed())
             })
         };
         let (premium, standard) = if premium_first {
-            let p = spawn(Priority::Premium, Some(3));
+            let p = spawn(3, Priority::Premium);
             tokio::task::yield_now().await;
-            (p, spawn(Priority::Standard, None))
+            (p, spawn(4, Priority::Standard))
         } else {
-            let s = spawn(Priority::Standard, None);
+            let s = spawn(4, Priority::Standard);
             tokio::task::yield_now().await;
-            (spawn(Priority::Premium, Some(3)), s)
+            (spawn(3, Priority::Premium), s)
         };
         for _ in 0..5 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(admission.queued(), 2);
+        assert_eq!(routing.queued(), [0, 1, 1]);
+        // A best-effort request is shed at once.
+        assert_eq!(
+            routing
+                .admit(RequestId(9), Priority::BestEffort)
+                .await
+                .err(),
+            Some(Rejection::Shed)
+        );
         routing.finish(RequestId(1));
         routing.finish(RequestId(2));
         assert!(premium.await.unwrap().0);
@@ -191,7 +225,52 @@ async fn a_lower_tier_waiter_is_woken_when_the_higher_one_ahead_of_it_is_admitte
             admitted && waited < Duration::from_secs(1),
             "premium first: {premium_first}; standard admitted {admitted} after {waited:?}"
         );
+        assert_eq!(routing.queued(), [0, 0, 0]);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_times_out_and_one_whose_client_left_frees_its_place() {
+    let routing = service();
+    routing.sync_workers(&set(&[worker(1, 16, 1)]));
+    let tokens: Vec<u32> = (0..32).collect();
+    routing
+        .route(
+            RequestId(1),
+            &prompt(&tokens),
+            RoutingOverrides::default(),
+            &[],
+        )
+        .unwrap();
+    // The client of request 2 leaves while it waits: its place in the queue goes.
+    let gone = {
+        let routing = Arc::clone(&routing);
+        tokio::spawn(async move {
+            routing
+                .admit(RequestId(2), Priority::Standard)
+                .await
+                .is_ok()
+        })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(routing.queued(), [0, 1, 0]);
+    gone.abort();
+    let _ = gone.await;
+    assert_eq!(routing.queued(), [0, 0, 0]);
+    // Request 3 waits the whole queue timeout (2 s here), then is refused.
+    let started = tokio::time::Instant::now();
+    let refused = routing.admit(RequestId(3), Priority::Premium).await.err();
+    assert_eq!(refused, Some(Rejection::TimedOut));
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    assert_eq!(routing.queued(), [0, 0, 0]);
+    // Capacity frees: nothing is left waiting, and the next request goes straight in.
+    routing.finish(RequestId(1));
+    assert!(
+        routing
+            .admit(RequestId(4), Priority::Standard)
+            .await
+            .is_ok()
+    );
 }
 
 #[test]
@@ -207,7 +286,7 @@ fn concurrent_scrapes_each_see_every_worker() {
             std::thread::spawn(move || {
                 (0..500)
                     .filter(|_| {
-                        let text = metrics.render(&routing, 0);
+                        let text = metrics.render(&routing);
                         text.lines()
                             .filter(|l| l.starts_with("switchyard_worker_requests{"))
                             .count()

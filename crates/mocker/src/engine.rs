@@ -11,11 +11,18 @@
 //! 2. if nothing was preempted, admits waiting requests in order while the budget, the
 //!    sequence limit and the blocks allow; a request's cached prefix is not recomputed;
 //! 3. times the batch with the performance model and applies it: a request whose tokens are
-//!    all computed samples its next token, and finishes at its requested output length.
+//!    all computed samples its next token, and finishes at its requested output length or
+//!    on one of its stop tokens (end of sequence), freeing its blocks at once.
+//!
+//! Output tokens are a function of the request's stream key and the token's absolute
+//! position in the sequence (see [`crate::tokens`]), never of the engine: a request resumed
+//! on another engine, with what was generated so far appended to its prompt, continues the
+//! very sequence the first engine started.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use switchyard_core::protocol::{FinishReason, TokenOutput};
 use switchyard_core::{
     KvEvent, LoadSnapshot, RequestId, StorageTier, Token, TokenBlocks, WorkerKey,
 };
@@ -31,8 +38,31 @@ use crate::tokens::token_at;
 #[derive(Debug, Clone)]
 pub struct MockRequest {
     pub id: RequestId,
+    /// The prompt; for a resumed request, followed by the tokens already generated.
     pub prompt: TokenBlocks,
+    /// Output tokens still to generate.
     pub max_output_tokens: u32,
+    /// Output tokens generated before this request (by a worker that failed); the output
+    /// positions continue from there.
+    pub generated: u32,
+    /// Keys the output tokens (see [`crate::tokens::token_at`]).
+    pub stream_key: u64,
+    /// Generation ends after any of these tokens.
+    pub stop_token_ids: Vec<Token>,
+}
+
+impl MockRequest {
+    /// A fresh request keyed by its id, with no stop tokens.
+    pub fn new(id: RequestId, prompt: TokenBlocks, max_output_tokens: u32) -> Self {
+        MockRequest {
+            id,
+            prompt,
+            max_output_tokens,
+            generated: 0,
+            stream_key: id.0,
+            stop_token_ids: Vec::new(),
+        }
+    }
 }
 
 /// Why the engine refused a request.
@@ -52,19 +82,6 @@ pub enum Rejected {
         "the request needs {needed} tokens in one step but the step budget is {budget} and chunked prefill is off"
     )]
     NoChunking { needed: u64, budget: u32 },
-}
-
-/// One output token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenOutput {
-    pub request: RequestId,
-    pub token: Token,
-    /// Position among the request's output tokens, from 0.
-    pub index: u32,
-    /// Prompt tokens found in the prefix cache when the request was admitted.
-    pub cached_tokens: u32,
-    /// The request reached its output length and left the engine.
-    pub finished: bool,
 }
 
 /// What a step did.
@@ -121,7 +138,8 @@ pub struct MockEngine {
 }
 
 impl MockEngine {
-    /// An engine publishing events as `worker`, drawing output tokens from `seed`.
+    /// An engine publishing events as `worker`, drawing output tokens from `seed` (the
+    /// model's: every engine of a fleet uses the same, so any of them continues a stream).
     pub fn new(
         worker: WorkerKey,
         args: EngineArgs,
@@ -200,6 +218,9 @@ impl MockEngine {
             id: request.id,
             prompt_tokens: prompt as u32,
             max_output_tokens: request.max_output_tokens,
+            output_offset: request.generated,
+            stream_key: request.stream_key,
+            stop_token_ids: request.stop_token_ids,
             tokens: request.prompt,
             generated: 0,
             computed: 0,
@@ -381,18 +402,24 @@ impl MockEngine {
                 i += 1;
                 continue;
             }
-            let token = token_at(self.seed, seq.id, seq.generated);
-            let finished = seq.generated + 1 == seq.max_output_tokens;
+            let token = token_at(self.seed, seq.stream_key, seq.num_tokens());
+            let finish = if seq.stop_token_ids.contains(&token) {
+                Some(FinishReason::Stop)
+            } else if seq.generated + 1 == seq.max_output_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
             out.tokens.push(TokenOutput {
                 request: seq.id,
                 token,
-                index: seq.generated,
+                index: seq.output_offset + seq.generated,
                 cached_tokens: seq.cached_tokens.unwrap_or(0),
-                finished,
+                finish,
             });
             seq.generated += 1;
             self.stats.output_tokens += 1;
-            if finished {
+            if finish.is_some() {
                 let seq = self.running.remove(i);
                 release(&mut self.blocks, &seq);
                 self.stats.finished += 1;

@@ -1,6 +1,7 @@
 //! The mocker: a simulated inference engine with real scheduling, real block management and a
 //! timing model, emitting the KV events a real engine does. Whole fleets run on it without
-//! GPUs, in real time ([`driver`]) or in virtual time (the `sim` crate).
+//! GPUs, in real time (the worker crate's step driver) or in virtual time (the `sim` crate).
+//! Nothing here reads a clock: time is an input.
 //!
 //! - [`blocks`]: the KV block manager (reference-counted active blocks, LRU-evicted cached
 //!   blocks, prefix caching, KV events).
@@ -8,16 +9,15 @@
 //! - [`perf`]: step timing, polynomial or interpolated from a measured profile.
 //! - [`config`]: engine arguments with vLLM's defaults.
 //! - [`tokens`]: deterministic output tokens.
-//! - [`driver`]: the real-time shell, a tokio task per engine.
 
 pub mod blocks;
 pub mod config;
-pub mod driver;
 pub mod engine;
 pub mod perf;
 mod sequence;
 pub mod tokens;
 
 pub use config::{EngineArgs, PreemptionMode};
-pub use engine::{EngineStats, MockEngine, MockRequest, Rejected, StepOutput, TokenOutput};
+pub use engine::{EngineStats, MockEngine, MockRequest, Rejected, StepOutput};
 pub use perf::{PerfModel, StepShape};
+pub use switchyard_core::protocol::TokenOutput;

@@ -1,6 +1,6 @@
 //! One request inside the engine.
 
-use switchyard_core::{RequestId, TokenBlocks};
+use switchyard_core::{RequestId, Token, TokenBlocks};
 
 use crate::blocks::BlockId;
 
@@ -12,7 +12,13 @@ pub struct Sequence {
     /// Prompt and generated tokens; full blocks carry their hashes.
     pub tokens: TokenBlocks,
     pub prompt_tokens: u32,
+    /// Output tokens to generate here.
     pub max_output_tokens: u32,
+    /// Output tokens generated before it came here (a resumed request).
+    pub output_offset: u32,
+    pub stream_key: u64,
+    pub stop_token_ids: Vec<Token>,
+    /// Output tokens generated here.
     pub generated: u32,
     /// Tokens whose KV is computed.
     pub computed: u32,

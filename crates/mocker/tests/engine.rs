@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use switchyard_core::protocol::FinishReason;
 use switchyard_core::{HashSeed, KvEventData, RequestId, TokenBlocks, WorkerKey};
 use switchyard_mocker::tokens::token_at;
 use switchyard_mocker::{
@@ -18,11 +19,18 @@ fn engine(args: EngineArgs) -> MockEngine {
 }
 
 fn request(id: u64, prompt: &[u32], block_size: u32, max_output_tokens: u32) -> MockRequest {
-    MockRequest {
-        id: RequestId(id),
-        prompt: TokenBlocks::new(prompt, block_size, HashSeed::default()).unwrap(),
+    MockRequest::new(
+        RequestId(id),
+        TokenBlocks::new(prompt, block_size, HashSeed::default()).unwrap(),
         max_output_tokens,
-    }
+    )
+}
+
+/// The tokens a request keyed `key` with a prompt of `prompt_len` tokens produces.
+fn expected_stream(key: u64, prompt_len: u32, n: u32) -> Vec<u32> {
+    (0..n)
+        .map(|i| token_at(SEED, key, prompt_len + i))
+        .collect()
 }
 
 /// Steps until idle; returns every token and the number of steps.
@@ -67,13 +75,14 @@ fn chunked_prefill_then_decode_produces_deterministic_tokens() {
             .iter()
             .all(|s| s.shape.decode_seqs == 1 && s.shape.prefill_tokens == 0)
     );
-    let expected: Vec<u32> = (0..5).map(|i| token_at(SEED, RequestId(1), i)).collect();
+    let expected = expected_stream(1, 20, 5);
     assert_eq!(tokens.iter().map(|t| t.token).collect::<Vec<_>>(), expected);
     assert_eq!(
         tokens.iter().map(|t| t.index).collect::<Vec<_>>(),
         vec![0, 1, 2, 3, 4]
     );
-    assert!(tokens.last().unwrap().finished && tokens[..4].iter().all(|t| !t.finished));
+    assert_eq!(tokens.last().unwrap().finish, Some(FinishReason::Length));
+    assert!(tokens[..4].iter().all(|t| t.finish.is_none()));
     // Prefill steps are longer than decode steps.
     assert!(steps[0].duration > steps[4].duration);
     // All blocks are released but stay cached.
@@ -187,7 +196,7 @@ fn preemption_recomputes_and_streams_stay_complete() {
                 .filter(|t| t.request == RequestId(id))
                 .collect();
             assert_eq!(stream.len(), 9, "{mode:?}");
-            let expected: Vec<u32> = (0..9).map(|i| token_at(SEED, RequestId(id), i)).collect();
+            let expected = expected_stream(id, 8, 9);
             assert_eq!(stream.iter().map(|t| t.token).collect::<Vec<_>>(), expected);
         }
     }
@@ -276,4 +285,69 @@ fn impossible_requests_are_rejected() {
         e.add_request(request(1, &[1; 8], 4, 2)),
         Err(Rejected::NoChunking { .. })
     ));
+}
+
+#[test]
+fn a_stop_token_ends_the_request_and_frees_its_blocks_at_once() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 64,
+        ..EngineArgs::default()
+    };
+    let prompt: Vec<u32> = (0..10).collect();
+    let stream = expected_stream(3, 10, 20);
+    // Stop on the fifth token the request would produce (the first time it appears).
+    let stop = stream[4];
+    let cut = stream.iter().position(|&t| t == stop).unwrap();
+    let mut e = engine(args);
+    let mut r = request(3, &prompt, 4, 20);
+    r.stop_token_ids = vec![stop];
+    e.add_request(r).unwrap();
+    let (tokens, _) = run(&mut e);
+    assert_eq!(tokens.len(), cut + 1, "the stop token is the last one");
+    assert_eq!(tokens.last().unwrap().token, stop);
+    assert_eq!(tokens.last().unwrap().finish, Some(FinishReason::Stop));
+    assert_eq!(e.load().active_blocks, 0);
+    assert_eq!(e.stats().finished, 1);
+}
+
+#[test]
+fn a_resumed_request_continues_the_same_stream_on_another_engine() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 64,
+        ..EngineArgs::default()
+    };
+    let prompt: Vec<u32> = (0..10).collect();
+    let mut whole = engine(args);
+    whole.add_request(request(5, &prompt, 4, 12)).unwrap();
+    let (full, _) = run(&mut whole);
+    // Another engine (another worker, same model seed) picks it up after 7 tokens: the
+    // prompt plus those 7, 5 more to go, positions counted from 7.
+    let mut resumed_prompt = prompt.clone();
+    resumed_prompt.extend(full[..7].iter().map(|t| t.token));
+    let mut other =
+        MockEngine::new(WorkerKey::new(9, 0), args, PerfModel::Polynomial, SEED).unwrap();
+    let mut r = request(5, &resumed_prompt, 4, 5);
+    r.generated = 7;
+    other.add_request(r).unwrap();
+    let (rest, _) = run(&mut other);
+    assert_eq!(
+        rest.iter().map(|t| (t.index, t.token)).collect::<Vec<_>>(),
+        full[7..]
+            .iter()
+            .map(|t| (t.index, t.token))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rest.last().unwrap().finish, Some(FinishReason::Length));
+    // The stream key, not the request id, decides the tokens (a sampling seed).
+    let mut keyed = engine(args);
+    let mut r = request(77, &prompt, 4, 12);
+    r.stream_key = 5;
+    keyed.add_request(r).unwrap();
+    let (same, _) = run(&mut keyed);
+    assert_eq!(
+        same.iter().map(|t| t.token).collect::<Vec<_>>(),
+        full.iter().map(|t| t.token).collect::<Vec<_>>()
+    );
 }

@@ -90,6 +90,7 @@ proptest! {
         let mut accepted: BTreeMap<RequestId, (u32, Option<usize>)> = BTreeMap::new();
         let mut outputs: BTreeMap<RequestId, Vec<(u32, u32, bool)>> = BTreeMap::new();
         let mut cancelled: HashSet<RequestId> = HashSet::new();
+        let mut prompt_lens: BTreeMap<RequestId, u32> = BTreeMap::new();
         let mut now = Duration::ZERO;
         let mut out = StepOutput::default();
         let last_arrival = arrivals.iter().map(|a| a.at_step).max().unwrap_or(0);
@@ -103,8 +104,10 @@ proptest! {
                 }
                 let id = RequestId(i as u64);
                 let blocks = TokenBlocks::new(&prompt, args.block_size, HashSeed::default()).unwrap();
-                if engine.add_request(MockRequest { id, prompt: blocks, max_output_tokens: a.max_output }).is_ok() {
+                let prompt_len = prompt.len() as u32;
+                if engine.add_request(MockRequest::new(id, blocks, a.max_output)).is_ok() {
                     accepted.insert(id, (a.max_output, a.cancel_after.map(|c| step + c)));
+                    prompt_lens.insert(id, prompt_len);
                 }
             }
             for (&id, &(_, cancel_at)) in &accepted {
@@ -115,7 +118,7 @@ proptest! {
             engine.step(now, &mut out);
             now = out.finished_at();
             for t in &out.tokens {
-                outputs.entry(t.request).or_default().push((t.index, t.token, t.finished));
+                outputs.entry(t.request).or_default().push((t.index, t.token, t.finish.is_some()));
             }
             for event in &out.events {
                 indexer.apply(event);
@@ -146,7 +149,7 @@ proptest! {
             prop_assert_eq!(stream.len() as u32, max_output, "request {}", id);
             for (i, &(index, token, finished)) in stream.iter().enumerate() {
                 prop_assert_eq!(index, i as u32);
-                prop_assert_eq!(token, token_at(11, id, i as u32));
+                prop_assert_eq!(token, token_at(11, id.0, prompt_lens[&id] + i as u32));
                 prop_assert_eq!(finished, i as u32 + 1 == max_output);
             }
         }

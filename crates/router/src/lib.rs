@@ -1,5 +1,8 @@
 //! KV-aware routing, pure and synchronous: no I/O, no tasks, no clocks (time is an input).
 //!
+//! - [`routing`]: the routing core, the one state machine the servers and the simulator
+//!   both drive: the worker registry (roles, health, draining, block-size agreement), each
+//!   worker's cache view, admission, exclusion, and the decisions.
 //! - [`indexer`]: the radix-tree index of which worker caches which prefix, fed by KV
 //!   events ([`indexer::Indexer`]), or by routing decisions for engines that publish none
 //!   ([`indexer::approx::ApproxIndexer`]), and shared between threads by
@@ -11,17 +14,19 @@
 //!
 //! # Concurrency
 //!
-//! The indexer is a plain tree owned by one value. In a server, request handlers look up
-//! while events stream in; [`indexer::shared::SharedIndexer`] puts the tree behind a
-//! read-mostly lock: lookups run concurrently on the callers' threads, ingestion applies
-//! events in bounded batches and hands the lock to waiting readers between batches, so a
-//! lookup waits at most one bounded batch. `indexer-bench` measures lookup latency while a
-//! writer thread ingests at full speed.
+//! Everything here is a plain value owned by one caller. In a server, request handlers look
+//! up the index while events stream in: [`indexer::shared::SharedIndexer`] keeps two copies
+//! of the tree (left-right), so lookups read a published copy on the caller's thread without
+//! waiting while the writer applies events to the other; the routing core itself sits
+//! behind a mutex (a decision takes microseconds), and is handed the index's matches.
+//! `indexer-bench` (`cargo run --release -p switchyard-router --example indexer-bench`)
+//! measures lookup latency while a writer thread ingests at full speed.
 
 pub mod active;
 pub mod indexer;
 pub mod policy;
 pub mod router;
+pub mod routing;
 
 pub use active::{ActiveSequences, WorkerLoad};
 pub use indexer::{
@@ -29,3 +34,8 @@ pub use indexer::{
 };
 pub use policy::{Candidate, PolicyKind, RoutingOverrides};
 pub use router::{RouteDecision, RouteError, RouteRequest, Router, RouterConfig};
+pub use routing::admission::{Admission, AdmissionConfig, Rejection};
+pub use routing::registry::{
+    CacheView, CacheViewMode, HealthState, JoinRefused, WorkerEntry, WorkerSpec,
+};
+pub use routing::{RouteQuery, RoutingConfig, RoutingCore, WorkerChanges};

@@ -5,22 +5,33 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use switchyard_core::WorkerId;
+use switchyard_core::{WorkerId, WorkerRole};
 use thiserror::Error;
 use tokio::sync::watch;
 
-/// What a worker announces about itself.
+/// What a worker announces about itself: who it is, where it listens, and what its engine
+/// can do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerInstance {
     pub worker_id: WorkerId,
     /// The model name clients ask for.
     pub model: String,
-    /// Tokens per KV block; every worker of a model must agree.
-    pub block_size: u32,
-    /// KV cache capacity, in blocks.
-    pub capacity_blocks: u64,
-    /// Most requests the engine runs at once.
-    pub max_num_seqs: u32,
+    #[serde(default)]
+    pub role: WorkerRole,
+    /// Tokens per KV block; every worker of a model that has blocks must agree. None for
+    /// engines whose cache is not visible in blocks (an OpenAI-compatible upstream).
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// KV cache capacity, in blocks, when known.
+    #[serde(default)]
+    pub capacity_blocks: Option<u64>,
+    /// Most requests the engine runs at once, when known.
+    #[serde(default)]
+    pub max_num_seqs: Option<u32>,
+    /// Whether it publishes KV events; without them the router assumes routed prompts are
+    /// cached (the approximate view).
+    #[serde(default = "yes")]
+    pub kv_events: bool,
     /// Data-parallel ranks (1 for a plain engine).
     pub dp_size: u32,
     /// Where its request plane listens, for network request planes.
@@ -30,6 +41,28 @@ pub struct WorkerInstance {
     /// cache and event ids start afresh.
     #[serde(default)]
     pub incarnation: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl WorkerInstance {
+    /// A plain worker of `model`: aggregated, publishing events, one rank, no address.
+    pub fn new(worker_id: WorkerId, model: impl Into<String>) -> Self {
+        WorkerInstance {
+            worker_id,
+            model: model.into(),
+            role: WorkerRole::Aggregated,
+            block_size: None,
+            capacity_blocks: None,
+            max_num_seqs: None,
+            kv_events: true,
+            dp_size: 1,
+            address: None,
+            incarnation: 0,
+        }
+    }
 }
 
 /// Every registered worker, by id.

@@ -17,9 +17,10 @@ pub enum WorkerEvent {
         worker: WorkerKey,
         load: LoadSnapshot,
     },
-    /// Never published: a subscription's plane lost its connection and got it back, so
-    /// events may have been lost in between and every worker needs resynchronising.
-    Reconnected,
+    /// Never published: events may have been lost on this subscription (its plane lost
+    /// its connection and got it back, or the subscriber fell behind and messages were
+    /// dropped), so every worker needs resynchronising.
+    EventsLost,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -28,8 +29,10 @@ pub enum EventPlaneError {
     Unavailable(String),
 }
 
-/// A subscription's events, in publication order per worker.
-pub type EventSubscription = mpsc::UnboundedReceiver<WorkerEvent>;
+/// A subscription's events, in publication order per worker. Bounded: a subscriber that
+/// falls behind loses events and receives [`WorkerEvent::EventsLost`] (see
+/// [`crate::channel`]).
+pub type EventSubscription = mpsc::Receiver<WorkerEvent>;
 
 #[async_trait]
 pub trait EventPlane: Send + Sync + std::fmt::Debug {

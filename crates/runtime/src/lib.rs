@@ -8,6 +8,7 @@
 //! [`local`] implements all three in-process, with no external service; [`net`] over NATS,
 //! etcd and HTTP/2.
 
+pub mod channel;
 pub mod discovery;
 pub mod events;
 pub mod local;
@@ -20,6 +21,7 @@ pub mod testing;
 
 pub use discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
 pub use events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
+pub use local::LocalKvSnapshots;
 pub use replicas::{ReplicaEvent, ReplicaMessage, ReplicaPlane, ReplicaSubscription};
-pub use request::{EngineService, RequestPlane, RequestPlaneError, ResponseStream};
+pub use request::{EngineError, EngineService, RequestPlane, ResponseStream};
 pub use snapshot::{IndexView, KvSnapshotSource, StreamView};

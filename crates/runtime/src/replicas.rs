@@ -40,7 +40,9 @@ pub struct ReplicaMessage {
     pub events: Vec<ReplicaEvent>,
 }
 
-pub type ReplicaSubscription = mpsc::UnboundedReceiver<ReplicaMessage>;
+/// Bounded; a subscriber that falls behind loses messages (the periodic `Alive` repairs
+/// what they would have said).
+pub type ReplicaSubscription = mpsc::Receiver<ReplicaMessage>;
 
 #[async_trait]
 pub trait ReplicaPlane: Send + Sync + std::fmt::Debug {

@@ -10,20 +10,16 @@ use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest};
 use switchyard_core::{LoadSnapshot, RequestId, WorkerId, WorkerKey};
 use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
 use switchyard_runtime::{
-    Discovery, EngineService, EventPlane, RequestPlane, RequestPlaneError, ResponseStream,
-    WorkerEvent, WorkerInstance,
+    Discovery, EngineError, EngineService, EventPlane, RequestPlane, ResponseStream, WorkerEvent,
+    WorkerInstance,
 };
 
 fn instance(id: u64) -> WorkerInstance {
     WorkerInstance {
-        worker_id: WorkerId(id),
-        model: "m".into(),
-        block_size: 16,
-        capacity_blocks: 100,
-        max_num_seqs: 8,
-        dp_size: 1,
-        address: None,
-        incarnation: 0,
+        block_size: Some(16),
+        capacity_blocks: Some(100),
+        max_num_seqs: Some(8),
+        ..WorkerInstance::new(WorkerId(id), "m")
     }
 }
 
@@ -67,18 +63,15 @@ struct Fixed;
 
 #[async_trait]
 impl EngineService for Fixed {
-    async fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> Result<ResponseStream, RequestPlaneError> {
+    async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
         let items = vec![
             Ok(GenerateOutput::Tokens {
-                token_ids: request.token_ids.clone(),
+                token_ids: request.prompt.token_ids.clone(),
                 cached_tokens: Some(0),
             }),
             Ok(GenerateOutput::Finished {
                 reason: FinishReason::Length,
-                completion_tokens: request.token_ids.len() as u32,
+                completion_tokens: request.prompt.token_ids.len() as u32,
             }),
         ];
         Ok(futures::stream::iter(items).boxed())
@@ -88,16 +81,10 @@ impl EngineService for Fixed {
 #[tokio::test]
 async fn requests_reach_the_registered_service() {
     let plane = LocalRequestPlane::new();
-    let request = GenerateRequest {
-        id: RequestId(1),
-        token_ids: vec![1, 2],
-        max_tokens: 2,
-        sampling: Default::default(),
-        dp_rank: 0,
-    };
+    let request = GenerateRequest::text(RequestId(1), vec![1, 2], 2);
     assert!(matches!(
         plane.generate(&instance(7), request.clone()).await,
-        Err(RequestPlaneError::UnknownWorker(_))
+        Err(EngineError::Unreachable(_))
     ));
     plane.serve(WorkerId(7), Arc::new(Fixed));
     let items: Vec<_> = plane
@@ -108,12 +95,28 @@ async fn requests_reach_the_registered_service() {
         .await;
     assert_eq!(items.len(), 2);
     plane.remove(WorkerId(7));
-    let request = GenerateRequest {
-        id: RequestId(2),
-        token_ids: vec![],
-        max_tokens: 1,
-        sampling: Default::default(),
-        dp_rank: 0,
-    };
+    let request = GenerateRequest::text(RequestId(2), vec![], 1);
     assert!(plane.generate(&instance(7), request).await.is_err());
+}
+
+#[tokio::test]
+async fn a_subscriber_that_falls_behind_is_told_events_were_lost() {
+    let plane = LocalEventPlane::new();
+    let mut slow = plane.subscribe("m").await.unwrap();
+    let event = WorkerEvent::Load {
+        worker: WorkerKey::new(1, 0),
+        load: LoadSnapshot::default(),
+    };
+    let capacity = switchyard_runtime::channel::SUBSCRIPTION_CAPACITY;
+    for _ in 0..capacity + 10 {
+        plane.publish("m", event.clone()).await.unwrap();
+    }
+    for _ in 0..capacity {
+        assert_eq!(slow.recv().await.unwrap(), event);
+    }
+    // Room again: the loss is announced before the next event.
+    plane.publish("m", event.clone()).await.unwrap();
+    assert_eq!(slow.recv().await.unwrap(), WorkerEvent::EventsLost);
+    assert_eq!(slow.recv().await.unwrap(), event);
+    assert!(slow.try_recv().is_err());
 }

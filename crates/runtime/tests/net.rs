@@ -19,8 +19,8 @@ use switchyard_runtime::net::http::{HttpRequestPlane, routes};
 use switchyard_runtime::net::nats::NatsEventPlane;
 use switchyard_runtime::testing::{EtcdServer, NatsServer};
 use switchyard_runtime::{
-    Discovery, EngineService, EventPlane, Instances, RequestPlane, RequestPlaneError,
-    ResponseStream, WorkerEvent, WorkerInstance,
+    Discovery, EngineError, EngineService, EventPlane, Instances, RequestPlane, ResponseStream,
+    WorkerEvent, WorkerInstance,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -28,14 +28,11 @@ use tokio_util::task::TaskTracker;
 
 fn instance(id: u64, address: Option<String>) -> WorkerInstance {
     WorkerInstance {
-        worker_id: WorkerId(id),
-        model: "m".into(),
-        block_size: 16,
-        capacity_blocks: 100,
-        max_num_seqs: 8,
-        dp_size: 1,
+        block_size: Some(16),
+        capacity_blocks: Some(100),
+        max_num_seqs: Some(8),
         address,
-        incarnation: 0,
+        ..WorkerInstance::new(WorkerId(id), "m")
     }
 }
 
@@ -240,7 +237,7 @@ async fn nats_carries_events_per_model_and_reports_reconnections() {
 
     // The server restarts: the subscription says so, and carries events again.
     nats.restart();
-    assert_eq!(next(&mut events).await, WorkerEvent::Reconnected);
+    assert_eq!(next(&mut events).await, WorkerEvent::EventsLost);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         // The publisher may reconnect after the subscriber: publish until one arrives.
@@ -253,7 +250,7 @@ async fn nats_carries_events_per_model_and_reports_reconnections() {
                 assert_eq!(got, vec![stored(1, 601)]);
                 break;
             }
-            Ok(Some(WorkerEvent::Reconnected)) | Err(_) => {}
+            Ok(Some(WorkerEvent::EventsLost)) | Err(_) => {}
             Ok(other) => panic!("unexpected {other:?}"),
         }
         assert!(
@@ -283,14 +280,31 @@ impl Drop for DropCounter {
 
 #[async_trait]
 impl EngineService for Ticker {
-    async fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> Result<ResponseStream, RequestPlaneError> {
-        if request.max_tokens == 0 {
-            return Err(RequestPlaneError::Rejected(
-                "max_tokens must be at least 1".into(),
-            ));
+    async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
+        match request.max_tokens {
+            0 => return Err(EngineError::Invalid("max_tokens must be at least 1".into())),
+            999 => return Err(EngineError::Overloaded("too many requests here".into())),
+            // A frame far over the limit frontends accept.
+            555 => {
+                let huge = GenerateOutput::Text {
+                    text: "x".repeat(switchyard_runtime::net::http::MAX_FRAME_BYTES + 1),
+                    tokens: None,
+                    cached_tokens: None,
+                };
+                return Ok(futures::stream::iter([Ok(huge)]).boxed());
+            }
+            // Fails mid-stream, after one token.
+            777 => {
+                let items = [
+                    Ok(GenerateOutput::Tokens {
+                        token_ids: vec![1],
+                        cached_tokens: Some(0),
+                    }),
+                    Err(EngineError::Internal("the engine broke".into())),
+                ];
+                return Ok(futures::stream::iter(items).boxed());
+            }
+            _ => {}
         }
         let interval = self.interval;
         let counter = DropCounter(Arc::clone(&self.dropped), false);
@@ -319,13 +333,7 @@ impl EngineService for Ticker {
 }
 
 fn request(max_tokens: u32) -> GenerateRequest {
-    GenerateRequest {
-        id: RequestId(1),
-        token_ids: vec![1, 2, 3],
-        max_tokens,
-        sampling: Default::default(),
-        dp_rank: 0,
-    }
+    GenerateRequest::text(RequestId(1), vec![1, 2, 3], max_tokens)
 }
 
 /// Serves `service` on its own runtime in a thread; dropping the guard kills that runtime
@@ -418,11 +426,37 @@ async fn the_http_plane_streams_cancels_and_reports_lost_workers() {
     .await;
     assert!(streams.iter().all(|&n| n == 4), "{streams:?}");
 
-    // Refusals keep their meaning.
+    // Refusals and failures keep their type across the network.
     assert!(matches!(
         plane.generate(&target, request(0)).await,
-        Err(RequestPlaneError::Rejected(m)) if m.contains("max_tokens")
+        Err(EngineError::Invalid(m)) if m.contains("max_tokens")
     ));
+    assert!(matches!(
+        plane.generate(&target, request(999)).await,
+        Err(EngineError::Overloaded(_))
+    ));
+    let failed: Vec<_> = plane
+        .generate(&target, request(777))
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(
+        failed.last(),
+        Some(&Err(EngineError::Internal("the engine broke".into())))
+    );
+    // A frame over the limit ends the stream instead of being buffered.
+    let huge: Vec<_> = plane
+        .generate(&target, request(555))
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert!(
+        matches!(huge.as_slice(), [Err(EngineError::Internal(m))] if m.contains("limit")),
+        "{:?}",
+        huge.iter().map(|r| r.as_ref().err()).collect::<Vec<_>>()
+    );
 
     // Dropping the stream cancels the request on the worker.
     let mut stream = plane.generate(&target, request(1000)).await.unwrap();
@@ -446,7 +480,7 @@ async fn the_http_plane_streams_cancels_and_reports_lost_workers() {
         .expect("the stream ends once the worker is gone");
     assert_eq!(
         rest.last(),
-        Some(&Err(RequestPlaneError::Disconnected)),
+        Some(&Err(EngineError::Disconnected)),
         "{:?}",
         rest.last()
     );
@@ -454,10 +488,10 @@ async fn the_http_plane_streams_cancels_and_reports_lost_workers() {
     // Nobody listens there now.
     assert!(matches!(
         plane.generate(&target, request(1)).await,
-        Err(RequestPlaneError::Unavailable(_))
+        Err(EngineError::Unreachable(_))
     ));
     assert!(matches!(
         plane.generate(&instance(2, None), request(1)).await,
-        Err(RequestPlaneError::UnknownWorker(_))
+        Err(EngineError::Unreachable(_))
     ));
 }

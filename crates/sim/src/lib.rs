@@ -1,10 +1,12 @@
-//! The fleet simulator: a trace's arrivals go through the real [`switchyard_router`] (any
-//! policy) to N [`switchyard_mocker`] engines, in virtual time. KV events reach the indexer
-//! after a configurable delay; completions free the router's active sequences. No tokio, no
-//! wall clock: a run is a deterministic function of its inputs and seed, and an hour of
-//! traffic replays in seconds.
+//! The fleet simulator: a workload's requests go through the routing core the servers use
+//! ([`switchyard_router::RoutingCore`]: admission, any policy, cache views) to N
+//! [`switchyard_mocker`] engines, in virtual time, driven by one timed event queue. KV
+//! events reach the indexer after a configurable delay; completions free the router's
+//! active sequences and release queued requests. No tokio, no wall clock: a run is a
+//! deterministic function of its inputs and seed, and an hour of traffic replays in
+//! seconds.
 //!
-//! - [`workload`]: trace requests and their prompts cut into engine blocks.
+//! - [`workload`]: trace requests, and prompts cut into engine blocks.
 //! - [`simulation`]: the event loop.
 //! - [`report`]: latency distributions and fleet figures per run.
 
@@ -12,6 +14,6 @@ pub mod report;
 pub mod simulation;
 pub mod workload;
 
-pub use report::SimReport;
-pub use simulation::{CacheView, SimConfig, SimError, simulate};
-pub use workload::{PreparedWorkload, TraceRequest};
+pub use report::{RequestRecord, SimReport};
+pub use simulation::{SimConfig, SimError, simulate, worker_key};
+pub use workload::{PreparedWorkload, PromptRequest, TraceRequest};

@@ -1,7 +1,11 @@
 //! What a simulation run reports.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use switchyard_core::WorkerKey;
 
 /// A latency distribution in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -96,6 +100,21 @@ fn cv(values: &[u64]) -> f64 {
     var.sqrt() / m
 }
 
+/// What became of one request (when the run records them).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestRecord {
+    pub id: u64,
+    pub arrival: Duration,
+    pub worker: Option<WorkerKey>,
+    pub first_token: Option<Duration>,
+    pub finished: Option<Duration>,
+    pub output_tokens: u32,
+    pub cached_tokens: u32,
+    /// `length` or `stop` when completed; the rejection reason; `failed` when no worker
+    /// could take it.
+    pub outcome: &'static str,
+}
+
 /// One run of one policy.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SimReport {
@@ -105,7 +124,15 @@ pub struct SimReport {
     pub workers: u32,
     pub requests: u64,
     pub completed: u64,
+    /// Refused by admission (shed, queue full, timed out in the queue).
     pub rejected: u64,
+    pub rejected_by_reason: BTreeMap<&'static str, u64>,
+    /// Requests that waited in the admission queue.
+    pub queued: u64,
+    /// Requests no worker could take.
+    pub failed: u64,
+    /// Completed requests that ended on an end-of-sequence token before their length.
+    pub stopped_early: u64,
     pub ttft_ms: Distribution,
     pub itl_ms: Distribution,
     pub e2e_ms: Distribution,
@@ -122,6 +149,8 @@ pub struct SimReport {
     pub simulated_seconds: f64,
     /// Filled in by the caller, who owns the clock.
     pub wall_seconds: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub request_records: Vec<RequestRecord>,
 }
 
 #[cfg(test)]

@@ -1,34 +1,47 @@
-//! The discrete-event loop.
+//! The event-driven simulator: one timed event queue drives the routing core and the
+//! engines in virtual time.
 //!
-//! A request arrives and is routed; an engine finishes a step and its tokens and KV events
-//! are delivered; a batch of KV events reaches the indexer after the event delay. An idle
-//! engine starts a step as soon as it receives work; a busy one steps again as soon as the
-//! previous step ends and work remains.
+//! Everything that happens is an event at an instant: a request arrives (and is admitted,
+//! queued or refused by the routing core, then routed and handed to its engine); an
+//! engine's step ends and its tokens are delivered (first tokens end prefill in the router,
+//! last tokens free the request and may release queued ones) and its KV events set off for
+//! the indexer; a batch of KV events becomes visible after the event delay; a queued
+//! request's wait runs out. The queue has room for what comes next (encodes finishing, KV
+//! transfers, workers coming and going, faults, planner ticks) without changing the loop,
+//! and any interaction between events is modelled in global time order.
 //!
-//! Engines only interact through the router, which is consulted at arrivals. So between
-//! two arrivals each engine is advanced on its own, engine after engine, rather than all
-//! of them step by step in global time order: the result is the same (every step ending
-//! before the arrival is applied before it, each worker's events in order, and the router's
-//! state does not depend on how different workers' completions interleave), and an engine's
-//! memory stays in cache while it runs. Ties go to the arrival: a step ending at the very
-//! instant of an arrival is applied after it.
+//! Order at one instant: arrivals, then KV event deliveries, then engine steps ending (by
+//! worker), then the other timed events in the order they were scheduled. So a step ending
+//! at the very instant of an arrival is delivered after it. An engine that finishes a step
+//! with work left starts the next one at once, before queued requests released by that
+//! step's completions are routed, as the servers' step driver does.
+//!
+//! Engines interact only through routing, and while nothing waits in the admission queue
+//! nothing is routed except at arrivals: then the steps of different engines between two
+//! arrivals (or other timed events) commute, and each engine is advanced on its own up to
+//! the next one, its memory staying in cache, instead of step by step in global order. The
+//! result is the same (a test runs both ways and compares); whenever a request waits in the
+//! queue, every step is taken in global order, since any completion may release it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use switchyard_core::{KvEvent, LocalBlockHash, RequestId, TokenBlocks, WorkerKey};
+use switchyard_core::protocol::FinishReason;
+use switchyard_core::{KvEvent, RequestId, Token, WorkerId, WorkerKey};
 use switchyard_mocker::config::InvalidArgs;
-use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
-use switchyard_router::indexer::approx::{ApproxConfig, ApproxIndexer};
+use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, Rejected, StepOutput};
 use switchyard_router::{
-    Indexer, IndexerConfig, OverlapScores, PolicyKind, RouteRequest, Router, RouterConfig,
-    RoutingOverrides,
+    Admission, Indexer, IndexerConfig, PolicyKind, Rejection, RouteQuery, RoutingConfig,
+    RoutingCore, RoutingOverrides, WorkerSpec,
 };
 use thiserror::Error;
 
-use crate::report::{LatencyRecorder, LoadSpread, SimReport, Throughput};
+use crate::report::{LatencyRecorder, LoadSpread, RequestRecord, SimReport, Throughput};
 use crate::workload::PreparedWorkload;
+
+/// Workers tried for one request before it fails (as the servers do).
+const MAX_DISPATCH_ATTEMPTS: usize = 3;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -36,34 +49,21 @@ pub struct SimConfig {
     pub workers: u32,
     pub engine: EngineArgs,
     pub perf: PerfModel,
-    /// Router settings; the policy is chosen per run.
-    pub router: RouterConfig,
+    /// The routing core's settings (cache views, admission, policy parameters); the policy
+    /// is chosen per run.
+    pub routing: RoutingConfig,
     /// How long KV events take to reach the indexer.
     pub event_delay: Duration,
-    /// What the router knows of the engines' caches.
-    pub cache_view: CacheView,
+    /// Tokens that end a generation early, as the servers pass the tokenizer's
+    /// end-of-sequence tokens; none: every request produces its whole output length.
+    pub eos_token_ids: Vec<Token>,
+    /// Seeds the engines' tokens (the model's seed) and the router's random choices.
     pub seed: u64,
-}
-
-/// Where the router's view of the engines' caches comes from.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum CacheView {
-    /// The engines' KV events (Switchyard's way).
-    Events,
-    /// Routed blocks assumed cached, with a TTL and a cap (SGLang's router, which gets no
-    /// events, works this way).
-    Approximate(ApproxConfig),
-}
-
-impl CacheView {
-    /// The view a policy is meant to run with: SGLang's cache-aware policy with SGLang's
-    /// approximate tree, everything else with events.
-    pub fn natural_for(policy: PolicyKind, approx: ApproxConfig) -> Self {
-        match policy {
-            PolicyKind::CacheAware => CacheView::Approximate(approx),
-            _ => CacheView::Events,
-        }
-    }
+    /// Keep a record of every request in the report.
+    pub record_requests: bool,
+    /// Advance engines on their own between arrivals while nothing is queued (see the
+    /// module docs); off, every step is taken in global order. Same results either way.
+    pub lazy_engines: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -76,25 +76,53 @@ pub enum SimError {
     BlockSize { workload: u32, engine: u32 },
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A timed event other than engine steps and KV event deliveries (which have their own
+/// queues); room here for what later models add (encodes, transfers, faults, planner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A queued request's wait is up.
+    QueueTimeout(u32),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
 struct RequestState {
-    arrival: Duration,
+    worker: Option<WorkerKey>,
+    first_token: Option<Duration>,
     last_token: Duration,
+    finished: Option<Duration>,
+    output_tokens: u32,
+    cached_tokens: u32,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Outcome {
+    #[default]
+    Pending,
+    Completed(FinishReason),
+    Rejected(Rejection),
+    /// No worker could take it.
+    Failed,
 }
 
 struct Fleet<'a> {
     config: &'a SimConfig,
     workload: &'a PreparedWorkload,
+    core: RoutingCore,
+    indexer: Indexer,
+    /// Whether the core takes each worker's KV events (refreshed when workers change).
+    accepted: Vec<bool>,
     engines: Vec<MockEngine>,
     outputs: Vec<StepOutput>,
     /// When each engine's current step ends, if it is stepping.
     step_end: Vec<Option<Duration>>,
-    router: Router,
-    indexer: View,
-    /// Event batches on their way to the indexer: (visible at, order, batch).
-    deliveries: BinaryHeap<Reverse<(Duration, u64, usize)>>,
+    queue: BinaryHeap<Reverse<(Duration, u64, Event)>>,
     next_seq: u64,
-    in_flight_events: Vec<Option<Vec<KvEvent>>>,
+    /// KV event batches on their way to the indexer: (visible at, order, slot in
+    /// `in_flight_events`), and emptied vectors for reuse.
+    deliveries: BinaryHeap<Reverse<(Duration, u64, usize)>>,
+    in_flight_events: Vec<Vec<KvEvent>>,
+    free_slots: Vec<usize>,
     requests: Vec<RequestState>,
     ttft: LatencyRecorder,
     itl: LatencyRecorder,
@@ -102,7 +130,11 @@ struct Fleet<'a> {
     per_worker_requests: Vec<u64>,
     per_worker_prefill: Vec<u64>,
     report: SimReport,
-    last_time: Duration,
+    /// The time of the event being handled (arrivals, timed events, and steps taken in
+    /// global order).
+    now: Duration,
+    /// The last instant a request arrived, got a token or was refused.
+    last_event: Duration,
 }
 
 /// Runs the workload through the fleet with one policy. `progress` is told how many
@@ -122,27 +154,8 @@ pub fn simulate(
             engine: config.engine.block_size,
         });
     }
-    let view = match config.cache_view {
-        CacheView::Events => View::Events(Indexer::new(IndexerConfig::default())),
-        CacheView::Approximate(approx) => View::Approximate(ApproxIndexer::new(approx)),
-    };
-    run(Fleet::new(config, workload, policy, view)?, progress)
-}
-
-fn run(mut fleet: Fleet<'_>, progress: &mut dyn FnMut(u64)) -> Result<SimReport, SimError> {
-    let mut reported = 0;
-    for i in 0..fleet.workload.requests.len() {
-        let now = fleet.workload.requests[i].arrival;
-        fleet.advance(now);
-        fleet.last_time = fleet.last_time.max(now);
-        fleet.arrive(i as u32, now);
-        if fleet.report.completed >= reported + 256 {
-            reported = fleet.report.completed;
-            progress(reported);
-        }
-    }
-    fleet.advance(Duration::MAX);
-    progress(fleet.report.completed);
+    let mut fleet = Fleet::new(config, workload, policy)?;
+    fleet.run(progress);
     Ok(fleet.finish())
 }
 
@@ -151,45 +164,52 @@ impl<'a> Fleet<'a> {
         config: &'a SimConfig,
         workload: &'a PreparedWorkload,
         policy: PolicyKind,
-        indexer: View,
     ) -> Result<Self, SimError> {
         let n = config.workers as usize;
-        let mut router = Router::new(RouterConfig {
-            policy,
-            block_size: config.engine.block_size,
-            seed: config.seed,
-            ..config.router
-        });
+        let mut routing = config.routing;
+        routing.router.policy = policy;
+        routing.router.seed = config.seed;
+        routing.router.block_size = config.engine.block_size;
+        let mut core = RoutingCore::new(routing);
         let mut engines = Vec::with_capacity(n);
-        for w in 0..config.workers {
-            let key = WorkerKey::new(u64::from(w), 0);
-            router.add_worker(key);
+        for slot in 0..config.workers {
+            let key = worker_key(slot);
+            let args = config.engine;
+            // What a mocker worker announces (see the worker crate's `Mocker`).
+            let spec = WorkerSpec {
+                capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
+                max_num_seqs: Some(args.max_num_seqs),
+                kv_events: args.enable_prefix_caching,
+                ..WorkerSpec::new(key.worker_id, args.block_size)
+            };
+            if core.add_worker(spec).is_err() {
+                unreachable!("every simulated worker has the same block size");
+            }
             engines.push(MockEngine::new(
                 key,
-                config.engine,
+                args,
                 config.perf.clone(),
-                config.seed ^ u64::from(w),
+                config.seed,
             )?);
         }
+        let accepted = (0..config.workers)
+            .map(|slot| core.accepts_events(worker_key(slot).worker_id))
+            .collect();
         Ok(Fleet {
             config,
             workload,
+            core,
+            indexer: Indexer::new(IndexerConfig::default()),
+            accepted,
             engines,
             outputs: (0..n).map(|_| StepOutput::default()).collect(),
             step_end: vec![None; n],
-            router,
-            indexer,
-            deliveries: BinaryHeap::new(),
+            queue: BinaryHeap::new(),
             next_seq: 0,
+            deliveries: BinaryHeap::new(),
             in_flight_events: Vec::new(),
-            requests: workload
-                .requests
-                .iter()
-                .map(|r| RequestState {
-                    arrival: r.arrival,
-                    last_token: r.arrival,
-                })
-                .collect(),
+            free_slots: Vec::new(),
+            requests: vec![RequestState::default(); workload.requests.len()],
             ttft: LatencyRecorder::default(),
             itl: LatencyRecorder::default(),
             e2e: LatencyRecorder::default(),
@@ -199,123 +219,302 @@ impl<'a> Fleet<'a> {
                 requests: workload.requests.len() as u64,
                 ..SimReport::default()
             },
-            last_time: Duration::ZERO,
+            now: Duration::ZERO,
+            last_event: Duration::ZERO,
         })
     }
 
-    /// Applies everything that happens strictly before `until`: each engine's steps, then
-    /// the KV events that reach the indexer.
-    fn advance(&mut self, until: Duration) {
-        for w in 0..self.engines.len() {
-            while let Some(end) = self.step_end[w].filter(|&end| end < until) {
-                self.step_done(w, end);
+    fn schedule(&mut self, at: Duration, event: Event) {
+        self.queue.push(Reverse((at, self.next_seq, event)));
+        self.next_seq += 1;
+    }
+
+    fn run(&mut self, progress: &mut dyn FnMut(u64)) {
+        let arrivals = &self.workload.requests;
+        let mut next_arrival = 0;
+        let mut reported = 0;
+        loop {
+            let arrival = arrivals.get(next_arrival).map(|r| r.arrival);
+            let timed = self.queue.peek().map(|Reverse((at, _, _))| *at);
+            // The next moment something may be routed or may read the engines' state.
+            let barrier = match (arrival, timed) {
+                (Some(a), Some(t)) => Some(a.min(t)),
+                (a, t) => a.or(t),
+            };
+            if self.config.lazy_engines && self.core.queued() == 0 {
+                self.advance_engines_until(barrier);
+                self.deliver_until(barrier);
+            } else if let Some(at) = self.next_internal(barrier) {
+                // In global order: one delivery or one step before the barrier.
+                self.now = at;
+                self.take_internal(at);
+                continue;
+            }
+            let arrival_first = match (arrival, timed) {
+                (Some(a), Some(t)) => a <= t,
+                (a, _) => a.is_some(),
+            };
+            match (arrival, timed) {
+                (Some(a), _) if arrival_first => {
+                    self.now = self.now.max(a);
+                    self.arrive(next_arrival as u32);
+                    next_arrival += 1;
+                }
+                (_, Some(_)) => {
+                    if let Some(Reverse((at, _, Event::QueueTimeout(index)))) = self.queue.pop() {
+                        self.now = self.now.max(at);
+                        if self.core.withdraw(RequestId(u64::from(index))) {
+                            self.refuse(index, Rejection::TimedOut);
+                        }
+                    }
+                }
+                _ => {
+                    if self.step_end.iter().all(Option::is_none) && self.deliveries.is_empty() {
+                        break;
+                    }
+                }
+            }
+            if self.report.completed >= reported + 256 {
+                reported = self.report.completed;
+                progress(reported);
             }
         }
+        progress(self.report.completed);
+    }
+
+    /// Runs every engine on its own up to `barrier` (exclusive; to the end without one).
+    fn advance_engines_until(&mut self, barrier: Option<Duration>) {
+        for slot in 0..self.engines.len() {
+            while let Some(end) = self.step_end[slot].filter(|&e| barrier.is_none_or(|b| e < b)) {
+                self.step_done(slot, end);
+            }
+        }
+    }
+
+    /// Applies the KV events visible before `barrier` (all without one).
+    fn deliver_until(&mut self, barrier: Option<Duration>) {
         while let Some(&Reverse((at, _, slot))) = self.deliveries.peek() {
-            if at >= until {
+            if barrier.is_some_and(|b| at >= b) {
                 break;
             }
             self.deliveries.pop();
-            if let Some(events) = self.in_flight_events.get_mut(slot).and_then(Option::take) {
-                for event in &events {
-                    self.indexer.apply(event);
+            self.deliver(slot);
+        }
+    }
+
+    fn deliver(&mut self, slot: usize) {
+        let mut events = std::mem::take(&mut self.in_flight_events[slot]);
+        self.apply_events(&mut events);
+        self.in_flight_events[slot] = events;
+        self.free_slots.push(slot);
+    }
+
+    /// The time of the next delivery or step ending before `barrier`, if any.
+    fn next_internal(&self, barrier: Option<Duration>) -> Option<Duration> {
+        let delivery = self.deliveries.peek().map(|Reverse((at, _, _))| *at);
+        let step = self.step_end.iter().flatten().min().copied();
+        let next = match (delivery, step) {
+            (Some(d), Some(s)) => Some(d.min(s)),
+            (d, s) => d.or(s),
+        }?;
+        barrier.is_none_or(|b| next < b).then_some(next)
+    }
+
+    /// Takes the delivery, or else the first step ending, at `at`.
+    fn take_internal(&mut self, at: Duration) {
+        if let Some(&Reverse((when, _, slot))) = self.deliveries.peek()
+            && when == at
+        {
+            self.deliveries.pop();
+            self.deliver(slot);
+            return;
+        }
+        if let Some(slot) = self.step_end.iter().position(|&e| e == Some(at)) {
+            self.step_done(slot, at);
+        }
+    }
+
+    fn arrive(&mut self, index: u32) {
+        self.last_event = self.last_event.max(self.now);
+        let priority = self.workload.requests[index as usize].priority;
+        self.requests[index as usize].last_token = self.now;
+        match self.core.admit(RequestId(u64::from(index)), priority) {
+            Admission::Admitted => self.dispatch(index),
+            Admission::Queued => {
+                self.report.queued += 1;
+                let timeout = self.core.config().admission.queue_timeout;
+                self.schedule(self.now + timeout, Event::QueueTimeout(index));
+            }
+            Admission::Rejected(rejection) => self.refuse(index, rejection),
+        }
+    }
+
+    fn refuse(&mut self, index: u32, rejection: Rejection) {
+        self.last_event = self.last_event.max(self.now);
+        self.requests[index as usize].outcome = Outcome::Rejected(rejection);
+        self.report.rejected += 1;
+        *self
+            .report
+            .rejected_by_reason
+            .entry(rejection.name())
+            .or_insert(0) += 1;
+    }
+
+    /// Routes an admitted request and hands it to its engine, trying other workers when an
+    /// engine refuses it, as the servers do.
+    fn dispatch(&mut self, index: u32) {
+        let workload = self.workload;
+        let request = &workload.requests[index as usize];
+        let id = RequestId(u64::from(index));
+        let mut exclude: Vec<WorkerId> = Vec::new();
+        loop {
+            let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
+            let query = RouteQuery {
+                id,
+                blocks: &request.prompt,
+                overrides: RoutingOverrides::default(),
+                exclude: &exclude,
+            };
+            let Ok(decision) = self.core.route(&query, &overlaps, self.now) else {
+                self.fail(index);
+                return;
+            };
+            let slot = slot_of(decision.worker);
+            let mock = MockRequest {
+                id,
+                prompt: request.prompt.clone(),
+                max_output_tokens: request.output_tokens,
+                generated: 0,
+                stream_key: id.0,
+                stop_token_ids: self.config.eos_token_ids.clone(),
+            };
+            match self.engines[slot].add_request(mock) {
+                Ok(()) => {
+                    self.requests[index as usize].worker = Some(decision.worker);
+                    self.per_worker_requests[slot] += 1;
+                    if self.step_end[slot].is_none() {
+                        self.start_step(slot, self.now);
+                    }
+                    return;
+                }
+                Err(rejected) => {
+                    self.core.finish(id);
+                    let elsewhere = !matches!(
+                        rejected,
+                        Rejected::EmptyPrompt | Rejected::NoOutput | Rejected::Duplicate(_)
+                    );
+                    exclude.push(decision.worker.worker_id);
+                    if !elsewhere || exclude.len() >= MAX_DISPATCH_ATTEMPTS {
+                        self.fail(index);
+                        return;
+                    }
                 }
             }
         }
     }
 
-    fn arrive(&mut self, index: u32, now: Duration) {
-        let request = &self.workload.requests[index as usize];
-        let id = RequestId(u64::from(index));
-        let overlaps = self
-            .indexer
-            .find_matches(request.prompt.local_hashes(), now);
-        let route = RouteRequest {
-            id,
-            isl_tokens: request.prompt.total_tokens() as u64,
-            seq_hashes: request.prompt.sequence_hashes(),
-            overrides: RoutingOverrides::default(),
-        };
-        let Ok(decision) = self.router.route(&route, &overlaps, now) else {
-            self.report.rejected += 1;
-            return;
-        };
-        self.indexer.routed(decision.worker, &request.prompt, now);
-        let w = decision.worker.worker_id.0 as usize;
-        let mock = MockRequest {
-            id,
-            prompt: request.prompt.clone(),
-            max_output_tokens: request.output_tokens,
-        };
-        if self.engines[w].add_request(mock).is_err() {
-            self.report.rejected += 1;
-            self.router.free(id);
-            return;
-        }
-        self.per_worker_requests[w] += 1;
-        if self.step_end[w].is_none() {
-            self.start_step(w, now);
+    fn fail(&mut self, index: u32) {
+        self.requests[index as usize].outcome = Outcome::Failed;
+        self.report.failed += 1;
+    }
+
+    /// Routes queued requests while the core releases them.
+    fn release_queued(&mut self) {
+        while let Some(id) = self.core.next_admitted() {
+            self.dispatch(id.0 as u32);
         }
     }
 
-    fn start_step(&mut self, w: usize, now: Duration) {
-        self.engines[w].step(now, &mut self.outputs[w]);
-        self.per_worker_prefill[w] += u64::from(self.outputs[w].shape.prefill_tokens);
-        self.step_end[w] = Some(self.outputs[w].finished_at());
+    fn start_step(&mut self, slot: usize, now: Duration) {
+        self.engines[slot].step(now, &mut self.outputs[slot]);
+        self.per_worker_prefill[slot] += u64::from(self.outputs[slot].shape.prefill_tokens);
+        self.step_end[slot] = Some(self.outputs[slot].finished_at());
     }
 
-    fn step_done(&mut self, w: usize, now: Duration) {
-        self.last_time = self.last_time.max(now);
-        let mut out = std::mem::take(&mut self.outputs[w]);
+    /// The step of engine `slot` ending at `now`: its tokens are delivered, its KV events
+    /// set off, and its next step started if it has work.
+    fn step_done(&mut self, slot: usize, now: Duration) {
+        self.last_event = self.last_event.max(now);
+        let mut out = std::mem::take(&mut self.outputs[slot]);
+        let mut freed = false;
         for token in &out.tokens {
-            let state = &mut self.requests[token.request.0 as usize];
-            if token.index == 0 {
-                self.ttft.record(micros(now - state.arrival));
-                self.router.mark_prefill_completed(token.request);
-                self.report.prompt_tokens += self.workload.requests[token.request.0 as usize]
-                    .prompt
-                    .total_tokens() as u64;
+            let index = token.request.0 as usize;
+            let state = &mut self.requests[index];
+            if state.first_token.is_none() {
+                let arrival = self.workload.requests[index].arrival;
+                self.ttft.record(micros(now - arrival));
+                self.core.prefill_done(token.request);
+                state.first_token = Some(now);
+                state.cached_tokens = token.cached_tokens;
+                self.report.prompt_tokens +=
+                    self.workload.requests[index].prompt.total_tokens() as u64;
                 self.report.cached_tokens += u64::from(token.cached_tokens);
             } else {
                 self.itl.record(micros(now - state.last_token));
             }
             state.last_token = now;
+            state.output_tokens += 1;
             self.report.output_tokens += 1;
-            if token.finished {
-                self.e2e.record(micros(now - state.arrival));
-                self.router.free(token.request);
+            if let Some(reason) = token.finish {
+                let arrival = self.workload.requests[index].arrival;
+                self.e2e.record(micros(now - arrival));
+                state.finished = Some(now);
+                state.outcome = Outcome::Completed(reason);
+                self.core.finish(token.request);
                 self.report.completed += 1;
+                if reason == FinishReason::Stop {
+                    self.report.stopped_early += 1;
+                }
+                freed = true;
             }
         }
         if !out.events.is_empty() {
             if self.config.event_delay.is_zero() {
-                for event in &out.events {
-                    self.indexer.apply(event);
-                }
+                self.apply_events(&mut out.events);
             } else {
-                let slot = self.in_flight_events.len();
-                self.in_flight_events
-                    .push(Some(std::mem::take(&mut out.events)));
-                self.deliveries.push(Reverse((
-                    now + self.config.event_delay,
-                    self.next_seq,
-                    slot,
-                )));
+                let slot = match self.free_slots.pop() {
+                    Some(free) => free,
+                    None => {
+                        self.in_flight_events.push(Vec::new());
+                        self.in_flight_events.len() - 1
+                    }
+                };
+                std::mem::swap(&mut self.in_flight_events[slot], &mut out.events);
+                let at = now + self.config.event_delay;
+                self.deliveries.push(Reverse((at, self.next_seq, slot)));
                 self.next_seq += 1;
             }
         }
-        self.outputs[w] = out;
-        if self.engines[w].has_work() {
-            self.start_step(w, now);
+        self.outputs[slot] = out;
+        if self.engines[slot].has_work() {
+            self.start_step(slot, now);
         } else {
-            self.step_end[w] = None;
+            self.step_end[slot] = None;
+        }
+        if freed {
+            self.release_queued();
+        }
+    }
+
+    /// Applies KV events from workers the core sees through events.
+    fn apply_events(&mut self, events: &mut Vec<KvEvent>) {
+        for event in events.drain(..) {
+            if self
+                .accepted
+                .get(slot_of(event.worker()))
+                .copied()
+                .unwrap_or(false)
+            {
+                self.indexer.apply(&event);
+            }
         }
     }
 
     fn finish(mut self) -> SimReport {
-        let span = self.last_time.as_secs_f64().max(f64::MIN_POSITIVE);
+        let end = self.last_event;
+        let span = end.as_secs_f64().max(f64::MIN_POSITIVE);
         let r = &mut self.report;
-        r.policy = self.router.config().policy.name().to_string();
+        r.policy = self.core.config().router.policy.name().to_string();
         r.workers = self.config.workers;
         r.ttft_ms = self.ttft.distribution();
         r.itl_ms = self.itl.distribution();
@@ -333,36 +532,42 @@ impl<'a> Fleet<'a> {
         r.engine_steps = self.engines.iter().map(|e| e.stats().steps).sum();
         r.load_spread =
             LoadSpread::from_counts(&self.per_worker_requests, &self.per_worker_prefill);
-        r.simulated_seconds = self.last_time.as_secs_f64();
+        r.simulated_seconds = end.as_secs_f64();
+        if self.config.record_requests {
+            r.request_records = self
+                .requests
+                .iter()
+                .enumerate()
+                .map(|(i, s)| RequestRecord {
+                    id: i as u64,
+                    arrival: self.workload.requests[i].arrival,
+                    worker: s.worker,
+                    first_token: s.first_token,
+                    finished: s.finished,
+                    output_tokens: s.output_tokens,
+                    cached_tokens: s.cached_tokens,
+                    outcome: match s.outcome {
+                        Outcome::Pending => "pending",
+                        Outcome::Completed(FinishReason::Length) => "length",
+                        Outcome::Completed(FinishReason::Stop) => "stop",
+                        Outcome::Completed(FinishReason::Cancelled) => "cancelled",
+                        Outcome::Rejected(r) => r.name(),
+                        Outcome::Failed => "failed",
+                    },
+                })
+                .collect();
+        }
         self.report
     }
 }
 
-/// The router's cache view during a run.
-enum View {
-    Events(Indexer),
-    Approximate(ApproxIndexer),
+/// The simulated worker in `slot`: ids from 1, as `switchyard serve` numbers its workers.
+pub fn worker_key(slot: u32) -> WorkerKey {
+    WorkerKey::new(u64::from(slot) + 1, 0)
 }
 
-impl View {
-    fn apply(&mut self, event: &KvEvent) {
-        if let View::Events(indexer) = self {
-            indexer.apply(event);
-        }
-    }
-
-    fn find_matches(&mut self, query: &[LocalBlockHash], now: Duration) -> OverlapScores {
-        match self {
-            View::Events(indexer) => indexer.find_matches(query),
-            View::Approximate(approx) => approx.find_matches(query, now),
-        }
-    }
-
-    fn routed(&mut self, worker: WorkerKey, prompt: &TokenBlocks, now: Duration) {
-        if let View::Approximate(approx) = self {
-            approx.record_routed(worker, prompt.local_hashes(), prompt.sequence_hashes(), now);
-        }
-    }
+fn slot_of(worker: WorkerKey) -> usize {
+    (worker.worker_id.0 - 1) as usize
 }
 
 fn micros(d: Duration) -> u64 {

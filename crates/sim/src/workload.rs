@@ -1,17 +1,21 @@
 //! Trace requests, and their prompts as engine blocks.
 //!
-//! A Mooncake request names its prompt by hash ids of trace blocks (512 tokens by default);
-//! each trace block becomes `trace_block_size / engine_block_size` engine blocks hashed from
-//! the id and position, so shared trace prefixes stay shared engine prefixes. A request with
-//! no hash ids (the Azure traces) gets blocks of its own, shared with no other request.
-//! Tokens of the partial last block are synthesised deterministically.
+//! Every prompt becomes blocks the way it does in the servers: through
+//! [`switchyard_core::blocks_for`]. A trace that gives prompts as hash ids (Mooncake: each id
+//! stands for `trace_block_size` tokens of shared content) gets tokens synthesised from the
+//! ids, so equal ids make equal tokens and shared trace prefixes stay shared engine
+//! prefixes at any engine block size; a request without hash ids (the Azure traces) gets
+//! tokens of its own, shared with no other request. A workload can also be given as real
+//! prompts ([`PreparedWorkload::from_prompts`]), as the servers would receive them.
 
 use std::time::Duration;
 
-use switchyard_core::hash::sequence_hashes;
+use switchyard_core::protocol::Prompt;
 use switchyard_core::trace::MooncakeRecord;
-use switchyard_core::{HashSeed, LocalBlockHash, Token, TokenBlocks};
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use switchyard_core::{InvalidPrompt, Priority, Token, TokenBlocks, blocks_for};
+
+/// Size of the vocabulary synthesised tokens are drawn from.
+const VOCAB: u64 = 32_000;
 
 /// One request of a trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +38,16 @@ impl TraceRequest {
     }
 }
 
-/// A trace ready to simulate: arrivals (scaled), prompts cut into engine blocks.
+/// A request given as the servers receive it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptRequest {
+    pub arrival: Duration,
+    pub prompt: Prompt,
+    pub max_tokens: u32,
+    pub priority: Priority,
+}
+
+/// A workload ready to simulate: arrivals (scaled), prompts cut into engine blocks.
 #[derive(Debug, Clone)]
 pub struct PreparedWorkload {
     pub block_size: u32,
@@ -45,7 +58,9 @@ pub struct PreparedWorkload {
 pub struct PreparedRequest {
     pub arrival: Duration,
     pub prompt: TokenBlocks,
+    /// Output tokens asked for (fewer come out if an end-of-sequence token is drawn).
     pub output_tokens: u32,
+    pub priority: Priority,
 }
 
 impl PreparedWorkload {
@@ -63,19 +78,49 @@ impl PreparedWorkload {
         } else {
             1.0
         };
+        // One token buffer, reused from prompt to prompt.
+        let mut prompt = Prompt::default();
         let prepared = requests
             .iter()
             .enumerate()
-            .map(|(i, r)| PreparedRequest {
-                arrival: (r.arrival - start).div_f64(speedup),
-                prompt: prompt_blocks(i as u64, r, trace_block_size, block_size),
-                output_tokens: r.output_tokens.max(1),
+            .map(|(i, r)| {
+                synthesise(i as u64, r, trace_block_size, &mut prompt.token_ids);
+                PreparedRequest {
+                    arrival: (r.arrival - start).div_f64(speedup),
+                    prompt: blocks_for(&prompt, block_size.max(1))
+                        .unwrap_or_else(|_| unreachable!("a text prompt, blocks of at least 1")),
+                    output_tokens: r.output_tokens.max(1),
+                    priority: Priority::Standard,
+                }
             })
             .collect();
         PreparedWorkload {
-            block_size,
+            block_size: block_size.max(1),
             requests: prepared,
         }
+    }
+
+    /// Cuts real prompts into `block_size`-token blocks, as the servers do. Arrivals are
+    /// kept as they are (ordered by the caller).
+    pub fn from_prompts(
+        requests: &[PromptRequest],
+        block_size: u32,
+    ) -> Result<Self, InvalidPrompt> {
+        let prepared = requests
+            .iter()
+            .map(|r| {
+                Ok(PreparedRequest {
+                    arrival: r.arrival,
+                    prompt: blocks_for(&r.prompt, block_size)?,
+                    output_tokens: r.max_tokens.max(1),
+                    priority: r.priority,
+                })
+            })
+            .collect::<Result<_, InvalidPrompt>>()?;
+        Ok(PreparedWorkload {
+            block_size,
+            requests: prepared,
+        })
     }
 
     pub fn total_prompt_tokens(&self) -> u64 {
@@ -86,41 +131,29 @@ impl PreparedWorkload {
     }
 }
 
-fn prompt_blocks(
-    index: u64,
-    request: &TraceRequest,
-    trace_block_size: u32,
-    block_size: u32,
-) -> TokenBlocks {
-    let input = request.input_tokens.max(1);
-    let locals: Vec<LocalBlockHash> = if request.hash_ids.is_empty() {
-        (0..input / block_size)
-            .map(|b| LocalBlockHash(mix(index, u64::from(b))))
-            .collect()
-    } else {
-        let record = MooncakeRecord {
-            timestamp: 0,
-            input_length: u64::from(input),
-            output_length: 0,
-            hash_ids: request.hash_ids.clone(),
+/// The tokens of request `index`'s prompt, into `out`: position `p` holds a token drawn
+/// from the hash id covering it and its offset in that trace block, so equal ids give equal
+/// tokens; positions past the ids (or every position, without ids) are the request's own.
+fn synthesise(index: u64, request: &TraceRequest, trace_block_size: u32, out: &mut Vec<Token>) {
+    let len = request.input_tokens.max(1) as usize;
+    let t = trace_block_size.max(1) as usize;
+    out.clear();
+    out.extend((0..len).map(|p| {
+        let key = match request.hash_ids.get(p / t) {
+            Some(&id) => id,
+            // Top bit set: never equal to a hash id of the trace.
+            None => index | 1 << 63,
         };
-        record.engine_block_hashes(trace_block_size, block_size)
-    };
-    let full = locals.len() as u32;
-    let tail_len = input.saturating_sub(full * block_size).min(block_size - 1);
-    let tail: Vec<Token> = (0..tail_len)
-        .map(|t| (mix(index, u64::from(t) | 1 << 40) % 32_000) as Token)
-        .collect();
-    let seqs = sequence_hashes(&locals);
-    TokenBlocks::from_parts(block_size, HashSeed::default(), locals, seqs, tail)
-        .unwrap_or_else(|_| unreachable!("parts are built to fit"))
+        (mix(key, (p % t) as u64) % VOCAB) as Token
+    }));
 }
 
+/// A 64-bit mix of two values (splitmix64's finaliser).
 fn mix(a: u64, b: u64) -> u64 {
-    let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&a.to_le_bytes());
-    key[8..].copy_from_slice(&b.to_le_bytes());
-    xxh3_64_with_seed(&key, 0x51_4d)
+    let mut x = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_add(0x632B_E59B_D9B4_E019);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
 }
 
 #[cfg(test)]
@@ -166,5 +199,25 @@ mod tests {
             w.requests[0].prompt.sequence_hashes()[0],
             w.requests[1].prompt.sequence_hashes()[0]
         );
+    }
+
+    #[test]
+    fn real_prompts_hash_as_the_servers_hash_them() {
+        let prompt = Prompt::tokens((0..40).collect());
+        let w = PreparedWorkload::from_prompts(
+            &[PromptRequest {
+                arrival: Duration::from_millis(5),
+                prompt: prompt.clone(),
+                max_tokens: 3,
+                priority: Priority::Premium,
+            }],
+            16,
+        )
+        .expect("valid prompt");
+        assert_eq!(
+            w.requests[0].prompt,
+            blocks_for(&prompt, 16).expect("valid")
+        );
+        assert_eq!(w.requests[0].priority, Priority::Premium);
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use switchyard_core::trace::MooncakeRecord;
 use switchyard_mocker::{EngineArgs, PerfModel};
-use switchyard_router::{PolicyKind, RouterConfig};
-use switchyard_sim::{CacheView, PreparedWorkload, SimConfig, TraceRequest, simulate};
+use switchyard_router::{CacheViewMode, PolicyKind, RoutingConfig};
+use switchyard_sim::{PreparedWorkload, SimConfig, TraceRequest, simulate};
 
 fn slice(rows: usize) -> Vec<TraceRequest> {
     let text = std::fs::read_to_string(concat!(
@@ -26,10 +26,12 @@ fn config(workers: u32) -> SimConfig {
         workers,
         engine: EngineArgs::default(),
         perf: PerfModel::Polynomial,
-        router: RouterConfig::default(),
+        routing: RoutingConfig::default(),
         event_delay: Duration::ZERO,
-        cache_view: CacheView::Events,
+        eos_token_ids: Vec::new(),
         seed: 1,
+        record_requests: false,
+        lazy_engines: true,
     }
 }
 
@@ -67,7 +69,7 @@ fn kv_routing_beats_round_robin_on_cache_hits_and_ttft() {
 #[test]
 fn runs_are_deterministic_and_account_for_every_token() {
     let trace = slice(300);
-    let workload = PreparedWorkload::prepare(&trace, 512, 16, 4.0);
+    let workload = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
     let cfg = SimConfig {
         event_delay: Duration::from_millis(20),
         ..config(4)
@@ -75,6 +77,7 @@ fn runs_are_deterministic_and_account_for_every_token() {
     let a = simulate(&cfg, &workload, PolicyKind::Kv, &mut |_| {}).unwrap();
     let b = simulate(&cfg, &workload, PolicyKind::Kv, &mut |_| {}).unwrap();
     assert_eq!(a, b);
+    assert_eq!((a.completed, a.rejected, a.queued), (300, 0, 0));
     let expected_output: u64 = trace
         .iter()
         .map(|r| u64::from(r.output_tokens.max(1)))
@@ -121,15 +124,13 @@ fn mismatched_block_sizes_and_empty_fleets_are_errors() {
 
 #[test]
 fn the_approximate_view_routes_without_events() {
-    use switchyard_router::indexer::approx::ApproxConfig;
     let trace = slice(600);
     let workload = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
-    let approx = ApproxConfig {
-        ttl: Duration::from_secs(120),
-        max_blocks_per_worker: 16_384,
-    };
     let cfg = SimConfig {
-        cache_view: CacheView::Approximate(approx),
+        routing: RoutingConfig {
+            cache_view: CacheViewMode::Approximate,
+            ..RoutingConfig::default()
+        },
         ..config(4)
     };
     let aware = simulate(&cfg, &workload, PolicyKind::CacheAware, &mut |_| {}).unwrap();
@@ -142,12 +143,145 @@ fn the_approximate_view_routes_without_events() {
         aware.cache_hit_rate,
         rr.cache_hit_rate
     );
+}
+
+#[test]
+fn overload_queues_sheds_and_times_out_like_the_servers() {
+    use switchyard_core::Priority;
+    use switchyard_router::AdmissionConfig;
+    // Four times the trace's rate on two workers: far more than they can hold.
+    let trace = slice(400);
+    let mut workload = PreparedWorkload::prepare(&trace, 512, 16, 4.0);
+    for (i, r) in workload.requests.iter_mut().enumerate() {
+        r.priority = match i % 3 {
+            0 => Priority::BestEffort,
+            1 => Priority::Standard,
+            _ => Priority::Premium,
+        };
+    }
+    let cfg = SimConfig {
+        routing: RoutingConfig {
+            admission: AdmissionConfig {
+                queue_timeout: Duration::from_secs(5),
+                max_queue: 64,
+                ..AdmissionConfig::default()
+            },
+            ..RoutingConfig::default()
+        },
+        record_requests: true,
+        ..config(2)
+    };
+    let r = simulate(&cfg, &workload, PolicyKind::Kv, &mut |_| {}).unwrap();
     assert_eq!(
-        CacheView::natural_for(PolicyKind::CacheAware, approx),
-        CacheView::Approximate(approx)
+        r.completed + r.rejected + r.failed,
+        400,
+        "every request accounted for"
     );
+    assert!(r.queued > 0 && r.rejected > 0, "{r:?}");
+    let shed = r.rejected_by_reason.get("shed").copied().unwrap_or(0);
+    assert!(
+        shed > 0,
+        "best-effort requests are shed: {:?}",
+        r.rejected_by_reason
+    );
+    // Shedding goes by tier: best effort loses far more than premium.
+    let rejected_of = |tier: usize| {
+        r.request_records
+            .iter()
+            .filter(|rec| rec.id as usize % 3 == tier && rec.finished.is_none())
+            .count()
+    };
+    assert!(
+        rejected_of(0) > rejected_of(2),
+        "{} vs {}",
+        rejected_of(0),
+        rejected_of(2)
+    );
+    // What completed produced its whole output; the rest produced nothing.
+    for rec in &r.request_records {
+        let asked = workload.requests[rec.id as usize].output_tokens;
+        match rec.outcome {
+            "length" => assert_eq!(rec.output_tokens, asked),
+            _ => assert_eq!(rec.output_tokens, 0, "{rec:?}"),
+        }
+    }
+    // A queued request that timed out waited exactly the queue timeout: it never ran.
+    let timed_out = r.rejected_by_reason.get("timed_out").copied().unwrap_or(0);
     assert_eq!(
-        CacheView::natural_for(PolicyKind::Kv, approx),
-        CacheView::Events
+        timed_out,
+        r.request_records
+            .iter()
+            .filter(|x| x.outcome == "timed_out")
+            .count() as u64
     );
+}
+
+#[test]
+fn end_of_sequence_tokens_end_requests_early() {
+    let trace = slice(200);
+    let workload = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
+    // Every token below 3,200 ends a stream: a tenth of the vocabulary.
+    let cfg = SimConfig {
+        eos_token_ids: (0..3200).collect(),
+        ..config(4)
+    };
+    let r = simulate(&cfg, &workload, PolicyKind::Kv, &mut |_| {}).unwrap();
+    let asked: u64 = workload
+        .requests
+        .iter()
+        .map(|q| u64::from(q.output_tokens))
+        .sum();
+    assert_eq!(r.completed, 200);
+    assert!(r.stopped_early > 100, "{}", r.stopped_early);
+    assert!(
+        r.output_tokens < asked / 3,
+        "{} of {asked}",
+        r.output_tokens
+    );
+}
+
+#[test]
+fn engines_advanced_on_their_own_give_the_same_run_as_global_order() {
+    use switchyard_router::AdmissionConfig;
+    let trace = slice(500);
+    for (speedup, workers, event_delay) in [(1.0, 4, 0), (3.0, 2, 15), (6.0, 3, 0)] {
+        let workload = PreparedWorkload::prepare(&trace, 512, 16, speedup);
+        let lazy = SimConfig {
+            event_delay: Duration::from_millis(event_delay),
+            record_requests: true,
+            routing: RoutingConfig {
+                admission: AdmissionConfig {
+                    queue_timeout: Duration::from_secs(20),
+                    ..AdmissionConfig::default()
+                },
+                ..RoutingConfig::default()
+            },
+            eos_token_ids: vec![5, 77, 3000],
+            ..config(workers)
+        };
+        let exact = SimConfig {
+            lazy_engines: false,
+            ..lazy.clone()
+        };
+        for policy in [PolicyKind::Kv, PolicyKind::RoundRobin] {
+            let a = simulate(&lazy, &workload, policy, &mut |_| {}).unwrap();
+            let b = simulate(&exact, &workload, policy, &mut |_| {}).unwrap();
+            let first_difference = a
+                .request_records
+                .iter()
+                .zip(&b.request_records)
+                .find(|(x, y)| x != y);
+            assert_eq!(
+                first_difference, None,
+                "speedup {speedup}, {workers} workers, {policy}"
+            );
+            let (mut a, mut b) = (a, b);
+            a.request_records.clear();
+            b.request_records.clear();
+            assert_eq!(a, b, "speedup {speedup}, {workers} workers, {policy}");
+            if speedup > 2.0 {
+                assert!(a.queued > 0, "the overloaded cases exercise the queue");
+            }
+        }
+    }
 }

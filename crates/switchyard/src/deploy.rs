@@ -9,9 +9,9 @@ use switchyard_core::WorkerId;
 use switchyard_frontend::preprocess::Preprocessor;
 use switchyard_frontend::routing::{ReplicaSettings, RoutingService};
 use switchyard_frontend::{Frontend, FrontendConfig, server};
-use switchyard_router::RouterConfig;
-use switchyard_router::policy::KvPolicyConfig;
-use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
+use switchyard_runtime::local::{
+    LocalDiscovery, LocalEventPlane, LocalKvSnapshots, LocalRequestPlane,
+};
 use switchyard_runtime::net::etcd::EtcdDiscovery;
 use switchyard_runtime::net::http::HttpRequestPlane;
 use switchyard_runtime::net::kv::KvDumpClient;
@@ -95,20 +95,7 @@ pub async fn start_frontend(
         Some(dir) => Preprocessor::from_dir(dir, config.context_length)?,
         None => Preprocessor::builtin(config.context_length.unwrap_or(32_768)),
     };
-    let settings = config.router;
-    let mut routing = RoutingService::new(
-        config.model.clone(),
-        RouterConfig {
-            policy: settings.policy,
-            kv: KvPolicyConfig {
-                overlap_weight: settings.overlap_weight,
-                temperature: settings.temperature,
-            },
-            request_ttl: settings.request_ttl,
-            seed: settings.seed,
-            ..RouterConfig::default()
-        },
-    );
+    let mut routing = RoutingService::new(config.model.clone(), config.routing());
     if let Some(source) = sync.resync {
         routing = routing.with_resync(source, tracker.clone(), cancel.clone());
     }
@@ -143,13 +130,19 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
     let discovery = Arc::new(LocalDiscovery::new());
     let events = Arc::new(LocalEventPlane::new());
     let requests = LocalRequestPlane::new();
+    // The workers' cache records, for the frontend to resynchronise from (a restarted
+    // worker, or events lost while the frontend fell behind).
+    let snapshots = LocalKvSnapshots::new();
 
     let (frontend, listener) = start_frontend(
         &config.frontend,
         discovery.as_ref(),
         events.as_ref(),
         Arc::new(requests.clone()),
-        FrontendSync::default(),
+        FrontendSync {
+            resync: Some(Arc::new(snapshots.clone())),
+            replicas: None,
+        },
         &tracker,
         &cancel,
     )
@@ -164,7 +157,10 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
                 WorkerId(u64::from(i) + 1),
                 &worker_config,
                 &planes,
-                Serving::Local(requests.clone()),
+                Serving::Local {
+                    requests: requests.clone(),
+                    snapshots: snapshots.clone(),
+                },
                 &tracker,
                 cancel.clone(),
             )

@@ -23,13 +23,24 @@ pub enum EngineConfig {
     Echo(EchoConfig),
 }
 
+impl EngineConfig {
+    /// Shortest interval between two load reports on the event plane.
+    pub fn load_report_interval(&self) -> Duration {
+        match self {
+            EngineConfig::Mocker(mocker) => mocker.load_report_interval,
+            EngineConfig::Echo(_) => MockerConfig::default().load_report_interval,
+        }
+    }
+}
+
 /// The simulated engine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MockerConfig {
     #[serde(flatten)]
     pub args: EngineArgs,
-    /// Seed of the generated tokens.
+    /// Seed of the generated tokens, the model's: the same on every worker, so a stream
+    /// resumed on another worker continues the same sequence.
     pub seed: u64,
     /// A timing profile (JSON or NPZ) instead of the polynomial model.
     pub perf_profile: Option<PathBuf>,

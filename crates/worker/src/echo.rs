@@ -2,14 +2,59 @@
 //! optional delays. With no delays it answers at once, which isolates the cost of
 //! everything around the engine.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest};
-use switchyard_runtime::{EngineService, RequestPlaneError, ResponseStream};
+use switchyard_core::WorkerRole;
+use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput, GenerateRequest};
+use switchyard_runtime::{EngineService, ResponseStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::EchoConfig;
+use crate::engine::{Engine, EngineCapabilities, RunningEngine};
+use crate::host::WorkerError;
+
+/// The echo engine: no cache, no events, no load reports, no limits.
+#[derive(Debug, Clone)]
+pub struct Echo {
+    config: EchoConfig,
+}
+
+impl Echo {
+    pub fn new(config: EchoConfig) -> Self {
+        Echo { config }
+    }
+}
+
+#[async_trait]
+impl Engine for Echo {
+    fn capabilities(&self) -> EngineCapabilities {
+        EngineCapabilities {
+            role: WorkerRole::Aggregated,
+            kv_events: false,
+            reports_load: false,
+            block_size: Some(self.config.block_size.max(1)),
+            capacity_blocks: None,
+            max_num_seqs: None,
+            dp_size: 1,
+        }
+    }
+
+    async fn start(
+        self: Box<Self>,
+        _tracker: &TaskTracker,
+        _cancel: CancellationToken,
+    ) -> Result<RunningEngine, WorkerError> {
+        Ok(RunningEngine {
+            service: Arc::new(EchoService::new(self.config)),
+            events: None,
+            load: None,
+        })
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct EchoService {
@@ -24,14 +69,12 @@ impl EchoService {
 
 #[async_trait]
 impl EngineService for EchoService {
-    async fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> Result<ResponseStream, RequestPlaneError> {
-        if request.token_ids.is_empty() {
-            return Err(RequestPlaneError::Rejected("the prompt is empty".into()));
+    async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
+        if request.prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty".into()));
         }
         let tokens: Vec<u32> = request
+            .prompt
             .token_ids
             .iter()
             .copied()
@@ -91,16 +134,9 @@ mod tests {
     use switchyard_core::RequestId;
 
     fn request(tokens: Vec<u32>, max_tokens: u32, stop: Vec<u32>) -> GenerateRequest {
-        GenerateRequest {
-            id: RequestId(1),
-            token_ids: tokens,
-            max_tokens,
-            sampling: switchyard_core::protocol::SamplingParams {
-                stop_token_ids: stop,
-                ..Default::default()
-            },
-            dp_rank: 0,
-        }
+        let mut request = GenerateRequest::text(RequestId(1), tokens, max_tokens);
+        request.sampling.stop_token_ids = stop;
+        request
     }
 
     async fn collect(service: &EchoService, r: GenerateRequest) -> Vec<GenerateOutput> {

@@ -1,33 +1,36 @@
-//! Starting a worker on a set of planes.
+//! Starting a worker on a set of planes, whatever its engine.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use switchyard_core::{WorkerId, WorkerKey};
-use switchyard_mocker::{MockEngine, PerfModel, driver};
-use switchyard_runtime::local::LocalRequestPlane;
+use switchyard_core::{KvEvent, LoadSnapshot, WorkerId, WorkerKey};
+use switchyard_runtime::local::{LocalKvSnapshots, LocalRequestPlane};
 use switchyard_runtime::{
     Discovery, EngineService, EventPlane, Lease, WorkerEvent, WorkerInstance,
 };
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{EngineConfig, WorkerConfig};
-use crate::echo::EchoService;
+use crate::echo::Echo;
+use crate::engine::{Engine, EngineCapabilities};
 use crate::kv_state::{self, KvState};
-use crate::mocker::MockerService;
+use crate::mocker::Mocker;
 
 /// How a worker receives requests.
 #[derive(Debug)]
 pub enum Serving {
-    /// Through an in-process request plane.
-    Local(LocalRequestPlane),
+    /// Through in-process planes: requests, and its cache record for resynchronisation.
+    Local {
+        requests: LocalRequestPlane,
+        snapshots: LocalKvSnapshots,
+    },
     /// Over the network (HTTP/2) on this listener, announced at `advertise` (host:port).
     Network {
         listener: TcpListener,
@@ -48,10 +51,23 @@ pub enum WorkerError {
     Engine(#[from] switchyard_mocker::config::InvalidArgs),
     #[error(transparent)]
     Profile(#[from] switchyard_mocker::perf::ProfileError),
+    #[error("the engine cannot start: {0}")]
+    Start(String),
     #[error(transparent)]
     Discovery(#[from] switchyard_runtime::DiscoveryError),
     #[error("cannot serve requests: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// The engine a configuration names.
+pub fn engine_from_config(
+    config: &EngineConfig,
+    worker: WorkerKey,
+) -> Result<Box<dyn Engine>, WorkerError> {
+    Ok(match config {
+        EngineConfig::Mocker(mocker) => Box::new(Mocker::new(worker, mocker)?),
+        EngineConfig::Echo(echo) => Box::new(Echo::new(echo.clone())),
+    })
 }
 
 /// A running worker. Dropping it deregisters it and stops its engine and tasks (as does the
@@ -62,14 +78,14 @@ pub struct Worker {
     pub service: Arc<dyn EngineService>,
     pub kv_state: Arc<Mutex<KvState>>,
     lease: Option<Box<dyn Lease>>,
-    local: Option<LocalRequestPlane>,
+    local: Option<(LocalRequestPlane, LocalKvSnapshots)>,
     server: Option<(CancellationToken, JoinHandle<std::io::Result<()>>)>,
     /// Stops the engine and the publisher.
     stop: CancellationToken,
 }
 
 impl Worker {
-    /// Builds the engine, serves it, publishes its events and load, and registers it.
+    /// Builds the engine the configuration names and starts the worker on it.
     pub async fn start(
         worker_id: WorkerId,
         config: &WorkerConfig,
@@ -78,85 +94,77 @@ impl Worker {
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Result<Worker, WorkerError> {
-        let key = WorkerKey {
+        let engine = engine_from_config(&config.engine, WorkerKey::from(worker_id))?;
+        Self::start_engine(
             worker_id,
-            dp_rank: 0,
-        };
+            &config.model,
+            engine,
+            config.engine.load_report_interval(),
+            planes,
+            serving,
+            tracker,
+            cancel,
+        )
+        .await
+    }
+
+    /// Starts `engine`, serves it, publishes its events and load (at most once per
+    /// `load_interval`), and registers it as a worker of `model`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_engine(
+        worker_id: WorkerId,
+        model: &str,
+        engine: Box<dyn Engine>,
+        load_interval: Duration,
+        planes: &WorkerPlanes,
+        serving: Serving,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<Worker, WorkerError> {
+        let key = WorkerKey::from(worker_id);
         let kv_state = Arc::new(Mutex::new(KvState::default()));
-        let incarnation = rand::random::<u64>();
         let stop = cancel.child_token();
         // Whatever fails below, the engine and its tasks stop with it.
         let stop_on_error = stop.clone().drop_guard();
-        let cancel = stop.clone();
-        let (service, mut instance): (Arc<dyn EngineService>, WorkerInstance) = match &config.engine
-        {
-            EngineConfig::Mocker(mocker) => {
-                let perf = match &mocker.perf_profile {
-                    Some(path) => PerfModel::load(path)?,
-                    None => PerfModel::Polynomial,
-                };
-                let engine = MockEngine::new(key, mocker.args, perf, mocker.seed ^ worker_id.0)?;
-                let (events_tx, events_rx) = mpsc::unbounded_channel();
-                let (handle, _task) =
-                    driver::spawn(engine, Some(events_tx), tracker, cancel.clone());
-                tracker.spawn(publish(
-                    planes.events.clone(),
-                    config.model.clone(),
-                    key,
-                    events_rx,
-                    handle.watch_load(),
-                    Arc::clone(&kv_state),
-                    mocker.load_report_interval,
-                    cancel.clone(),
-                ));
-                let instance = WorkerInstance {
-                    worker_id,
-                    model: config.model.clone(),
-                    block_size: mocker.args.block_size,
-                    capacity_blocks: u64::from(mocker.args.num_gpu_blocks),
-                    max_num_seqs: mocker.args.max_num_seqs,
-                    dp_size: 1,
-                    address: None,
-                    incarnation,
-                };
-                (
-                    Arc::new(MockerService::new(handle, mocker.args.block_size)),
-                    instance,
-                )
-            }
-            EngineConfig::Echo(echo) => {
-                let instance = WorkerInstance {
-                    worker_id,
-                    model: config.model.clone(),
-                    block_size: echo.block_size.max(1),
-                    capacity_blocks: u64::MAX / 2,
-                    max_num_seqs: u32::MAX,
-                    dp_size: 1,
-                    address: None,
-                    incarnation,
-                };
-                (Arc::new(EchoService::new(echo.clone())), instance)
-            }
-        };
-        // In-process: register first, so a duplicate id cannot take over the registered
-        // worker's requests. (Until it serves, a frontend gets `UnknownWorker` and tries
-        // another.) Over the network: listen first, so it is reachable once listed.
-        if let Serving::Local(plane) = serving {
-            let lease = planes.discovery.register(instance.clone()).await?;
-            plane.serve(worker_id, Arc::clone(&service));
-            stop_on_error.disarm();
-            return Ok(Worker {
-                instance,
-                service,
-                kv_state,
-                lease: Some(lease),
-                local: Some(plane),
-                server: None,
-                stop,
-            });
+        let capabilities = engine.capabilities();
+        let running = engine.start(tracker, stop.clone()).await?;
+        if running.events.is_some() || running.load.is_some() {
+            tracker.spawn(publish(
+                planes.events.clone(),
+                model.to_string(),
+                key,
+                running.events,
+                running.load,
+                Arc::clone(&kv_state),
+                load_interval,
+                stop.clone(),
+            ));
         }
-        let server = match serving {
-            Serving::Local(_) => None,
+        let service = running.service;
+        let mut instance = instance(worker_id, model, &capabilities);
+        // In-process: register first, so a duplicate id cannot take over the registered
+        // worker's requests. (Until it serves, a frontend gets `Unreachable` and tries
+        // another.) Over the network: listen first, so it is reachable once listed.
+        match serving {
+            Serving::Local {
+                requests,
+                snapshots,
+            } => {
+                let lease = planes.discovery.register(instance.clone()).await?;
+                requests.serve(worker_id, Arc::clone(&service));
+                let state = Arc::clone(&kv_state);
+                snapshots.serve(worker_id, Arc::new(move || state.lock().dump()));
+                stop_on_error.disarm();
+                Ok(Worker {
+                    instance,
+                    service,
+                    kv_state,
+                    lease: Some(lease),
+                    local: Some((requests, snapshots)),
+                    server: None,
+                    stop,
+                })
+            }
             Serving::Network {
                 listener,
                 advertise,
@@ -164,10 +172,10 @@ impl Worker {
                 instance.address = Some(advertise);
                 let app = switchyard_runtime::net::http::routes(Arc::clone(&service))
                     .merge(kv_state::routes(Arc::clone(&kv_state)));
-                let stop = cancel.child_token();
+                let server_stop = stop.child_token();
                 let shutdown = {
-                    let stop = stop.clone();
-                    async move { stop.cancelled().await }
+                    let server_stop = server_stop.clone();
+                    async move { server_stop.cancelled().await }
                 };
                 let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
                     let _ = tcp.set_nodelay(true);
@@ -177,20 +185,19 @@ impl Worker {
                         .with_graceful_shutdown(shutdown)
                         .await
                 });
-                Some((stop, task))
+                let lease = planes.discovery.register(instance.clone()).await?;
+                stop_on_error.disarm();
+                Ok(Worker {
+                    instance,
+                    service,
+                    kv_state,
+                    lease: Some(lease),
+                    local: None,
+                    server: Some((server_stop, task)),
+                    stop,
+                })
             }
-        };
-        let lease = planes.discovery.register(instance.clone()).await?;
-        stop_on_error.disarm();
-        Ok(Worker {
-            instance,
-            service,
-            kv_state,
-            lease: Some(lease),
-            local: None,
-            server,
-            stop,
-        })
+        }
     }
 
     pub fn worker_id(&self) -> WorkerId {
@@ -218,10 +225,26 @@ impl Worker {
     }
 }
 
+/// The discovery record of a worker with these capabilities.
+fn instance(worker_id: WorkerId, model: &str, capabilities: &EngineCapabilities) -> WorkerInstance {
+    WorkerInstance {
+        role: capabilities.role,
+        block_size: capabilities.block_size,
+        capacity_blocks: capabilities.capacity_blocks,
+        max_num_seqs: capabilities.max_num_seqs,
+        kv_events: capabilities.kv_events,
+        dp_size: capabilities.dp_size.max(1),
+        // Random per start: a worker restarted under the same id is told apart.
+        incarnation: rand::random::<u64>(),
+        ..WorkerInstance::new(worker_id, model)
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
-        if let Some(local) = &self.local {
-            local.remove(self.instance.worker_id);
+        if let Some((requests, snapshots)) = &self.local {
+            requests.remove(self.instance.worker_id);
+            snapshots.remove(self.instance.worker_id);
         }
         if let Some((stop, _)) = &self.server {
             stop.cancel();
@@ -238,41 +261,63 @@ async fn publish(
     plane: Arc<dyn EventPlane>,
     model: String,
     worker: WorkerKey,
-    mut events: mpsc::UnboundedReceiver<Vec<switchyard_core::KvEvent>>,
-    mut load: tokio::sync::watch::Receiver<switchyard_core::LoadSnapshot>,
+    mut events: Option<mpsc::Receiver<Vec<KvEvent>>>,
+    mut load: Option<watch::Receiver<LoadSnapshot>>,
     kv_state: Arc<Mutex<KvState>>,
     interval: Duration,
     cancel: CancellationToken,
 ) {
     let mut next_report = tokio::time::Instant::now();
-    let mut pending = true;
+    let mut pending = load.is_some();
     loop {
         let report_due = tokio::time::sleep_until(next_report);
         tokio::select! {
             () = cancel.cancelled() => return,
-            batch = events.recv() => match batch {
+            batch = recv_events(&mut events) => match batch {
                 Some(batch) => {
                     kv_state.lock().record(&batch);
                     if let Err(e) = plane.publish(&model, WorkerEvent::Kv(batch)).await {
                         tracing::warn!(%worker, error = %e, "cannot publish KV events");
                     }
                 }
-                None => return,
+                None => events = None,
             },
-            changed = load.changed() => {
-                if changed.is_err() {
-                    return;
+            changed = load_changed(&mut load) => {
+                if changed {
+                    pending = true;
+                } else {
+                    load = None;
                 }
-                pending = true;
             }
             () = report_due, if pending => {
                 pending = false;
                 next_report = tokio::time::Instant::now() + interval;
-                let snapshot = *load.borrow_and_update();
-                if let Err(e) = plane.publish(&model, WorkerEvent::Load { worker, load: snapshot }).await {
-                    tracing::warn!(%worker, error = %e, "cannot publish load");
+                if let Some(load) = &mut load {
+                    let snapshot = *load.borrow_and_update();
+                    if let Err(e) = plane.publish(&model, WorkerEvent::Load { worker, load: snapshot }).await {
+                        tracing::warn!(%worker, error = %e, "cannot publish load");
+                    }
                 }
             }
         }
+        if events.is_none() && load.is_none() {
+            return;
+        }
+    }
+}
+
+/// The next event batch, or never when the engine has no events (left).
+async fn recv_events(events: &mut Option<mpsc::Receiver<Vec<KvEvent>>>) -> Option<Vec<KvEvent>> {
+    match events {
+        Some(events) => events.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the load changed (false once its sender is gone), or never without load reports.
+async fn load_changed(load: &mut Option<watch::Receiver<LoadSnapshot>>) -> bool {
+    match load {
+        Some(load) => load.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }

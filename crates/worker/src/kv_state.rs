@@ -56,8 +56,12 @@ impl KvState {
 
     /// Events after `since`, if the ring still holds all of them.
     pub fn events_since(&self, since: u64) -> Option<Vec<KvEvent>> {
-        let oldest = self.recent.front().map_or(since + 1, |e| e.event_id);
-        if oldest > since + 1 {
+        // Nothing can come after the largest id (and `since + 1` must not overflow).
+        let Some(next) = since.checked_add(1) else {
+            return Some(Vec::new());
+        };
+        let oldest = self.recent.front().map_or(next, |e| e.event_id);
+        if oldest > next {
             return None;
         }
         Some(
@@ -200,5 +204,10 @@ mod tests {
             state.record(&[stored(id, id)]);
         }
         assert!(state.events_since(1).is_none(), "too old for the ring");
+        assert_eq!(
+            state.events_since(u64::MAX),
+            Some(Vec::new()),
+            "the largest id has nothing after it, and does not overflow"
+        );
     }
 }

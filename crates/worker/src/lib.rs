@@ -1,15 +1,23 @@
 //! Hosting an engine: a worker builds its engine, registers it in discovery under a lease,
 //! publishes its KV events and load on the event plane, and serves generate requests.
 //!
-//! - [`config`]: what engine to run (the mocker, or the echo engine) and as which model.
-//! - [`mocker`], [`echo`]: the engines as request-plane services.
+//! - [`engine`]: the seam every engine plugs into: what it can do, its request service,
+//!   its event and load streams.
+//! - [`driver`]: the step driver for engines that work in batches, timed (simulated engines,
+//!   on tokio's clock) or on their own thread (engines that compute for real).
+//! - [`mocker`], [`echo`]: the engines available today.
+//! - [`config`]: what engine to run and as which model.
 //! - [`host`]: starting a worker on a set of planes.
+//! - [`kv_state`]: the worker's record of its cache, served for resynchronisation.
 
 pub mod config;
+pub mod driver;
 pub mod echo;
+pub mod engine;
 pub mod host;
 pub mod kv_state;
 pub mod mocker;
 
 pub use config::{EchoConfig, EngineConfig, MockerConfig, WorkerConfig};
-pub use host::{Serving, Worker, WorkerError, WorkerPlanes};
+pub use engine::{Engine, EngineCapabilities, RunningEngine, StepService};
+pub use host::{Serving, Worker, WorkerError, WorkerPlanes, engine_from_config};

@@ -1,96 +1,145 @@
-//! The mocker engine as a request-plane service.
+//! The mocker as a hosted engine: a [`MockEngine`] on the timed step driver.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
-use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest};
-use switchyard_core::{HashSeed, TokenBlocks};
-use switchyard_mocker::MockRequest;
-use switchyard_mocker::driver::{EngineHandle, SubmitError};
-use switchyard_runtime::{EngineService, RequestPlaneError, ResponseStream};
+use switchyard_core::protocol::{EngineError, GenerateRequest, Phase, TokenOutput};
+use switchyard_core::{KvEvent, LoadSnapshot, RequestId, WorkerKey, WorkerRole, blocks_for};
+use switchyard_mocker::{MockEngine, MockRequest, PerfModel, Rejected, StepOutput};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Serves requests on a mocker engine running on the real-time driver.
-#[derive(Debug, Clone)]
-pub struct MockerService {
-    engine: EngineHandle,
-    block_size: u32,
+use crate::config::MockerConfig;
+use crate::driver::{self, EVENT_CAPACITY, StepEngine};
+use crate::engine::{Engine, EngineCapabilities, RunningEngine, StepService};
+use crate::host::WorkerError;
+
+/// The mocker, configured and not yet started.
+#[derive(Debug)]
+pub struct Mocker {
+    engine: MockEngine,
 }
 
-impl MockerService {
-    pub fn new(engine: EngineHandle, block_size: u32) -> Self {
-        MockerService { engine, block_size }
+impl Mocker {
+    /// A mocker publishing events as `worker`. Every worker of a fleet draws tokens from the
+    /// same seed, so any of them continues a stream another started.
+    pub fn new(worker: WorkerKey, config: &MockerConfig) -> Result<Self, WorkerError> {
+        let perf = match &config.perf_profile {
+            Some(path) => PerfModel::load(path)?,
+            None => PerfModel::Polynomial,
+        };
+        Ok(Mocker {
+            engine: MockEngine::new(worker, config.args, perf, config.seed)?,
+        })
     }
 }
 
-/// Where a response stream is: emitting tokens, or done (after one `Finished`).
-enum State {
-    Streaming {
-        tokens: tokio::sync::mpsc::UnboundedReceiver<switchyard_mocker::TokenOutput>,
-        sent: u32,
-    },
-    Done,
+#[async_trait]
+impl Engine for Mocker {
+    fn capabilities(&self) -> EngineCapabilities {
+        let args = self.engine.args();
+        EngineCapabilities {
+            role: WorkerRole::Aggregated,
+            kv_events: args.enable_prefix_caching,
+            reports_load: true,
+            block_size: Some(args.block_size),
+            capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
+            max_num_seqs: Some(args.max_num_seqs),
+            dp_size: 1,
+        }
+    }
+
+    async fn start(
+        self: Box<Self>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<RunningEngine, WorkerError> {
+        let (events_tx, events) = mpsc::channel(EVENT_CAPACITY);
+        let stepped = SteppedMocker::new(self.engine);
+        let (handle, _task) = driver::spawn_timed(stepped, Some(events_tx), tracker, cancel);
+        let load = handle.watch_load();
+        Ok(RunningEngine {
+            service: Arc::new(StepService::new(handle)),
+            events: Some(events),
+            load: Some(load),
+        })
+    }
 }
 
-#[async_trait]
-impl EngineService for MockerService {
-    async fn generate(
-        &self,
-        request: GenerateRequest,
-    ) -> Result<ResponseStream, RequestPlaneError> {
-        let prompt = TokenBlocks::new(&request.token_ids, self.block_size, HashSeed::default())
-            .map_err(|e| RequestPlaneError::Rejected(e.to_string()))?;
+/// The mocker as a step engine, for either driver. On the threaded driver it steps as fast
+/// as it can (its modelled step times are not waited out): the path a CPU engine takes.
+#[derive(Debug)]
+pub struct SteppedMocker {
+    engine: MockEngine,
+    out: StepOutput,
+}
+
+impl SteppedMocker {
+    pub fn new(engine: MockEngine) -> Self {
+        SteppedMocker {
+            engine,
+            out: StepOutput::default(),
+        }
+    }
+}
+
+/// How a mocker refusal reads on the request plane.
+fn engine_error(rejected: Rejected) -> EngineError {
+    match rejected {
+        Rejected::EmptyPrompt | Rejected::NoOutput | Rejected::Duplicate(_) => {
+            EngineError::Invalid(rejected.to_string())
+        }
+        // Another worker, with a larger cache or other settings, may take it.
+        Rejected::BlockSize { .. } | Rejected::TooLarge { .. } | Rejected::NoChunking { .. } => {
+            EngineError::Unsupported(rejected.to_string())
+        }
+    }
+}
+
+impl StepEngine for SteppedMocker {
+    fn add(&mut self, request: GenerateRequest) -> Result<(), EngineError> {
+        if request.phase != Phase::Aggregated {
+            return Err(EngineError::Unsupported(
+                "this mocker serves aggregated requests only (no prefill-only or remote-KV decode)"
+                    .into(),
+            ));
+        }
+        let prompt = blocks_for(&request.prompt, self.engine.args().block_size)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let mock = MockRequest {
             id: request.id,
             prompt,
             max_output_tokens: request.max_tokens,
+            generated: request.generated(),
+            stream_key: request.stream_key(),
+            stop_token_ids: request.sampling.stop_token_ids,
         };
-        let tokens = self.engine.submit(mock).await.map_err(|e| match e {
-            SubmitError::Rejected(r) => RequestPlaneError::Rejected(r.to_string()),
-            SubmitError::Stopped(s) => RequestPlaneError::Unavailable(s.to_string()),
-        })?;
-        let stops = request.sampling.stop_token_ids;
-        // Each engine token becomes a Tokens item; the last one (by length or stop token)
-        // is followed by Finished. Dropping the stream drops the receiver, which cancels
-        // the request in the engine.
-        let stream = futures::stream::unfold(State::Streaming { tokens, sent: 0 }, move |state| {
-            let stops = stops.clone();
-            async move {
-                let State::Streaming { mut tokens, sent } = state else {
-                    return None;
-                };
-                match tokens.recv().await {
-                    Some(t) => {
-                        let item = GenerateOutput::Tokens {
-                            token_ids: vec![t.token],
-                            cached_tokens: (t.index == 0).then_some(t.cached_tokens),
-                        };
-                        let sent = sent + 1;
-                        let reason = if stops.contains(&t.token) {
-                            Some(FinishReason::Stop)
-                        } else if t.finished {
-                            Some(FinishReason::Length)
-                        } else {
-                            None
-                        };
-                        match reason {
-                            None => Some((vec![Ok(item)], State::Streaming { tokens, sent })),
-                            Some(reason) => Some((
-                                vec![
-                                    Ok(item),
-                                    Ok(GenerateOutput::Finished {
-                                        reason,
-                                        completion_tokens: sent,
-                                    }),
-                                ],
-                                State::Done,
-                            )),
-                        }
-                    }
-                    // The engine went away without finishing the request.
-                    None => Some((vec![Err(RequestPlaneError::Disconnected)], State::Done)),
-                }
-            }
-        })
-        .flat_map(futures::stream::iter);
-        Ok(stream.boxed())
+        self.engine.add_request(mock).map_err(engine_error)
+    }
+
+    fn cancel(&mut self, id: RequestId) -> bool {
+        self.engine.cancel(id)
+    }
+
+    fn has_work(&self) -> bool {
+        self.engine.has_work()
+    }
+
+    fn step(
+        &mut self,
+        now: Duration,
+        tokens: &mut Vec<TokenOutput>,
+        events: &mut Vec<KvEvent>,
+    ) -> Duration {
+        self.engine.step(now, &mut self.out);
+        tokens.append(&mut self.out.tokens);
+        events.append(&mut self.out.events);
+        self.out.duration
+    }
+
+    fn load(&self) -> LoadSnapshot {
+        self.engine.load()
     }
 }

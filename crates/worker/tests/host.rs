@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest, SamplingParams};
+use switchyard_core::protocol::{FinishReason, GenerateOutput, GenerateRequest};
 use switchyard_core::{RequestId, WorkerId};
 use switchyard_mocker::EngineArgs;
-use switchyard_runtime::local::{LocalDiscovery, LocalEventPlane, LocalRequestPlane};
+use switchyard_runtime::local::{
+    LocalDiscovery, LocalEventPlane, LocalKvSnapshots, LocalRequestPlane,
+};
 use switchyard_runtime::{DiscoveryError, RequestPlane, WorkerEvent};
 use switchyard_worker::{
     EchoConfig, EngineConfig, MockerConfig, Serving, Worker, WorkerConfig, WorkerError,
@@ -41,23 +43,21 @@ async fn a_worker_registers_serves_and_publishes() {
         WorkerId(42),
         &config,
         &planes,
-        Serving::Local(requests.clone()),
+        Serving::Local {
+            requests: requests.clone(),
+            snapshots: LocalKvSnapshots::new(),
+        },
         &tracker,
         cancel.clone(),
     )
     .await
     .unwrap();
     let instances = planes.discovery.watch().borrow().clone();
-    assert_eq!(instances[&WorkerId(42)].block_size, 16);
-    assert_eq!(instances[&WorkerId(42)].capacity_blocks, 16_384);
+    assert_eq!(instances[&WorkerId(42)].block_size, Some(16));
+    assert_eq!(instances[&WorkerId(42)].capacity_blocks, Some(16_384));
+    assert!(instances[&WorkerId(42)].kv_events);
 
-    let request = GenerateRequest {
-        id: RequestId(1),
-        token_ids: (0..100).collect(),
-        max_tokens: 5,
-        sampling: SamplingParams::default(),
-        dp_rank: 0,
-    };
+    let request = GenerateRequest::text(RequestId(1), (0..100).collect(), 5);
     let items: Vec<_> = requests
         .generate(&worker.instance, request)
         .await
@@ -95,7 +95,7 @@ async fn a_worker_registers_serves_and_publishes() {
                 assert_eq!(worker.worker_id, WorkerId(42));
                 saw_load = true;
             }
-            WorkerEvent::Reconnected => panic!("a local plane never reconnects"),
+            WorkerEvent::EventsLost => panic!("nothing is lost on an idle local plane"),
         }
     }
     assert_eq!(stored, 6);
@@ -132,7 +132,10 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
         WorkerId(1),
         &echo,
         &planes,
-        Serving::Local(requests.clone()),
+        Serving::Local {
+            requests: requests.clone(),
+            snapshots: LocalKvSnapshots::new(),
+        },
         &tracker,
         cancel.clone(),
     )
@@ -142,7 +145,10 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
         WorkerId(1),
         &mocker,
         &planes,
-        Serving::Local(requests.clone()),
+        Serving::Local {
+            requests: requests.clone(),
+            snapshots: LocalKvSnapshots::new(),
+        },
         &tracker,
         cancel.clone(),
     )
@@ -157,13 +163,12 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
         "{second:?}"
     );
     // The echo worker still answers its requests (the mocker's would be other tokens).
-    let request = GenerateRequest {
-        id: RequestId(1),
-        token_ids: vec![5, 6, 7],
-        max_tokens: 3,
-        sampling: SamplingParams::default(),
-        dp_rank: 0,
-    };
+    assert!(
+        !first.instance.kv_events,
+        "the echo engine publishes no events"
+    );
+    assert_eq!(first.instance.capacity_blocks, None);
+    let request = GenerateRequest::text(RequestId(1), vec![5, 6, 7], 3);
     let tokens: Vec<u32> = requests
         .generate(&first.instance, request)
         .await

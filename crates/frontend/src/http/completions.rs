@@ -7,9 +7,11 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderValue;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
+use switchyard_core::WorkerKey;
 
 use super::body;
 use super::service::unix_now;
@@ -20,24 +22,67 @@ use crate::openai::response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
     Completion, CompletionChoice, Usage,
 };
-use crate::pipeline::{Frontend, Generation, Piece};
+use crate::pipeline::{Frontend, Generation, Piece, Prepared};
+
+/// Bodies at least this large are converted (chat template, tokenizer) on the blocking
+/// pool: a long prompt takes milliseconds to tokenize, which must not stall the async
+/// threads serving every other stream.
+const BLOCKING_CONVERT_BYTES: usize = 16 << 10;
+
+/// The header naming the worker a response came from.
+pub const WORKER_HEADER: &str = "x-switchyard-worker";
+
+/// Validates and tokenizes a parsed request (see [`convert`]).
+type Convert<R> = fn(&Frontend, R) -> Result<(Prepared, Mode), ApiError>;
+
+/// Validates and tokenizes a parsed request, off the async threads when it is large.
+async fn convert_sized<R: Send + 'static>(
+    frontend: &Arc<Frontend>,
+    size: usize,
+    request: R,
+    convert: Convert<R>,
+) -> Result<(Prepared, Mode), ApiError> {
+    if size < BLOCKING_CONVERT_BYTES {
+        return convert(frontend, request);
+    }
+    let frontend = Arc::clone(frontend);
+    tokio::task::spawn_blocking(move || convert(&frontend, request))
+        .await
+        .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))?
+}
+
+fn with_worker(mut response: Response, worker: WorkerKey) -> Response {
+    if let Ok(value) = HeaderValue::from_str(&worker.to_string()) {
+        response.headers_mut().insert(WORKER_HEADER, value);
+    }
+    response
+}
 
 pub async fn chat(
     State(frontend): State<Arc<Frontend>>,
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let size = request.as_ref().map_or(0, Bytes::len);
     let result = async {
         let request: ChatCompletionRequest = body::parse(request, frontend.config.max_body_bytes)?;
-        let (prepared, mode) = convert::chat(&frontend, request)?;
-        let (id, generation) = frontend.generate(prepared).await?;
-        Ok::<_, ApiError>((format!("chatcmpl-{:016x}", id.0), generation, mode))
+        let (prepared, mode) = convert_sized(&frontend, size, request, convert::chat).await?;
+        let dispatched = frontend.generate(prepared).await?;
+        Ok::<_, ApiError>((
+            format!("chatcmpl-{:016x}", dispatched.id.0),
+            dispatched,
+            mode,
+        ))
     }
     .await;
-    match result {
-        Ok((id, generation, mode)) if mode.stream => {
-            chat_stream(frontend, id, generation, mode).into_response()
-        }
-        Ok((id, generation, _)) => match collect(generation).await {
+    let (id, dispatched, mode) = match result {
+        Ok(ok) => ok,
+        Err(e) => return e.into_response(),
+    };
+    let worker = dispatched.worker;
+    let response = if mode.stream {
+        chat_stream(frontend, id, dispatched.generation, mode).into_response()
+    } else {
+        match collect(dispatched.generation).await {
             Ok((text, reason, usage)) => Json(ChatCompletion {
                 id,
                 object: "chat.completion",
@@ -56,27 +101,32 @@ pub async fn chat(
             })
             .into_response(),
             Err(e) => e.into_response(),
-        },
-        Err(e) => e.into_response(),
-    }
+        }
+    };
+    with_worker(response, worker)
 }
 
 pub async fn completion(
     State(frontend): State<Arc<Frontend>>,
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let size = request.as_ref().map_or(0, Bytes::len);
     let result = async {
         let request: CompletionRequest = body::parse(request, frontend.config.max_body_bytes)?;
-        let (prepared, mode) = convert::completion(&frontend, request)?;
-        let (id, generation) = frontend.generate(prepared).await?;
-        Ok::<_, ApiError>((format!("cmpl-{:016x}", id.0), generation, mode))
+        let (prepared, mode) = convert_sized(&frontend, size, request, convert::completion).await?;
+        let dispatched = frontend.generate(prepared).await?;
+        Ok::<_, ApiError>((format!("cmpl-{:016x}", dispatched.id.0), dispatched, mode))
     }
     .await;
-    match result {
-        Ok((id, generation, mode)) if mode.stream => {
-            completion_stream(frontend, id, generation, mode).into_response()
-        }
-        Ok((id, generation, _)) => match collect(generation).await {
+    let (id, dispatched, mode) = match result {
+        Ok(ok) => ok,
+        Err(e) => return e.into_response(),
+    };
+    let worker = dispatched.worker;
+    let response = if mode.stream {
+        completion_stream(frontend, id, dispatched.generation, mode).into_response()
+    } else {
+        match collect(dispatched.generation).await {
             Ok((text, reason, usage)) => {
                 let model = frontend.config.model.clone();
                 let choice = CompletionChoice {
@@ -96,9 +146,9 @@ pub async fn completion(
                 .into_response()
             }
             Err(e) => e.into_response(),
-        },
-        Err(e) => e.into_response(),
-    }
+        }
+    };
+    with_worker(response, worker)
 }
 
 /// The whole response, for non-streamed requests.

@@ -2,6 +2,8 @@
 
 mod body;
 mod completions;
+
+pub use completions::WORKER_HEADER;
 mod service;
 
 use std::sync::Arc;
@@ -14,6 +16,9 @@ use axum::routing::{get, post};
 
 use crate::openai::ApiError;
 use crate::pipeline::Frontend;
+
+/// The workers the frontend routes to: role, health, draining, cache view, loads.
+pub const WORKERS_PATH: &str = "/v1/internal/workers";
 
 /// The application's routes.
 pub fn router(frontend: Arc<Frontend>) -> Router {
@@ -29,6 +34,7 @@ pub fn router(frontend: Arc<Frontend>) -> Router {
             switchyard_runtime::net::kv::INDEX_PATH,
             get(service::kv_index),
         )
+        .route(WORKERS_PATH, get(service::workers))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

@@ -56,14 +56,20 @@ pub async fn kv_index(
     Json(frontend.routing.index_view())
 }
 
+/// Every worker the frontend knows, with its role, health, draining flag, cache view and
+/// loads (the router's count and the engine's own report).
+pub async fn workers(
+    State(frontend): State<Arc<Frontend>>,
+) -> Json<Vec<crate::routing::WorkerStatus>> {
+    Json(frontend.routing.workers())
+}
+
 pub async fn live() -> Json<serde_json::Value> {
     Json(json!({ "status": "live" }))
 }
 
 pub async fn metrics(State(frontend): State<Arc<Frontend>>) -> Response {
-    let text = frontend
-        .metrics
-        .render(&frontend.routing, frontend.admission.queued());
+    let text = frontend.metrics.render(&frontend.routing);
     (
         [(
             header::CONTENT_TYPE,

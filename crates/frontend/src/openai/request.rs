@@ -137,27 +137,7 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// Priority tiers: under overload the lowest are shed first.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Deserialize, serde::Serialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    BestEffort,
-    #[default]
-    Standard,
-    Premium,
-}
-
-impl Priority {
-    pub fn name(self) -> &'static str {
-        match self {
-            Priority::BestEffort => "best_effort",
-            Priority::Standard => "standard",
-            Priority::Premium => "premium",
-        }
-    }
-}
+pub use switchyard_core::Priority;
 
 /// The `switchyard` request extension.
 #[derive(Debug, Clone, Default, Deserialize)]

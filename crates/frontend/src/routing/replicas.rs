@@ -6,16 +6,21 @@
 //! so they never meet local ids), counting them in the workers' load like its own. A
 //! request the `Alive` list no longer names is freed (its `Finished` was lost), and a
 //! frontend silent for `peer_timeout` is presumed dead and all its requests freed.
+//!
+//! The outbox is bounded: if publishing falls behind, events are dropped rather than piling
+//! up, and the next `Alive` announcement repairs what the others missed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use switchyard_core::{RequestId, SequenceHash};
-use switchyard_router::{PolicyKind, RouteDecision, RouteRequest, RoutingOverrides};
+use switchyard_router::RouteDecision;
+use switchyard_runtime::channel::{LossySender, SUBSCRIPTION_CAPACITY};
 use switchyard_runtime::{ReplicaEvent, ReplicaMessage, ReplicaPlane, ReplicaSubscription};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::RoutingService;
@@ -45,7 +50,7 @@ impl Default for ReplicaSettings {
 #[derive(Debug)]
 pub(super) struct Replicas {
     frontend: u64,
-    outbox: mpsc::UnboundedSender<ReplicaEvent>,
+    outbox: Mutex<LossySender<ReplicaEvent>>,
     peers: Mutex<HashMap<u64, Peer>>,
     settings: ReplicaSettings,
 }
@@ -70,7 +75,7 @@ fn remote_id(frontend: u64, request: RequestId) -> RequestId {
 impl Replicas {
     fn send(&self, event: ReplicaEvent) {
         // The publisher has stopped only when the frontend is shutting down.
-        let _ = self.outbox.send(event);
+        self.outbox.lock().send(event);
     }
 
     pub(super) fn routed(&self, id: RequestId, decision: &RouteDecision, blocks: &[SequenceHash]) {
@@ -102,11 +107,11 @@ impl RoutingService {
         mut self,
         frontend: u64,
         settings: ReplicaSettings,
-    ) -> (Self, mpsc::UnboundedReceiver<ReplicaEvent>) {
-        let (outbox, events) = mpsc::unbounded_channel();
+    ) -> (Self, mpsc::Receiver<ReplicaEvent>) {
+        let (outbox, events) = LossySender::channel(SUBSCRIPTION_CAPACITY, None);
         self.replicas = Some(Replicas {
             frontend,
-            outbox,
+            outbox: Mutex::new(outbox),
             peers: Mutex::new(HashMap::new()),
             settings,
         });
@@ -122,7 +127,7 @@ impl RoutingService {
             return;
         }
         let now = self.now();
-        let mut router = self.router.lock();
+        let mut core = self.core.lock();
         let mut peers = replicas.peers.lock();
         let peer = peers.entry(message.frontend).or_insert_with(|| {
             tracing::info!(
@@ -145,29 +150,17 @@ impl RoutingService {
                     seq_hashes,
                 } => {
                     let local = remote_id(message.frontend, request);
-                    let route = RouteRequest {
-                        id: local,
-                        isl_tokens: 0,
-                        seq_hashes: &seq_hashes,
-                        overrides: RoutingOverrides::default(),
-                    };
-                    let decision = RouteDecision {
-                        worker,
-                        policy: PolicyKind::Kv,
-                        overlap_blocks: 0,
-                        prefill_tokens,
-                    };
                     // Unknown workers (not yet, or no longer, discovered here) are skipped.
-                    if router.record(&route, &decision, now).is_ok() {
+                    if core.record_external(local, worker, &seq_hashes, prefill_tokens, now) {
                         peer.requests.insert(request);
                     }
                 }
                 ReplicaEvent::PrefillDone { request } => {
-                    router.mark_prefill_completed(remote_id(message.frontend, request));
+                    core.prefill_done(remote_id(message.frontend, request));
                 }
                 ReplicaEvent::Finished { request } => {
                     if peer.requests.remove(&request) {
-                        router.free(remote_id(message.frontend, request));
+                        core.finish(remote_id(message.frontend, request));
                         freed = true;
                     }
                 }
@@ -176,15 +169,15 @@ impl RoutingService {
                     let lost: Vec<RequestId> = peer.requests.difference(&alive).copied().collect();
                     for request in lost {
                         peer.requests.remove(&request);
-                        router.free(remote_id(message.frontend, request));
+                        core.finish(remote_id(message.frontend, request));
                         freed = true;
                     }
                 }
             }
         }
-        drop((peers, router));
+        drop((peers, core));
         if freed {
-            self.capacity_changed.notify_waiters();
+            self.pump();
         }
     }
 
@@ -194,10 +187,9 @@ impl RoutingService {
         let Some(replicas) = &self.replicas else {
             return 0;
         };
-        let mut router = self.router.lock();
-        let own: Vec<RequestId> = router
-            .active()
-            .request_ids()
+        let mut core = self.core.lock();
+        let own: Vec<RequestId> = core
+            .active_request_ids()
             .filter(|id| id.0 & REMOTE == 0)
             .collect();
         replicas.send(ReplicaEvent::Alive { requests: own });
@@ -216,13 +208,13 @@ impl RoutingService {
                     "another frontend went silent; freeing its requests"
                 );
                 for request in peer.requests {
-                    router.free(remote_id(*frontend, request));
+                    core.finish(remote_id(*frontend, request));
                 }
             }
         }
-        drop((peers, router));
+        drop((peers, core));
         if !gone.is_empty() {
-            self.capacity_changed.notify_waiters();
+            self.pump();
         }
         gone.len()
     }
@@ -240,7 +232,7 @@ impl RoutingService {
 pub async fn publish_replicas(
     routing: Arc<RoutingService>,
     plane: Arc<dyn ReplicaPlane>,
-    mut events: mpsc::UnboundedReceiver<ReplicaEvent>,
+    mut events: mpsc::Receiver<ReplicaEvent>,
     cancel: CancellationToken,
 ) {
     let Some(replicas) = &routing.replicas else {

@@ -290,7 +290,10 @@ impl Indexer {
     /// Drops one reference from `slot` to `node`, pruning the node when nothing needs it.
     fn release(&mut self, slot: u32, node: NodeId) {
         let state = self.state_mut(slot);
-        if let Some(extra) = state.extra_refs.get_mut(&node) {
+        // Extra references are rare (a hash reused for another prefix): skip the lookup.
+        if !state.extra_refs.is_empty()
+            && let Some(extra) = state.extra_refs.get_mut(&node)
+        {
             *extra -= 1;
             if *extra == 0 {
                 state.extra_refs.remove(&node);

@@ -1,18 +1,18 @@
-//! In-process event plane: fan-out to unbounded per-subscriber channels, so publishers
-//! never wait and nothing is dropped.
+//! In-process event plane: fan-out to bounded per-subscriber queues. Publishers never wait;
+//! a subscriber that falls behind loses events and is told so (see [`crate::channel`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
 
+use crate::channel::{LossySender, SUBSCRIPTION_CAPACITY};
 use crate::events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
 
 #[derive(Debug, Clone, Default)]
 pub struct LocalEventPlane {
-    subscribers: Arc<Mutex<HashMap<String, Vec<mpsc::UnboundedSender<WorkerEvent>>>>>,
+    subscribers: Arc<Mutex<HashMap<String, Vec<LossySender<WorkerEvent>>>>>,
 }
 
 impl LocalEventPlane {
@@ -26,13 +26,13 @@ impl EventPlane for LocalEventPlane {
     async fn publish(&self, model: &str, event: WorkerEvent) -> Result<(), EventPlaneError> {
         let mut subscribers = self.subscribers.lock();
         if let Some(list) = subscribers.get_mut(model) {
-            list.retain(|s| s.send(event.clone()).is_ok());
+            list.retain_mut(|s| s.send(event.clone()));
         }
         Ok(())
     }
 
     async fn subscribe(&self, model: &str) -> Result<EventSubscription, EventPlaneError> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = LossySender::channel(SUBSCRIPTION_CAPACITY, Some(WorkerEvent::EventsLost));
         self.subscribers
             .lock()
             .entry(model.to_string())

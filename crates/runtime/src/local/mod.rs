@@ -3,7 +3,9 @@
 mod discovery;
 mod events;
 mod request;
+mod snapshot;
 
 pub use discovery::LocalDiscovery;
 pub use events::LocalEventPlane;
 pub use request::LocalRequestPlane;
+pub use snapshot::LocalKvSnapshots;

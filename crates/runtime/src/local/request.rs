@@ -9,7 +9,7 @@ use switchyard_core::WorkerId;
 use switchyard_core::protocol::GenerateRequest;
 
 use crate::discovery::WorkerInstance;
-use crate::request::{EngineService, RequestPlane, RequestPlaneError, ResponseStream};
+use crate::request::{EngineError, EngineService, RequestPlane, ResponseStream};
 
 #[derive(Debug, Clone, Default)]
 pub struct LocalRequestPlane {
@@ -37,13 +37,15 @@ impl RequestPlane for LocalRequestPlane {
         &self,
         worker: &WorkerInstance,
         request: GenerateRequest,
-    ) -> Result<ResponseStream, RequestPlaneError> {
+    ) -> Result<ResponseStream, EngineError> {
         let service = self
             .services
             .read()
             .get(&worker.worker_id)
             .cloned()
-            .ok_or_else(|| RequestPlaneError::UnknownWorker(worker.worker_id.to_string()))?;
+            .ok_or_else(|| {
+                EngineError::Unreachable(format!("worker {} is not served here", worker.worker_id))
+            })?;
         service.generate(request).await
     }
 }

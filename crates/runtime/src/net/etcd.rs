@@ -98,7 +98,7 @@ impl EtcdDiscovery {
         let revision = listed.header().map_or(0, |h| h.revision());
         let mut by_key: HashMap<Vec<u8>, WorkerInstance> = HashMap::new();
         for kv in listed.kvs() {
-            if let Ok(instance) = serde_json::from_slice::<WorkerInstance>(kv.value()) {
+            if let Some(instance) = decode(kv.key(), kv.value()) {
                 by_key.insert(kv.key().to_vec(), instance);
             }
         }
@@ -126,11 +126,15 @@ impl EtcdDiscovery {
             for event in response.events() {
                 let Some(kv) = event.kv() else { continue };
                 match event.event_type() {
-                    EventType::Put => {
-                        if let Ok(instance) = serde_json::from_slice::<WorkerInstance>(kv.value()) {
+                    EventType::Put => match decode(kv.key(), kv.value()) {
+                        Some(instance) => {
                             by_key.insert(kv.key().to_vec(), instance);
                         }
-                    }
+                        // An unreadable record replaces whatever the key held.
+                        None => {
+                            by_key.remove(kv.key());
+                        }
+                    },
                     EventType::Delete => {
                         by_key.remove(kv.key());
                     }
@@ -150,6 +154,22 @@ impl EtcdDiscovery {
             *current = Arc::new(map);
             true
         });
+    }
+}
+
+/// A worker record, or a warning naming the key when it cannot be read (a worker of another
+/// version, or something else written under the prefix).
+fn decode(key: &[u8], value: &[u8]) -> Option<WorkerInstance> {
+    match serde_json::from_slice::<WorkerInstance>(value) {
+        Ok(instance) => Some(instance),
+        Err(e) => {
+            tracing::warn!(
+                key = %String::from_utf8_lossy(key),
+                error = %e,
+                "ignoring a discovery record that cannot be decoded"
+            );
+            None
+        }
     }
 }
 

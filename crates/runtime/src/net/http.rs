@@ -1,11 +1,19 @@
 //! The request plane over HTTP/2: the frontend POSTs a MessagePack `GenerateRequest` to the
 //! worker's `/v1/internal/generate` and reads back length-prefixed MessagePack frames (a
-//! 4-byte big-endian length, then the frame), one per `GenerateOutput`.
+//! 4-byte big-endian length, then the frame), one per `GenerateOutput`. The request is
+//! encoded with field names, so optional fields may be left out and a worker of another
+//! version reads what it knows; frames, one per token, are compact.
 //!
 //! One HTTP/2 connection per worker carries every request, multiplexed. Dropping the
 //! response stream resets its HTTP/2 stream; the worker drops the engine's stream, which
 //! cancels the request. A response that ends without its `Finished` frame, or whose
-//! connection breaks, ends with [`RequestPlaneError::Disconnected`].
+//! connection breaks, ends with [`EngineError::Disconnected`].
+//!
+//! Errors are typed end to end: a request refused before streaming is answered with a
+//! status that matches the error and the MessagePack [`EngineError`] as body; a failure
+//! mid-stream is an error frame. Sizes are bounded both ways: a request body over
+//! [`MAX_REQUEST_BYTES`] is refused with 413, and a frame over [`MAX_FRAME_BYTES`] ends the
+//! stream rather than buffering without bound.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,7 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::{Buf, BufMut, BytesMut};
@@ -23,15 +31,57 @@ use serde::{Deserialize, Serialize};
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest};
 
 use crate::discovery::WorkerInstance;
-use crate::request::{EngineService, RequestPlane, RequestPlaneError, ResponseStream};
+use crate::request::{EngineError, EngineService, RequestPlane, ResponseStream};
 
 pub const GENERATE_PATH: &str = "/v1/internal/generate";
+/// Largest generate request a worker accepts (a prompt of several million tokens).
+pub const MAX_REQUEST_BYTES: usize = 64 << 20;
+/// Largest response frame a frontend accepts.
+pub const MAX_FRAME_BYTES: usize = 16 << 20;
 
 /// One frame on the wire.
 #[derive(Debug, Serialize, Deserialize)]
 enum Frame {
     Output(GenerateOutput),
-    Error(String),
+    Error(EngineError),
+}
+
+/// The status a refusal is answered with.
+fn status_of(error: &EngineError) -> StatusCode {
+    match error {
+        EngineError::Invalid(_) => StatusCode::BAD_REQUEST,
+        EngineError::Unsupported(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        EngineError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+        EngineError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
+        EngineError::Unreachable(_) | EngineError::Disconnected | EngineError::Internal(_) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
+/// The error a refusal stands for: its body when it is one, else what its status says.
+fn error_of(status: StatusCode, body: &[u8], address: &str) -> EngineError {
+    if let Ok(error) = rmp_serde::from_slice::<EngineError>(body) {
+        return error;
+    }
+    let text = String::from_utf8_lossy(body)
+        .chars()
+        .take(512)
+        .collect::<String>();
+    match status {
+        StatusCode::BAD_REQUEST => EngineError::Invalid(text),
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            EngineError::Invalid(format!("the request is too large for the worker: {text}"))
+        }
+        StatusCode::UNPROCESSABLE_ENTITY => EngineError::Unsupported(text),
+        StatusCode::TOO_MANY_REQUESTS => EngineError::Overloaded(text),
+        _ => EngineError::Unreachable(format!("{address} answered {status}")),
+    }
+}
+
+fn refusal(error: &EngineError) -> Response {
+    let body = rmp_serde::to_vec(error).unwrap_or_default();
+    (status_of(error), body).into_response()
 }
 
 fn encode(frame: &Frame) -> Bytes {
@@ -46,6 +96,7 @@ fn encode(frame: &Frame) -> Bytes {
 pub fn routes(service: Arc<dyn EngineService>) -> Router {
     Router::new()
         .route(GENERATE_PATH, axum::routing::post(generate))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(service)
 }
 
@@ -53,11 +104,9 @@ async fn generate(State(service): State<Arc<dyn EngineService>>, body: Bytes) ->
     let request: GenerateRequest = match rmp_serde::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!("invalid generate request: {e}"),
-            )
-                .into_response();
+            return refusal(&EngineError::Invalid(format!(
+                "undecodable generate request: {e}"
+            )));
         }
     };
     match service.generate(request).await {
@@ -65,16 +114,13 @@ async fn generate(State(service): State<Arc<dyn EngineService>>, body: Bytes) ->
             let frames = stream.map(|item| {
                 let frame = match item {
                     Ok(output) => Frame::Output(output),
-                    Err(e) => Frame::Error(e.to_string()),
+                    Err(e) => Frame::Error(e),
                 };
                 Ok::<_, Infallible>(encode(&frame))
             });
             Body::from_stream(frames).into_response()
         }
-        Err(RequestPlaneError::Rejected(message)) => {
-            (StatusCode::UNPROCESSABLE_ENTITY, message).into_response()
-        }
-        Err(other) => (StatusCode::SERVICE_UNAVAILABLE, other.to_string()).into_response(),
+        Err(error) => refusal(&error),
     }
 }
 
@@ -85,7 +131,7 @@ pub struct HttpRequestPlane {
 }
 
 impl HttpRequestPlane {
-    pub fn new() -> Result<Self, RequestPlaneError> {
+    pub fn new() -> Result<Self, EngineError> {
         let client = reqwest::Client::builder()
             .http2_prior_knowledge()
             .tcp_nodelay(true)
@@ -94,7 +140,7 @@ impl HttpRequestPlane {
             .http2_keep_alive_timeout(Duration::from_secs(5))
             .http2_keep_alive_while_idle(true)
             .build()
-            .map_err(|e| RequestPlaneError::Unavailable(e.to_string()))?;
+            .map_err(|e| EngineError::Internal(format!("cannot build the HTTP client: {e}")))?;
         Ok(HttpRequestPlane { client })
     }
 }
@@ -108,7 +154,7 @@ struct Decoder {
 }
 
 impl Decoder {
-    fn next_frame(&mut self) -> Option<Result<Frame, RequestPlaneError>> {
+    fn next_frame(&mut self) -> Option<Result<Frame, EngineError>> {
         if self.buffer.len() < 4 {
             return None;
         }
@@ -118,15 +164,23 @@ impl Decoder {
             self.buffer[2],
             self.buffer[3],
         ]) as usize;
+        if len > MAX_FRAME_BYTES {
+            return Some(Err(EngineError::Internal(format!(
+                "a response frame of {len} bytes is over the {MAX_FRAME_BYTES}-byte limit"
+            ))));
+        }
         if self.buffer.len() < 4 + len {
             return None;
         }
         self.buffer.advance(4);
         let payload = self.buffer.split_to(len);
-        Some(rmp_serde::from_slice(&payload).map_err(|_| RequestPlaneError::Disconnected))
+        Some(
+            rmp_serde::from_slice(&payload)
+                .map_err(|e| EngineError::Internal(format!("undecodable response frame: {e}"))),
+        )
     }
 
-    async fn next(mut self) -> Option<(Result<GenerateOutput, RequestPlaneError>, Self)> {
+    async fn next(mut self) -> Option<(Result<GenerateOutput, EngineError>, Self)> {
         loop {
             if self.done {
                 return None;
@@ -136,9 +190,9 @@ impl Decoder {
                     self.finished |= matches!(output, GenerateOutput::Finished { .. });
                     return Some((Ok(output), self));
                 }
-                Some(Ok(Frame::Error(message))) => {
+                Some(Ok(Frame::Error(error))) => {
                     self.done = true;
-                    return Some((Err(RequestPlaneError::Unavailable(message)), self));
+                    return Some((Err(error), self));
                 }
                 Some(Err(e)) => {
                     self.done = true;
@@ -150,14 +204,14 @@ impl Decoder {
                 Some(Ok(chunk)) => self.buffer.extend_from_slice(&chunk),
                 Some(Err(_)) => {
                     self.done = true;
-                    return Some((Err(RequestPlaneError::Disconnected), self));
+                    return Some((Err(EngineError::Disconnected), self));
                 }
                 None => {
                     self.done = true;
                     if self.finished {
                         return None;
                     }
-                    return Some((Err(RequestPlaneError::Disconnected), self));
+                    return Some((Err(EngineError::Disconnected), self));
                 }
             }
         }
@@ -170,34 +224,23 @@ impl RequestPlane for HttpRequestPlane {
         &self,
         worker: &WorkerInstance,
         request: GenerateRequest,
-    ) -> Result<ResponseStream, RequestPlaneError> {
+    ) -> Result<ResponseStream, EngineError> {
         let address = worker.address.as_deref().ok_or_else(|| {
-            RequestPlaneError::UnknownWorker(format!(
-                "{} has no request-plane address",
-                worker.worker_id
-            ))
+            EngineError::Unreachable(format!("{} has no request-plane address", worker.worker_id))
         })?;
-        let body =
-            rmp_serde::to_vec(&request).map_err(|e| RequestPlaneError::Rejected(e.to_string()))?;
+        let body = rmp_serde::to_vec_named(&request)
+            .map_err(|e| EngineError::Invalid(format!("cannot encode the request: {e}")))?;
         let response = self
             .client
             .post(format!("http://{address}{GENERATE_PATH}"))
             .body(body)
             .send()
             .await
-            .map_err(|e| RequestPlaneError::Unavailable(format!("{address}: {e}")))?;
-        match response.status() {
-            StatusCode::OK => {}
-            StatusCode::UNPROCESSABLE_ENTITY => {
-                return Err(RequestPlaneError::Rejected(
-                    response.text().await.unwrap_or_default(),
-                ));
-            }
-            status => {
-                return Err(RequestPlaneError::Unavailable(format!(
-                    "{address} answered {status}"
-                )));
-            }
+            .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;
+        let status = response.status();
+        if status != StatusCode::OK {
+            let body = response.bytes().await.unwrap_or_default();
+            return Err(error_of(status, &body, address));
         }
         let decoder = Decoder {
             body: response.bytes_stream().boxed(),

@@ -1,9 +1,14 @@
 //! The event plane over NATS: one subject per namespace and model, MessagePack payloads.
 //!
 //! The client reconnects on its own; events published while the connection is down are
-//! lost. Subscribers notice: each reconnection is passed on as
-//! [`WorkerEvent::Reconnected`], and a lost event in the middle of a stream shows as a gap
-//! in the worker's event ids. Either way the frontend repairs from the workers' dumps.
+//! lost. Subscribers notice: each reconnection is passed on as [`WorkerEvent::EventsLost`]
+//! (as is a subscriber falling behind its bounded queue), and a lost event in the middle of
+//! a stream shows as a gap in the worker's event ids. Either way the frontend repairs from
+//! the workers' dumps.
+//!
+//! KV event batches are split by encoded size, to stay under the server's payload limit
+//! whatever the block size (a 16-token-block engine names 32 times the blocks of a
+//! 512-token one for the same prompt).
 
 use std::sync::Arc;
 
@@ -17,11 +22,45 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::token;
+use crate::channel::{LossySender, SUBSCRIPTION_CAPACITY};
 use crate::events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
 use crate::replicas::{ReplicaMessage, ReplicaPlane, ReplicaSubscription};
 
-/// Most KV events per message, to stay well under NATS's payload limit.
-const MAX_EVENTS_PER_MESSAGE: usize = 256;
+/// Bytes a message may take, as a share of the server's payload limit (leaving room for the
+/// framing an estimate does not count).
+const PAYLOAD_SHARE: f64 = 0.5;
+/// The payload limit when the server has not said yet (NATS's default is 1 MiB).
+const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+
+/// An upper bound on an event's MessagePack size: a fixed part, and two 64-bit hashes (at
+/// most 9 bytes each, plus field names) per stored block, one per removed block.
+fn encoded_size_bound(event: &switchyard_core::KvEvent) -> usize {
+    64 + 40 * event.block_count()
+}
+
+/// Cuts `events` into runs whose encoded size stays under `budget` (a single event over it
+/// goes alone).
+fn split_by_size(
+    events: Vec<switchyard_core::KvEvent>,
+    budget: usize,
+) -> Vec<Vec<switchyard_core::KvEvent>> {
+    let mut out = Vec::new();
+    let mut current = Vec::new();
+    let mut size = 0;
+    for event in events {
+        let bound = encoded_size_bound(&event);
+        if !current.is_empty() && size + bound > budget {
+            out.push(std::mem::take(&mut current));
+            size = 0;
+        }
+        size += bound;
+        current.push(event);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
 
 #[derive(Debug, Clone)]
 pub struct NatsEventPlane {
@@ -108,7 +147,7 @@ impl NatsEventPlane {
         &self,
         subject: String,
         on_reconnect: Option<T>,
-    ) -> Result<mpsc::UnboundedReceiver<T>, EventPlaneError>
+    ) -> Result<mpsc::Receiver<T>, EventPlaneError>
     where
         T: DeserializeOwned + Clone + Send + 'static,
     {
@@ -116,7 +155,7 @@ impl NatsEventPlane {
             self.client.subscribe(subject).await.map_err(|e| {
                 EventPlaneError::Unavailable(format!("cannot subscribe on NATS: {e}"))
             })?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (mut tx, rx) = LossySender::channel(SUBSCRIPTION_CAPACITY, on_reconnect.clone());
         let cancel = self.cancel.clone();
         let mut reconnections = self.reconnections.subscribe();
         reconnections.mark_unchanged();
@@ -126,7 +165,7 @@ impl NatsEventPlane {
                     () = cancel.cancelled() => return,
                     changed = reconnections.changed(), if on_reconnect.is_some() => {
                         let marker = on_reconnect.clone();
-                        if changed.is_err() || marker.is_some_and(|m| tx.send(m).is_err()) {
+                        if changed.is_err() || marker.is_some_and(|m| !tx.send(m)) {
                             return;
                         }
                         continue;
@@ -138,7 +177,7 @@ impl NatsEventPlane {
                 };
                 match rmp_serde::from_slice::<T>(&message.payload) {
                     Ok(decoded) => {
-                        if tx.send(decoded).is_err() {
+                        if !tx.send(decoded) {
                             return;
                         }
                     }
@@ -155,10 +194,14 @@ impl EventPlane for NatsEventPlane {
     async fn publish(&self, model: &str, event: WorkerEvent) -> Result<(), EventPlaneError> {
         let subject = self.subject(model);
         match event {
-            WorkerEvent::Kv(events) if events.len() > MAX_EVENTS_PER_MESSAGE => {
-                for chunk in events.chunks(MAX_EVENTS_PER_MESSAGE) {
-                    self.send(subject.clone(), &WorkerEvent::Kv(chunk.to_vec()))
-                        .await?;
+            WorkerEvent::Kv(events) => {
+                let max_payload = match self.client.server_info().max_payload {
+                    0 => DEFAULT_MAX_PAYLOAD,
+                    n => n,
+                };
+                let budget = (max_payload as f64 * PAYLOAD_SHARE) as usize;
+                for run in split_by_size(events, budget) {
+                    self.send(subject.clone(), &WorkerEvent::Kv(run)).await?;
                 }
                 Ok(())
             }
@@ -167,7 +210,7 @@ impl EventPlane for NatsEventPlane {
     }
 
     async fn subscribe(&self, model: &str) -> Result<EventSubscription, EventPlaneError> {
-        self.forward(self.subject(model), Some(WorkerEvent::Reconnected))
+        self.forward(self.subject(model), Some(WorkerEvent::EventsLost))
             .await
     }
 }
@@ -187,5 +230,55 @@ impl ReplicaPlane for NatsEventPlane {
         model: &str,
     ) -> Result<ReplicaSubscription, EventPlaneError> {
         self.forward(self.replica_subject(model), None).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_core::{
+        KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerId,
+    };
+
+    use super::*;
+
+    fn stored(id: u64, blocks: u64) -> KvEvent {
+        KvEvent {
+            worker_id: WorkerId(u64::MAX),
+            dp_rank: 7,
+            event_id: id,
+            tier: StorageTier::Device,
+            data: KvEventData::Stored {
+                parent: Some(SequenceHash(u64::MAX)),
+                blocks: (0..blocks)
+                    .map(|b| StoredBlock {
+                        seq_hash: SequenceHash(u64::MAX - b),
+                        local_hash: LocalBlockHash(u64::MAX - 2 * b),
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn batches_split_by_encoded_size_and_the_bound_holds() {
+        let events: Vec<KvEvent> = (1..=40).map(|i| stored(i, 100 * i)).collect();
+        let budget = 64 << 10;
+        let runs = split_by_size(events.clone(), budget);
+        assert!(runs.len() > 1);
+        let flat: Vec<KvEvent> = runs.iter().flatten().cloned().collect();
+        assert_eq!(flat, events, "order and content kept");
+        for run in &runs {
+            let bytes = rmp_serde::to_vec(&WorkerEvent::Kv(run.clone())).expect("encodes");
+            assert!(
+                run.len() == 1 || bytes.len() <= budget,
+                "{} bytes over {budget}",
+                bytes.len()
+            );
+        }
+        // The bound is an upper bound on what is really sent.
+        for event in &events {
+            let bytes = rmp_serde::to_vec(event).expect("encodes");
+            assert!(bytes.len() <= encoded_size_bound(event));
+        }
     }
 }

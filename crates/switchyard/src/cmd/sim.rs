@@ -12,8 +12,8 @@ use serde::Serialize;
 use switchyard_mocker::{EngineArgs, PerfModel, PreemptionMode};
 use switchyard_router::indexer::approx::ApproxConfig;
 use switchyard_router::policy::KvPolicyConfig;
-use switchyard_router::{PolicyKind, RouterConfig};
-use switchyard_sim::{CacheView, PreparedWorkload, SimConfig, SimReport, TraceRequest, simulate};
+use switchyard_router::{AdmissionConfig, CacheViewMode, PolicyKind, RouterConfig, RoutingConfig};
+use switchyard_sim::{PreparedWorkload, SimConfig, SimReport, TraceRequest, simulate};
 use switchyard_workload::trace_io::Trace;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -53,10 +53,11 @@ pub struct SimArgs {
     /// Softmax temperature of the kv policy (0: always the cheapest worker).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
-    /// The router's view of the caches: the engines' KV events, blocks assumed cached when
-    /// routed (approx), or auto: approx for cache-aware (as SGLang's router has no events),
-    /// events for the others.
-    #[arg(long, value_enum, default_value_t = ViewArg::Auto)]
+    /// The router's view of the caches: the engines' KV events (as `serve` sees its
+    /// workers), blocks assumed cached when routed (approx), or natural: approx for
+    /// cache-aware (as SGLang's router, which has no events, is deployed), events for the
+    /// others.
+    #[arg(long, value_enum, default_value_t = ViewArg::Events)]
     cache_view: ViewArg,
     /// How long the approximate view assumes a routed block stays cached, in seconds.
     #[arg(long, default_value_t = 120.0)]
@@ -84,6 +85,20 @@ pub struct SimArgs {
     perf_profile: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Token ids that end a generation early (the servers pass the tokenizer's
+    /// end-of-sequence tokens; the built-in tokenizer's is 257). None by default: every
+    /// request produces its trace output length.
+    #[arg(long, value_delimiter = ',')]
+    eos_token_ids: Vec<u32>,
+    /// Admission: a worker is busy when in-flight requests hold this share of its KV blocks.
+    #[arg(long, default_value_t = AdmissionConfig::default().busy_kv_threshold)]
+    busy_kv_threshold: f64,
+    /// Admission: most requests waiting at once.
+    #[arg(long, default_value_t = AdmissionConfig::default().max_queue)]
+    max_queue: usize,
+    /// Admission: longest a request waits in the queue, in seconds.
+    #[arg(long, default_value_t = AdmissionConfig::default().queue_timeout.as_secs_f64())]
+    queue_timeout_secs: f64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -91,9 +106,9 @@ pub struct SimArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ViewArg {
-    Auto,
     Events,
     Approx,
+    Natural,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -131,6 +146,21 @@ pub fn run(args: SimArgs) -> Result<()> {
     if args.trace_block_size == 0 {
         bail!("--trace-block-size must be at least 1");
     }
+    if !(args.busy_kv_threshold > 0.0 && args.busy_kv_threshold <= 1.0) {
+        bail!(
+            "--busy-kv-threshold must be in (0, 1], got {}",
+            args.busy_kv_threshold
+        );
+    }
+    if args.max_queue == 0 {
+        bail!("--max-queue must be at least 1");
+    }
+    if !(args.queue_timeout_secs.is_finite() && args.queue_timeout_secs > 0.0) {
+        bail!(
+            "--queue-timeout-secs must be a positive number, got {}",
+            args.queue_timeout_secs
+        );
+    }
     let engine = EngineArgs {
         num_gpu_blocks: args.num_gpu_blocks,
         block_size: args.block_size,
@@ -160,45 +190,55 @@ pub fn run(args: SimArgs) -> Result<()> {
         args.block_size,
         args.speedup,
     );
+    let approx = ApproxConfig {
+        ttl: Duration::from_secs_f64(args.approx_ttl_secs),
+        max_blocks_per_worker: args.num_gpu_blocks as usize,
+    };
     let config = SimConfig {
         workers: args.workers,
         engine,
         perf,
-        router: RouterConfig {
-            kv: KvPolicyConfig {
-                overlap_weight: args.overlap_weight,
-                temperature: args.temperature,
+        routing: RoutingConfig {
+            router: RouterConfig {
+                kv: KvPolicyConfig {
+                    overlap_weight: args.overlap_weight,
+                    temperature: args.temperature,
+                },
+                ..RouterConfig::default()
             },
-            ..RouterConfig::default()
+            cache_view: CacheViewMode::Auto,
+            approx,
+            admission: AdmissionConfig {
+                busy_kv_threshold: args.busy_kv_threshold,
+                max_queue: args.max_queue,
+                queue_timeout: Duration::from_secs_f64(args.queue_timeout_secs),
+                ..AdmissionConfig::default()
+            },
         },
         event_delay: Duration::from_secs_f64(args.event_delay_ms / 1e3),
-        cache_view: CacheView::Events,
+        eos_token_ids: args.eos_token_ids.clone(),
         seed: args.seed,
+        record_requests: false,
+        lazy_engines: true,
     };
 
     let mut reports = Vec::new();
     for &policy in &args.policy {
         let bar = progress_bar(workload.requests.len() as u64, policy, args.json);
-        let approx = ApproxConfig {
-            ttl: Duration::from_secs_f64(args.approx_ttl_secs),
-            max_blocks_per_worker: args.num_gpu_blocks as usize,
-        };
         let cache_view = match args.cache_view {
-            ViewArg::Auto => CacheView::natural_for(policy, approx),
-            ViewArg::Events => CacheView::Events,
-            ViewArg::Approx => CacheView::Approximate(approx),
+            ViewArg::Natural if policy == PolicyKind::CacheAware => CacheViewMode::Approximate,
+            ViewArg::Natural | ViewArg::Events => CacheViewMode::Auto,
+            ViewArg::Approx => CacheViewMode::Approximate,
         };
-        let config = SimConfig {
-            cache_view,
-            ..config.clone()
-        };
+        let mut config = config.clone();
+        config.routing.cache_view = cache_view;
         let started = Instant::now();
         let mut report = simulate(&config, &workload, policy, &mut |done| {
             bar.set_position(done)
         })?;
         report.cache_view = match cache_view {
-            CacheView::Events => "events",
-            CacheView::Approximate(_) => "approx",
+            CacheViewMode::Auto => "events",
+            CacheViewMode::Approximate => "approx",
         };
         report.wall_seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
@@ -271,7 +311,7 @@ fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
         args.workers
     );
     println!(
-        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8}",
+        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8}",
         "policy",
         "ttft mean",
         "ttft p50",
@@ -284,11 +324,12 @@ fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
         "hit rate",
         "req cv",
         "preempt",
+        "refused",
         "wall s"
     );
     for r in reports {
         println!(
-            "{:<14} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>7.1}% {:>7.3} {:>8} {:>8.2}",
+            "{:<14} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>7.1}% {:>7.3} {:>8} {:>8} {:>8.2}",
             r.policy,
             r.ttft_ms.mean,
             r.ttft_ms.p50,
@@ -301,6 +342,7 @@ fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
             r.cache_hit_rate * 100.0,
             r.load_spread.requests_cv,
             r.preemptions,
+            r.rejected + r.failed,
             r.wall_seconds
         );
     }

@@ -6,11 +6,14 @@
 //! tokens not yet computed.
 //!
 //! Every request holds a whole chain of blocks from the first, so each worker's active
-//! block set is prefix-closed; the blocks of a new request a worker already holds are
-//! therefore a prefix of the request and found by binary search.
+//! block set is a union of chains, kept as a compressed trie ([`chains`]): adding, freeing
+//! and asking how much of a new request a worker already holds cost a walk along the
+//! request's chain, not a hash-table operation per block.
+
+mod chains;
 
 use std::collections::VecDeque;
-use std::collections::hash_map::Entry;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -39,7 +42,7 @@ pub struct WorkerLoad {
 
 #[derive(Debug, Default)]
 struct WorkerSlots {
-    refcounts: FxHashMap<SequenceHash, u32>,
+    chains: chains::ChainSet,
     prefill_tokens: u64,
     requests: u32,
 }
@@ -47,7 +50,7 @@ struct WorkerSlots {
 #[derive(Debug)]
 struct ActiveRequest {
     worker: WorkerKey,
-    blocks: Vec<SequenceHash>,
+    blocks: Arc<[SequenceHash]>,
     /// Outstanding prefill tokens; zero once prefill completed.
     prefill_tokens: u64,
     added_at: Duration,
@@ -120,16 +123,15 @@ impl ActiveSequences {
             .workers
             .get_mut(&worker)
             .ok_or(ActiveError::UnknownWorker(worker))?;
-        for &block in blocks {
-            *slots.refcounts.entry(block).or_insert(0) += 1;
-        }
+        let blocks: Arc<[SequenceHash]> = Arc::from(blocks);
+        slots.chains.add(&blocks);
         slots.prefill_tokens += prefill_tokens;
         slots.requests += 1;
         self.requests.insert(
             id,
             ActiveRequest {
                 worker,
-                blocks: blocks.to_vec(),
+                blocks,
                 prefill_tokens,
                 added_at: now,
             },
@@ -154,14 +156,7 @@ impl ActiveSequences {
     pub fn free(&mut self, id: RequestId) -> Option<WorkerKey> {
         let request = self.requests.remove(&id)?;
         if let Some(slots) = self.workers.get_mut(&request.worker) {
-            for block in &request.blocks {
-                if let Entry::Occupied(mut count) = slots.refcounts.entry(*block) {
-                    *count.get_mut() -= 1;
-                    if *count.get() == 0 {
-                        count.remove();
-                    }
-                }
-            }
+            slots.chains.remove(&request.blocks);
             slots.prefill_tokens -= request.prefill_tokens;
             slots.requests -= 1;
         }
@@ -198,7 +193,7 @@ impl ActiveSequences {
         self.workers
             .get(&worker)
             .map_or_else(WorkerLoad::default, |slots| WorkerLoad {
-                active_blocks: slots.refcounts.len() as u64,
+                active_blocks: slots.chains.distinct(),
                 prefill_tokens: slots.prefill_tokens,
                 requests: slots.requests,
             })
@@ -209,17 +204,15 @@ impl ActiveSequences {
         let Some(slots) = self.workers.get(&worker) else {
             return blocks.len() as u64;
         };
-        let held = blocks.partition_point(|b| slots.refcounts.contains_key(b));
-        (blocks.len() - held) as u64
+        (blocks.len() - slots.chains.held_prefix(blocks)) as u64
     }
 
-    /// Reference count of a block on a worker (0 if not active).
+    /// Reference count of a block on a worker (0 if not active). Scans the worker's
+    /// chains: for inspection and tests.
     pub fn refcount(&self, worker: WorkerKey, block: SequenceHash) -> u32 {
         self.workers
             .get(&worker)
-            .and_then(|s| s.refcounts.get(&block))
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |s| s.chains.refcount(block))
     }
 
     /// Every request tracked.

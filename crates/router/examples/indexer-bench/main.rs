@@ -1,7 +1,7 @@
 //! Indexer benchmark: lookup latency on a large index, ingestion throughput, lookups under
 //! concurrent ingestion, and a mixed replay of the Mooncake conversation trace.
 //!
-//! `cargo run --release -p switchyard-router --bin indexer-bench -- [--trace FILE] [--workers N] [--json]`
+//! `cargo run --release -p switchyard-router --example indexer-bench -- [--trace FILE] [--workers N] [--json]`
 
 mod latency;
 mod mixed;

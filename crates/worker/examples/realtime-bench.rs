@@ -1,15 +1,17 @@
 //! Many mocker engines in one process on the real-time driver, under light load: how late
 //! does each engine wake up for its next step?
 //!
-//! `cargo run --release -p switchyard-mocker --bin realtime-bench -- [--engines 1000] [--seconds 10] [--rate 500]`
+//! `cargo run --release -p switchyard-worker --example realtime-bench -- [--engines 1000] [--seconds 10] [--rate 500]`
 
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use switchyard_core::{HashSeed, RequestId, TokenBlocks, WorkerKey};
-use switchyard_mocker::driver::{self, percentile_us};
-use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel};
+use switchyard_core::protocol::GenerateRequest;
+use switchyard_core::{RequestId, WorkerKey};
+use switchyard_mocker::{EngineArgs, MockEngine, PerfModel};
+use switchyard_worker::driver::{self, percentile_us};
+use switchyard_worker::mocker::SteppedMocker;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -59,7 +61,8 @@ async fn run(args: Args) -> Result<()> {
             PerfModel::Polynomial,
             1,
         )?;
-        let (handle, task) = driver::spawn(engine, None, &tracker, cancel.clone());
+        let (handle, task) =
+            driver::spawn_timed(SteppedMocker::new(engine), None, &tracker, cancel.clone());
         handles.push(handle);
         tasks.push(task);
     }
@@ -77,11 +80,7 @@ async fn run(args: Args) -> Result<()> {
         let prompt: Vec<u32> = (0..args.prompt_tokens)
             .map(|t| t ^ (i as u32).wrapping_mul(2_654_435_761))
             .collect();
-        let request = MockRequest {
-            id: RequestId(i),
-            prompt: TokenBlocks::new(&prompt, 16, HashSeed::default())?,
-            max_output_tokens: args.output_tokens,
-        };
+        let request = GenerateRequest::text(RequestId(i), prompt, args.output_tokens);
         let handle = handles[(i % u64::from(args.engines)) as usize].clone();
         readers.spawn(async move {
             if let Ok(mut stream) = handle.submit(request).await {

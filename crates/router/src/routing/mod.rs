@@ -1,0 +1,494 @@
+//! The routing core: everything the router decides, as one state machine with no I/O and
+//! no clock (`now` is an argument). The servers' async shell and the simulator drive this
+//! same code, so what the simulator says about routing is true of the servers.
+//!
+//! It holds:
+//! - the worker [`registry`]: role, health, draining, block-size agreement;
+//! - each worker's cache view: KV events (looked up by the caller in its own indexer, which
+//!   may be shared between threads, and passed in as [`OverlapScores`]) or, for workers
+//!   without events, the approximate view kept here from the routing decisions;
+//! - the [`Router`]: active sequences and the policies;
+//! - [`admission`]: the priority queue in front of routing.
+//!
+//! A request's life: [`RoutingCore::admit`] (admitted, queued or refused); if queued,
+//! released later by [`RoutingCore::next_admitted`]; [`RoutingCore::route`] picks a worker
+//! (excluding those that already failed it) and records it; [`RoutingCore::prefill_done`]
+//! at its first token; [`RoutingCore::finish`] however it ends. After anything that may free
+//! capacity (a request ending, a worker joining) the caller asks `next_admitted` again.
+
+pub mod admission;
+pub mod registry;
+
+use std::time::Duration;
+
+use switchyard_core::{
+    LocalBlockHash, Priority, RequestId, SequenceHash, TokenBlocks, WorkerId, WorkerKey,
+};
+
+use crate::active::WorkerLoad;
+use crate::indexer::OverlapScores;
+use crate::indexer::approx::{ApproxConfig, ApproxIndexer};
+use crate::policy::RoutingOverrides;
+use crate::router::{RouteDecision, RouteError, RouteRequest, Router, RouterConfig};
+use admission::{Admission, AdmissionConfig, AdmissionQueue};
+use registry::{
+    CacheView, CacheViewMode, HealthState, JoinRefused, Registry, WorkerEntry, WorkerSpec,
+};
+
+/// Settings of the routing core.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RoutingConfig {
+    /// Policies, seed, request TTL; its block size is used until a worker announces one.
+    pub router: RouterConfig,
+    pub cache_view: CacheViewMode,
+    /// The approximate view's TTL and per-worker cap.
+    pub approx: ApproxConfig,
+    pub admission: AdmissionConfig,
+}
+
+/// A request to route.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteQuery<'a> {
+    pub id: RequestId,
+    /// The prompt cut into the model's blocks ([`switchyard_core::blocks_for`] at
+    /// [`RoutingCore::block_size`]).
+    pub blocks: &'a TokenBlocks,
+    pub overrides: RoutingOverrides,
+    /// Workers that must not get it (they failed it already).
+    pub exclude: &'a [WorkerId],
+}
+
+/// How the registry changed to match discovery.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerChanges {
+    pub joined: Vec<WorkerId>,
+    /// Workers that left (or restarted as a new incarnation); their cache entries are
+    /// stale. Those still running requests drain first.
+    pub left: Vec<WorkerId>,
+    pub refused: Vec<JoinRefused>,
+}
+
+/// The routing core. See the module docs.
+#[derive(Debug)]
+pub struct RoutingCore {
+    config: RoutingConfig,
+    registry: Registry,
+    router: Router,
+    approx: ApproxIndexer,
+    approx_workers: usize,
+    admission: AdmissionQueue,
+}
+
+impl RoutingCore {
+    pub fn new(config: RoutingConfig) -> Self {
+        RoutingCore {
+            config,
+            registry: Registry::default(),
+            router: Router::new(config.router),
+            approx: ApproxIndexer::new(config.approx),
+            approx_workers: 0,
+            admission: AdmissionQueue::new(config.admission),
+        }
+    }
+
+    pub fn config(&self) -> &RoutingConfig {
+        &self.config
+    }
+
+    /// Tokens per block prompts are cut into: the workers' agreed size, or the configured
+    /// one while no worker has announced any.
+    pub fn block_size(&self) -> u32 {
+        self.registry
+            .block_size()
+            .unwrap_or(self.config.router.block_size)
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    pub fn worker(&self, id: WorkerId) -> Option<&WorkerEntry> {
+        self.registry.get(id)
+    }
+
+    /// Workers that may take new requests.
+    pub fn routable_workers(&self) -> usize {
+        self.registry
+            .iter()
+            .filter(|e| e.routable() && e.spec.role.serves_generation())
+            .count()
+    }
+
+    // ---- the registry ----
+
+    /// Registers a worker and its ranks.
+    pub fn add_worker(&mut self, spec: WorkerSpec) -> Result<(), JoinRefused> {
+        let keys: Vec<WorkerKey> = spec.keys().collect();
+        let view = self.config.cache_view.view_for(&spec);
+        self.registry.add(spec, self.config.cache_view)?;
+        if view == CacheView::Approximate {
+            self.approx_workers += 1;
+        }
+        self.router.set_block_size(self.block_size());
+        for key in keys {
+            self.router.add_worker(key);
+        }
+        Ok(())
+    }
+
+    /// The worker left discovery. With requests in flight it drains (no new requests, its
+    /// load still counted) until they end; otherwise it is removed at once. Returns whether
+    /// it is gone for good.
+    pub fn worker_left(&mut self, id: WorkerId) -> bool {
+        let Some(entry) = self.registry.get_mut(id) else {
+            return true;
+        };
+        let busy = entry
+            .spec
+            .keys()
+            .any(|key| self.router.load(key).requests > 0);
+        if busy {
+            entry.departed = true;
+            // Its cache view is of no more use: nothing new goes there.
+            if entry.view == CacheView::Approximate {
+                for key in entry.spec.keys() {
+                    self.approx.remove_worker(key);
+                }
+            }
+            return false;
+        }
+        self.remove_worker(id);
+        true
+    }
+
+    /// Unregisters a worker at once, dropping its requests from the load (they are lost, or
+    /// moved elsewhere by the caller). Returns their ids.
+    pub fn remove_worker(&mut self, id: WorkerId) -> Vec<RequestId> {
+        let Some(entry) = self.registry.remove(id) else {
+            return Vec::new();
+        };
+        if entry.view == CacheView::Approximate {
+            self.approx_workers -= 1;
+        }
+        let mut dropped = Vec::new();
+        for key in entry.spec.keys() {
+            dropped.extend(self.router.remove_worker(key));
+            if entry.view == CacheView::Approximate {
+                self.approx.remove_worker(key);
+            }
+        }
+        dropped
+    }
+
+    /// Brings the registry in line with the workers discovery lists.
+    pub fn sync_workers(&mut self, listed: impl IntoIterator<Item = WorkerSpec>) -> WorkerChanges {
+        let listed: std::collections::BTreeMap<WorkerId, WorkerSpec> =
+            listed.into_iter().map(|s| (s.id, s)).collect();
+        let mut changes = WorkerChanges::default();
+        let gone: Vec<WorkerId> = self
+            .registry
+            .iter()
+            .filter(|e| {
+                !e.departed
+                    && listed
+                        .get(&e.spec.id)
+                        .is_none_or(|s| s.incarnation != e.spec.incarnation)
+            })
+            .map(|e| e.spec.id)
+            .collect();
+        for id in gone {
+            let restarted = listed.contains_key(&id);
+            if restarted {
+                // A new incarnation: the old one's requests died with it.
+                self.remove_worker(id);
+            } else {
+                self.worker_left(id);
+            }
+            changes.left.push(id);
+        }
+        for (id, spec) in listed {
+            match self.registry.get(id) {
+                Some(entry) if !entry.departed => continue,
+                // It came back under the same incarnation while draining: serve it again.
+                Some(entry) if entry.spec.incarnation == spec.incarnation => {
+                    if let Some(entry) = self.registry.get_mut(id) {
+                        entry.departed = false;
+                    }
+                    changes.joined.push(id);
+                    continue;
+                }
+                Some(_) => {
+                    self.remove_worker(id);
+                }
+                None => {}
+            }
+            match self.add_worker(spec) {
+                Ok(()) => changes.joined.push(id),
+                Err(refused) => changes.refused.push(refused),
+            }
+        }
+        changes
+    }
+
+    /// Marks a worker draining (or not). Returns whether it is registered.
+    pub fn set_draining(&mut self, id: WorkerId, draining: bool) -> bool {
+        self.registry
+            .get_mut(id)
+            .map(|e| e.draining = draining)
+            .is_some()
+    }
+
+    /// Sets a worker's health. Returns whether it is registered.
+    pub fn set_health(&mut self, id: WorkerId, health: HealthState) -> bool {
+        self.registry
+            .get_mut(id)
+            .map(|e| e.health = health)
+            .is_some()
+    }
+
+    /// Whether KV events from `worker` belong in the caller's indexer: it is registered,
+    /// still listed, and seen through its events.
+    pub fn accepts_events(&self, worker: WorkerId) -> bool {
+        self.registry
+            .get(worker)
+            .is_some_and(|e| e.view == CacheView::Events && !e.departed)
+    }
+
+    // ---- admission ----
+
+    /// Whether every worker that may take requests is at or above its busy threshold: KV
+    /// blocks of in-flight requests at the threshold share of its capacity, or as many
+    /// requests as it runs at once. Workers that announce neither are never busy.
+    pub fn all_busy(&self) -> bool {
+        let threshold = self.config.admission.busy_kv_threshold;
+        self.registry
+            .iter()
+            .filter(|e| e.routable() && e.spec.role.serves_generation())
+            .all(|e| {
+                e.spec.keys().all(|key| {
+                    let load = self.router.load(key);
+                    let kv = e
+                        .spec
+                        .capacity_blocks
+                        .is_some_and(|c| load.active_blocks as f64 >= threshold * c as f64);
+                    let seqs = e.spec.max_num_seqs.is_some_and(|m| load.requests >= m);
+                    kv || seqs
+                })
+            })
+    }
+
+    /// Offers a new request for admission.
+    pub fn admit(&mut self, id: RequestId, priority: Priority) -> Admission {
+        let any = self.routable_workers() > 0;
+        let busy = any && self.all_busy();
+        self.admission.offer(id, priority, busy, any)
+    }
+
+    /// The next queued request that may go now, if any (one at a time: call again once it
+    /// has been routed).
+    pub fn next_admitted(&mut self) -> Option<RequestId> {
+        if self.admission.is_empty() {
+            return None;
+        }
+        let busy = self.all_busy();
+        self.admission.next(busy)
+    }
+
+    /// A queued request gives up (timed out, or its client left).
+    pub fn withdraw(&mut self, id: RequestId) -> bool {
+        self.admission.withdraw(id)
+    }
+
+    /// Requests waiting for admission.
+    pub fn queued(&self) -> usize {
+        self.admission.len()
+    }
+
+    pub fn admission(&self) -> &AdmissionQueue {
+        &self.admission
+    }
+
+    // ---- routing ----
+
+    /// Picks a worker for a request and records it as active there. `events` are the
+    /// caller's indexer's matches for the prompt's blocks (only workers seen through events
+    /// are read from it).
+    pub fn route(
+        &mut self,
+        query: &RouteQuery<'_>,
+        events: &OverlapScores,
+        now: Duration,
+    ) -> Result<RouteDecision, RouteError> {
+        self.admission.settled(query.id);
+        let candidates_keys: Vec<WorkerKey> = self
+            .registry
+            .iter()
+            .filter(|e| {
+                e.routable()
+                    && e.spec.role.serves_generation()
+                    && !query.exclude.contains(&e.spec.id)
+            })
+            .flat_map(|e| e.spec.keys())
+            .collect();
+        let request = RouteRequest {
+            id: query.id,
+            isl_tokens: query.blocks.total_tokens() as u64,
+            seq_hashes: query.blocks.sequence_hashes(),
+            overrides: query.overrides,
+        };
+        let merged;
+        let overlaps = if self.approx_workers > 0 {
+            merged = self.merged_overlaps(query.blocks.local_hashes(), events, now);
+            &merged
+        } else {
+            events
+        };
+        let candidates = self
+            .router
+            .candidates_among(&candidates_keys, &request, overlaps);
+        let decision = self.router.select(&request, &candidates)?;
+        self.router.record(&request, &decision, now)?;
+        if self
+            .registry
+            .get(decision.worker.worker_id)
+            .is_some_and(|e| e.view == CacheView::Approximate)
+        {
+            self.approx.record_routed(
+                decision.worker,
+                query.blocks.local_hashes(),
+                query.blocks.sequence_hashes(),
+                now,
+            );
+        }
+        Ok(decision)
+    }
+
+    /// Events for event-view workers, the approximate view for the others.
+    fn merged_overlaps(
+        &mut self,
+        query: &[LocalBlockHash],
+        events: &OverlapScores,
+        now: Duration,
+    ) -> OverlapScores {
+        let approx = self.approx.find_matches(query, now);
+        let registry = &self.registry;
+        let by_events = |key: &WorkerKey| {
+            registry
+                .get(key.worker_id)
+                .is_some_and(|e| e.view == CacheView::Events)
+        };
+        let mut scores: Vec<(WorkerKey, u32)> = events
+            .scores
+            .iter()
+            .filter(|(k, _)| by_events(k))
+            .chain(approx.scores.iter().filter(|(k, _)| !by_events(k)))
+            .copied()
+            .collect();
+        let mut cached: Vec<(WorkerKey, u64)> = events
+            .cached_blocks
+            .iter()
+            .filter(|(k, _)| by_events(k))
+            .chain(approx.cached_blocks.iter().filter(|(k, _)| !by_events(k)))
+            .copied()
+            .collect();
+        scores.sort_unstable_by_key(|e| e.0);
+        cached.sort_unstable_by_key(|e| e.0);
+        OverlapScores {
+            scores,
+            cached_blocks: cached,
+        }
+    }
+
+    /// Records a request routed elsewhere (by another frontend) so its load counts here.
+    /// Returns false when its worker is not registered here.
+    pub fn record_external(
+        &mut self,
+        id: RequestId,
+        worker: WorkerKey,
+        seq_hashes: &[SequenceHash],
+        prefill_tokens: u64,
+        now: Duration,
+    ) -> bool {
+        let request = RouteRequest {
+            id,
+            isl_tokens: 0,
+            seq_hashes,
+            overrides: RoutingOverrides::default(),
+        };
+        let decision = RouteDecision {
+            worker,
+            policy: self.config.router.policy,
+            overlap_blocks: 0,
+            prefill_tokens,
+        };
+        self.router.record(&request, &decision, now).is_ok()
+    }
+
+    /// The request's first token arrived: its prompt is computed.
+    pub fn prefill_done(&mut self, id: RequestId) -> bool {
+        self.router.mark_prefill_completed(id)
+    }
+
+    /// The request ended, however it ended. Returns the worker it was on. A departed
+    /// worker whose last request this was is removed.
+    pub fn finish(&mut self, id: RequestId) -> Option<WorkerKey> {
+        self.admission.withdraw(id);
+        let worker = self.router.free(id)?;
+        self.remove_if_drained(worker.worker_id);
+        Some(worker)
+    }
+
+    fn remove_if_drained(&mut self, id: WorkerId) {
+        let Some(entry) = self.registry.get(id) else {
+            return;
+        };
+        if entry.departed
+            && entry
+                .spec
+                .keys()
+                .all(|key| self.router.load(key).requests == 0)
+        {
+            self.remove_worker(id);
+        }
+    }
+
+    /// Frees requests active longer than the TTL (their handlers vanished).
+    pub fn expire(&mut self, now: Duration) -> Vec<RequestId> {
+        let expired = self.router.expire(now);
+        let departed: Vec<WorkerId> = self
+            .registry
+            .iter()
+            .filter(|e| e.departed)
+            .map(|e| e.spec.id)
+            .collect();
+        for id in departed {
+            self.remove_if_drained(id);
+        }
+        expired
+    }
+
+    pub fn load(&self, key: WorkerKey) -> WorkerLoad {
+        self.router.load(key)
+    }
+
+    /// Every registered rank's load, by key.
+    pub fn loads(&self) -> Vec<(WorkerKey, WorkerLoad)> {
+        self.router
+            .workers()
+            .iter()
+            .map(|&k| (k, self.router.load(k)))
+            .collect()
+    }
+
+    pub fn active_requests(&self) -> usize {
+        self.router.active().active_requests()
+    }
+
+    pub fn active_request_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.router.active().request_ids()
+    }
+}

@@ -1,0 +1,292 @@
+//! The routing core: registry, cache views, exclusion, draining and admission.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use switchyard_core::{
+    HashSeed, KvEvent, KvEventData, Priority, RequestId, StorageTier, StoredBlock, TokenBlocks,
+    WorkerId, WorkerKey, WorkerRole,
+};
+use switchyard_router::{
+    Admission, AdmissionConfig, CacheViewMode, HealthState, Indexer, IndexerConfig, JoinRefused,
+    OverlapScores, PolicyKind, Rejection, RouteQuery, RouterConfig, RoutingConfig, RoutingCore,
+    RoutingOverrides, WorkerSpec,
+};
+
+const T0: Duration = Duration::ZERO;
+
+fn core(policy: PolicyKind) -> RoutingCore {
+    RoutingCore::new(RoutingConfig {
+        router: RouterConfig {
+            policy,
+            block_size: 4,
+            ..RouterConfig::default()
+        },
+        ..RoutingConfig::default()
+    })
+}
+
+fn spec(id: u64) -> WorkerSpec {
+    WorkerSpec {
+        capacity_blocks: Some(100),
+        max_num_seqs: Some(4),
+        ..WorkerSpec::new(WorkerId(id), 4)
+    }
+}
+
+fn blocks(tokens: &[u32]) -> TokenBlocks {
+    TokenBlocks::new(tokens, 4, HashSeed::default()).unwrap()
+}
+
+fn route(
+    core: &mut RoutingCore,
+    id: u64,
+    prompt: &TokenBlocks,
+    events: &OverlapScores,
+    exclude: &[WorkerId],
+) -> Option<WorkerId> {
+    core.route(
+        &RouteQuery {
+            id: RequestId(id),
+            blocks: prompt,
+            overrides: RoutingOverrides::default(),
+            exclude,
+        },
+        events,
+        T0,
+    )
+    .ok()
+    .map(|d| d.worker.worker_id)
+}
+
+#[test]
+fn block_sizes_must_agree_until_every_sized_worker_is_gone() {
+    let mut core = core(PolicyKind::Kv);
+    assert_eq!(
+        core.block_size(),
+        4,
+        "the configured size until a worker says"
+    );
+    core.add_worker(WorkerSpec::new(WorkerId(1), 16)).unwrap();
+    assert_eq!(core.block_size(), 16);
+    assert_eq!(
+        core.add_worker(WorkerSpec::new(WorkerId(2), 32)),
+        Err(JoinRefused::BlockSize {
+            worker: WorkerId(2),
+            expected: 16,
+            got: 32
+        })
+    );
+    // A worker without blocks fits any fleet.
+    let mut unsized_ = WorkerSpec::new(WorkerId(3), 1);
+    unsized_.block_size = None;
+    core.add_worker(unsized_).unwrap();
+    assert!(core.worker_left(WorkerId(1)));
+    assert_eq!(core.block_size(), 4);
+    core.add_worker(WorkerSpec::new(WorkerId(2), 32)).unwrap();
+    assert_eq!(core.block_size(), 32);
+}
+
+#[test]
+fn excluded_unhealthy_draining_and_non_generating_workers_get_nothing() {
+    let mut core = core(PolicyKind::RoundRobin);
+    for id in 1..=5 {
+        core.add_worker(spec(id)).unwrap();
+    }
+    core.set_health(WorkerId(2), HealthState::Unhealthy);
+    core.set_draining(WorkerId(3), true);
+    core.remove_worker(WorkerId(4));
+    let mut encoder = spec(4);
+    encoder.role = WorkerRole::Encoder;
+    core.add_worker(encoder).unwrap();
+    let prompt = blocks(&[1, 2, 3, 4, 5]);
+    let none = OverlapScores::default();
+    let mut chosen = Vec::new();
+    for id in 0..6 {
+        chosen.push(route(&mut core, id, &prompt, &none, &[WorkerId(5)]).unwrap());
+    }
+    assert!(chosen.iter().all(|w| *w == WorkerId(1)), "{chosen:?}");
+    assert_eq!(
+        route(&mut core, 99, &prompt, &none, &[WorkerId(1), WorkerId(5)]),
+        None
+    );
+    // Suspicious workers are still used.
+    core.set_health(WorkerId(2), HealthState::Suspicious);
+    let picked: Vec<_> = (10..14)
+        .map(|id| route(&mut core, id, &prompt, &none, &[]).unwrap())
+        .collect();
+    assert!(picked.contains(&WorkerId(2)));
+}
+
+#[test]
+fn a_departed_worker_keeps_its_load_until_its_requests_end() {
+    let mut core = core(PolicyKind::LeastLoaded);
+    core.add_worker(spec(1)).unwrap();
+    core.add_worker(spec(2)).unwrap();
+    let prompt = blocks(&(0..16).collect::<Vec<_>>());
+    let none = OverlapScores::default();
+    let first = route(&mut core, 1, &prompt, &none, &[]).unwrap();
+    let key = WorkerKey::from(first);
+    assert!(!core.worker_left(first), "it still runs a request");
+    assert_eq!(core.load(key).requests, 1, "its load still counts");
+    assert!(!core.accepts_events(first));
+    assert_ne!(route(&mut core, 2, &prompt, &none, &[]), Some(first));
+    assert_eq!(core.finish(RequestId(1)), Some(key));
+    assert!(core.worker(first).is_none(), "gone once drained");
+    // An idle worker leaves at once.
+    let other = if first == WorkerId(1) {
+        WorkerId(2)
+    } else {
+        WorkerId(1)
+    };
+    core.finish(RequestId(2));
+    assert!(core.worker_left(other));
+    assert_eq!(core.routable_workers(), 0);
+}
+
+#[test]
+fn sync_follows_discovery_and_restarts_drop_the_old_incarnation() {
+    let mut core = core(PolicyKind::Kv);
+    let changes = core.sync_workers([spec(1), spec(2)]);
+    assert_eq!(changes.joined, vec![WorkerId(1), WorkerId(2)]);
+    let prompt = blocks(&[1, 2, 3, 4]);
+    route(
+        &mut core,
+        1,
+        &prompt,
+        &OverlapScores::default(),
+        &[WorkerId(2)],
+    )
+    .unwrap();
+    let mut restarted = spec(1);
+    restarted.incarnation = 7;
+    let changes = core.sync_workers([restarted, spec(2)]);
+    assert_eq!(changes.left, vec![WorkerId(1)]);
+    assert_eq!(changes.joined, vec![WorkerId(1)]);
+    assert_eq!(
+        core.load(WorkerKey::from(WorkerId(1))).requests,
+        0,
+        "the old incarnation's requests died with it"
+    );
+    let mut odd = spec(3);
+    odd.block_size = Some(8);
+    let changes = core.sync_workers([spec(2), odd]);
+    assert_eq!(changes.left, vec![WorkerId(1)]);
+    assert_eq!(changes.refused.len(), 1);
+    assert_eq!(core.registry().len(), 1);
+}
+
+fn stored(worker: u64, id: u64, prompt: &TokenBlocks) -> KvEvent {
+    KvEvent {
+        worker_id: WorkerId(worker),
+        dp_rank: 0,
+        event_id: id,
+        tier: StorageTier::Device,
+        data: KvEventData::Stored {
+            parent: None,
+            blocks: prompt
+                .local_hashes()
+                .iter()
+                .zip(prompt.sequence_hashes())
+                .map(|(&local_hash, &seq_hash)| StoredBlock {
+                    seq_hash,
+                    local_hash,
+                })
+                .collect(),
+        },
+    }
+}
+
+#[test]
+fn each_worker_is_seen_through_its_own_cache_view() {
+    let mut core = core(PolicyKind::Kv);
+    let mut quiet = spec(2);
+    quiet.kv_events = false;
+    core.add_worker(spec(1)).unwrap();
+    core.add_worker(quiet).unwrap();
+    assert!(core.accepts_events(WorkerId(1)) && !core.accepts_events(WorkerId(2)));
+    let a = blocks(&(0..32).collect::<Vec<_>>());
+    let b = blocks(&(100..132).collect::<Vec<_>>());
+    // Worker 1 reports caching `a`; worker 2, without events, is assumed to cache what it
+    // was sent. An event claiming worker 2 holds `a` is not believed.
+    let mut indexer = Indexer::new(IndexerConfig::default());
+    indexer.apply(&stored(1, 1, &a));
+    indexer.apply(&stored(2, 1, &a));
+    let to_two = route(
+        &mut core,
+        1,
+        &b,
+        &indexer.find_matches(b.local_hashes()),
+        &[WorkerId(1)],
+    );
+    assert_eq!(to_two, Some(WorkerId(2)));
+    core.finish(RequestId(1));
+    for (id, prompt, expected) in [(2, &a, WorkerId(1)), (3, &b, WorkerId(2))] {
+        let events = indexer.find_matches(prompt.local_hashes());
+        assert_eq!(route(&mut core, id, prompt, &events, &[]), Some(expected));
+        core.finish(RequestId(id));
+    }
+    // Forcing the approximate view for everyone (a router without events).
+    let mut blind = RoutingCore::new(RoutingConfig {
+        cache_view: CacheViewMode::Approximate,
+        ..*core.config()
+    });
+    blind.add_worker(spec(1)).unwrap();
+    assert!(!blind.accepts_events(WorkerId(1)));
+}
+
+#[test]
+fn admission_queues_while_busy_and_releases_as_requests_end() {
+    let mut core = RoutingCore::new(RoutingConfig {
+        router: RouterConfig {
+            policy: PolicyKind::LeastLoaded,
+            block_size: 4,
+            ..RouterConfig::default()
+        },
+        admission: AdmissionConfig {
+            max_queue: 8,
+            ..AdmissionConfig::default()
+        },
+        ..RoutingConfig::default()
+    });
+    assert_eq!(
+        core.admit(RequestId(0), Priority::Premium),
+        Admission::Rejected(Rejection::NoWorkers)
+    );
+    let mut one = spec(1);
+    one.max_num_seqs = Some(2);
+    core.add_worker(one).unwrap();
+    let prompt = blocks(&[1, 2, 3, 4]);
+    let none = OverlapScores::default();
+    for id in 1..=2 {
+        assert_eq!(
+            core.admit(RequestId(id), Priority::Standard),
+            Admission::Admitted
+        );
+        route(&mut core, id, &prompt, &none, &[]).unwrap();
+    }
+    assert!(core.all_busy());
+    assert_eq!(
+        core.admit(RequestId(3), Priority::BestEffort),
+        Admission::Rejected(Rejection::Shed)
+    );
+    assert_eq!(
+        core.admit(RequestId(4), Priority::Standard),
+        Admission::Queued
+    );
+    assert_eq!(
+        core.admit(RequestId(5), Priority::Premium),
+        Admission::Queued
+    );
+    assert_eq!(core.next_admitted(), None);
+    core.finish(RequestId(1));
+    assert_eq!(core.next_admitted(), Some(RequestId(5)), "premium first");
+    assert_eq!(core.next_admitted(), None, "one at a time");
+    route(&mut core, 5, &prompt, &none, &[]).unwrap();
+    assert_eq!(core.next_admitted(), None, "busy again");
+    core.finish(RequestId(2));
+    assert_eq!(core.next_admitted(), Some(RequestId(4)));
+    assert!(core.withdraw(RequestId(4)));
+    assert_eq!(core.queued(), 0);
+}

@@ -1,0 +1,125 @@
+//! The engine seam: what the worker host needs from an engine, whatever it is.
+//!
+//! An engine says what it can do ([`EngineCapabilities`]: its role, whether it publishes KV
+//! events and load, its block size and capacity when it has them) and, once started, hands
+//! the host a [`RunningEngine`]: the service that answers generate requests, and the
+//! streams of KV events and load reports, when it has them. The host registers the worker
+//! from the capabilities (a worker without events gets the approximate cache view), serves
+//! the service on a request plane, and publishes the streams.
+//!
+//! Engines that work in steps (the mocker; a model computed on the CPU) run on the
+//! [`crate::driver`] and are served by [`StepService`]; engines that are themselves
+//! services (the echo engine; a remote OpenAI-compatible server) implement
+//! [`EngineService`] directly.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest};
+use switchyard_core::{KvEvent, LoadSnapshot, WorkerRole};
+use switchyard_runtime::{EngineService, ResponseStream};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::driver::{DriverHandle, TokenStream};
+use crate::host::WorkerError;
+
+/// What an engine can do, as announced in discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineCapabilities {
+    pub role: WorkerRole,
+    /// It publishes KV events (else the router assumes what it routed there is cached).
+    pub kv_events: bool,
+    /// It reports its load (else the router relies on its own count of requests).
+    pub reports_load: bool,
+    /// Tokens per KV block, when its cache is visible in blocks.
+    pub block_size: Option<u32>,
+    pub capacity_blocks: Option<u64>,
+    pub max_num_seqs: Option<u32>,
+    /// Data-parallel ranks.
+    pub dp_size: u32,
+}
+
+/// A started engine, as the host uses it.
+#[derive(Debug)]
+pub struct RunningEngine {
+    pub service: Arc<dyn EngineService>,
+    /// KV event batches, in order (engines with `kv_events`).
+    pub events: Option<mpsc::Receiver<Vec<KvEvent>>>,
+    /// The load after each step (engines with `reports_load`).
+    pub load: Option<watch::Receiver<LoadSnapshot>>,
+}
+
+/// An engine a worker can host.
+#[async_trait]
+pub trait Engine: Send + std::fmt::Debug {
+    fn capabilities(&self) -> EngineCapabilities;
+
+    /// Starts the engine; its tasks run on `tracker` until `cancel`.
+    async fn start(
+        self: Box<Self>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<RunningEngine, WorkerError>;
+}
+
+/// Serves requests on an engine running on the step driver: each token becomes a `Tokens`
+/// item, the last one followed by `Finished`. Dropping the response stream cancels the
+/// request in the engine.
+#[derive(Debug, Clone)]
+pub struct StepService {
+    engine: DriverHandle,
+}
+
+impl StepService {
+    pub fn new(engine: DriverHandle) -> Self {
+        StepService { engine }
+    }
+}
+
+/// Where a response stream is: emitting tokens, or done (after one `Finished`).
+enum State {
+    Streaming { tokens: TokenStream, sent: u32 },
+    Done,
+}
+
+#[async_trait]
+impl EngineService for StepService {
+    async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
+        let tokens = self.engine.submit(request).await?;
+        let stream =
+            futures::stream::unfold(State::Streaming { tokens, sent: 0 }, |state| async move {
+                let State::Streaming { mut tokens, sent } = state else {
+                    return None;
+                };
+                match tokens.recv().await {
+                    Some(t) => {
+                        let item = GenerateOutput::Tokens {
+                            token_ids: vec![t.token],
+                            cached_tokens: (sent == 0).then_some(t.cached_tokens),
+                        };
+                        let sent = sent + 1;
+                        match t.finish {
+                            None => Some((vec![Ok(item)], State::Streaming { tokens, sent })),
+                            Some(reason) => Some((
+                                vec![
+                                    Ok(item),
+                                    Ok(GenerateOutput::Finished {
+                                        reason,
+                                        completion_tokens: sent,
+                                    }),
+                                ],
+                                State::Done,
+                            )),
+                        }
+                    }
+                    // The engine stopped without finishing the request.
+                    None => Some((vec![Err(EngineError::Stopping)], State::Done)),
+                }
+            })
+            .flat_map(futures::stream::iter);
+        Ok(stream.boxed())
+    }
+}
