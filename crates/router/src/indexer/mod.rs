@@ -155,6 +155,8 @@ pub struct Indexer {
     slots: FxHashMap<WorkerKey, u32>,
     streams: EventStreams,
     stats: IndexerStats,
+    /// Reused between events (nodes of a removal batch).
+    scratch: Vec<NodeId>,
 }
 
 impl Indexer {
@@ -231,15 +233,20 @@ impl Indexer {
         match data {
             KvEventData::Stored { parent, blocks } => self.store(slot, *parent, blocks),
             KvEventData::Removed { seq_hashes } => {
-                for &hash in seq_hashes {
-                    match self.state_mut(slot).blocks.remove(&hash) {
-                        Some(node) => {
-                            self.stats.blocks_removed += 1;
-                            self.release(slot, node);
-                        }
-                        None => self.stats.unknown_removals += 1,
-                    }
+                // The table first, then the tree: the table removals do not depend on each
+                // other or on the tree, so their cache misses overlap instead of each waiting
+                // behind the previous block's tree work. (Same result: releasing reads no
+                // table entry.)
+                let mut nodes = std::mem::take(&mut self.scratch);
+                let table = &mut self.state_mut(slot).blocks;
+                nodes.extend(seq_hashes.iter().filter_map(|hash| table.remove(hash)));
+                self.stats.unknown_removals += (seq_hashes.len() - nodes.len()) as u64;
+                self.stats.blocks_removed += nodes.len() as u64;
+                for &node in &nodes {
+                    self.release(slot, node);
                 }
+                nodes.clear();
+                self.scratch = nodes;
             }
             KvEventData::Cleared => {
                 self.stats.clears += 1;
