@@ -252,9 +252,9 @@ pub fn run(args: SimArgs) -> Result<()> {
             workers: args.workers,
             policies,
         };
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        write_stdout(&format!("{}\n", serde_json::to_string_pretty(&out)?))?;
     } else {
-        print_table(&args, workload.requests.len(), &reports);
+        write_stdout(&table(&args, workload.requests.len(), &reports))?;
     }
     Ok(())
 }
@@ -303,14 +303,27 @@ fn progress_bar(len: u64, policy: PolicyKind, quiet: bool) -> ProgressBar {
     bar
 }
 
-fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
-    println!(
+/// Writes the output; a reader that went away (`| head`) is not an error.
+fn write_stdout(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{} requests from {} on {} workers",
         requests,
         args.trace.display(),
         args.workers
     );
-    println!(
+    let _ = writeln!(
+        out,
         "{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8}",
         "policy",
         "ttft mean",
@@ -328,7 +341,8 @@ fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
         "wall s"
     );
     for r in reports {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<14} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>7.1}% {:>7.3} {:>8} {:>8} {:>8.2}",
             r.policy,
             r.ttft_ms.mean,
@@ -347,7 +361,8 @@ fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
         );
     }
     if let Some(r) = reports.first() {
-        println!(
+        let _ = writeln!(
+            out,
             "(ms; {:.0} simulated seconds; {:.2} req/s, {:.0} output tok/s for {})",
             r.simulated_seconds,
             r.throughput.requests_per_sec,
@@ -355,4 +370,5 @@ fn print_table(args: &SimArgs, requests: usize, reports: &[SimReport]) {
             r.policy
         );
     }
+    out
 }
