@@ -15,6 +15,7 @@ use switchyard_core::{
     StoredBlock, WorkerId, WorkerKey,
 };
 use switchyard_runtime::net::etcd::EtcdDiscovery;
+use switchyard_runtime::net::etcd::client::EtcdClient;
 use switchyard_runtime::net::http::{HttpRequestPlane, routes};
 use switchyard_runtime::net::nats::NatsEventPlane;
 use switchyard_runtime::testing::{EtcdServer, NatsServer};
@@ -116,16 +117,23 @@ async fn an_unrenewed_lease_expires_and_the_worker_leaves() {
     let mut watch = frontend.watch();
     // A worker that dies without a word: its key under a lease nobody renews.
     let endpoint = etcd.url().replace("etcd://", "");
-    let mut client = etcd_client::Client::connect([endpoint], None)
-        .await
-        .unwrap();
-    let lease = client.lease_grant(2, None).await.unwrap().id();
+    let client = EtcdClient::new(&endpoint).unwrap();
+    let lease = client.grant(Duration::from_secs(2)).await.unwrap();
     let value = serde_json::to_vec(&instance(9, None)).unwrap();
     client
         .put(
-            "/switchyard/test_ns/instances/0000000000000009",
-            value,
-            Some(etcd_client::PutOptions::new().with_lease(lease)),
+            b"/switchyard/test_ns/instances/0000000000000009",
+            &value,
+            lease,
+        )
+        .await
+        .unwrap();
+    // Something that is not a worker record, under the same prefix: ignored, with a warning.
+    client
+        .put(
+            b"/switchyard/test_ns/instances/garbage",
+            b"{not json",
+            lease,
         )
         .await
         .unwrap();

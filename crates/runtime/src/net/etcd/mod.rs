@@ -4,13 +4,18 @@
 //!
 //! Both sides survive etcd restarts: watchers re-list and watch again; a registration whose
 //! lease was lost registers again under a new lease.
+//!
+//! [`client`] speaks etcd's v3 API through its JSON gateway.
+
+pub mod client;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use client::{EtcdClient, EtcdError, LeaseId, WatchEvent};
+use futures::StreamExt;
 use switchyard_core::WorkerId;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -29,14 +34,6 @@ pub struct EtcdDiscovery {
     following: Arc<std::sync::atomic::AtomicBool>,
     tracker: TaskTracker,
     cancel: CancellationToken,
-}
-
-async fn connect(endpoint: &str) -> Result<Client, etcd_client::Error> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(5))
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-    Client::connect([endpoint], Some(options)).await
 }
 
 /// Waits `delay`, or returns `false` if cancelled first.
@@ -90,53 +87,39 @@ impl EtcdDiscovery {
         }
     }
 
-    async fn follow_once(&self) -> Result<(), etcd_client::Error> {
-        let mut client = connect(&self.endpoint).await?;
-        let listed = client
-            .get(self.prefix.as_str(), Some(GetOptions::new().with_prefix()))
-            .await?;
-        let revision = listed.header().map_or(0, |h| h.revision());
+    async fn follow_once(&self) -> Result<(), EtcdError> {
+        let client = EtcdClient::new(&self.endpoint)?;
+        let (revision, listed) = client.list(self.prefix.as_bytes()).await?;
         let mut by_key: HashMap<Vec<u8>, WorkerInstance> = HashMap::new();
-        for kv in listed.kvs() {
-            if let Some(instance) = decode(kv.key(), kv.value()) {
-                by_key.insert(kv.key().to_vec(), instance);
+        for kv in listed {
+            if let Some(instance) = decode(&kv.key, &kv.value) {
+                by_key.insert(kv.key, instance);
             }
         }
         self.publish(&by_key);
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
-        let (_watcher, mut stream) = client.watch(self.prefix.as_str(), Some(options)).await?;
+        let mut stream = client.watch(self.prefix.as_bytes(), revision + 1).await?;
         loop {
             let message = tokio::select! {
                 () = self.cancel.cancelled() => return Ok(()),
-                message = stream.message() => message?,
+                message = stream.next() => message,
             };
-            let Some(response) = message else {
-                return Err(etcd_client::Error::WatchError(
-                    "the watch stream ended".into(),
-                ));
+            let events = match message {
+                Some(events) => events?,
+                None => return Err(EtcdError::WatchEnded("the watch stream ended".into())),
             };
-            if response.canceled() {
-                return Err(etcd_client::Error::WatchError(format!(
-                    "watch cancelled: {}",
-                    response.cancel_reason()
-                )));
-            }
-            for event in response.events() {
-                let Some(kv) = event.kv() else { continue };
-                match event.event_type() {
-                    EventType::Put => match decode(kv.key(), kv.value()) {
+            for event in events {
+                match event {
+                    WatchEvent::Put(kv) => match decode(&kv.key, &kv.value) {
                         Some(instance) => {
-                            by_key.insert(kv.key().to_vec(), instance);
+                            by_key.insert(kv.key, instance);
                         }
                         // An unreadable record replaces whatever the key held.
                         None => {
-                            by_key.remove(kv.key());
+                            by_key.remove(&kv.key);
                         }
                     },
-                    EventType::Delete => {
-                        by_key.remove(kv.key());
+                    WatchEvent::Delete { key } => {
+                        by_key.remove(&key);
                     }
                 }
             }
@@ -199,23 +182,19 @@ impl Discovery for EtcdDiscovery {
         let key = self.key(instance.worker_id);
         let value = serde_json::to_vec(&instance)
             .map_err(|e| DiscoveryError::Unavailable(e.to_string()))?;
-        let first = grant_and_put(&self.endpoint, &key, &value, self.ttl)
+        let client = EtcdClient::new(&self.endpoint)
+            .map_err(|e| DiscoveryError::Unavailable(e.to_string()))?;
+        let first = grant_and_put(&client, &key, &value, self.ttl)
             .await
-            .map_err(|e| {
-                DiscoveryError::Unavailable(format!(
-                    "cannot register with etcd at {}: {e}",
-                    self.endpoint
-                ))
-            })?;
+            .map_err(|e| DiscoveryError::Unavailable(format!("cannot register with etcd: {e}")))?;
         let stop = self.cancel.child_token();
         let keeper = Keeper {
-            endpoint: self.endpoint.clone(),
             key,
             value,
             ttl: self.ttl,
             stop: stop.clone(),
         };
-        self.tracker.spawn(keeper.run(first));
+        self.tracker.spawn(keeper.run(client, first));
         Ok(Box::new(EtcdLease {
             worker_id: instance.worker_id,
             stop,
@@ -233,25 +212,19 @@ impl Discovery for EtcdDiscovery {
     }
 }
 
+/// Registers `key` under a new lease of `ttl`.
 async fn grant_and_put(
-    endpoint: &str,
+    client: &EtcdClient,
     key: &str,
     value: &[u8],
     ttl: Duration,
-) -> Result<(Client, i64), etcd_client::Error> {
-    let mut client = connect(endpoint).await?;
-    let lease = client
-        .lease_grant(ttl.as_secs().max(1) as i64, None)
-        .await?
-        .id();
-    client
-        .put(key, value, Some(PutOptions::new().with_lease(lease)))
-        .await?;
-    Ok((client, lease))
+) -> Result<LeaseId, EtcdError> {
+    let lease = client.grant(ttl).await?;
+    client.put(key.as_bytes(), value, lease).await?;
+    Ok(lease)
 }
 
 struct Keeper {
-    endpoint: String,
     key: String,
     value: Vec<u8>,
     ttl: Duration,
@@ -259,16 +232,15 @@ struct Keeper {
 }
 
 impl Keeper {
-    async fn run(self, first: (Client, i64)) {
+    async fn run(self, client: EtcdClient, first: LeaseId) {
         let mut current = Some(first);
         loop {
-            let (mut client, lease) = match current.take() {
-                Some(registered) => registered,
-                None => match grant_and_put(&self.endpoint, &self.key, &self.value, self.ttl).await
-                {
-                    Ok(registered) => {
+            let lease = match current.take() {
+                Some(lease) => lease,
+                None => match grant_and_put(&client, &self.key, &self.value, self.ttl).await {
+                    Ok(lease) => {
                         tracing::info!(key = %self.key, "registered again with etcd");
-                        registered
+                        lease
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot register with etcd; retrying");
@@ -279,10 +251,10 @@ impl Keeper {
                     }
                 },
             };
-            match self.keep_alive(&mut client, lease).await {
+            match self.keep_alive(&client, lease).await {
                 Ok(()) => {
                     // Stopped: revoke so watchers see the worker leave at once.
-                    let revoke = client.lease_revoke(lease);
+                    let revoke = client.revoke(lease);
                     let _ = tokio::time::timeout(Duration::from_secs(2), revoke).await;
                     return;
                 }
@@ -297,30 +269,17 @@ impl Keeper {
     }
 
     /// Renews every third of the TTL; returns Ok when stopped, Err when the lease is lost.
-    async fn keep_alive(&self, client: &mut Client, lease: i64) -> Result<(), etcd_client::Error> {
-        let (mut keeper, mut responses) = client.lease_keep_alive(lease).await?;
+    async fn keep_alive(&self, client: &EtcdClient, lease: LeaseId) -> Result<(), EtcdError> {
         loop {
             if !pause(&self.stop, self.ttl / 3).await {
                 return Ok(());
             }
             // A dead connection may not fail on its own: bound each round.
-            let round = async {
-                keeper.keep_alive().await?;
-                responses.message().await
-            };
-            match tokio::time::timeout(self.ttl / 2, round).await {
-                Ok(Ok(Some(response))) if response.ttl() > 0 => {}
+            match tokio::time::timeout(self.ttl / 2, client.keep_alive(lease)).await {
+                Ok(Ok(ttl)) if ttl > 0 => {}
+                Ok(Ok(_)) => return Err(EtcdError::WatchEnded("the lease expired".into())),
                 Ok(Err(e)) => return Err(e),
-                Ok(_) => {
-                    return Err(etcd_client::Error::LeaseKeepAliveError(
-                        "the lease expired".into(),
-                    ));
-                }
-                Err(_) => {
-                    return Err(etcd_client::Error::LeaseKeepAliveError(
-                        "no answer from etcd".into(),
-                    ));
-                }
+                Err(_) => return Err(EtcdError::WatchEnded("no answer from etcd".into())),
             }
         }
     }
