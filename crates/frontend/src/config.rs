@@ -6,6 +6,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_router::indexer::approx::ApproxConfig;
 use switchyard_router::policy::KvPolicyConfig;
+use switchyard_router::routing::degradation::DegradationConfig;
+use switchyard_router::routing::health::HealthConfig;
 use switchyard_router::{AdmissionConfig, CacheViewMode, PolicyKind, RouterConfig, RoutingConfig};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,6 +28,51 @@ pub struct FrontendConfig {
     pub max_body_bytes: usize,
     pub router: RouterSettings,
     pub admission: AdmissionConfig,
+    pub health: HealthConfig,
+    pub degradation: DegradationConfig,
+    pub migration: MigrationConfig,
+}
+
+/// Retries before the first token and migration of streams in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MigrationConfig {
+    /// Workers a request may move to after the one it started on (0: none).
+    pub max_migrations: u32,
+    /// Workers tried for a request before it fails, counting the first.
+    pub max_dispatch_attempts: u32,
+    /// Longest wait for a worker to accept a request (a worker that never answers is
+    /// unreachable).
+    #[serde(with = "humantime_serde")]
+    pub dispatch_timeout: Duration,
+    /// Wait before retrying a request that produced nothing yet, growing by
+    /// `backoff_factor` per retry up to `backoff_max`, spread by `backoff_jitter`.
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    pub backoff_factor: f64,
+    pub backoff_jitter: f64,
+    /// The fleet-wide budget: each admitted request adds this many migrations to it…
+    pub budget_ratio: f64,
+    /// …up to this many (also where it starts).
+    pub budget_max: f64,
+}
+
+impl Default for MigrationConfig {
+    fn default() -> Self {
+        MigrationConfig {
+            max_migrations: 3,
+            max_dispatch_attempts: 3,
+            dispatch_timeout: Duration::from_secs(3),
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            backoff_factor: 1.5,
+            backoff_jitter: 0.2,
+            budget_ratio: 0.2,
+            budget_max: 100.0,
+        }
+    }
 }
 
 impl Default for FrontendConfig {
@@ -40,6 +87,9 @@ impl Default for FrontendConfig {
             max_body_bytes: 4 << 20,
             router: RouterSettings::default(),
             admission: AdmissionConfig::default(),
+            health: HealthConfig::default(),
+            degradation: DegradationConfig::default(),
+            migration: MigrationConfig::default(),
         }
     }
 }
@@ -99,6 +149,8 @@ impl FrontendConfig {
                 ..ApproxConfig::default()
             },
             admission: self.admission,
+            health: self.health,
+            degradation: self.degradation,
         }
     }
 }
@@ -143,6 +195,27 @@ impl FrontendConfig {
         }
         if r.approx_ttl.is_zero() {
             return Err("frontend.router.approx_ttl must be longer than zero".into());
+        }
+        self.health
+            .validate()
+            .map_err(|e| format!("frontend.{e}"))?;
+        let m = &self.migration;
+        if m.max_dispatch_attempts == 0 {
+            return Err("frontend.migration.max_dispatch_attempts must be at least 1".into());
+        }
+        if !(m.backoff_factor >= 1.0 && (0.0..1.0).contains(&m.backoff_jitter)) {
+            return Err(
+                "frontend.migration.backoff_factor must be at least 1 and backoff_jitter in [0, 1)"
+                    .into(),
+            );
+        }
+        if !(m.budget_ratio >= 0.0 && m.budget_max >= 0.0) {
+            return Err(
+                "frontend.migration.budget_ratio and budget_max must not be negative".into(),
+            );
+        }
+        if m.dispatch_timeout.is_zero() {
+            return Err("frontend.migration.dispatch_timeout must be longer than zero".into());
         }
         Ok(())
     }

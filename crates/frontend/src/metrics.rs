@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use switchyard_router::routing::health::Failure;
+
 use crate::routing::RoutingService;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -20,6 +22,23 @@ pub struct RouteLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabels {
     pub worker: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerStateLabels {
+    pub worker: String,
+    pub state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub worker: String,
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,8 +76,16 @@ pub struct Metrics {
     pub dispatched: Family<WorkerLabels, Counter>,
     pub dispatch_failures: Family<WorkerLabels, Counter>,
     pub rejected: Family<RejectionLabels, Counter>,
+    pub worker_health: Family<WorkerStateLabels, Gauge>,
+    pub worker_breaker: Family<WorkerStateLabels, Gauge>,
+    pub worker_failures: Family<FailureLabels, Counter>,
+    pub degradation_level: Gauge,
+    pub migrations: Family<OutcomeLabels, Counter>,
+    pub migration_latency: Histogram,
+    pub canaries: Family<OutcomeLabels, Counter>,
     /// Workers with per-worker counter series, so those of departed workers can be removed.
     counted_workers: parking_lot::Mutex<std::collections::HashSet<switchyard_core::WorkerKey>>,
+    failed_workers: parking_lot::Mutex<std::collections::HashSet<switchyard_core::WorkerId>>,
 }
 
 fn exponential(start: f64, factor: f64, n: u16) -> impl Iterator<Item = f64> {
@@ -207,6 +234,48 @@ impl Default for Metrics {
             "Requests refused by admission, by reason (no_workers, shed, queue_filling, queue_full, timed_out)",
             rejected.clone(),
         );
+        let worker_health = Family::<WorkerStateLabels, Gauge>::default();
+        registry.register(
+            "worker_health",
+            "1 for each worker's health state (healthy, suspicious, unhealthy, draining, dead)",
+            worker_health.clone(),
+        );
+        let worker_breaker = Family::<WorkerStateLabels, Gauge>::default();
+        registry.register(
+            "worker_breaker",
+            "1 for each worker's circuit breaker state (closed, open, half_open)",
+            worker_breaker.clone(),
+        );
+        let worker_failures = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "worker_failures",
+            "Failures counted against each worker, by kind (unreachable, disconnected, stalled, server_error, canary_timeout, latency_spike, wrong_output)",
+            worker_failures.clone(),
+        );
+        let degradation_level = Gauge::default();
+        registry.register(
+            "degradation_level",
+            "0 normal, 1 smaller batches, 2 best-effort shed, 3 latency targets relaxed, 4 new requests refused",
+            degradation_level.clone(),
+        );
+        let migrations = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "migrations",
+            "Requests moved off a failed worker, by the failure that moved them; outcome limit or budget: could not be moved",
+            migrations.clone(),
+        );
+        let migration_latency = Histogram::new(exponential(0.0005, 2.0, 16));
+        registry.register(
+            "migration_latency_seconds",
+            "From leaving a failed worker to the next token from the new one",
+            migration_latency.clone(),
+        );
+        let canaries = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "canaries",
+            "Canary checks by outcome (passed, or the failure kind)",
+            canaries.clone(),
+        );
         Metrics {
             registry,
             rendering: parking_lot::Mutex::new(()),
@@ -235,7 +304,15 @@ impl Default for Metrics {
             dispatched,
             dispatch_failures,
             rejected,
+            worker_health,
+            worker_breaker,
+            worker_failures,
+            degradation_level,
+            migrations,
+            migration_latency,
+            canaries,
             counted_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
+            failed_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
     }
 }
@@ -268,6 +345,28 @@ impl Metrics {
         family.get_or_create(&labels).inc();
     }
 
+    pub fn count_migration(&self, outcome: &'static str) {
+        self.migrations
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub fn count_canary(&self, outcome: &'static str) {
+        self.canaries
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub fn count_failure(&self, worker: switchyard_core::WorkerId, kind: &'static str) {
+        self.failed_workers.lock().insert(worker);
+        self.worker_failures
+            .get_or_create(&FailureLabels {
+                worker: worker.to_string(),
+                kind,
+            })
+            .inc();
+    }
+
     pub fn observe_ttft(&self, d: Duration) {
         self.ttft.observe(d.as_secs_f64());
     }
@@ -297,6 +396,38 @@ impl Metrics {
             }
             present
         });
+        let workers = routing.workers();
+        self.failed_workers.lock().retain(|id| {
+            let present = workers.iter().any(|w| w.worker_id == *id);
+            if !present {
+                for kind in Failure::KINDS {
+                    self.worker_failures.remove(&FailureLabels {
+                        worker: id.to_string(),
+                        kind: kind.name(),
+                    });
+                }
+            }
+            present
+        });
+        self.worker_health.clear();
+        self.worker_breaker.clear();
+        for w in &workers {
+            let worker = w.worker_id.to_string();
+            self.worker_health
+                .get_or_create(&WorkerStateLabels {
+                    worker: worker.clone(),
+                    state: w.entry.status(),
+                })
+                .set(1);
+            self.worker_breaker
+                .get_or_create(&WorkerStateLabels {
+                    worker,
+                    state: w.entry.health.breaker.name(),
+                })
+                .set(1);
+        }
+        self.degradation_level
+            .set(i64::from(routing.degradation_level()));
         for (key, load, engine) in loads {
             let labels = WorkerLabels {
                 worker: key.to_string(),

@@ -54,6 +54,10 @@ pub async fn start_background(
             cancel.clone(),
         ));
     }
+    tracker.spawn(crate::pipeline::canary::run(
+        Arc::clone(frontend),
+        cancel.clone(),
+    ));
     tracker.spawn(routing::expire_requests(
         routing,
         Duration::from_secs(30),

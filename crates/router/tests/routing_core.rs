@@ -113,7 +113,7 @@ fn excluded_unhealthy_draining_and_non_generating_workers_get_nothing() {
     );
     // Suspicious workers are still used.
     core.set_health(WorkerId(2), HealthState::Suspicious);
-    let picked: Vec<_> = (10..14)
+    let picked: Vec<_> = (10..40)
         .map(|id| route(&mut core, id, &prompt, &none, &[]).unwrap())
         .collect();
     assert!(picked.contains(&WorkerId(2)));
@@ -251,7 +251,7 @@ fn admission_queues_while_busy_and_releases_as_requests_end() {
         ..RoutingConfig::default()
     });
     assert_eq!(
-        core.admit(RequestId(0), Priority::Premium),
+        core.admit(RequestId(0), Priority::Premium, T0),
         Admission::Rejected(Rejection::NoWorkers)
     );
     let mut one = spec(1);
@@ -261,22 +261,22 @@ fn admission_queues_while_busy_and_releases_as_requests_end() {
     let none = OverlapScores::default();
     for id in 1..=2 {
         assert_eq!(
-            core.admit(RequestId(id), Priority::Standard),
+            core.admit(RequestId(id), Priority::Standard, T0),
             Admission::Admitted
         );
         route(&mut core, id, &prompt, &none, &[]).unwrap();
     }
     assert!(core.all_busy());
     assert_eq!(
-        core.admit(RequestId(3), Priority::BestEffort),
+        core.admit(RequestId(3), Priority::BestEffort, T0),
         Admission::Rejected(Rejection::Shed)
     );
     assert_eq!(
-        core.admit(RequestId(4), Priority::Standard),
+        core.admit(RequestId(4), Priority::Standard, T0),
         Admission::Queued
     );
     assert_eq!(
-        core.admit(RequestId(5), Priority::Premium),
+        core.admit(RequestId(5), Priority::Premium, T0),
         Admission::Queued
     );
     assert_eq!(core.next_admitted(), None);
@@ -289,4 +289,107 @@ fn admission_queues_while_busy_and_releases_as_requests_end() {
     assert_eq!(core.next_admitted(), Some(RequestId(4)));
     assert!(core.withdraw(RequestId(4)));
     assert_eq!(core.queued(), 0);
+}
+
+#[test]
+fn failures_take_a_worker_out_of_rotation_and_a_canary_brings_it_back() {
+    use switchyard_router::routing::health::Failure;
+    let mut core = core(PolicyKind::RoundRobin);
+    core.add_worker(spec(1)).unwrap();
+    core.add_worker(spec(2)).unwrap();
+    let prompt = blocks(&[1, 2, 3, 4]);
+    let none = OverlapScores::default();
+    let s = Duration::from_secs(1);
+    // One failure: suspicious, picked for about half its share.
+    core.observe_failure(WorkerId(2), Failure::Disconnected, s);
+    let to_two = (0..400)
+        .filter(|&id| {
+            let w = route(&mut core, id, &prompt, &none, &[]);
+            core.finish(RequestId(id));
+            w == Some(WorkerId(2))
+        })
+        .count();
+    assert!((60..140).contains(&to_two), "{to_two} of 400");
+    // Two more in a row: unhealthy, nothing goes there.
+    core.observe_failure(WorkerId(2), Failure::Stalled, 2 * s);
+    let change = core.observe_failure(WorkerId(2), Failure::Stalled, 3 * s);
+    assert_eq!(change.map(|c| c.to), Some(HealthState::Unhealthy));
+    for id in 1000..1020 {
+        assert_eq!(route(&mut core, id, &prompt, &none, &[]), Some(WorkerId(1)));
+        core.finish(RequestId(id));
+    }
+    // Canaries: both workers are due at first; afterwards only the half-open one after
+    // its recovery timeout (with jitter, 48 to 72 s).
+    let mut due = core.due_canaries(4 * s);
+    due.sort();
+    assert_eq!(due, vec![WorkerId(1)], "an open breaker gets no canary");
+    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), 4 * s);
+    assert!(core.due_canaries(10 * s).is_empty());
+    // Worker 1, idle for 10 s, gets one; worker 2 still waits for its breaker.
+    assert_eq!(core.due_canaries(14 * s), vec![WorkerId(1)]);
+    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), 14 * s);
+    assert_eq!(core.due_canaries(80 * s), vec![WorkerId(1), WorkerId(2)]);
+    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), 80 * s);
+    // Worker 2's probe answers what the fleet answers: it is healthy and routed to again.
+    let back = core.canary_finished(WorkerId(2), Ok((vec![7, 8], s / 100)), 80 * s);
+    assert_eq!(back.map(|c| c.to), Some(HealthState::Healthy));
+    let picked: Vec<_> = (2000..2004)
+        .map(|id| route(&mut core, id, &prompt, &none, &[]))
+        .collect();
+    assert!(picked.contains(&Some(WorkerId(2))));
+}
+
+#[test]
+fn a_worker_answering_canaries_unlike_the_fleet_is_taken_out_at_once() {
+    let mut core = core(PolicyKind::RoundRobin);
+    for id in 1..=3 {
+        core.add_worker(spec(id)).unwrap();
+    }
+    let s = Duration::from_secs(1);
+    assert_eq!(core.due_canaries(s).len(), 3);
+    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), s);
+    core.canary_finished(WorkerId(2), Ok((vec![7, 8], s / 100)), s);
+    let odd = core.canary_finished(WorkerId(3), Ok((vec![7, 9], s / 100)), s);
+    assert_eq!(odd.map(|c| c.to), Some(HealthState::Unhealthy));
+    assert_eq!(core.routable_workers(), 2);
+}
+
+#[test]
+fn losing_most_of_the_fleet_sheds_the_lower_tiers_first() {
+    use switchyard_router::routing::health::Failure;
+    let mut core = core(PolicyKind::RoundRobin);
+    for id in 1..=4 {
+        core.add_worker(spec(id)).unwrap();
+    }
+    let s = Duration::from_secs(1);
+    assert_eq!(core.degradation_level(s), 0);
+    // Three of four crash: their streams fail (unhealthy), then their leases expire.
+    for id in 2..=4 {
+        for _ in 0..3 {
+            core.observe_failure(WorkerId(id), Failure::Disconnected, s);
+        }
+        core.worker_left(WorkerId(id));
+    }
+    assert_eq!(core.degradation_level(2 * s), 3);
+    assert_eq!(
+        core.admit(RequestId(1), Priority::BestEffort, 2 * s),
+        Admission::Rejected(Rejection::Shed)
+    );
+    assert_eq!(
+        core.admit(RequestId(2), Priority::Premium, 2 * s),
+        Admission::Admitted
+    );
+    assert_eq!(
+        core.admit(RequestId(3), Priority::Standard, 2 * s),
+        Admission::Admitted
+    );
+    assert_eq!(
+        core.queue_timeout(Priority::Premium),
+        2 * AdmissionConfig::default().queue_timeout
+    );
+    // They come back under their ids: normal again.
+    for id in 2..=4 {
+        core.add_worker(spec(id)).unwrap();
+    }
+    assert_eq!(core.degradation_level(3 * s), 0);
 }

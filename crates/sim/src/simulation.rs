@@ -338,11 +338,14 @@ impl<'a> Fleet<'a> {
         self.last_event = self.last_event.max(self.now);
         let priority = self.workload.requests[index as usize].priority;
         self.requests[index as usize].last_token = self.now;
-        match self.core.admit(RequestId(u64::from(index)), priority) {
+        match self
+            .core
+            .admit(RequestId(u64::from(index)), priority, self.now)
+        {
             Admission::Admitted => self.dispatch(index),
             Admission::Queued => {
                 self.report.queued += 1;
-                let timeout = self.core.config().admission.queue_timeout;
+                let timeout = self.core.queue_timeout(priority);
                 self.schedule(self.now + timeout, Event::QueueTimeout(index));
             }
             Admission::Rejected(rejection) => self.refuse(index, rejection),
@@ -443,6 +446,7 @@ impl<'a> Fleet<'a> {
             if state.first_token.is_none() {
                 let arrival = self.workload.requests[index].arrival;
                 self.ttft.record(micros(now - arrival));
+                self.core.observe_ttft(now - arrival);
                 self.core.prefill_done(token.request);
                 state.first_token = Some(now);
                 state.cached_tokens = token.cached_tokens;

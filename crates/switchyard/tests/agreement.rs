@@ -272,6 +272,18 @@ fn frontend_config() -> FrontendConfig {
     };
     config.router.request_ttl *= SLOWDOWN;
     config.admission.queue_timeout *= SLOWDOWN;
+    let h = &mut config.health;
+    h.stall_floor *= SLOWDOWN;
+    h.first_token_timeout *= SLOWDOWN;
+    h.recovery_timeout *= SLOWDOWN;
+    // The simulator sends no canaries; they would change the engines' caches and loads.
+    h.canary_interval = Duration::ZERO;
+    config.degradation.ttft_target *= SLOWDOWN;
+    config.degradation.lost_memory *= SLOWDOWN;
+    let m = &mut config.migration;
+    m.dispatch_timeout *= SLOWDOWN;
+    m.backoff_initial *= SLOWDOWN;
+    m.backoff_max *= SLOWDOWN;
     config
 }
 

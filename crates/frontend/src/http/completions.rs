@@ -171,23 +171,38 @@ fn json_event<T: serde::Serialize>(value: &T) -> Event {
 }
 
 /// SSE around a generation: an opening event, one per piece, the end (with usage when
-/// asked), then `[DONE]`. A failure midway is sent as an error event and ends the stream.
+/// asked), then `[DONE]`.
+///
+/// A failure midway (a stream no worker could continue) is sent as an event whose data is
+/// an OpenAI error object (`{"error": {"message", "type", "code", ...}}`, code never null)
+/// and the stream closes there, without `[DONE]`: `[DONE]` means the answer is complete,
+/// and a client that waits for it must not take a truncated answer for a whole one. The
+/// OpenAI SDKs raise an `APIError` on such an event.
 fn sse(
     generation: Generation,
     first: Option<Event>,
     piece: impl Fn(Piece) -> Vec<Event> + Send + 'static,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failed_seen = Arc::clone(&failed);
     let body = futures::stream::iter(first)
         .chain(generation.flat_map(move |item| {
             let events = match item {
                 Ok(p) => piece(p),
-                Err(e) => vec![Event::default().data(e.body())],
+                Err(e) => {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    vec![Event::default().data(e.body())]
+                }
             };
             futures::stream::iter(events)
         }))
-        .chain(futures::stream::once(async {
-            Event::default().data("[DONE]")
-        }))
+        .chain(
+            futures::stream::once(async move {
+                (!failed_seen.load(std::sync::atomic::Ordering::Relaxed))
+                    .then(|| Event::default().data("[DONE]"))
+            })
+            .filter_map(futures::future::ready),
+        )
         .map(Ok);
     Sse::new(body)
 }

@@ -147,12 +147,24 @@ impl ApiError {
         }
     }
 
+    /// A stream that cannot be completed (every worker that could continue it failed, or
+    /// the migration budget is spent): the output so far is truncated. Code
+    /// `stream_interrupted`; as an SSE event it is the stream's last (no `[DONE]` follows).
+    pub fn interrupted(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("stream_interrupted"),
+            message,
+        )
+    }
+
     /// 500: something went wrong on our side.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server_error",
-            None,
+            Some("internal_error"),
             message,
         )
     }

@@ -19,13 +19,15 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use switchyard_core::protocol::Prompt;
 use switchyard_core::{LoadSnapshot, Priority, RequestId, WorkerId, WorkerKey, blocks_for};
+use switchyard_router::HealthState;
 use switchyard_router::indexer::shared::SharedIndexer;
+use switchyard_router::routing::health::{Failure, HealthChange};
 use switchyard_router::{
     Admission, Indexer, IndexerConfig, Rejection, RouteDecision, RouteError, RouteQuery,
     RoutingConfig, RoutingCore, RoutingOverrides, WorkerEntry, WorkerLoad,
 };
 use switchyard_runtime::{IndexView, KvSnapshotSource, WorkerInstance};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -57,6 +59,8 @@ pub enum RouteFailure {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WorkerStatus {
     pub worker_id: WorkerId,
+    /// healthy, suspicious, unhealthy, draining or dead.
+    pub status: &'static str,
     pub role: switchyard_core::WorkerRole,
     #[serde(flatten)]
     pub entry: WorkerEntry,
@@ -82,6 +86,8 @@ pub struct RoutingService {
     resyncs: std::sync::atomic::AtomicU64,
     /// Sharing routing state with the model's other frontends.
     replicas: Option<Replicas>,
+    /// Per worker, bumped each time it becomes unhealthy: its streams move elsewhere.
+    outages: Mutex<HashMap<WorkerId, watch::Sender<u64>>>,
 }
 
 impl RoutingService {
@@ -98,6 +104,7 @@ impl RoutingService {
             syncing: Mutex::new(HashMap::new()),
             resyncs: std::sync::atomic::AtomicU64::new(0),
             replicas: None,
+            outages: Mutex::new(HashMap::new()),
         }
     }
 
@@ -145,6 +152,118 @@ impl RoutingService {
         self.indexer.read(IndexView::of)
     }
 
+    // ---- health ----
+
+    /// A receiver that changes whenever `worker` becomes unhealthy.
+    pub fn outages(&self, worker: WorkerId) -> watch::Receiver<u64> {
+        self.outages
+            .lock()
+            .entry(worker)
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe()
+    }
+
+    /// A failure of `worker`'s own making. If it became unhealthy, its streams are told.
+    pub fn report_failure(&self, worker: WorkerId, failure: Failure) {
+        let now = self.now();
+        let change = self.core.lock().observe_failure(worker, failure, now);
+        self.health_changed(worker, change, Some(failure));
+    }
+
+    /// A request that completed on `worker`.
+    pub fn report_success(&self, worker: WorkerId) {
+        let now = self.now();
+        let change = self.core.lock().observe_success(worker, now);
+        self.health_changed(worker, change, None);
+    }
+
+    /// A gap between two tokens streamed from `worker`.
+    pub fn report_gap(&self, worker: WorkerId, gap: Duration) {
+        let now = self.now();
+        self.core.lock().observe_gap(worker, gap, now);
+    }
+
+    /// A request's time to first token (for degradation against the SLO).
+    pub fn report_ttft(&self, ttft: Duration) {
+        self.core.lock().observe_ttft(ttft);
+    }
+
+    pub(crate) fn health_changed(
+        &self,
+        worker: WorkerId,
+        change: Option<HealthChange>,
+        failure: Option<Failure>,
+    ) {
+        let Some(change) = change else { return };
+        match change.to {
+            HealthState::Unhealthy => {
+                tracing::warn!(%worker, failure = failure.map(Failure::name), "worker unhealthy: moving its requests elsewhere");
+                if let Some(outage) = self.outages.lock().get(&worker) {
+                    outage.send_modify(|n| *n += 1);
+                }
+            }
+            HealthState::Suspicious => {
+                tracing::info!(%worker, failure = failure.map(Failure::name), "worker suspicious")
+            }
+            HealthState::Healthy => tracing::info!(%worker, "worker healthy again"),
+        }
+        // A worker coming back may free capacity for queued requests.
+        self.pump();
+    }
+
+    /// How long a stream on `worker` may go without a token.
+    pub fn stall_timeout(&self, worker: WorkerId) -> Duration {
+        self.core.lock().stall_timeout(worker)
+    }
+
+    /// How long a request may wait for its first token.
+    pub fn first_token_timeout(&self) -> Duration {
+        self.core.lock().health_config().first_token_timeout
+    }
+
+    /// Workers due a canary now (marked as being checked).
+    pub fn due_canaries(&self) -> Vec<WorkerInstance> {
+        let now = self.now();
+        let due = self.core.lock().due_canaries(now);
+        let instances = self.instances.read();
+        due.iter()
+            .filter_map(|w| instances.get(w).cloned())
+            .collect()
+    }
+
+    /// A canary's answer, or its failure. Returns the failure it counted against the
+    /// worker, if any (a wrong answer is found here).
+    pub fn canary_finished(
+        &self,
+        worker: WorkerId,
+        answer: Result<(Vec<switchyard_core::Token>, Duration), Failure>,
+    ) -> Option<Failure> {
+        let now = self.now();
+        let (change, failure) = {
+            let mut core = self.core.lock();
+            let change = core.canary_finished(worker, answer, now);
+            let failure = core
+                .registry()
+                .get(worker)
+                .filter(|e| e.health.consecutive_failures > 0)
+                .and_then(|e| e.health.last_failure);
+            (change, failure)
+        };
+        self.health_changed(worker, change, failure);
+        failure
+    }
+
+    /// A canary that came back with nothing to judge.
+    pub fn canary_skipped(&self, worker: WorkerId) {
+        self.core.lock().canary_skipped(worker);
+    }
+
+    /// The degradation level now.
+    pub fn degradation_level(&self) -> u8 {
+        let now = self.now();
+        self.core.lock().degradation_level(now)
+    }
+
     // ---- admission ----
 
     /// Offers a request for admission; a queued one waits here until released, or for at
@@ -154,10 +273,11 @@ impl RoutingService {
         id: RequestId,
         priority: Priority,
     ) -> Result<AdmissionTicket, Rejection> {
+        let now = self.now();
         let (admission, timeout) = {
             let mut core = self.core.lock();
-            let admission = core.admit(id, priority);
-            let timeout = core.config().admission.queue_timeout;
+            let admission = core.admit(id, priority, now);
+            let timeout = core.queue_timeout(priority);
             if admission == Admission::Queued {
                 let (tx, rx) = oneshot::channel();
                 self.waiters.lock().insert(id, tx);
@@ -317,6 +437,7 @@ impl RoutingService {
             .iter()
             .map(|entry| WorkerStatus {
                 worker_id: entry.spec.id,
+                status: entry.status(),
                 role: entry.spec.role,
                 entry: entry.clone(),
                 address: instances

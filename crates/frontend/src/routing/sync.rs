@@ -77,6 +77,9 @@ impl RoutingService {
                     self.engine_loads.write().remove(&key);
                 }
             }
+            // Streams still on it keep running (a worker that drains finishes them); only
+            // an outage moves them.
+            self.outages.lock().remove(id);
             tracing::info!(worker = %id, "worker left");
         }
         for refused in &changes.refused {

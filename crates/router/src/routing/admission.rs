@@ -70,6 +70,8 @@ pub enum Rejection {
     QueueFull,
     /// It waited the whole queue timeout.
     TimedOut,
+    /// The fleet lost most of its capacity: new requests are refused while it drains.
+    Degraded,
 }
 
 impl Rejection {
@@ -78,7 +80,10 @@ impl Rejection {
     pub fn status(self) -> u16 {
         match self {
             Rejection::Shed | Rejection::QueueFilling => 429,
-            Rejection::NoWorkers | Rejection::QueueFull | Rejection::TimedOut => 503,
+            Rejection::NoWorkers
+            | Rejection::QueueFull
+            | Rejection::TimedOut
+            | Rejection::Degraded => 503,
         }
     }
 
@@ -91,6 +96,9 @@ impl Rejection {
             }
             Rejection::QueueFull => "All workers are busy and the queue is full. Retry later.",
             Rejection::TimedOut => "Timed out waiting for a free worker. Retry later.",
+            Rejection::Degraded => {
+                "Most of the fleet's capacity is lost; new requests are refused while it recovers. Retry later."
+            }
         }
     }
 
@@ -102,6 +110,7 @@ impl Rejection {
             Rejection::QueueFilling => "queue_filling",
             Rejection::QueueFull => "queue_full",
             Rejection::TimedOut => "timed_out",
+            Rejection::Degraded => "degraded",
         }
     }
 }

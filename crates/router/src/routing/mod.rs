@@ -17,12 +17,16 @@
 //! capacity (a request ending, a worker joining) the caller asks `next_admitted` again.
 
 pub mod admission;
+pub mod degradation;
+pub mod health;
 pub mod registry;
 
 use std::time::Duration;
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use switchyard_core::{
-    LocalBlockHash, Priority, RequestId, SequenceHash, TokenBlocks, WorkerId, WorkerKey,
+    LocalBlockHash, Priority, RequestId, SequenceHash, Token, TokenBlocks, WorkerId, WorkerKey,
 };
 
 use crate::active::WorkerLoad;
@@ -31,6 +35,8 @@ use crate::indexer::approx::{ApproxConfig, ApproxIndexer};
 use crate::policy::RoutingOverrides;
 use crate::router::{RouteDecision, RouteError, RouteRequest, Router, RouterConfig};
 use admission::{Admission, AdmissionConfig, AdmissionQueue};
+use degradation::{Degradation, DegradationConfig};
+use health::{Failure, HealthChange, HealthConfig};
 use registry::{
     CacheView, CacheViewMode, HealthState, JoinRefused, Registry, WorkerEntry, WorkerSpec,
 };
@@ -44,6 +50,8 @@ pub struct RoutingConfig {
     /// The approximate view's TTL and per-worker cap.
     pub approx: ApproxConfig,
     pub admission: AdmissionConfig,
+    pub health: HealthConfig,
+    pub degradation: DegradationConfig,
 }
 
 /// A request to route.
@@ -77,6 +85,9 @@ pub struct RoutingCore {
     approx: ApproxIndexer,
     approx_workers: usize,
     admission: AdmissionQueue,
+    degradation: Degradation,
+    /// Breaker jitter and the weighting of suspicious workers (seeded: runs repeat).
+    rng: SmallRng,
 }
 
 impl RoutingCore {
@@ -88,6 +99,8 @@ impl RoutingCore {
             approx: ApproxIndexer::new(config.approx),
             approx_workers: 0,
             admission: AdmissionQueue::new(config.admission),
+            degradation: Degradation::new(config.degradation),
+            rng: SmallRng::seed_from_u64(config.router.seed ^ 0x6865_616c_7468),
         }
     }
 
@@ -117,10 +130,7 @@ impl RoutingCore {
 
     /// Workers that may take new requests.
     pub fn routable_workers(&self) -> usize {
-        self.registry
-            .iter()
-            .filter(|e| e.routable() && e.spec.role.serves_generation())
-            .count()
+        self.registry.iter().filter(|e| e.serving()).count()
     }
 
     // ---- the registry ----
@@ -129,7 +139,9 @@ impl RoutingCore {
     pub fn add_worker(&mut self, spec: WorkerSpec) -> Result<(), JoinRefused> {
         let keys: Vec<WorkerKey> = spec.keys().collect();
         let view = self.config.cache_view.view_for(&spec);
+        let id = spec.id;
         self.registry.add(spec, self.config.cache_view)?;
+        self.degradation.worker_added(id);
         if view == CacheView::Approximate {
             self.approx_workers += 1;
         }
@@ -171,6 +183,13 @@ impl RoutingCore {
         let Some(entry) = self.registry.remove(id) else {
             return Vec::new();
         };
+        if entry.spec.role.serves_generation() {
+            self.degradation.worker_removed(
+                id,
+                degradation::capacity(&entry.spec),
+                entry.health.state == HealthState::Unhealthy,
+            );
+        }
         if entry.view == CacheView::Approximate {
             self.approx_workers -= 1;
         }
@@ -242,12 +261,149 @@ impl RoutingCore {
             .is_some()
     }
 
-    /// Sets a worker's health. Returns whether it is registered.
+    /// Sets a worker's health state by hand (an operator's decision, a test). Returns
+    /// whether it is registered.
     pub fn set_health(&mut self, id: WorkerId, health: HealthState) -> bool {
         self.registry
             .get_mut(id)
-            .map(|e| e.health = health)
+            .map(|e| e.health.state = health)
             .is_some()
+    }
+
+    // ---- health ----
+
+    pub fn health_config(&self) -> &HealthConfig {
+        &self.config.health
+    }
+
+    /// A failure of the worker's own making (see [`health`]). Returns the change of state,
+    /// if any: a worker that became unhealthy must have its in-flight requests moved.
+    pub fn observe_failure(
+        &mut self,
+        worker: WorkerId,
+        failure: Failure,
+        now: Duration,
+    ) -> Option<HealthChange> {
+        let config = self.config.health;
+        self.registry
+            .get_mut(worker)?
+            .health
+            .fail(failure, &config, now, &mut self.rng)
+    }
+
+    /// A request that completed on the worker.
+    pub fn observe_success(&mut self, worker: WorkerId, now: Duration) -> Option<HealthChange> {
+        let config = self.config.health;
+        self.registry
+            .get_mut(worker)?
+            .health
+            .succeed(&config, now, false)
+    }
+
+    /// A gap between two tokens streamed from the worker.
+    pub fn observe_gap(&mut self, worker: WorkerId, gap: Duration, now: Duration) {
+        let config = self.config.health;
+        if let Some(entry) = self.registry.get_mut(worker) {
+            entry.health.observe_gap(gap, &config, now);
+        }
+    }
+
+    /// How long a stream on `worker` may go without a token before it counts as stalled.
+    pub fn stall_timeout(&self, worker: WorkerId) -> Duration {
+        self.registry
+            .get(worker)
+            .map_or(self.config.health.stall_floor, |e| {
+                e.health.stall_timeout(&self.config.health)
+            })
+    }
+
+    /// Moves open breakers whose time is up to half-open; returns the workers due a canary
+    /// now, marked as being checked.
+    pub fn due_canaries(&mut self, now: Duration) -> Vec<WorkerId> {
+        let config = self.config.health;
+        let mut due = Vec::new();
+        for id in self.registry.iter().map(|e| e.spec.id).collect::<Vec<_>>() {
+            if let Some(entry) = self.registry.get_mut(id) {
+                if entry.departed {
+                    continue;
+                }
+                entry.health.tick(now);
+                if entry.health.canary_due(&config, now) {
+                    entry.health.canary_started(now);
+                    due.push(id);
+                }
+            }
+        }
+        due
+    }
+
+    /// A canary's answer (its tokens and latency) or its failure. The answer is judged
+    /// against the worker's first answer and against what most other workers answered.
+    pub fn canary_finished(
+        &mut self,
+        worker: WorkerId,
+        answer: Result<(Vec<Token>, Duration), Failure>,
+        now: Duration,
+    ) -> Option<HealthChange> {
+        let reference: Option<Vec<Token>> = {
+            let others = self
+                .registry
+                .iter()
+                .filter(|e| e.spec.id != worker)
+                .filter_map(|e| e.health.last_answer.as_deref());
+            health::majority(others).map(|(answer, _)| answer.to_vec())
+        };
+        let config = self.config.health;
+        self.registry.get_mut(worker)?.health.canary_finished(
+            answer,
+            reference.as_deref(),
+            &config,
+            now,
+            &mut self.rng,
+        )
+    }
+
+    /// A canary that came back with nothing to judge.
+    pub fn canary_skipped(&mut self, worker: WorkerId) {
+        if let Some(entry) = self.registry.get_mut(worker) {
+            entry.health.canary_skipped();
+        }
+    }
+
+    // ---- degradation ----
+
+    /// The degradation level now (0 normal … 4 reject new requests), from the capacity
+    /// of the healthy workers against what the fleet had, and latency against the SLO.
+    pub fn degradation_level(&mut self, now: Duration) -> u8 {
+        let (healthy, nominal) = self.capacities();
+        self.degradation.level(healthy, nominal, now)
+    }
+
+    /// A request's time to first token, for the SLO side of degradation.
+    pub fn observe_ttft(&mut self, ttft: Duration) {
+        self.degradation.observe_ttft(ttft);
+    }
+
+    /// Capacity of the serving workers that are healthy (suspicious ones at their weight),
+    /// and of every serving worker registered and not leaving.
+    fn capacities(&self) -> (f64, f64) {
+        let weight = self.config.health.suspicious_weight;
+        let mut healthy = 0.0;
+        let mut nominal = 0.0;
+        for e in self.registry.iter() {
+            if !e.spec.role.serves_generation() || e.departed || e.draining {
+                continue;
+            }
+            let capacity = degradation::capacity(&e.spec);
+            nominal += capacity;
+            healthy += capacity
+                * match e.health.state {
+                    HealthState::Healthy => 1.0,
+                    HealthState::Suspicious => weight,
+                    HealthState::Unhealthy => 0.0,
+                };
+        }
+        (healthy, nominal)
     }
 
     /// Whether KV events from `worker` belong in the caller's indexer: it is registered,
@@ -264,28 +420,51 @@ impl RoutingCore {
     /// blocks of in-flight requests at the threshold share of its capacity, or as many
     /// requests as it runs at once. Workers that announce neither are never busy.
     pub fn all_busy(&self) -> bool {
-        let threshold = self.config.admission.busy_kv_threshold;
-        self.registry
-            .iter()
-            .filter(|e| e.routable() && e.spec.role.serves_generation())
-            .all(|e| {
-                e.spec.keys().all(|key| {
-                    let load = self.router.load(key);
-                    let kv = e
-                        .spec
-                        .capacity_blocks
-                        .is_some_and(|c| load.active_blocks as f64 >= threshold * c as f64);
-                    let seqs = e.spec.max_num_seqs.is_some_and(|m| load.requests >= m);
-                    kv || seqs
-                })
+        // Degraded fleets run smaller batches (see `degradation`).
+        let scale = self.degradation.batch_scale();
+        let threshold = self.config.admission.busy_kv_threshold * scale;
+        self.registry.iter().filter(|e| e.serving()).all(|e| {
+            e.spec.keys().all(|key| {
+                let load = self.router.load(key);
+                let kv = e
+                    .spec
+                    .capacity_blocks
+                    .is_some_and(|c| load.active_blocks as f64 >= threshold * c as f64);
+                let seqs = e
+                    .spec
+                    .max_num_seqs
+                    .is_some_and(|m| f64::from(load.requests) >= (f64::from(m) * scale).ceil());
+                kv || seqs
             })
+        })
     }
 
     /// Offers a new request for admission.
-    pub fn admit(&mut self, id: RequestId, priority: Priority) -> Admission {
+    pub fn admit(&mut self, id: RequestId, priority: Priority, now: Duration) -> Admission {
         let any = self.routable_workers() > 0;
+        let level = if any { self.degradation_level(now) } else { 0 };
+        if let Some(rejection) = degradation::refuse(
+            level,
+            priority,
+            self.admission.len(),
+            self.config.admission.max_queue,
+        ) {
+            return Admission::Rejected(rejection);
+        }
         let busy = any && self.all_busy();
         self.admission.offer(id, priority, busy, any)
+    }
+
+    /// How long a request of `priority` may wait in the admission queue now (premium waits
+    /// longer when the fleet is degraded: latency targets are relaxed rather than it being
+    /// refused).
+    pub fn queue_timeout(&self, priority: Priority) -> Duration {
+        let base = self.config.admission.queue_timeout;
+        if priority == Priority::Premium && self.degradation.current() >= 3 {
+            base * 2
+        } else {
+            base
+        }
     }
 
     /// The next queued request that may go now, if any (one at a time: call again once it
@@ -324,16 +503,24 @@ impl RoutingCore {
         now: Duration,
     ) -> Result<RouteDecision, RouteError> {
         self.admission.settled(query.id);
-        let candidates_keys: Vec<WorkerKey> = self
+        // Suspicious workers are candidates for their weighted share of decisions (unless
+        // nothing else is left).
+        let weight = self.config.health.suspicious_weight;
+        let eligible: Vec<&WorkerEntry> = self
             .registry
             .iter()
-            .filter(|e| {
-                e.routable()
-                    && e.spec.role.serves_generation()
-                    && !query.exclude.contains(&e.spec.id)
-            })
-            .flat_map(|e| e.spec.keys())
+            .filter(|e| e.serving() && !query.exclude.contains(&e.spec.id))
             .collect();
+        let mut chosen: Vec<&WorkerEntry> = Vec::with_capacity(eligible.len());
+        for &e in &eligible {
+            if e.health.state == HealthState::Healthy || self.rng.random::<f64>() < weight {
+                chosen.push(e);
+            }
+        }
+        if chosen.is_empty() {
+            chosen = eligible;
+        }
+        let candidates_keys: Vec<WorkerKey> = chosen.iter().flat_map(|e| e.spec.keys()).collect();
         let request = RouteRequest {
             id: query.id,
             isl_tokens: query.blocks.total_tokens() as u64,

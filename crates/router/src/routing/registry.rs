@@ -17,6 +17,8 @@ use serde::Serialize;
 use switchyard_core::{WorkerId, WorkerKey, WorkerRole};
 use thiserror::Error;
 
+use super::health::WorkerHealth;
+
 /// What a worker announces about itself, as far as routing is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSpec {
@@ -126,7 +128,8 @@ pub struct WorkerEntry {
     #[serde(skip)]
     pub spec: WorkerSpec,
     pub view: CacheView,
-    pub health: HealthState,
+    /// Its health state, breaker and the measures behind them.
+    pub health: WorkerHealth,
     /// Takes no new requests; its in-flight ones still count.
     pub draining: bool,
     /// It left discovery and is kept only until its in-flight requests end.
@@ -136,7 +139,24 @@ pub struct WorkerEntry {
 impl WorkerEntry {
     /// Whether new requests may go to it.
     pub fn routable(&self) -> bool {
-        !self.draining && !self.departed && self.health != HealthState::Unhealthy
+        !self.draining && !self.departed && self.health.state != HealthState::Unhealthy
+    }
+
+    /// Its state as operators see it: `dead` (it left discovery; kept until its requests
+    /// end), `draining` (shutting down), else its health state.
+    pub fn status(&self) -> &'static str {
+        if self.departed {
+            "dead"
+        } else if self.draining {
+            "draining"
+        } else {
+            self.health.state.name()
+        }
+    }
+
+    /// Whether it is a worker that takes generation requests and may take one now.
+    pub fn serving(&self) -> bool {
+        self.routable() && self.spec.role.serves_generation()
     }
 }
 
@@ -209,7 +229,7 @@ impl Registry {
             WorkerEntry {
                 spec,
                 view,
-                health: HealthState::Healthy,
+                health: WorkerHealth::new(std::time::Duration::ZERO),
                 draining: false,
                 departed: false,
             },

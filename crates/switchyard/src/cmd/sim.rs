@@ -214,6 +214,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                 queue_timeout: Duration::from_secs_f64(args.queue_timeout_secs),
                 ..AdmissionConfig::default()
             },
+            ..RoutingConfig::default()
         },
         event_delay: Duration::from_secs_f64(args.event_delay_ms / 1e3),
         eos_token_ids: args.eos_token_ids.clone(),

@@ -1,0 +1,256 @@
+//! One request's attempts: routing it away from workers that failed it, sending it with a
+//! deadline, and trying another worker (after a backoff while nothing was generated) when
+//! one cannot take it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use switchyard_core::protocol::{
+    EngineError, GenerateRequest, Phase, Prompt, Resume, SamplingParams,
+};
+use switchyard_core::{RequestId, Token, WorkerId, WorkerKey};
+use switchyard_router::routing::health::Failure;
+use switchyard_router::{Rejection, RoutingOverrides};
+use switchyard_runtime::ResponseStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Frontend, Prepared, failure_of};
+use crate::openai::ApiError;
+use crate::routing::RouteFailure;
+
+/// One worker's stream of a request.
+pub(super) struct Attempt {
+    pub(super) worker: WorkerKey,
+    pub(super) stream: ResponseStream,
+    /// Changes when the worker is found unhealthy.
+    pub(super) outage: watch::Receiver<u64>,
+}
+
+/// What a request needs across its attempts.
+pub(super) struct RequestRun {
+    pub(super) frontend: Arc<Frontend>,
+    pub(super) id: RequestId,
+    prompt: Prompt,
+    max_tokens: u32,
+    sampling: SamplingParams,
+    overrides: RoutingOverrides,
+    pub(super) arrived: Instant,
+    /// Output tokens delivered so far: a move resumes after them.
+    pub(super) generated: Vec<Token>,
+    /// Workers that failed this request: not tried again.
+    pub(super) failed: Vec<WorkerId>,
+    /// Moves to another worker after the first dispatch (before or after its first token).
+    pub(super) moves: u32,
+    /// Frees the request's router slot and counts it out, however it ends.
+    guard: Option<InFlight>,
+}
+
+impl RequestRun {
+    pub(super) fn new(
+        frontend: Arc<Frontend>,
+        id: RequestId,
+        prepared: &Prepared,
+        arrived: Instant,
+    ) -> Self {
+        RequestRun {
+            frontend,
+            id,
+            prompt: prepared.prompt.clone(),
+            max_tokens: prepared.max_tokens,
+            sampling: prepared.sampling.clone(),
+            overrides: prepared.overrides,
+            arrived,
+            generated: Vec::new(),
+            failed: Vec::new(),
+            moves: 0,
+            guard: None,
+        }
+    }
+
+    /// Tokens of the prompt the client sent.
+    pub(super) fn prompt_tokens(&self) -> u32 {
+        self.prompt.len() as u32
+    }
+
+    /// The prompt as the next worker must see it: the original, then what was generated.
+    fn current_prompt(&self) -> Prompt {
+        let mut prompt = self.prompt.clone();
+        prompt.token_ids.extend_from_slice(&self.generated);
+        prompt
+    }
+
+    /// The wait before the `retry`-th retry of a request that produced nothing yet.
+    fn backoff(&self, retry: u32) -> Duration {
+        let m = &self.frontend.config.migration;
+        let base = m
+            .backoff_initial
+            .mul_f64(m.backoff_factor.powi(retry.saturating_sub(1) as i32))
+            .min(m.backoff_max);
+        let jitter = if m.backoff_jitter > 0.0 {
+            rand::rng().random_range(-m.backoff_jitter..=m.backoff_jitter)
+        } else {
+            0.0
+        };
+        base.mul_f64(1.0 + jitter)
+    }
+
+    /// Routes and sends the request (resumed after what was generated, if anything),
+    /// trying other workers when one cannot take it.
+    pub(super) async fn dispatch(&mut self) -> Result<Attempt, ApiError> {
+        let frontend = Arc::clone(&self.frontend);
+        let config = frontend.config.migration;
+        let retry_after = frontend.config.admission.retry_after;
+        let mut tries = 0u32;
+        loop {
+            if tries > 0 && self.generated.is_empty() {
+                tokio::time::sleep(self.backoff(tries)).await;
+            }
+            tries += 1;
+            let prompt = self.current_prompt();
+            let decided = std::time::Instant::now();
+            let routed = frontend
+                .routing
+                .route(self.id, &prompt, self.overrides, &self.failed)
+                .map_err(|e| match e {
+                    RouteFailure::NoWorkers if self.failed.is_empty() => {
+                        ApiError::unavailable(Rejection::NoWorkers.message(), retry_after)
+                    }
+                    RouteFailure::NoWorkers => ApiError::unavailable(
+                        "No other worker can take the request now.",
+                        retry_after,
+                    ),
+                    RouteFailure::InvalidPrompt(message) => ApiError::invalid(message),
+                    RouteFailure::Internal(message) => ApiError::internal(message),
+                })?;
+            frontend
+                .metrics
+                .routing_decision
+                .observe(decided.elapsed().as_secs_f64());
+            // From here on the request holds a router slot, released by the guard.
+            if self.guard.is_none() {
+                self.guard = Some(InFlight::new(Arc::clone(&frontend), self.id, self.arrived));
+            }
+            let worker = routed.decision.worker;
+            let generated = self.generated.len() as u32;
+            let request = GenerateRequest {
+                id: self.id,
+                prompt,
+                max_tokens: self.max_tokens.saturating_sub(generated).max(1),
+                sampling: self.sampling.clone(),
+                dp_rank: worker.dp_rank,
+                resume: (generated > 0).then_some(Resume { generated }),
+                phase: Phase::Aggregated,
+            };
+            // Subscribe before sending: an outage during the call is not missed.
+            let outage = frontend.routing.outages(worker.worker_id);
+            let sent = tokio::time::timeout(
+                config.dispatch_timeout,
+                frontend.requests.generate(&routed.instance, request),
+            )
+            .await;
+            let error = match sent {
+                Ok(Ok(stream)) => {
+                    frontend.metrics.count_dispatch(worker, true);
+                    return Ok(Attempt {
+                        worker,
+                        stream,
+                        outage,
+                    });
+                }
+                Ok(Err(EngineError::Invalid(message))) => {
+                    frontend.routing.finish(self.id);
+                    return Err(ApiError::invalid(format!(
+                        "The engine refused the request: {message}"
+                    )));
+                }
+                Ok(Err(error)) => error,
+                Err(_) => EngineError::Unreachable(format!(
+                    "no answer within {:?}",
+                    config.dispatch_timeout
+                )),
+            };
+            frontend.routing.finish(self.id);
+            frontend.metrics.count_dispatch(worker, false);
+            tracing::warn!(worker = %worker.worker_id, %error, "cannot dispatch to the worker");
+            if let Some(failure) = failure_of(&error) {
+                frontend.report_failure(worker.worker_id, failure);
+            }
+            self.failed.push(worker.worker_id);
+            if tries >= config.max_dispatch_attempts {
+                return Err(ApiError::unavailable(
+                    format!("No worker could take the request: {error}"),
+                    retry_after,
+                ));
+            }
+        }
+    }
+
+    /// Gives the request up on `worker` and counts the move (or refuses it: the request's
+    /// own limit, or the fleet's budget). The caller dispatches again.
+    pub(super) fn leave(
+        &mut self,
+        worker: WorkerKey,
+        failure: Option<Failure>,
+    ) -> Result<(), ApiError> {
+        let frontend = &self.frontend;
+        frontend.routing.finish(self.id);
+        if let Some(failure) = failure {
+            frontend.report_failure(worker.worker_id, failure);
+        }
+        self.failed.push(worker.worker_id);
+        if self.moves >= frontend.config.migration.max_migrations {
+            frontend.metrics.count_migration("limit");
+            return Err(ApiError::interrupted(format!(
+                "The request failed on {} workers; it cannot be moved again.",
+                self.moves + 1
+            )));
+        }
+        if !frontend.spend_migration() {
+            frontend.metrics.count_migration("budget");
+            return Err(ApiError::interrupted(
+                "Too many requests are being moved between workers; this one cannot be.",
+            ));
+        }
+        self.moves += 1;
+        frontend
+            .metrics
+            .count_migration(failure.map_or("cancelled", Failure::name));
+        Ok(())
+    }
+
+    /// The request completed on `worker`.
+    pub(super) fn succeeded(&self, worker: WorkerKey) {
+        self.frontend.routing.report_success(worker.worker_id);
+    }
+}
+
+/// Frees the router slot and counts the request out, however it ends.
+struct InFlight {
+    frontend: Arc<Frontend>,
+    id: RequestId,
+    started: Instant,
+}
+
+impl InFlight {
+    fn new(frontend: Arc<Frontend>, id: RequestId, started: Instant) -> Self {
+        frontend.metrics.in_flight.inc();
+        InFlight {
+            frontend,
+            id,
+            started,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.frontend.routing.finish(self.id);
+        self.frontend.metrics.in_flight.dec();
+        self.frontend
+            .metrics
+            .duration
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}

@@ -1,0 +1,208 @@
+//! The request pipeline: admission, routing, dispatch to a worker, and the response stream
+//! (detokenized, cut at stop strings, with usage), moved to another worker when its worker
+//! fails.
+//!
+//! A request's life: the routing core admits it (or queues it, or refuses it); it is routed
+//! away from workers that already failed it and sent with a deadline ([`dispatch`]). Before
+//! its first token, a worker that cannot take it is left for another after a backoff
+//! (exponential, with jitter). Once streaming ([`stream`]), when its worker fails (the
+//! connection breaks, the stream stalls, the worker is found unhealthy) the request resumes
+//! on another worker: its prompt plus the tokens already delivered, what is left of its
+//! token budget, the same sampling seed. The client sees one stream, each token once.
+//! Moves are bounded per request and by a fleet-wide budget; a stream that cannot go on
+//! ends with an error whose code is `stream_interrupted`.
+//!
+//! Every request holds an in-flight guard from its first dispatch on. However it ends
+//! (finished, stopped, failed, or the client went away and the stream was dropped), the
+//! guard frees its slot in the router; dropping an engine stream cancels the request on
+//! that worker.
+
+pub mod canary;
+mod dispatch;
+mod stream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use parking_lot::Mutex;
+use switchyard_core::protocol::{EngineError, Prompt, SamplingParams};
+use switchyard_core::{Priority, RequestId, Token, WorkerKey};
+use switchyard_router::routing::health::Failure;
+use switchyard_router::{Rejection, RoutingOverrides};
+use switchyard_runtime::RequestPlane;
+use tokio::time::Instant;
+
+use crate::config::FrontendConfig;
+use crate::metrics::Metrics;
+use crate::openai::ApiError;
+use crate::openai::response::Usage;
+use crate::preprocess::Preprocessor;
+use crate::routing::RoutingService;
+use dispatch::RequestRun;
+use stream::Streaming;
+
+/// Everything the HTTP layer shares.
+#[derive(Debug)]
+pub struct Frontend {
+    pub config: FrontendConfig,
+    pub preprocessor: Arc<Preprocessor>,
+    pub routing: Arc<RoutingService>,
+    pub requests: Arc<dyn RequestPlane>,
+    pub metrics: Metrics,
+    next_id: AtomicU64,
+    /// Migrations the fleet may still spend (see `MigrationConfig`).
+    migration_budget: Mutex<f64>,
+}
+
+/// A validated request, tokenized.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub prompt: Prompt,
+    pub max_tokens: u32,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub priority: Priority,
+    pub overrides: RoutingOverrides,
+}
+
+impl Prepared {
+    /// A text prompt with default settings (standard priority, no stop strings).
+    pub fn text(token_ids: Vec<Token>, max_tokens: u32) -> Self {
+        Prepared {
+            prompt: Prompt::tokens(token_ids),
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            priority: Priority::Standard,
+            overrides: RoutingOverrides::default(),
+        }
+    }
+}
+
+/// A piece of a response.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Text(String),
+    Finished { reason: &'static str, usage: Usage },
+}
+
+/// A response stream. It always ends with `Finished` or an error.
+pub type Generation = BoxStream<'static, Result<Piece, ApiError>>;
+
+/// A request on its way: its id, the worker it was first sent to, its response stream.
+pub struct Dispatched {
+    pub id: RequestId,
+    pub worker: WorkerKey,
+    pub generation: Generation,
+}
+
+impl std::fmt::Debug for Dispatched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatched")
+            .field("id", &self.id)
+            .field("worker", &self.worker)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an error from a worker counts against it, if at all: back-pressure and invalid
+/// requests never do.
+pub(crate) fn failure_of(error: &EngineError) -> Option<Failure> {
+    match error {
+        EngineError::Unreachable(_) => Some(Failure::Unreachable),
+        EngineError::Disconnected => Some(Failure::Disconnected),
+        EngineError::Internal(_) => Some(Failure::ServerError),
+        EngineError::Stopping
+        | EngineError::Overloaded(_)
+        | EngineError::Unsupported(_)
+        | EngineError::Invalid(_) => None,
+    }
+}
+
+/// The API error an admission refusal becomes.
+fn refused(rejection: Rejection, retry_after: std::time::Duration) -> ApiError {
+    match rejection.status() {
+        429 => ApiError::overloaded(rejection.message(), retry_after),
+        _ => ApiError::unavailable(rejection.message(), retry_after),
+    }
+}
+
+impl Frontend {
+    pub fn new(
+        config: FrontendConfig,
+        preprocessor: Arc<Preprocessor>,
+        routing: Arc<RoutingService>,
+        requests: Arc<dyn RequestPlane>,
+    ) -> Self {
+        let budget = config.migration.budget_max;
+        Frontend {
+            config,
+            preprocessor,
+            routing,
+            requests,
+            metrics: Metrics::default(),
+            // Ids only need to be unique per engine; a random start keeps several frontends
+            // sharing workers apart.
+            next_id: AtomicU64::new(rand::random::<u64>() >> 1),
+            migration_budget: Mutex::new(budget),
+        }
+    }
+
+    /// Numbers the next requests from `next` on, in arrival order (for runs that must be
+    /// reproducible, such as replaying a trace against the simulator).
+    pub fn set_next_request_id(&self, next: u64) {
+        self.next_id.store(next, Ordering::Relaxed);
+    }
+
+    /// Counts a failure against `worker` (its health, the metrics).
+    pub fn report_failure(&self, worker: switchyard_core::WorkerId, failure: Failure) {
+        self.metrics.count_failure(worker, failure.name());
+        self.routing.report_failure(worker, failure);
+    }
+
+    /// Takes one migration from the fleet-wide budget, if any is left.
+    fn spend_migration(&self) -> bool {
+        let mut budget = self.migration_budget.lock();
+        if *budget >= 1.0 {
+            *budget -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Admits, routes and dispatches a request.
+    pub async fn generate(self: &Arc<Self>, prepared: Prepared) -> Result<Dispatched, ApiError> {
+        // Time to first token and request duration count from here, queueing included.
+        let arrived = Instant::now();
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let retry = self.config.admission.retry_after;
+        let ticket = self
+            .routing
+            .admit(id, prepared.priority)
+            .await
+            .map_err(|rejection| {
+                self.metrics.count_rejection(rejection);
+                refused(rejection, retry)
+            })?;
+        {
+            let m = &self.config.migration;
+            let mut budget = self.migration_budget.lock();
+            *budget = (*budget + m.budget_ratio).min(m.budget_max);
+        }
+        let prompt_tokens = prepared.prompt.len() as u32;
+        let mut run = RequestRun::new(Arc::clone(self), id, &prepared, arrived);
+        let attempt = run.dispatch().await?;
+        drop(ticket);
+        self.metrics.input_tokens.inc_by(u64::from(prompt_tokens));
+        let worker = attempt.worker;
+        let state = Streaming::new(run, attempt, prepared.stop, self.preprocessor.decoder());
+        Ok(Dispatched {
+            id,
+            worker,
+            generation: futures::stream::unfold(state, Streaming::next).boxed(),
+        })
+    }
+}

@@ -1,0 +1,293 @@
+//! The response stream: tokens from the current worker, detokenized and cut at stop
+//! strings; when the worker fails, the request moves on (see the module above).
+//!
+//! A stream watches three things at once: the worker's items, a stall deadline (the first
+//! token's timeout, then the worker's stall timeout, reset at each token), and the worker's
+//! outage signal (it was found unhealthy, by another request or a canary).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::StreamExt;
+use switchyard_core::Token;
+use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput};
+use switchyard_router::routing::health::Failure;
+use tokio::time::{Instant, Sleep};
+
+use super::dispatch::{Attempt, RequestRun};
+use super::{Piece, failure_of};
+use crate::openai::ApiError;
+use crate::openai::response::Usage;
+use crate::preprocess::IncrementalDecoder;
+use crate::stop::{StopCheck, StopMatcher};
+
+/// Tokens between two refreshes of the worker's stall timeout and its inter-token
+/// average (both take the routing core's lock).
+const SAMPLE_EVERY: u32 = 8;
+
+/// What ended a wait.
+enum Woken {
+    Item(Option<Result<GenerateOutput, EngineError>>),
+    Stalled,
+    Outage,
+    OutageClosed,
+}
+
+pub(super) struct Streaming {
+    run: RequestRun,
+    attempt: Option<Attempt>,
+    /// Whether the current worker's outage signal can still fire (it closes when the
+    /// worker leaves: a worker that drains finishes its streams).
+    outage_open: bool,
+    /// Tokens from the current attempt, and the outputs that carried them.
+    attempt_tokens: u32,
+    attempt_items: u32,
+    stall: Duration,
+    deadline: Pin<Box<Sleep>>,
+    /// When the current attempt replaced a failed one (for the migration latency).
+    moved_at: Option<Instant>,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+    prompt_tokens: u32,
+    cached_tokens: Option<u32>,
+    last_token: Option<Instant>,
+    out: VecDeque<Result<Piece, ApiError>>,
+    ended: bool,
+}
+
+impl Streaming {
+    pub(super) fn new(
+        run: RequestRun,
+        attempt: Attempt,
+        stop: Vec<String>,
+        decoder: IncrementalDecoder,
+    ) -> Self {
+        let first_token = run.frontend.routing.first_token_timeout();
+        let prompt_tokens = run.prompt_tokens();
+        let mut streaming = Streaming {
+            run,
+            attempt: None,
+            outage_open: true,
+            attempt_tokens: 0,
+            attempt_items: 0,
+            stall: first_token,
+            deadline: Box::pin(tokio::time::sleep(first_token)),
+            moved_at: None,
+            decoder,
+            stop: StopMatcher::new(stop),
+            prompt_tokens,
+            cached_tokens: None,
+            last_token: None,
+            out: VecDeque::new(),
+            ended: false,
+        };
+        streaming.start(attempt);
+        streaming
+    }
+
+    fn start(&mut self, attempt: Attempt) {
+        let timeout = self.run.frontend.routing.first_token_timeout();
+        self.deadline.as_mut().reset(Instant::now() + timeout);
+        self.attempt = Some(attempt);
+        self.outage_open = true;
+        self.attempt_tokens = 0;
+        self.attempt_items = 0;
+    }
+
+    pub(super) async fn next(mut self) -> Option<(Result<Piece, ApiError>, Self)> {
+        loop {
+            if let Some(piece) = self.out.pop_front() {
+                return Some((piece, self));
+            }
+            if self.ended {
+                return None;
+            }
+            if self.attempt.is_none() {
+                match self.run.dispatch().await {
+                    Ok(attempt) => self.start(attempt),
+                    Err(e) => self.fail(e),
+                }
+                continue;
+            }
+            let woken = self.wait().await;
+            let Some(worker) = self.attempt.as_ref().map(|a| a.worker) else {
+                continue;
+            };
+            match woken {
+                Woken::Item(Some(Ok(GenerateOutput::Tokens {
+                    token_ids,
+                    cached_tokens,
+                }))) => self.on_tokens(&token_ids, cached_tokens),
+                Woken::Item(Some(Ok(GenerateOutput::Finished { reason, .. }))) => match reason {
+                    FinishReason::Length | FinishReason::Stop => {
+                        self.run.succeeded(worker);
+                        let tail = self.decoder.finish();
+                        self.emit(&tail);
+                        if !self.ended {
+                            let rest = self.stop.flush();
+                            self.push_text(rest);
+                            self.finish(if reason == FinishReason::Length {
+                                "length"
+                            } else {
+                                "stop"
+                            });
+                        }
+                    }
+                    // The engine gave the request up (it is stopping): a truncated answer
+                    // is never reported as complete; it goes on elsewhere.
+                    FinishReason::Cancelled => self.move_on(None),
+                },
+                Woken::Item(Some(Ok(
+                    GenerateOutput::Text { .. } | GenerateOutput::PrefillDone { .. },
+                ))) => self.fail(ApiError::internal(
+                    "The worker answered with output this frontend does not expect.",
+                )),
+                Woken::Item(Some(Err(error))) if !error.retry_elsewhere() => self.fail(
+                    ApiError::interrupted(format!("The worker refused to go on: {error}")),
+                ),
+                Woken::Item(Some(Err(error))) => self.move_on(failure_of(&error)),
+                // The stream ended without finishing: the worker was lost.
+                Woken::Item(None) => self.move_on(Some(Failure::Disconnected)),
+                Woken::Stalled => self.move_on(Some(Failure::Stalled)),
+                // Already counted against the worker by whoever found it unhealthy.
+                Woken::Outage => self.move_on(None),
+                Woken::OutageClosed => self.outage_open = false,
+            }
+        }
+    }
+
+    /// Waits for the worker's next item, the stall deadline, or the worker's outage.
+    async fn wait(&mut self) -> Woken {
+        let Streaming {
+            attempt,
+            deadline,
+            outage_open,
+            ..
+        } = self;
+        let Some(attempt) = attempt.as_mut() else {
+            return Woken::Item(None);
+        };
+        tokio::select! {
+            biased;
+            item = attempt.stream.next() => Woken::Item(item),
+            changed = attempt.outage.changed(), if *outage_open => match changed {
+                Ok(()) => Woken::Outage,
+                Err(_) => Woken::OutageClosed,
+            },
+            () = deadline.as_mut() => Woken::Stalled,
+        }
+    }
+
+    /// Leaves the current worker; the next round dispatches elsewhere (or the request fails
+    /// if it may not move again).
+    fn move_on(&mut self, failure: Option<Failure>) {
+        let Some(attempt) = self.attempt.take() else {
+            return;
+        };
+        // Dropping its stream cancels the request on that worker, if it is still there.
+        let worker = attempt.worker;
+        drop(attempt);
+        tracing::warn!(
+            request = %self.run.id,
+            worker = %worker.worker_id,
+            failure = failure.map(Failure::name),
+            delivered = self.run.generated.len(),
+            "moving a request to another worker"
+        );
+        match self.run.leave(worker, failure) {
+            Ok(()) => self.moved_at = Some(Instant::now()),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn on_tokens(&mut self, tokens: &[Token], cached: Option<u32>) {
+        let frontend = std::sync::Arc::clone(&self.run.frontend);
+        let metrics = &frontend.metrics;
+        let now = Instant::now();
+        let Some(worker) = self.attempt.as_ref().map(|a| a.worker) else {
+            return;
+        };
+        if self.attempt_tokens == 0 {
+            // This worker has computed the (possibly resumed) prompt.
+            frontend.routing.prefill_done(self.run.id);
+            if let Some(moved) = self.moved_at.take() {
+                metrics
+                    .migration_latency
+                    .observe((now - moved).as_secs_f64());
+            }
+        } else if let Some(last) = self.last_token
+            && self.attempt_items.is_multiple_of(SAMPLE_EVERY)
+        {
+            frontend.routing.report_gap(worker.worker_id, now - last);
+        }
+        match self.last_token {
+            None => {
+                let ttft = now - self.run.arrived;
+                metrics.observe_ttft(ttft);
+                frontend.routing.report_ttft(ttft);
+                self.cached_tokens = Some(cached.unwrap_or(0));
+                metrics.cached_tokens.inc_by(u64::from(cached.unwrap_or(0)));
+            }
+            Some(last) => metrics.itl.observe((now - last).as_secs_f64()),
+        }
+        if self.attempt_items.is_multiple_of(SAMPLE_EVERY) {
+            self.stall = frontend.routing.stall_timeout(worker.worker_id);
+        }
+        self.attempt_tokens += tokens.len() as u32;
+        self.attempt_items += 1;
+        self.deadline.as_mut().reset(now + self.stall);
+        self.last_token = Some(now);
+        self.run.generated.extend_from_slice(tokens);
+        metrics.output_tokens.inc_by(tokens.len() as u64);
+        let mut text = String::new();
+        for &token in tokens {
+            match self.decoder.push(token) {
+                Ok(piece) => text.push_str(&piece),
+                Err(e) => {
+                    return self.fail(ApiError::internal(format!("Cannot decode the output: {e}")));
+                }
+            }
+        }
+        self.emit(&text);
+    }
+
+    /// Passes text through the stop strings; a stop ends the response.
+    fn emit(&mut self, text: &str) {
+        match self.stop.push(text) {
+            StopCheck::Emit(out) => self.push_text(out),
+            StopCheck::Stopped(out) => {
+                self.push_text(out);
+                if let Some(attempt) = &self.attempt {
+                    self.run.succeeded(attempt.worker);
+                }
+                self.finish("stop");
+            }
+        }
+    }
+
+    fn push_text(&mut self, text: String) {
+        if !text.is_empty() {
+            self.out.push_back(Ok(Piece::Text(text)));
+        }
+    }
+
+    fn finish(&mut self, reason: &'static str) {
+        let usage = Usage::new(
+            self.prompt_tokens,
+            self.run.generated.len() as u32,
+            self.cached_tokens.unwrap_or(0),
+        );
+        self.out.push_back(Ok(Piece::Finished { reason, usage }));
+        self.ended = true;
+        // Dropping the engine stream cancels the request on the worker (a stop string).
+        self.attempt = None;
+    }
+
+    fn fail(&mut self, error: ApiError) {
+        tracing::warn!(request = %self.run.id, message = %error.message, "request failed");
+        self.out.push_back(Err(error));
+        self.ended = true;
+        self.attempt = None;
+    }
+}

@@ -1,0 +1,223 @@
+//! Graceful degradation under lost capacity.
+//!
+//! The capacity model compares what the healthy workers can take (suspicious ones at their
+//! weight) with what the fleet had: the serving workers registered, plus those lost while
+//! unhealthy (crashed, hung, corrupt) in the last `lost_memory` (a worker that leaves
+//! cleanly, drained or scaled down, takes its capacity with it). Time to first token
+//! against the SLO target adds to the level. The levels:
+//!
+//! - 0: normal;
+//! - 1: smaller batches (workers count as busy at 80 % of their limits, so requests queue
+//!   at the frontend rather than crowding engines);
+//! - 2: best-effort requests are shed;
+//! - 3: latency targets relaxed: best-effort shed, standard refused once a quarter of the
+//!   queue is taken, premium waits twice as long in the queue;
+//! - 4: new requests are refused (503) while what is in flight drains.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchyard_core::{Priority, WorkerId};
+
+use super::admission::Rejection;
+use super::registry::WorkerSpec;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DegradationConfig {
+    pub enabled: bool,
+    /// The time-to-first-token target: above it the level rises by one, above twice it by
+    /// two.
+    #[serde(with = "humantime_serde")]
+    pub ttft_target: Duration,
+    /// Weight of a new time to first token in its moving average.
+    pub ttft_alpha: f64,
+    /// How long capacity lost to failures counts as missing.
+    #[serde(with = "humantime_serde")]
+    pub lost_memory: Duration,
+}
+
+impl Default for DegradationConfig {
+    fn default() -> Self {
+        DegradationConfig {
+            enabled: true,
+            ttft_target: Duration::from_secs(5),
+            ttft_alpha: 0.05,
+            lost_memory: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A worker's capacity in the model: one per data-parallel rank.
+pub fn capacity(spec: &WorkerSpec) -> f64 {
+    f64::from(spec.dp_size.max(1))
+}
+
+/// Level from the share of the fleet's capacity that is healthy.
+fn level_of(fraction: f64) -> u8 {
+    if fraction >= 0.9 {
+        0
+    } else if fraction >= 0.7 {
+        1
+    } else if fraction >= 0.5 {
+        2
+    } else if fraction >= 0.25 {
+        3
+    } else {
+        4
+    }
+}
+
+/// What admission refuses at `level` (beyond what a busy fleet refuses anyway).
+pub fn refuse(level: u8, priority: Priority, queued: usize, max_queue: usize) -> Option<Rejection> {
+    match (level, priority) {
+        (0 | 1, _) => None,
+        (2 | 3, Priority::BestEffort) => Some(Rejection::Shed),
+        (3, Priority::Standard) if queued >= max_queue / 4 => Some(Rejection::QueueFilling),
+        (2 | 3, _) => None,
+        _ => Some(Rejection::Degraded),
+    }
+}
+
+#[derive(Debug)]
+pub struct Degradation {
+    config: DegradationConfig,
+    level: u8,
+    /// Capacity of workers removed while unhealthy, and since when.
+    lost: BTreeMap<WorkerId, (f64, Duration)>,
+    ttft: Option<f64>,
+    now: Duration,
+}
+
+impl Degradation {
+    pub fn new(config: DegradationConfig) -> Self {
+        Degradation {
+            config,
+            level: 0,
+            lost: BTreeMap::new(),
+            ttft: None,
+            now: Duration::ZERO,
+        }
+    }
+
+    /// A serving worker left the registry; if it was unhealthy its capacity counts as lost.
+    pub fn worker_removed(&mut self, worker: WorkerId, capacity: f64, unhealthy: bool) {
+        if unhealthy {
+            self.lost.insert(worker, (capacity, self.now));
+        }
+    }
+
+    /// A worker (back, or new under a lost one's id) joined: its capacity is no longer lost.
+    pub fn worker_added(&mut self, worker: WorkerId) {
+        self.lost.remove(&worker);
+    }
+
+    pub fn observe_ttft(&mut self, ttft: Duration) {
+        let seconds = ttft.as_secs_f64();
+        self.ttft = Some(match self.ttft {
+            None => seconds,
+            Some(avg) => avg + self.config.ttft_alpha * (seconds - avg),
+        });
+    }
+
+    /// The level now, given the healthy and the registered capacity.
+    pub fn level(&mut self, healthy: f64, registered: f64, now: Duration) -> u8 {
+        self.now = now;
+        let memory = self.config.lost_memory;
+        self.lost.retain(|_, (_, since)| now < *since + memory);
+        if !self.config.enabled {
+            self.level = 0;
+            return 0;
+        }
+        let nominal = registered + self.lost.values().map(|(c, _)| c).sum::<f64>();
+        let mut level = if nominal > 0.0 {
+            level_of(healthy / nominal)
+        } else {
+            0
+        };
+        let target = self.config.ttft_target.as_secs_f64();
+        if let Some(ttft) = self.ttft
+            && target > 0.0
+            && ttft > target
+        {
+            level = (level.max(1) + u8::from(ttft > 2.0 * target)).min(4);
+        }
+        self.level = level;
+        level
+    }
+
+    /// The level last computed.
+    pub fn current(&self) -> u8 {
+        self.level
+    }
+
+    /// Share of a worker's limits at which it counts as busy.
+    pub fn batch_scale(&self) -> f64 {
+        if self.level >= 1 { 0.8 } else { 1.0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn levels_follow_the_healthy_share_and_lost_capacity_is_remembered_a_while() {
+        let mut d = Degradation::new(DegradationConfig::default());
+        assert_eq!(d.level(4.0, 4.0, S), 0);
+        assert_eq!(d.level(3.0, 4.0, S), 1);
+        assert_eq!(d.level(2.0, 4.0, S), 2);
+        // Three of four crash and are removed: one healthy of four.
+        for w in 1..=3 {
+            d.worker_removed(WorkerId(w), 1.0, true);
+        }
+        assert_eq!(d.level(1.0, 1.0, 2 * S), 3);
+        // A worker that leaves cleanly takes its capacity with it.
+        d.worker_removed(WorkerId(9), 1.0, false);
+        assert_eq!(d.level(1.0, 1.0, 3 * S), 3);
+        d.worker_added(WorkerId(1));
+        assert_eq!(d.level(2.0, 2.0, 4 * S), 2);
+        // Five minutes later the loss is forgotten: the smaller fleet is the fleet.
+        assert_eq!(d.level(1.0, 1.0, 302 * S), 0);
+        assert_eq!(d.level(0.0, 1.0, 303 * S), 4);
+    }
+
+    #[test]
+    fn slow_first_tokens_raise_the_level() {
+        let mut d = Degradation::new(DegradationConfig {
+            ttft_alpha: 1.0,
+            ..DegradationConfig::default()
+        });
+        d.observe_ttft(Duration::from_secs(6));
+        assert_eq!(d.level(4.0, 4.0, S), 1);
+        assert_eq!(d.batch_scale(), 0.8);
+        d.observe_ttft(Duration::from_secs(11));
+        assert_eq!(d.level(4.0, 4.0, S), 2);
+        d.observe_ttft(Duration::from_secs(1));
+        assert_eq!(d.level(4.0, 4.0, S), 0);
+    }
+
+    #[test]
+    fn what_each_level_refuses() {
+        use Priority::*;
+        let cases = [
+            (1, BestEffort, 0, None),
+            (2, BestEffort, 0, Some(Rejection::Shed)),
+            (2, Standard, 900, None),
+            (3, Standard, 255, None),
+            (3, Standard, 256, Some(Rejection::QueueFilling)),
+            (3, Premium, 1000, None),
+            (4, Premium, 0, Some(Rejection::Degraded)),
+        ];
+        for (level, priority, queued, expected) in cases {
+            assert_eq!(
+                refuse(level, priority, queued, 1024),
+                expected,
+                "{level} {priority:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,648 @@
+//! Worker health: one state machine per worker, fed by what the shell observes (requests
+//! that progress or fail, canary checks), with `now` as an input.
+//!
+//! - A failure of the worker's own making (it could not be reached, the connection broke, a
+//!   stream stalled, a 5xx-class error, a canary timed out or was slow) makes a healthy
+//!   worker **suspicious**: it keeps getting requests, at `suspicious_weight` of its share.
+//!   Back-pressure (429/503, "overloaded") and invalid requests (4xx) are never failures.
+//! - `failure_threshold` failures in a row open its **circuit breaker**: the worker is
+//!   **unhealthy**, gets no new requests, and the shell moves its in-flight requests
+//!   elsewhere. A canary answer that differs from what the worker (or the rest of the fleet)
+//!   answered before is silent corruption: the breaker opens at once.
+//! - After `recovery_timeout` (with jitter, so a fleet that failed together does not come
+//!   back together) the breaker is **half-open**: one canary goes through; if it passes the
+//!   breaker closes and the worker is healthy again, else it stays open another period.
+//! - `success_threshold` successes in a row make a suspicious worker healthy again.
+//!
+//! Canaries: a short fixed prompt, greedy, a few tokens, sent to each worker every
+//! `canary_interval`, sooner to a worker idle for `canary_idle` (nothing would notice its
+//! failure otherwise), and to probe a half-open breaker. Their latency keeps an exponential
+//! average; a check slower than `latency_spike_factor` times it counts as a failure.
+//!
+//! Stalls: a stream that gets no token for `stall_timeout` (the worker's own inter-token
+//! latency times `stall_factor`, at least `stall_floor`) is stalled; the first token gets
+//! `first_token_timeout`.
+
+use std::time::Duration;
+
+use rand::Rng;
+use rand::rngs::SmallRng;
+use serde::{Deserialize, Serialize};
+use switchyard_core::Token;
+
+use super::registry::HealthState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Failures in a row that open a worker's breaker.
+    pub failure_threshold: u32,
+    /// Successes in a row that make a suspicious worker healthy.
+    pub success_threshold: u32,
+    /// Share of its traffic a suspicious worker keeps.
+    pub suspicious_weight: f64,
+    /// How long an open breaker stays open before a probe.
+    #[serde(with = "humantime_serde")]
+    pub recovery_timeout: Duration,
+    /// Random spread of the recovery timeout, as a fraction of it (0.2: ±20 %).
+    pub recovery_jitter: f64,
+    /// Canary checks: how often each worker gets one (0 turns them off).
+    #[serde(with = "humantime_serde")]
+    pub canary_interval: Duration,
+    /// A worker idle this long gets a canary (it would not be noticed failing otherwise).
+    #[serde(with = "humantime_serde")]
+    pub canary_idle: Duration,
+    /// A canary not answered in this long fails.
+    #[serde(with = "humantime_serde")]
+    pub canary_timeout: Duration,
+    /// Tokens a canary asks for.
+    pub canary_max_tokens: u32,
+    /// Weight of a new canary latency in its moving average.
+    pub latency_alpha: f64,
+    /// A canary slower than this many times the average counts as a failure.
+    pub latency_spike_factor: f64,
+    /// Shortest stall timeout between tokens.
+    #[serde(with = "humantime_serde")]
+    pub stall_floor: Duration,
+    /// The stall timeout is this many times the worker's average inter-token latency.
+    pub stall_factor: f64,
+    /// Longest wait for a request's first token before it counts as stalled.
+    #[serde(with = "humantime_serde")]
+    pub first_token_timeout: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            failure_threshold: 3,
+            success_threshold: 2,
+            suspicious_weight: 0.5,
+            recovery_timeout: Duration::from_secs(60),
+            recovery_jitter: 0.2,
+            canary_interval: Duration::from_secs(30),
+            canary_idle: Duration::from_secs(10),
+            canary_timeout: Duration::from_secs(3),
+            canary_max_tokens: 4,
+            latency_alpha: 0.1,
+            latency_spike_factor: 3.0,
+            stall_floor: Duration::from_millis(1000),
+            stall_factor: 10.0,
+            first_token_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl HealthConfig {
+    /// Checks values serde cannot; names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.failure_threshold == 0 || self.success_threshold == 0 {
+            return Err(
+                "health.failure_threshold and health.success_threshold must be at least 1".into(),
+            );
+        }
+        if !(self.suspicious_weight > 0.0 && self.suspicious_weight <= 1.0) {
+            return Err(format!(
+                "health.suspicious_weight must be in (0, 1], got {}",
+                self.suspicious_weight
+            ));
+        }
+        if !(0.0..1.0).contains(&self.recovery_jitter) {
+            return Err(format!(
+                "health.recovery_jitter must be in [0, 1), got {}",
+                self.recovery_jitter
+            ));
+        }
+        if !(self.latency_alpha > 0.0 && self.latency_alpha <= 1.0) {
+            return Err(format!(
+                "health.latency_alpha must be in (0, 1], got {}",
+                self.latency_alpha
+            ));
+        }
+        if !(self.latency_spike_factor > 1.0 && self.stall_factor >= 1.0) {
+            return Err(
+                "health.latency_spike_factor must be above 1 and health.stall_factor at least 1"
+                    .into(),
+            );
+        }
+        if self.canary_max_tokens == 0 {
+            return Err("health.canary_max_tokens must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Something that went wrong on a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// It could not be reached (refused, unknown, the request timed out before an answer).
+    Unreachable,
+    /// The connection broke mid-request.
+    Disconnected,
+    /// A stream got no token for the stall timeout.
+    Stalled,
+    /// It answered with an error of its own (5xx-class).
+    ServerError,
+    /// A canary was not answered in time.
+    CanaryTimeout,
+    /// A canary answered much slower than usual.
+    LatencySpike,
+    /// A canary answered with other tokens than expected: silent corruption.
+    WrongOutput,
+}
+
+impl Failure {
+    pub const KINDS: [Failure; 7] = [
+        Failure::Unreachable,
+        Failure::Disconnected,
+        Failure::Stalled,
+        Failure::ServerError,
+        Failure::CanaryTimeout,
+        Failure::LatencySpike,
+        Failure::WrongOutput,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Failure::Unreachable => "unreachable",
+            Failure::Disconnected => "disconnected",
+            Failure::Stalled => "stalled",
+            Failure::ServerError => "server_error",
+            Failure::CanaryTimeout => "canary_timeout",
+            Failure::LatencySpike => "latency_spike",
+            Failure::WrongOutput => "wrong_output",
+        }
+    }
+
+    /// Failures that open the breaker at once: the worker cannot be trusted at all.
+    fn is_definitive(self) -> bool {
+        matches!(self, Failure::WrongOutput)
+    }
+}
+
+/// The state of a worker's circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum Breaker {
+    Closed,
+    /// No traffic until `until` (time since the core started).
+    Open {
+        #[serde(with = "humantime_serde")]
+        until: Duration,
+    },
+    /// One probe (a canary) may go through.
+    HalfOpen,
+}
+
+impl Breaker {
+    pub fn name(self) -> &'static str {
+        match self {
+            Breaker::Closed => "closed",
+            Breaker::Open { .. } => "open",
+            Breaker::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// A change of a worker's health state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthChange {
+    pub from: HealthState,
+    pub to: HealthState,
+}
+
+/// What the health tracker knows of one worker.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerHealth {
+    pub state: HealthState,
+    pub breaker: Breaker,
+    pub consecutive_failures: u32,
+    pub consecutive_successes: u32,
+    /// The last failure, if any.
+    pub last_failure: Option<Failure>,
+    /// Breaker openings so far.
+    pub openings: u32,
+    /// Moving average of canary latency, in seconds.
+    pub canary_latency: Option<f64>,
+    canary_samples: u32,
+    /// Moving average of the gap between streamed tokens, in seconds.
+    pub inter_token: Option<f64>,
+    /// The worker's first canary answer, and its last.
+    #[serde(skip)]
+    pub first_answer: Option<Vec<Token>>,
+    #[serde(skip)]
+    pub last_answer: Option<Vec<Token>>,
+    #[serde(skip)]
+    last_activity: Duration,
+    #[serde(skip)]
+    last_canary: Option<Duration>,
+    #[serde(skip)]
+    canary_in_flight: bool,
+}
+
+impl WorkerHealth {
+    pub fn new(now: Duration) -> Self {
+        WorkerHealth {
+            state: HealthState::Healthy,
+            breaker: Breaker::Closed,
+            consecutive_failures: 0,
+            consecutive_successes: 0,
+            last_failure: None,
+            openings: 0,
+            canary_latency: None,
+            canary_samples: 0,
+            inter_token: None,
+            first_answer: None,
+            last_answer: None,
+            last_activity: now,
+            last_canary: None,
+            canary_in_flight: false,
+        }
+    }
+
+    fn set(&mut self, to: HealthState) -> Option<HealthChange> {
+        let from = self.state;
+        self.state = to;
+        (from != to).then_some(HealthChange { from, to })
+    }
+
+    /// Opens the breaker until `now` + the (jittered) recovery timeout.
+    fn open(
+        &mut self,
+        config: &HealthConfig,
+        now: Duration,
+        rng: &mut SmallRng,
+    ) -> Option<HealthChange> {
+        let jitter = if config.recovery_jitter > 0.0 {
+            rng.random_range(-config.recovery_jitter..=config.recovery_jitter)
+        } else {
+            0.0
+        };
+        let wait = config.recovery_timeout.mul_f64((1.0 + jitter).max(0.0));
+        self.breaker = Breaker::Open { until: now + wait };
+        self.openings += 1;
+        self.consecutive_successes = 0;
+        self.set(HealthState::Unhealthy)
+    }
+
+    /// Records a failure.
+    pub fn fail(
+        &mut self,
+        failure: Failure,
+        config: &HealthConfig,
+        now: Duration,
+        rng: &mut SmallRng,
+    ) -> Option<HealthChange> {
+        self.last_activity = now;
+        self.last_failure = Some(failure);
+        self.consecutive_successes = 0;
+        self.consecutive_failures += 1;
+        match self.breaker {
+            // Already out of rotation: a failed probe keeps it out another period.
+            Breaker::Open { .. } => None,
+            Breaker::HalfOpen => self.open(config, now, rng),
+            Breaker::Closed => {
+                if failure.is_definitive() || self.consecutive_failures >= config.failure_threshold
+                {
+                    self.open(config, now, rng)
+                } else {
+                    self.set(HealthState::Suspicious)
+                }
+            }
+        }
+    }
+
+    /// Records a success: a request that made progress or completed, a canary that passed.
+    /// Only a canary closes a half-open breaker (`probe`): ordinary requests do not reach
+    /// an open or half-open worker.
+    pub fn succeed(
+        &mut self,
+        config: &HealthConfig,
+        now: Duration,
+        probe: bool,
+    ) -> Option<HealthChange> {
+        self.last_activity = now;
+        self.consecutive_failures = 0;
+        self.consecutive_successes += 1;
+        match self.breaker {
+            Breaker::Open { .. } => None,
+            Breaker::HalfOpen if probe => {
+                self.breaker = Breaker::Closed;
+                self.consecutive_successes = 0;
+                self.set(HealthState::Healthy)
+            }
+            Breaker::HalfOpen => None,
+            Breaker::Closed => {
+                if self.state == HealthState::Suspicious
+                    && self.consecutive_successes >= config.success_threshold
+                {
+                    self.set(HealthState::Healthy)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// Folds an observed gap between two streamed tokens into the average.
+    pub fn observe_gap(&mut self, gap: Duration, config: &HealthConfig, now: Duration) {
+        self.last_activity = now;
+        let gap = gap.as_secs_f64();
+        self.inter_token = Some(match self.inter_token {
+            None => gap,
+            Some(avg) => avg + config.latency_alpha * (gap - avg),
+        });
+    }
+
+    /// How long a stream on this worker may go without a token before it counts as stalled.
+    pub fn stall_timeout(&self, config: &HealthConfig) -> Duration {
+        let derived = self.inter_token.map_or(Duration::ZERO, |s| {
+            Duration::from_secs_f64(s * config.stall_factor)
+        });
+        derived.max(config.stall_floor)
+    }
+
+    /// Moves an open breaker whose time is up to half-open.
+    pub fn tick(&mut self, now: Duration) {
+        if let Breaker::Open { until } = self.breaker
+            && now >= until
+        {
+            self.breaker = Breaker::HalfOpen;
+        }
+    }
+
+    /// Whether a canary should be sent now.
+    pub fn canary_due(&self, config: &HealthConfig, now: Duration) -> bool {
+        if self.canary_in_flight || config.canary_interval.is_zero() {
+            return false;
+        }
+        match self.breaker {
+            Breaker::Open { .. } => false,
+            Breaker::HalfOpen => true,
+            Breaker::Closed => match self.last_canary {
+                None => true,
+                Some(last) => {
+                    let interval = now >= last + config.canary_interval;
+                    let idle = now >= self.last_activity + config.canary_idle
+                        && now >= last + config.canary_idle;
+                    interval || idle
+                }
+            },
+        }
+    }
+
+    pub fn canary_started(&mut self, now: Duration) {
+        self.canary_in_flight = true;
+        self.last_canary = Some(now);
+    }
+
+    /// A canary that came back with nothing to judge (the worker was draining or
+    /// overloaded).
+    pub fn canary_skipped(&mut self) {
+        self.canary_in_flight = false;
+    }
+
+    /// A canary's answer, judged against this worker's first answer and the fleet's
+    /// `reference` (what most workers answered, if any other worker did); or its failure.
+    pub fn canary_finished(
+        &mut self,
+        answer: Result<(Vec<Token>, Duration), Failure>,
+        reference: Option<&[Token]>,
+        config: &HealthConfig,
+        now: Duration,
+        rng: &mut SmallRng,
+    ) -> Option<HealthChange> {
+        self.canary_in_flight = false;
+        let (tokens, latency) = match answer {
+            Ok(answer) => answer,
+            Err(failure) => return self.fail(failure, config, now, rng),
+        };
+        let first = self
+            .first_answer
+            .get_or_insert_with(|| tokens.clone())
+            .clone();
+        self.last_answer = Some(tokens.clone());
+        let wrong = tokens != first || reference.is_some_and(|r| r != tokens.as_slice());
+        if wrong {
+            return self.fail(Failure::WrongOutput, config, now, rng);
+        }
+        let seconds = latency.as_secs_f64();
+        let spike = self.canary_samples >= 3
+            && self
+                .canary_latency
+                .is_some_and(|avg| seconds > config.latency_spike_factor * avg);
+        self.canary_latency = Some(match self.canary_latency {
+            None => seconds,
+            Some(avg) => avg + config.latency_alpha * (seconds - avg),
+        });
+        self.canary_samples += 1;
+        if spike {
+            return self.fail(Failure::LatencySpike, config, now, rng);
+        }
+        self.succeed(config, now, true)
+    }
+}
+
+/// What most workers answered to the canary (ties: the first in `answers`' order), counting
+/// each worker's last answer once.
+pub fn majority<'a>(answers: impl Iterator<Item = &'a [Token]>) -> Option<(&'a [Token], usize)> {
+    let answers: Vec<&[Token]> = answers.collect();
+    let mut best: Option<(&[Token], usize)> = None;
+    for &candidate in &answers {
+        let votes = answers.iter().filter(|&&a| a == candidate).count();
+        if best.is_none_or(|(_, b)| votes > b) {
+            best = Some((candidate, votes));
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn setup() -> (WorkerHealth, HealthConfig, SmallRng) {
+        (
+            WorkerHealth::new(Duration::ZERO),
+            HealthConfig {
+                recovery_jitter: 0.0,
+                ..HealthConfig::default()
+            },
+            SmallRng::seed_from_u64(1),
+        )
+    }
+
+    #[test]
+    fn failures_make_a_worker_suspicious_then_unhealthy_and_a_probe_brings_it_back() {
+        let (mut h, config, mut rng) = setup();
+        assert_eq!(
+            h.fail(Failure::Disconnected, &config, S, &mut rng),
+            Some(HealthChange {
+                from: HealthState::Healthy,
+                to: HealthState::Suspicious
+            })
+        );
+        assert_eq!(h.fail(Failure::Stalled, &config, 2 * S, &mut rng), None);
+        let opened = h.fail(Failure::ServerError, &config, 3 * S, &mut rng);
+        assert_eq!(opened.map(|c| c.to), Some(HealthState::Unhealthy));
+        assert_eq!(h.breaker, Breaker::Open { until: 63 * S });
+        // Closed to traffic and to canaries until the recovery timeout.
+        assert!(!h.canary_due(&config, 62 * S));
+        h.tick(62 * S);
+        assert!(matches!(h.breaker, Breaker::Open { .. }));
+        h.tick(63 * S);
+        assert_eq!(h.breaker, Breaker::HalfOpen);
+        assert!(h.canary_due(&config, 63 * S));
+        // An ordinary success does not close a half-open breaker; a passing probe does.
+        assert_eq!(h.succeed(&config, 63 * S, false), None);
+        h.canary_started(63 * S);
+        assert!(!h.canary_due(&config, 63 * S), "one probe at a time");
+        let back = h.canary_finished(Ok((vec![1, 2], S / 10)), None, &config, 64 * S, &mut rng);
+        assert_eq!(back.map(|c| c.to), Some(HealthState::Healthy));
+        assert_eq!(h.breaker, Breaker::Closed);
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_and_successes_heal_a_suspicious_worker() {
+        let (mut h, config, mut rng) = setup();
+        for _ in 0..3 {
+            h.fail(Failure::Unreachable, &config, S, &mut rng);
+        }
+        h.tick(61 * S);
+        h.canary_started(61 * S);
+        let again = h.canary_finished(Err(Failure::CanaryTimeout), None, &config, 64 * S, &mut rng);
+        assert_eq!(again, None, "still unhealthy");
+        assert_eq!(h.breaker, Breaker::Open { until: 124 * S });
+        assert_eq!(h.openings, 2);
+
+        let (mut h, config, mut rng) = setup();
+        h.fail(Failure::Stalled, &config, S, &mut rng);
+        assert_eq!(h.state, HealthState::Suspicious);
+        assert_eq!(h.succeed(&config, 2 * S, false), None);
+        assert_eq!(
+            h.succeed(&config, 3 * S, false).map(|c| c.to),
+            Some(HealthState::Healthy)
+        );
+    }
+
+    #[test]
+    fn wrong_canary_output_opens_the_breaker_at_once() {
+        let (mut h, config, mut rng) = setup();
+        h.canary_started(S);
+        assert_eq!(
+            h.canary_finished(Ok((vec![5, 6], S / 10)), None, &config, S, &mut rng),
+            None
+        );
+        // The same worker now answers differently.
+        h.canary_started(40 * S);
+        let changed = h.canary_finished(Ok((vec![5, 7], S / 10)), None, &config, 40 * S, &mut rng);
+        assert_eq!(changed.map(|c| c.to), Some(HealthState::Unhealthy));
+        // A worker whose very first answer differs from what the fleet answers.
+        let (mut h, config, mut rng) = setup();
+        h.canary_started(S);
+        let odd = h.canary_finished(Ok((vec![9], S)), Some(&[5, 6]), &config, S, &mut rng);
+        assert_eq!(odd.map(|c| c.to), Some(HealthState::Unhealthy));
+        assert_eq!(h.last_failure, Some(Failure::WrongOutput));
+    }
+
+    #[test]
+    fn slow_canaries_count_once_the_average_is_known() {
+        let (mut h, config, mut rng) = setup();
+        for i in 0..3 {
+            h.canary_started(S * i);
+            h.canary_finished(
+                Ok((vec![1], Duration::from_millis(10))),
+                None,
+                &config,
+                S * i,
+                &mut rng,
+            );
+        }
+        assert_eq!(h.state, HealthState::Healthy);
+        h.canary_started(10 * S);
+        h.canary_finished(
+            Ok((vec![1], Duration::from_millis(100))),
+            None,
+            &config,
+            10 * S,
+            &mut rng,
+        );
+        assert_eq!(h.last_failure, Some(Failure::LatencySpike));
+        assert_eq!(h.state, HealthState::Suspicious);
+    }
+
+    #[test]
+    fn canaries_on_a_timer_and_when_idle() {
+        let (mut h, config, _) = setup();
+        assert!(
+            h.canary_due(&config, Duration::ZERO),
+            "the first one at once"
+        );
+        h.canary_started(Duration::ZERO);
+        let mut rng = SmallRng::seed_from_u64(0);
+        h.canary_finished(
+            Ok((vec![1], S / 100)),
+            None,
+            &config,
+            Duration::ZERO,
+            &mut rng,
+        );
+        // Busy (activity every second): only the 30 s timer.
+        for t in 1..30 {
+            h.succeed(&config, t * S, false);
+            assert!(!h.canary_due(&config, t * S), "at {t} s");
+        }
+        assert!(h.canary_due(&config, 30 * S));
+        // Idle for 10 s: a canary before the timer.
+        h.canary_started(30 * S);
+        h.canary_finished(Ok((vec![1], S / 100)), None, &config, 30 * S, &mut rng);
+        assert!(!h.canary_due(&config, 39 * S));
+        assert!(h.canary_due(&config, 40 * S));
+    }
+
+    #[test]
+    fn stall_timeouts_follow_the_workers_own_pace_above_a_floor() {
+        let (mut h, config, _) = setup();
+        assert_eq!(h.stall_timeout(&config), config.stall_floor);
+        for _ in 0..50 {
+            h.observe_gap(Duration::from_millis(300), &config, S);
+        }
+        let timeout = h.stall_timeout(&config);
+        assert!(
+            timeout > Duration::from_millis(2900) && timeout < Duration::from_millis(3100),
+            "{timeout:?}"
+        );
+    }
+
+    #[test]
+    fn jitter_spreads_recovery_within_its_bounds() {
+        let config = HealthConfig::default();
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut untils = Vec::new();
+        for _ in 0..50 {
+            let mut h = WorkerHealth::new(Duration::ZERO);
+            h.fail(Failure::WrongOutput, &config, Duration::ZERO, &mut rng);
+            if let Breaker::Open { until } = h.breaker {
+                untils.push(until);
+            }
+        }
+        assert!(untils.iter().all(|u| *u >= 48 * S && *u <= 72 * S));
+        assert!(untils.iter().any(|u| *u != untils[0]), "not all the same");
+    }
+
+    #[test]
+    fn the_majority_answer_counts_each_worker_once() {
+        let a: &[Token] = &[1, 2];
+        let b: &[Token] = &[3];
+        assert_eq!(majority([a, b, a].into_iter()), Some((a, 2)));
+        assert_eq!(
+            majority([b, a].into_iter()),
+            Some((b, 1)),
+            "ties: the first"
+        );
+        assert_eq!(majority(std::iter::empty()), None);
+    }
+}
