@@ -106,7 +106,7 @@ fn endpoint(key: &str, url: &str, scheme: &str) -> Result<String, ConfigError> {
 }
 
 /// One worker process of a distributed deployment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerProcessConfig {
     /// Where its request plane listens (`host:port`; port 0 picks a free one).
@@ -119,6 +119,8 @@ pub struct WorkerProcessConfig {
     /// On SIGTERM, how long requests in flight get to finish.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// Fault injection: a schedule, and the admin endpoint's token (tests and demos only).
+    pub faults: switchyard_worker::faults::FaultSettings,
 }
 
 impl Default for WorkerProcessConfig {
@@ -128,6 +130,7 @@ impl Default for WorkerProcessConfig {
             advertise: None,
             id: None,
             drain_timeout: Duration::from_secs(30),
+            faults: Default::default(),
         }
     }
 }

@@ -150,6 +150,10 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
 
     let planes = WorkerPlanes { discovery, events };
     let worker_config = worker_config(&config);
+    anyhow::ensure!(
+        worker_config.faults == Default::default(),
+        "worker.faults applies to `switchyard worker` processes, not to `serve`'s workers"
+    );
     let mut workers = Vec::new();
     for i in 0..config.workers.count {
         workers.push(
@@ -207,6 +211,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
     WorkerConfig {
         model: config.frontend.model.clone(),
         engine,
+        faults: config.worker.faults.clone(),
     }
 }
 
@@ -304,9 +309,12 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
         .worker
         .id
         .unwrap_or_else(|| rand::random::<u64>() >> 1 | 1);
+    let mut worker_config = worker_config(&config);
+    // A crash (fault injection) ends this process, as a real one would.
+    worker_config.faults.crash_exits = true;
     let worker = Worker::start(
         WorkerId(id),
-        &worker_config(&config),
+        &worker_config,
         &WorkerPlanes {
             discovery: Arc::new(discovery),
             events: Arc::new(events),

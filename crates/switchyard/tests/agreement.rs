@@ -131,6 +131,7 @@ async fn serve(
             seed: 0,
             ..MockerConfig::default()
         }),
+        faults: Default::default(),
     };
     let mut running = Vec::new();
     for i in 0..workers {

@@ -13,6 +13,9 @@ pub struct WorkerConfig {
     /// The model name it serves.
     pub model: String,
     pub engine: EngineConfig,
+    /// Fault injection (tests, chaos runs, demos).
+    #[serde(default)]
+    pub faults: crate::faults::FaultSettings,
 }
 
 /// Which engine a worker hosts.

@@ -57,6 +57,12 @@ pub struct RunningEngine {
 pub trait Engine: Send + std::fmt::Debug {
     fn capabilities(&self) -> EngineCapabilities;
 
+    /// The factor on its step times, for engines that can be slowed down (fault
+    /// injection's `slow`).
+    fn pace(&self) -> Option<crate::faults::Pace> {
+        None
+    }
+
     /// Starts the engine; its tasks run on `tracker` until `cancel`.
     async fn start(
         self: Box<Self>,

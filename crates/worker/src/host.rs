@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{EngineConfig, WorkerConfig};
 use crate::echo::Echo;
 use crate::engine::{Engine, EngineCapabilities};
+use crate::faults::{self, CrashMode, FaultSettings, Faults, FaultyService};
 use crate::kv_state::{self, KvState};
 use crate::mocker::Mocker;
 
@@ -80,6 +81,8 @@ pub struct Worker {
     lease: Option<Box<dyn Lease>>,
     local: Option<(LocalRequestPlane, LocalKvSnapshots)>,
     server: Option<(CancellationToken, JoinHandle<std::io::Result<()>>)>,
+    /// Its injected faults.
+    faults: Faults,
     /// Stops the engine and the publisher.
     stop: CancellationToken,
 }
@@ -100,6 +103,7 @@ impl Worker {
             &config.model,
             engine,
             config.engine.load_report_interval(),
+            &config.faults,
             planes,
             serving,
             tracker,
@@ -109,13 +113,15 @@ impl Worker {
     }
 
     /// Starts `engine`, serves it, publishes its events and load (at most once per
-    /// `load_interval`), and registers it as a worker of `model`.
+    /// `load_interval`), and registers it as a worker of `model`; plays the fault schedule
+    /// and serves the fault admin endpoint if the settings ask.
     #[allow(clippy::too_many_arguments)]
     pub async fn start_engine(
         worker_id: WorkerId,
         model: &str,
         engine: Box<dyn Engine>,
         load_interval: Duration,
+        fault_settings: &FaultSettings,
         planes: &WorkerPlanes,
         serving: Serving,
         tracker: &TaskTracker,
@@ -127,6 +133,15 @@ impl Worker {
         // Whatever fails below, the engine and its tasks stop with it.
         let stop_on_error = stop.clone().drop_guard();
         let capabilities = engine.capabilities();
+        let crash = if fault_settings.crash_exits {
+            CrashMode::Exit
+        } else {
+            CrashMode::Stop(stop.clone())
+        };
+        let faults = Faults::new(
+            crash,
+            engine.pace().unwrap_or_default(),
+        );
         let running = engine.start(tracker, stop.clone()).await?;
         if running.events.is_some() || running.load.is_some() {
             tracker.spawn(publish(
@@ -140,7 +155,9 @@ impl Worker {
                 stop.clone(),
             ));
         }
-        let service = running.service;
+        let service: Arc<dyn EngineService> =
+            Arc::new(FaultyService::new(running.service, faults.clone()));
+        faults.schedule(&fault_settings.schedule, tracker, &stop);
         let mut instance = instance(worker_id, model, &capabilities);
         // In-process: register first, so a duplicate id cannot take over the registered
         // worker's requests. (Until it serves, a frontend gets `Unreachable` and tries
@@ -162,6 +179,7 @@ impl Worker {
                     lease: Some(lease),
                     local: Some((requests, snapshots)),
                     server: None,
+                    faults,
                     stop,
                 })
             }
@@ -170,8 +188,17 @@ impl Worker {
                 advertise,
             } => {
                 instance.address = Some(advertise);
-                let app = switchyard_runtime::net::http::routes(Arc::clone(&service))
+                let mut app = switchyard_runtime::net::http::routes(Arc::clone(&service))
                     .merge(kv_state::routes(Arc::clone(&kv_state)));
+                if let Some(token) = &fault_settings.admin_token {
+                    tracing::warn!("fault injection on command is enabled (tests and demos only)");
+                    app = app.merge(faults::admin_routes(
+                        faults.clone(),
+                        token.clone(),
+                        tracker.clone(),
+                        stop.clone(),
+                    ));
+                }
                 let server_stop = stop.child_token();
                 let shutdown = {
                     let server_stop = server_stop.clone();
@@ -194,10 +221,16 @@ impl Worker {
                     lease: Some(lease),
                     local: None,
                     server: Some((server_stop, task)),
+                    faults,
                     stop,
                 })
             }
         }
+    }
+
+    /// Its faults: inject one (tests, demos), see what is active.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
     }
 
     pub fn worker_id(&self) -> WorkerId {

@@ -6,6 +6,8 @@
 //! - [`driver`]: the step driver for engines that work in batches, timed (simulated engines,
 //!   on tokio's clock) or on their own thread (engines that compute for real).
 //! - [`mocker`], [`echo`]: the engines available today.
+//! - [`faults`]: fault injection (crash, hang, slow, corrupt, refuse), on a schedule or
+//!   on command.
 //! - [`config`]: what engine to run and as which model.
 //! - [`host`]: starting a worker on a set of planes.
 //! - [`kv_state`]: the worker's record of its cache, served for resynchronisation.
@@ -14,6 +16,7 @@ pub mod config;
 pub mod driver;
 pub mod echo;
 pub mod engine;
+pub mod faults;
 pub mod host;
 pub mod kv_state;
 pub mod mocker;

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::MockerConfig;
 use crate::driver::{self, EVENT_CAPACITY, StepEngine};
+use crate::faults::Pace;
 use crate::engine::{Engine, EngineCapabilities, RunningEngine, StepService};
 use crate::host::WorkerError;
 
@@ -20,6 +21,7 @@ use crate::host::WorkerError;
 #[derive(Debug)]
 pub struct Mocker {
     engine: MockEngine,
+    pace: Pace,
 }
 
 impl Mocker {
@@ -32,6 +34,7 @@ impl Mocker {
         };
         Ok(Mocker {
             engine: MockEngine::new(worker, config.args, perf, config.seed)?,
+            pace: Pace::default(),
         })
     }
 }
@@ -51,13 +54,18 @@ impl Engine for Mocker {
         }
     }
 
+    fn pace(&self) -> Option<Pace> {
+        Some(self.pace.clone())
+    }
+
     async fn start(
         self: Box<Self>,
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Result<RunningEngine, WorkerError> {
         let (events_tx, events) = mpsc::channel(EVENT_CAPACITY);
-        let stepped = SteppedMocker::new(self.engine);
+        let mut stepped = SteppedMocker::new(self.engine);
+        stepped.pace = Some(self.pace);
         let (handle, _task) = driver::spawn_timed(stepped, Some(events_tx), tracker, cancel);
         let load = handle.watch_load();
         Ok(RunningEngine {
@@ -74,6 +82,8 @@ impl Engine for Mocker {
 pub struct SteppedMocker {
     engine: MockEngine,
     out: StepOutput,
+    /// Slows its steps down (fault injection).
+    pace: Option<Pace>,
 }
 
 impl SteppedMocker {
@@ -81,6 +91,7 @@ impl SteppedMocker {
         SteppedMocker {
             engine,
             out: StepOutput::default(),
+            pace: None,
         }
     }
 }
@@ -136,7 +147,10 @@ impl StepEngine for SteppedMocker {
         self.engine.step(now, &mut self.out);
         tokens.append(&mut self.out.tokens);
         events.append(&mut self.out.events);
-        self.out.duration
+        match &self.pace {
+            Some(pace) => self.out.duration.mul_f64(pace.factor()),
+            None => self.out.duration,
+        }
     }
 
     fn load(&self) -> LoadSnapshot {

@@ -38,6 +38,7 @@ async fn a_worker_registers_serves_and_publishes() {
             },
             ..MockerConfig::default()
         }),
+        faults: Default::default(),
     };
     let worker = Worker::start(
         WorkerId(42),
@@ -123,10 +124,12 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
     let echo = WorkerConfig {
         model: "m".into(),
         engine: EngineConfig::Echo(EchoConfig::default()),
+        faults: Default::default(),
     };
     let mocker = WorkerConfig {
         model: "m".into(),
         engine: EngineConfig::Mocker(MockerConfig::default()),
+        faults: Default::default(),
     };
     let first = Worker::start(
         WorkerId(1),

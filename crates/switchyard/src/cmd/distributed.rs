@@ -93,6 +93,14 @@ pub struct WorkerArgs {
     /// Mocker: a timing profile (JSON or NPZ) instead of the polynomial model.
     #[arg(long)]
     perf_profile: Option<PathBuf>,
+    /// Inject a fault, as KIND[:ARG][@AT][+FOR]: crash@30s, hang@10s+5s, slow:4@20s,
+    /// corrupt@15s, refuse+10s (tests and demos; repeatable).
+    #[arg(long = "fault", value_name = "SPEC")]
+    faults: Vec<String>,
+    /// Serve the fault admin endpoint (/v1/internal/faults) to requests bearing this token
+    /// (tests and demos only).
+    #[arg(long, value_name = "TOKEN")]
+    fault_admin_token: Option<String>,
 }
 
 impl WorkerArgs {
@@ -132,6 +140,18 @@ impl WorkerArgs {
         o.set_some(
             &mocker("perf_profile"),
             self.perf_profile.as_ref().map(|p| p.display().to_string()),
+        );
+        if !self.faults.is_empty() {
+            o.set_some(
+                &["worker", "faults", "schedule"],
+                Some(toml::Value::Array(
+                    self.faults.iter().cloned().map(toml::Value::from).collect(),
+                )),
+            );
+        }
+        o.set_some(
+            &["worker", "faults", "admin_token"],
+            self.fault_admin_token.clone(),
         );
         o.0
     }
