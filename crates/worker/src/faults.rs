@@ -116,7 +116,9 @@ pub struct FaultSettings {
 }
 
 #[derive(Debug, Error, PartialEq)]
-#[error("invalid fault `{spec}`: {reason} (expected KIND[:ARG][@AT][+FOR] with KIND one of crash, hang, slow:FACTOR, corrupt, refuse; e.g. hang@10s+5s)")]
+#[error(
+    "invalid fault `{spec}`: {reason} (expected KIND[:ARG][@AT][+FOR] with KIND one of crash, hang, slow:FACTOR, corrupt, refuse; e.g. hang@10s+5s)"
+)]
 pub struct InvalidFault {
     spec: String,
     reason: String,
@@ -153,7 +155,11 @@ impl FromStr for FaultSpec {
             ("refuse", None) => Fault::Refuse,
             ("slow", Some(factor)) => match factor.parse::<f64>() {
                 Ok(factor) if factor >= 1.0 && factor.is_finite() => Fault::Slow { factor },
-                _ => return Err(invalid(format!("the slow-down `{factor}` must be a number of at least 1"))),
+                _ => {
+                    return Err(invalid(format!(
+                        "the slow-down `{factor}` must be a number of at least 1"
+                    )));
+                }
             },
             ("slow", None) => return Err(invalid("slow needs a factor, as in slow:4".into())),
             (other, Some(_)) if ["crash", "hang", "corrupt", "refuse"].contains(&other) => {
@@ -480,10 +486,7 @@ pub fn admin_routes(
         cancel,
     };
     axum::Router::new()
-        .route(
-            FAULTS_PATH,
-            get(list).post(inject).delete(clear_all),
-        )
+        .route(FAULTS_PATH, get(list).post(inject).delete(clear_all))
         .with_state(admin)
 }
 
@@ -542,7 +545,11 @@ async fn inject(
     };
     let request: Inject = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return bad(format!("expected {{\"fault\": \"KIND[:ARG][@AT][+FOR]\"}}: {e}")),
+        Err(e) => {
+            return bad(format!(
+                "expected {{\"fault\": \"KIND[:ARG][@AT][+FOR]\"}}: {e}"
+            ));
+        }
     };
     let spec: FaultSpec = match request.fault.parse() {
         Ok(spec) => spec,
@@ -551,7 +558,9 @@ async fn inject(
     if spec.at.is_zero() {
         admin.faults.inject(spec, &admin.tracker, &admin.cancel);
     } else {
-        admin.faults.schedule(&[spec], &admin.tracker, &admin.cancel);
+        admin
+            .faults
+            .schedule(&[spec], &admin.tracker, &admin.cancel);
     }
     listing(&admin)
 }

@@ -138,10 +138,7 @@ impl Worker {
         } else {
             CrashMode::Stop(stop.clone())
         };
-        let faults = Faults::new(
-            crash,
-            engine.pace().unwrap_or_default(),
-        );
+        let faults = Faults::new(crash, engine.pace().unwrap_or_default());
         let running = engine.start(tracker, stop.clone()).await?;
         if running.events.is_some() || running.load.is_some() {
             tracker.spawn(publish(

@@ -13,8 +13,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::MockerConfig;
 use crate::driver::{self, EVENT_CAPACITY, StepEngine};
-use crate::faults::Pace;
 use crate::engine::{Engine, EngineCapabilities, RunningEngine, StepService};
+use crate::faults::Pace;
 use crate::host::WorkerError;
 
 /// The mocker, configured and not yet started.

@@ -181,10 +181,7 @@ async fn corruption_changes_tokens_and_a_slow_engine_takes_longer() {
 #[tokio::test(start_paused = true)]
 async fn a_refusing_or_crashed_worker_looks_dead_and_a_schedule_plays_out() {
     let faults = FaultSettings {
-        schedule: vec![
-            "refuse@1s+1s".parse().unwrap(),
-            "crash@5s".parse().unwrap(),
-        ],
+        schedule: vec!["refuse@1s+1s".parse().unwrap(), "crash@5s".parse().unwrap()],
         ..FaultSettings::default()
     };
     let s = setup(faults).await;
@@ -242,16 +239,28 @@ async fn the_admin_endpoint_wants_its_token_and_injects_on_command() {
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(
-        status(call("POST", Some("sesamf"), r#"{"fault":"hang"}"#).await.unwrap()),
+        status(
+            call("POST", Some("sesamf"), r#"{"fault":"hang"}"#)
+                .await
+                .unwrap()
+        ),
         StatusCode::UNAUTHORIZED
     );
     assert!(!s.worker.faults().active().hung);
     assert_eq!(
-        status(call("POST", Some("sesame"), r#"{"fault":"melt"}"#).await.unwrap()),
+        status(
+            call("POST", Some("sesame"), r#"{"fault":"melt"}"#)
+                .await
+                .unwrap()
+        ),
         StatusCode::BAD_REQUEST
     );
     assert_eq!(
-        status(call("POST", Some("sesame"), r#"{"fault":"hang"}"#).await.unwrap()),
+        status(
+            call("POST", Some("sesame"), r#"{"fault":"hang"}"#)
+                .await
+                .unwrap()
+        ),
         StatusCode::OK
     );
     assert!(s.worker.faults().active().hung);

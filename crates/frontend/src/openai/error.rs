@@ -147,6 +147,17 @@ impl ApiError {
         }
     }
 
+    /// 400: every worker tried said it cannot serve this request (larger than its KV
+    /// cache, a feature it lacks). Code `unsupported_request`.
+    pub fn unservable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("unsupported_request"),
+            message,
+        )
+    }
+
     /// A stream that cannot be completed (every worker that could continue it failed, or
     /// the migration budget is spent): the output so far is truncated. Code
     /// `stream_interrupted`; as an SSE event it is the stream's last (no `[DONE]` follows).

@@ -117,9 +117,13 @@ async fn ask(frontend: &Frontend, instance: &WorkerInstance) -> Answer {
             Err(e) => return judge_error(&e),
         };
         let mut tokens = Vec::new();
+        let progress = frontend.routing.progress(instance.worker_id);
         while let Some(item) = stream.next().await {
             match item {
-                Ok(GenerateOutput::Tokens { token_ids, .. }) => tokens.extend(token_ids),
+                Ok(GenerateOutput::Tokens { token_ids, .. }) => {
+                    progress.mark(Instant::now());
+                    tokens.extend(token_ids);
+                }
                 Ok(GenerateOutput::Finished { reason, .. }) => {
                     return match reason {
                         FinishReason::Length | FinishReason::Stop => {

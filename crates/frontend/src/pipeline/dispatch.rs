@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::{Frontend, Prepared, failure_of};
 use crate::openai::ApiError;
-use crate::routing::RouteFailure;
+use crate::routing::{Progress, RouteFailure};
 
 /// One worker's stream of a request.
 pub(super) struct Attempt {
@@ -26,6 +26,31 @@ pub(super) struct Attempt {
     pub(super) stream: ResponseStream,
     /// Changes when the worker is found unhealthy.
     pub(super) outage: watch::Receiver<u64>,
+    /// Where its tokens mark the worker's progress.
+    pub(super) progress: Progress,
+}
+
+/// Why a request leaves a worker.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Leave {
+    /// A failure of the worker's, to count against it.
+    Failed(Failure),
+    /// A failure already counted.
+    Counted(Failure),
+    /// The worker was found unhealthy (by another request or a canary).
+    Outage,
+    /// The worker gave the request up (it is stopping).
+    Cancelled,
+}
+
+impl Leave {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Leave::Failed(f) | Leave::Counted(f) => f.name(),
+            Leave::Outage => "outage",
+            Leave::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// What a request needs across its attempts.
@@ -103,8 +128,17 @@ impl RequestRun {
         let config = frontend.config.migration;
         let retry_after = frontend.config.admission.retry_after;
         let mut tries = 0u32;
+        // While every worker tried said it cannot serve this request (too large for its
+        // cache, a feature it lacks): what the last one said.
+        let mut unservable: Option<String> = None;
+        let give_up = |unservable: &Option<String>, otherwise: ApiError| match unservable {
+            Some(message) => {
+                ApiError::unservable(format!("No worker can serve this request: {message}"))
+            }
+            None => otherwise,
+        };
         loop {
-            if tries > 0 && self.generated.is_empty() {
+            if tries > 0 && self.generated.is_empty() && unservable.is_none() {
                 tokio::time::sleep(self.backoff(tries)).await;
             }
             tries += 1;
@@ -117,9 +151,12 @@ impl RequestRun {
                     RouteFailure::NoWorkers if self.failed.is_empty() => {
                         ApiError::unavailable(Rejection::NoWorkers.message(), retry_after)
                     }
-                    RouteFailure::NoWorkers => ApiError::unavailable(
-                        "No other worker can take the request now.",
-                        retry_after,
+                    RouteFailure::NoWorkers => give_up(
+                        &unservable,
+                        ApiError::unavailable(
+                            "No other worker can take the request now.",
+                            retry_after,
+                        ),
                     ),
                     RouteFailure::InvalidPrompt(message) => ApiError::invalid(message),
                     RouteFailure::Internal(message) => ApiError::internal(message),
@@ -144,12 +181,17 @@ impl RequestRun {
                 phase: Phase::Aggregated,
             };
             // Subscribe before sending: an outage during the call is not missed.
-            let outage = frontend.routing.outages(worker.worker_id);
-            let sent = tokio::time::timeout(
-                config.dispatch_timeout,
-                frontend.requests.generate(&routed.instance, request),
-            )
-            .await;
+            let mut outage = frontend.routing.outages(worker.worker_id);
+            let sent = tokio::select! {
+                sent = tokio::time::timeout(
+                    config.dispatch_timeout,
+                    frontend.requests.generate(&routed.instance, request),
+                ) => sent,
+                // The worker was found unhealthy meanwhile: do not wait on it.
+                Ok(()) = outage.changed() => Ok(Err(EngineError::Unreachable(
+                    "the worker was found unhealthy".into(),
+                ))),
+            };
             let error = match sent {
                 Ok(Ok(stream)) => {
                     frontend.metrics.count_dispatch(worker, true);
@@ -157,6 +199,7 @@ impl RequestRun {
                         worker,
                         stream,
                         outage,
+                        progress: frontend.routing.progress(worker.worker_id),
                     });
                 }
                 Ok(Err(EngineError::Invalid(message))) => {
@@ -177,11 +220,21 @@ impl RequestRun {
             if let Some(failure) = failure_of(&error) {
                 frontend.report_failure(worker.worker_id, failure);
             }
+            unservable = match (&error, tries) {
+                (EngineError::Unsupported(message), 1) => Some(message.clone()),
+                (EngineError::Unsupported(message), _) if unservable.is_some() => {
+                    Some(message.clone())
+                }
+                _ => None,
+            };
             self.failed.push(worker.worker_id);
             if tries >= config.max_dispatch_attempts {
-                return Err(ApiError::unavailable(
-                    format!("No worker could take the request: {error}"),
-                    retry_after,
+                return Err(give_up(
+                    &unservable,
+                    ApiError::unavailable(
+                        format!("No worker could take the request: {error}"),
+                        retry_after,
+                    ),
                 ));
             }
         }
@@ -189,14 +242,10 @@ impl RequestRun {
 
     /// Gives the request up on `worker` and counts the move (or refuses it: the request's
     /// own limit, or the fleet's budget). The caller dispatches again.
-    pub(super) fn leave(
-        &mut self,
-        worker: WorkerKey,
-        failure: Option<Failure>,
-    ) -> Result<(), ApiError> {
+    pub(super) fn leave(&mut self, worker: WorkerKey, why: Leave) -> Result<(), ApiError> {
         let frontend = &self.frontend;
         frontend.routing.finish(self.id);
-        if let Some(failure) = failure {
+        if let Leave::Failed(failure) = why {
             frontend.report_failure(worker.worker_id, failure);
         }
         self.failed.push(worker.worker_id);
@@ -214,9 +263,7 @@ impl RequestRun {
             ));
         }
         self.moves += 1;
-        frontend
-            .metrics
-            .count_migration(failure.map_or("cancelled", Failure::name));
+        frontend.metrics.count_migration(why.name());
         Ok(())
     }
 

@@ -162,6 +162,18 @@ impl Frontend {
         self.routing.report_failure(worker, failure);
     }
 
+    /// A stream on `worker` got no token for `waited` (see
+    /// [`RoutingService::report_stall`]).
+    pub fn report_stall(
+        &self,
+        worker: switchyard_core::WorkerId,
+        waited: std::time::Duration,
+    ) -> Failure {
+        let failure = self.routing.report_stall(worker, waited);
+        self.metrics.count_failure(worker, failure.name());
+        failure
+    }
+
     /// Takes one migration from the fleet-wide budget, if any is left.
     fn spend_migration(&self) -> bool {
         let mut budget = self.migration_budget.lock();

@@ -15,7 +15,7 @@ use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput};
 use switchyard_router::routing::health::Failure;
 use tokio::time::{Instant, Sleep};
 
-use super::dispatch::{Attempt, RequestRun};
+use super::dispatch::{Attempt, Leave, RequestRun};
 use super::{Piece, failure_of};
 use crate::openai::ApiError;
 use crate::openai::response::Usage;
@@ -89,6 +89,7 @@ impl Streaming {
     fn start(&mut self, attempt: Attempt) {
         let timeout = self.run.frontend.routing.first_token_timeout();
         self.deadline.as_mut().reset(Instant::now() + timeout);
+        self.stall = timeout;
         self.attempt = Some(attempt);
         self.outage_open = true;
         self.attempt_tokens = 0;
@@ -136,7 +137,7 @@ impl Streaming {
                     }
                     // The engine gave the request up (it is stopping): a truncated answer
                     // is never reported as complete; it goes on elsewhere.
-                    FinishReason::Cancelled => self.move_on(None),
+                    FinishReason::Cancelled => self.move_on(Leave::Cancelled),
                 },
                 Woken::Item(Some(Ok(
                     GenerateOutput::Text { .. } | GenerateOutput::PrefillDone { .. },
@@ -146,12 +147,18 @@ impl Streaming {
                 Woken::Item(Some(Err(error))) if !error.retry_elsewhere() => self.fail(
                     ApiError::interrupted(format!("The worker refused to go on: {error}")),
                 ),
-                Woken::Item(Some(Err(error))) => self.move_on(failure_of(&error)),
+                Woken::Item(Some(Err(error))) => match failure_of(&error) {
+                    Some(failure) => self.move_on(Leave::Failed(failure)),
+                    None => self.move_on(Leave::Cancelled),
+                },
                 // The stream ended without finishing: the worker was lost.
-                Woken::Item(None) => self.move_on(Some(Failure::Disconnected)),
-                Woken::Stalled => self.move_on(Some(Failure::Stalled)),
+                Woken::Item(None) => self.move_on(Leave::Failed(Failure::Disconnected)),
+                Woken::Stalled => {
+                    let failure = self.run.frontend.report_stall(worker.worker_id, self.stall);
+                    self.move_on(Leave::Counted(failure));
+                }
                 // Already counted against the worker by whoever found it unhealthy.
-                Woken::Outage => self.move_on(None),
+                Woken::Outage => self.move_on(Leave::Outage),
                 Woken::OutageClosed => self.outage_open = false,
             }
         }
@@ -181,7 +188,7 @@ impl Streaming {
 
     /// Leaves the current worker; the next round dispatches elsewhere (or the request fails
     /// if it may not move again).
-    fn move_on(&mut self, failure: Option<Failure>) {
+    fn move_on(&mut self, why: Leave) {
         let Some(attempt) = self.attempt.take() else {
             return;
         };
@@ -191,11 +198,11 @@ impl Streaming {
         tracing::warn!(
             request = %self.run.id,
             worker = %worker.worker_id,
-            failure = failure.map(Failure::name),
+            why = why.name(),
             delivered = self.run.generated.len(),
             "moving a request to another worker"
         );
-        match self.run.leave(worker, failure) {
+        match self.run.leave(worker, why) {
             Ok(()) => self.moved_at = Some(Instant::now()),
             Err(e) => self.fail(e),
         }
@@ -205,9 +212,11 @@ impl Streaming {
         let frontend = std::sync::Arc::clone(&self.run.frontend);
         let metrics = &frontend.metrics;
         let now = Instant::now();
-        let Some(worker) = self.attempt.as_ref().map(|a| a.worker) else {
+        let Some(attempt) = self.attempt.as_ref() else {
             return;
         };
+        let worker = attempt.worker;
+        attempt.progress.mark(now);
         if self.attempt_tokens == 0 {
             // This worker has computed the (possibly resumed) prompt.
             frontend.routing.prefill_done(self.run.id);

@@ -88,6 +88,9 @@ pub struct RoutingService {
     replicas: Option<Replicas>,
     /// Per worker, bumped each time it becomes unhealthy: its streams move elsewhere.
     outages: Mutex<HashMap<WorkerId, watch::Sender<u64>>>,
+    /// Per worker, when it last produced a token on any stream: a stalled stream on a
+    /// worker that produced nothing at all meanwhile means the worker hangs.
+    progress: Mutex<HashMap<WorkerId, Progress>>,
 }
 
 impl RoutingService {
@@ -105,6 +108,7 @@ impl RoutingService {
             resyncs: std::sync::atomic::AtomicU64::new(0),
             replicas: None,
             outages: Mutex::new(HashMap::new()),
+            progress: Mutex::new(HashMap::new()),
         }
     }
 
@@ -161,6 +165,29 @@ impl RoutingService {
             .entry(worker)
             .or_insert_with(|| watch::Sender::new(0))
             .subscribe()
+    }
+
+    /// Where streams on `worker` mark its progress.
+    pub fn progress(&self, worker: WorkerId) -> Progress {
+        self.progress
+            .lock()
+            .entry(worker)
+            .or_insert_with(|| Progress::new(self.started))
+            .clone()
+    }
+
+    /// A stream on `worker` got no token for `waited`: the worker hangs if it produced
+    /// nothing on any stream for as long, else that stream is stalled. Returns the failure
+    /// counted.
+    pub fn report_stall(&self, worker: WorkerId, waited: Duration) -> Failure {
+        let idle = self.progress(worker).idle();
+        let failure = if idle >= waited {
+            Failure::Hung
+        } else {
+            Failure::Stalled
+        };
+        self.report_failure(worker, failure);
+        failure
     }
 
     /// A failure of `worker`'s own making. If it became unhealthy, its streams are told.
@@ -462,6 +489,38 @@ impl RoutingService {
         let expired = self.core.lock().expire(now);
         self.pump();
         expired.len()
+    }
+}
+
+/// When a worker last produced a token (on any stream), shared by its streams: one atomic
+/// store per token.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    started: tokio::time::Instant,
+    /// Microseconds since `started`.
+    last: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Progress {
+    fn new(started: tokio::time::Instant) -> Self {
+        let now = started.elapsed().as_micros() as u64;
+        Progress {
+            started,
+            last: Arc::new(std::sync::atomic::AtomicU64::new(now)),
+        }
+    }
+
+    /// The worker produced a token at `now`.
+    pub fn mark(&self, now: tokio::time::Instant) {
+        let micros = (now - self.started).as_micros() as u64;
+        self.last
+            .fetch_max(micros, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long since the worker last produced a token.
+    pub fn idle(&self) -> Duration {
+        let last = Duration::from_micros(self.last.load(std::sync::atomic::Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
     }
 }
 

@@ -80,6 +80,7 @@ impl RoutingService {
             // Streams still on it keep running (a worker that drains finishes them); only
             // an outage moves them.
             self.outages.lock().remove(id);
+            self.progress.lock().remove(id);
             tracing::info!(worker = %id, "worker left");
         }
         for refused in &changes.refused {

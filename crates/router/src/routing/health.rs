@@ -139,8 +139,12 @@ pub enum Failure {
     Unreachable,
     /// The connection broke mid-request.
     Disconnected,
-    /// A stream got no token for the stall timeout.
+    /// A stream got no token for the stall timeout (while the worker's other streams
+    /// progressed: something is wrong with that request there).
     Stalled,
+    /// The worker produced no token on any stream for the stall timeout while it had
+    /// requests: it hangs.
+    Hung,
     /// It answered with an error of its own (5xx-class).
     ServerError,
     /// A canary was not answered in time.
@@ -152,10 +156,11 @@ pub enum Failure {
 }
 
 impl Failure {
-    pub const KINDS: [Failure; 7] = [
+    pub const KINDS: [Failure; 8] = [
         Failure::Unreachable,
         Failure::Disconnected,
         Failure::Stalled,
+        Failure::Hung,
         Failure::ServerError,
         Failure::CanaryTimeout,
         Failure::LatencySpike,
@@ -167,6 +172,7 @@ impl Failure {
             Failure::Unreachable => "unreachable",
             Failure::Disconnected => "disconnected",
             Failure::Stalled => "stalled",
+            Failure::Hung => "hung",
             Failure::ServerError => "server_error",
             Failure::CanaryTimeout => "canary_timeout",
             Failure::LatencySpike => "latency_spike",
@@ -174,9 +180,10 @@ impl Failure {
         }
     }
 
-    /// Failures that open the breaker at once: the worker cannot be trusted at all.
+    /// Failures that open the breaker at once: the worker cannot be trusted at all
+    /// (corrupt), or nothing it holds is moving (hung).
     fn is_definitive(self) -> bool {
-        matches!(self, Failure::WrongOutput)
+        matches!(self, Failure::WrongOutput | Failure::Hung)
     }
 }
 
@@ -385,7 +392,11 @@ impl WorkerHealth {
                     let interval = now >= last + config.canary_interval;
                     let idle = now >= self.last_activity + config.canary_idle
                         && now >= last + config.canary_idle;
-                    interval || idle
+                    // A suspicious worker is probed again at once: its next failures (or
+                    // successes) should not wait for traffic or the timer.
+                    let suspicious = self.state == HealthState::Suspicious
+                        && now >= last + config.canary_timeout;
+                    interval || idle || suspicious
                 }
             },
         }
@@ -443,18 +454,15 @@ impl WorkerHealth {
     }
 }
 
-/// What most workers answered to the canary (ties: the first in `answers`' order), counting
-/// each worker's last answer once.
+/// The canary answer a strict majority of workers gave, if at least two agree (one worker
+/// alone, or a split fleet, is no reference: a corrupt worker must not outvote a good one).
+/// Each worker's last answer counts once.
 pub fn majority<'a>(answers: impl Iterator<Item = &'a [Token]>) -> Option<(&'a [Token], usize)> {
     let answers: Vec<&[Token]> = answers.collect();
-    let mut best: Option<(&[Token], usize)> = None;
-    for &candidate in &answers {
+    answers.iter().find_map(|&candidate| {
         let votes = answers.iter().filter(|&&a| a == candidate).count();
-        if best.is_none_or(|(_, b)| votes > b) {
-            best = Some((candidate, votes));
-        }
-    }
-    best
+        (votes >= 2 && 2 * votes > answers.len()).then_some((candidate, votes))
+    })
 }
 
 #[cfg(test)]
@@ -638,11 +646,14 @@ mod tests {
         let a: &[Token] = &[1, 2];
         let b: &[Token] = &[3];
         assert_eq!(majority([a, b, a].into_iter()), Some((a, 2)));
+        assert_eq!(majority([b, a, a, a].into_iter()), Some((a, 3)));
         assert_eq!(
             majority([b, a].into_iter()),
-            Some((b, 1)),
-            "ties: the first"
+            None,
+            "a split is no reference"
         );
+        assert_eq!(majority([a, a, b, b].into_iter()), None, "nor a tie");
+        assert_eq!(majority([a].into_iter()), None, "nor one worker alone");
         assert_eq!(majority(std::iter::empty()), None);
     }
 }

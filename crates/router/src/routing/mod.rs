@@ -349,7 +349,7 @@ impl RoutingCore {
             let others = self
                 .registry
                 .iter()
-                .filter(|e| e.spec.id != worker)
+                .filter(|e| e.spec.id != worker && e.health.state != HealthState::Unhealthy)
                 .filter_map(|e| e.health.last_answer.as_deref());
             health::majority(others).map(|(answer, _)| answer.to_vec())
         };

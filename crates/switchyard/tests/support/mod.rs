@@ -175,3 +175,64 @@ pub fn assert_completed(text: &str, completion_tokens: u32) {
 pub fn chat(model: &str, content: &str, max_tokens: u32) -> Value {
     serde_json::json!({ "model": model, "messages": [{ "role": "user", "content": content }], "max_tokens": max_tokens })
 }
+
+/// A streamed completion as the client saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Streamed {
+    /// The text of every chunk, in order.
+    pub text: String,
+    pub completion_tokens: Option<u64>,
+    /// Error events (their `error` objects).
+    pub errors: Vec<Value>,
+    /// Whether `[DONE]` came last.
+    pub done: bool,
+}
+
+/// Reads an SSE body of `/v1/completions` (or chat) chunks.
+pub fn parse_stream(body: &str) -> Streamed {
+    let mut streamed = Streamed {
+        text: String::new(),
+        completion_tokens: None,
+        errors: Vec::new(),
+        done: false,
+    };
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        streamed.done = data == "[DONE]";
+        if streamed.done {
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).expect("JSON event");
+        if let Some(error) = chunk.get("error") {
+            streamed.errors.push(error.clone());
+            continue;
+        }
+        if let Some(choice) = chunk["choices"].get(0) {
+            let piece = choice["text"]
+                .as_str()
+                .or_else(|| choice["delta"]["content"].as_str())
+                .unwrap_or_default();
+            streamed.text.push_str(piece);
+        }
+        if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+            streamed.completion_tokens = Some(n);
+        }
+    }
+    streamed
+}
+
+/// A streamed completion request with a fixed seed (its tokens depend on nothing else on
+/// the mocker), usage in the last chunk, and no stop at end-of-sequence.
+pub fn seeded_completion(model: &str, prompt: &str, seed: u64, max_tokens: u32) -> Value {
+    serde_json::json!({
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "ignore_eos": true,
+    })
+}

@@ -1,0 +1,350 @@
+//! Fault tolerance in one process (`serve`'s deployment, mocker workers with injected
+//! faults): streams move off failed workers and arrive whole, failures are detected and
+//! classified, invalid requests never count against workers, and a fleet that lost most of
+//! its capacity degrades by priority.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+use switchyard::deploy::{Deployment, SHUTDOWN_GRACE};
+use switchyard_core::WorkerId;
+use switchyard_worker::faults::{Fault, FaultSpec};
+
+const MODEL: &str = "switchyard-mock";
+
+fn now(fault: Fault) -> FaultSpec {
+    FaultSpec {
+        fault,
+        at: Duration::ZERO,
+        lasts: None,
+    }
+}
+
+fn inject(d: &Deployment, worker: WorkerId, fault: Fault) {
+    let w = d.workers.iter().find(|w| w.worker_id() == worker).unwrap();
+    let (tracker, cancel) = (
+        tokio_util::task::TaskTracker::new(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    w.faults().inject(now(fault), &tracker, &cancel);
+}
+
+fn clear(d: &Deployment, worker: WorkerId) {
+    let w = d.workers.iter().find(|w| w.worker_id() == worker).unwrap();
+    w.faults().clear();
+}
+
+/// The worker with the most requests in flight.
+fn busiest(d: &Deployment) -> WorkerId {
+    d.frontend
+        .routing
+        .loads()
+        .into_iter()
+        .max_by_key(|(_, load, _)| load.requests)
+        .unwrap()
+        .0
+        .worker_id
+}
+
+fn prompt(i: u64) -> String {
+    format!("Request {i}: tell me everything about switching yards, track {i}. ").repeat(4)
+}
+
+/// Streams `n` seeded completions at once; calls `during` once every one has its first
+/// bytes; returns what each client saw.
+async fn stream_all<F: FnOnce()>(
+    d: &Deployment,
+    n: u64,
+    max_tokens: u32,
+    during: F,
+) -> Vec<Streamed> {
+    let url = url(d, "/v1/completions");
+    let bodies: Vec<Value> = (0..n)
+        .map(|i| seeded_completion(MODEL, &prompt(i), i, max_tokens))
+        .collect();
+    let open: Vec<_> = bodies.iter().map(|body| open_stream(&url, body)).collect();
+    let open = futures::future::join_all(open).await;
+    during();
+    let bodies = futures::future::join_all(open.into_iter().map(OpenStream::finish)).await;
+    bodies.iter().map(|b| parse_stream(b)).collect()
+}
+
+async fn workers(d: &Deployment) -> Vec<Value> {
+    client()
+        .get(url(d, switchyard_frontend::http::WORKERS_PATH))
+        .send()
+        .await
+        .unwrap()
+        .json::<Vec<Value>>()
+        .await
+        .unwrap()
+}
+
+async fn status_of(d: &Deployment, worker: WorkerId) -> String {
+    workers(d)
+        .await
+        .iter()
+        .find(|w| w["worker_id"] == json!(worker.0))
+        .map(|w| w["status"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| "gone".into())
+}
+
+/// Polls until `worker` has `status`; returns how long it took.
+async fn until_status(
+    d: &Deployment,
+    worker: WorkerId,
+    status: &str,
+    within: Duration,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let now = status_of(d, worker).await;
+        if now == status {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "worker {worker} is {now}, not {status}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn assert_whole(got: &[Streamed], reference: &[Streamed], max_tokens: u64) {
+    for (i, (g, r)) in got.iter().zip(reference).enumerate() {
+        assert!(g.errors.is_empty(), "stream {i}: {:?}", g.errors);
+        assert!(g.done, "stream {i} did not end with [DONE]");
+        assert_eq!(g.completion_tokens, Some(max_tokens), "stream {i}");
+        assert_eq!(g.text, r.text, "stream {i} differs from the fault-free run");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_move_off_a_crashed_worker_and_arrive_whole() {
+    let d = start(&[
+        ("WORKERS__COUNT", "4"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "2"),
+    ])
+    .await;
+    let reference = stream_all(&d, 24, 150, || {}).await;
+    assert_whole(&reference, &reference, 150);
+    let mut crashed = None;
+    let got = stream_all(&d, 24, 150, || {
+        let worker = busiest(&d);
+        inject(&d, worker, Fault::Crash);
+        crashed = Some(worker);
+    })
+    .await;
+    assert_whole(&got, &reference, 150);
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(
+        metric_value(&text, "switchyard_migrations_total", Some("disconnected")) > 0.0,
+        "{text}"
+    );
+    // The crash counted against the worker at once: it is out of rotation.
+    assert_eq!(status_of(&d, crashed.unwrap()).await, "unhealthy");
+    // A non-streamed request is never a 500 either.
+    for i in 0..8 {
+        let mut body = seeded_completion(MODEL, &prompt(i), i, 20);
+        body["stream"] = json!(false);
+        body.as_object_mut().unwrap().remove("stream_options");
+        let (status, _, value) = post(&d, "/v1/completions", &body).await;
+        assert_eq!(status, 200, "{value}");
+    }
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_worker_is_found_within_the_stall_timeout_and_rejoins_after_a_canary() {
+    let d = start(&[
+        ("WORKERS__COUNT", "3"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "2"),
+        ("FRONTEND__HEALTH__RECOVERY_TIMEOUT", "1s"),
+        ("FRONTEND__HEALTH__RECOVERY_JITTER", "0"),
+    ])
+    .await;
+    let reference = stream_all(&d, 18, 200, || {}).await;
+    let mut hung = None;
+    let mut frozen = None;
+    let got = stream_all(&d, 18, 200, || {
+        let worker = busiest(&d);
+        inject(&d, worker, Fault::Hang);
+        hung = Some(worker);
+        frozen = Some(Instant::now());
+    })
+    .await;
+    let (hung, frozen) = (hung.unwrap(), frozen.unwrap());
+    let resumed_after = frozen.elapsed();
+    assert_whole(&got, &reference, 200);
+    // Every stream went on elsewhere well before the frozen worker came back (it never
+    // did on its own); the stall timeout's floor is a second.
+    assert!(resumed_after < Duration::from_secs(5), "{resumed_after:?}");
+    assert_eq!(status_of(&d, hung).await, "unhealthy");
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(
+        metric_value(&text, "switchyard_worker_failures_total", Some("hung")) > 0.0,
+        "{text}"
+    );
+    // No new request goes to it while it is out.
+    let before = d.frontend.routing.loads();
+    let sent_before = dispatched(&d, hung).await;
+    for i in 0..6 {
+        let (status, _, _) = post(
+            &d,
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": prompt(i), "max_tokens": 5}),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(dispatched(&d, hung).await, sent_before, "{before:?}");
+    // Continued: the breaker half-opens after a second, a canary passes, it rejoins.
+    clear(&d, hung);
+    until_status(&d, hung, "healthy", Duration::from_secs(10)).await;
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
+/// Requests the frontend dispatched to `worker`.
+async fn dispatched(d: &Deployment, worker: WorkerId) -> f64 {
+    let text = scrape(&url(d, "/metrics")).await;
+    metric_value(
+        &text,
+        "switchyard_dispatched_requests_total",
+        Some(&format!("{worker}/0")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_answering_wrong_tokens_is_caught_by_the_canary() {
+    let d = start(&[
+        ("WORKERS__COUNT", "3"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "10"),
+        ("FRONTEND__HEALTH__CANARY_INTERVAL", "1s"),
+        ("FRONTEND__HEALTH__CANARY_IDLE", "1s"),
+    ])
+    .await;
+    // Every worker answers a first canary (recorded as its expected answer).
+    let start = Instant::now();
+    loop {
+        let text = scrape(&url(&d, "/metrics")).await;
+        if metric_value(&text, "switchyard_canaries_total", Some("passed")) >= 6.0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let corrupt = WorkerId(2);
+    inject(&d, corrupt, Fault::Corrupt);
+    let found = until_status(&d, corrupt, "unhealthy", Duration::from_secs(5)).await;
+    // Within one check interval (plus the check itself).
+    assert!(found <= Duration::from_millis(1500), "{found:?}");
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(
+        metric_value(
+            &text,
+            "switchyard_worker_failures_total",
+            Some("wrong_output")
+        ) >= 1.0
+    );
+    for other in [WorkerId(1), WorkerId(3)] {
+        assert_eq!(status_of(&d, other).await, "healthy");
+    }
+    // It is not trusted again while corrupt: its half-open probes fail too.
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_requests_never_count_against_workers() {
+    let d = start(&[
+        ("WORKERS__COUNT", "2"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "20"),
+        ("WORKERS__MOCKER__NUM_GPU_BLOCKS", "64"),
+        ("FRONTEND__CONTEXT_LENGTH", "4096"),
+    ])
+    .await;
+    // Longer than the context: refused by the frontend.
+    let too_long = "word ".repeat(6000);
+    // Within the context, but larger than any worker's KV cache (64 blocks of 16 tokens):
+    // refused by every engine.
+    let too_big = "word ".repeat(1500);
+    for _ in 0..10 {
+        for (prompt, status) in [(&too_long, 400), (&too_big, 400)] {
+            let (s, _, body) = post(
+                &d,
+                "/v1/completions",
+                &json!({"model": MODEL, "prompt": prompt, "max_tokens": 4}),
+            )
+            .await;
+            assert_eq!(s, status, "{body}");
+            assert_ne!(body["error"]["code"], Value::Null, "{body}");
+        }
+    }
+    for w in workers(&d).await {
+        assert_eq!(w["status"], "healthy", "{w}");
+        assert_eq!(w["health"]["consecutive_failures"], 0, "{w}");
+    }
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(
+        !text.contains("switchyard_worker_failures_total{"),
+        "{text}"
+    );
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_three_of_four_workers_sheds_best_effort_and_keeps_premium() {
+    let d = start(&[
+        ("WORKERS__COUNT", "4"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "10"),
+        ("FRONTEND__HEALTH__CANARY_INTERVAL", "500ms"),
+        ("FRONTEND__HEALTH__CANARY_IDLE", "500ms"),
+    ])
+    .await;
+    for w in 2..=4 {
+        inject(&d, WorkerId(w), Fault::Crash);
+    }
+    for w in 2..=4 {
+        until_status(&d, WorkerId(w), "unhealthy", Duration::from_secs(10)).await;
+    }
+    let body = |priority: &str, i: u64| json!({"model": MODEL, "prompt": prompt(i), "max_tokens": 8, "switchyard": {"priority": priority}});
+    let requests = (0..12).map(|i| {
+        let priority = if i % 2 == 0 { "premium" } else { "best_effort" };
+        let d = &d;
+        let body = body(priority, i);
+        async move {
+            let response = client()
+                .post(url(d, "/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").is_some();
+            (priority, status, retry_after)
+        }
+    });
+    let outcomes =
+        tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(requests))
+            .await
+            .expect("nothing hangs");
+    for (priority, status, retry_after) in outcomes {
+        match priority {
+            "premium" => assert_eq!(status, 200),
+            _ => {
+                assert_eq!(status, 429);
+                assert!(retry_after);
+            }
+        }
+    }
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(
+        metric_value(&text, "switchyard_degradation_level", None) >= 3.0,
+        "{text}"
+    );
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
