@@ -264,7 +264,8 @@ impl Default for Metrics {
             "Requests moved off a failed worker, by the failure that moved them; outcome limit or budget: could not be moved",
             migrations.clone(),
         );
-        let migration_latency = Histogram::new(exponential(0.0005, 2.0, 16));
+        // 25 % steps from half a millisecond to about 7 s.
+        let migration_latency = Histogram::new(exponential(0.0005, 1.25, 43));
         registry.register(
             "migration_latency_seconds",
             "From leaving a failed worker to the next token from the new one",

@@ -8,128 +8,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::cluster::*;
 use support::process::Process;
-use support::{OpenStream, assert_completed, metric_value, open_stream, scrape};
+use support::{OpenStream, assert_completed, client, metric_value, open_stream, scrape};
 use switchyard_runtime::IndexView;
 use switchyard_runtime::net::kv::INDEX_PATH;
-use switchyard_runtime::testing::{EtcdServer, NatsServer};
 
 const MODEL: &str = "switchyard-mock";
-const LEASE_TTL_SECS: u64 = 2;
-
-/// The servers and the processes of one deployment.
-struct Cluster {
-    nats: NatsServer,
-    etcd: EtcdServer,
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        Cluster {
-            nats: NatsServer::start(),
-            etcd: EtcdServer::start(),
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn planes(&self) -> Vec<String> {
-        [
-            "--discovery",
-            &self.etcd.url(),
-            "--event-plane",
-            &self.nats.url(),
-            "--namespace",
-            "itest",
-        ]
-        .map(str::to_string)
-        .to_vec()
-    }
-
-    fn worker(&self, id: u64, speedup_ratio: &str) -> Process {
-        let mut args = vec!["worker".to_string()];
-        args.extend(self.planes());
-        args.extend(
-            [
-                "--worker-id",
-                &id.to_string(),
-                "--lease-ttl",
-                &format!("{LEASE_TTL_SECS}s"),
-                "--speedup-ratio",
-                speedup_ratio,
-            ]
-            .map(str::to_string),
-        );
-        Process::spawn(&format!("worker-{id}"), &args, self.dir.path())
-    }
-
-    fn frontend(&self, name: &str, port: u16) -> Process {
-        let mut args = vec!["frontend".to_string()];
-        args.extend(self.planes());
-        args.extend(["--port".to_string(), port.to_string()]);
-        Process::spawn(name, &args, self.dir.path())
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-async fn get_json(url: &str) -> Value {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// Polls until `check` holds, or fails with `what`.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        let last = match check().await {
-            Ok(()) => return,
-            Err(e) => e,
-        };
-        assert!(
-            Instant::now() < deadline,
-            "{what} not within {within:?}: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn workers_seen(frontend: &Process) -> u64 {
-    get_json(&frontend.url("/health")).await["workers"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
-async fn wait_for_workers(frontend: &Process, n: u64, within: Duration) {
-    eventually(
-        within,
-        &format!("{} seeing {n} workers", frontend.name),
-        || async {
-            let seen = workers_seen(frontend).await;
-            if seen == n {
-                Ok(())
-            } else {
-                Err(format!("sees {seen}"))
-            }
-        },
-    )
-    .await;
-}
 
 async fn index(url: String) -> IndexView {
     serde_json::from_value(get_json(&url).await).unwrap()

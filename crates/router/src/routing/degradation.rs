@@ -86,6 +86,8 @@ pub struct Degradation {
     level: u8,
     /// Capacity of workers removed while unhealthy, and since when.
     lost: BTreeMap<WorkerId, (f64, Duration)>,
+    /// Workers that joined while others were failing, not yet matched with a departure.
+    replacements: u32,
     ttft: Option<f64>,
     now: Duration,
 }
@@ -96,21 +98,45 @@ impl Degradation {
             config,
             level: 0,
             lost: BTreeMap::new(),
+            replacements: 0,
             ttft: None,
             now: Duration::ZERO,
         }
     }
 
-    /// A serving worker left the registry; if it was unhealthy its capacity counts as lost.
-    pub fn worker_removed(&mut self, worker: WorkerId, capacity: f64, unhealthy: bool) {
-        if unhealthy {
+    /// A serving worker left the registry; if it was failing (unhealthy or suspicious) its
+    /// capacity counts as lost, unless a replacement already joined for it.
+    pub fn worker_removed(&mut self, worker: WorkerId, capacity: f64, failing: bool) {
+        if !failing {
+            return;
+        }
+        if self.replacements > 0 {
+            self.replacements -= 1;
+        } else {
             self.lost.insert(worker, (capacity, self.now));
         }
     }
 
-    /// A worker (back, or new under a lost one's id) joined: its capacity is no longer lost.
-    pub fn worker_added(&mut self, worker: WorkerId) {
-        self.lost.remove(&worker);
+    /// A worker joined, while `failing` registered workers are failing (not yet gone). It
+    /// replaces lost capacity: its own if it comes back under its id, else the longest
+    /// lost, else (a replacement started before the failed worker's lease ran out) the
+    /// capacity of a failing worker about to leave.
+    pub fn worker_added(&mut self, worker: WorkerId, failing: usize) {
+        if self.lost.remove(&worker).is_some() {
+            return;
+        }
+        let oldest = self
+            .lost
+            .iter()
+            .min_by_key(|(_, (_, since))| *since)
+            .map(|(id, _)| *id);
+        match oldest {
+            Some(oldest) => {
+                self.lost.remove(&oldest);
+            }
+            None if (self.replacements as usize) < failing => self.replacements += 1,
+            None => {}
+        }
     }
 
     pub fn observe_ttft(&mut self, ttft: Duration) {
@@ -178,11 +204,33 @@ mod tests {
         // A worker that leaves cleanly takes its capacity with it.
         d.worker_removed(WorkerId(9), 1.0, false);
         assert_eq!(d.level(1.0, 1.0, 3 * S), 3);
-        d.worker_added(WorkerId(1));
+        d.worker_added(WorkerId(1), 0);
         assert_eq!(d.level(2.0, 2.0, 4 * S), 2);
+        // A replacement under a new id takes the place of another lost worker.
+        d.worker_added(WorkerId(20), 0);
+        assert_eq!(d.level(3.0, 3.0, 4 * S), 1);
         // Five minutes later the loss is forgotten: the smaller fleet is the fleet.
         assert_eq!(d.level(1.0, 1.0, 302 * S), 0);
         assert_eq!(d.level(0.0, 1.0, 303 * S), 4);
+    }
+
+    #[test]
+    fn a_replacement_started_before_the_failed_worker_left_covers_it() {
+        let mut d = Degradation::new(DegradationConfig::default());
+        // Four workers; one crashes (unhealthy, still registered) and a replacement joins.
+        d.worker_added(WorkerId(5), 1);
+        d.worker_removed(WorkerId(1), 1.0, true);
+        assert_eq!(d.level(4.0, 4.0, S), 0);
+        // Twenty crashes, each replaced: nothing accumulates.
+        for w in 6..26 {
+            d.worker_added(WorkerId(w), 1);
+            d.worker_removed(WorkerId(w - 4), 1.0, true);
+        }
+        assert_eq!(d.level(4.0, 4.0, 2 * S), 0);
+        // A worker joining while none fails is growth, not a replacement.
+        d.worker_added(WorkerId(40), 0);
+        d.worker_removed(WorkerId(30), 1.0, true);
+        assert_eq!(d.level(4.0, 4.0, 3 * S), 1);
     }
 
     #[test]

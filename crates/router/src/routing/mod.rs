@@ -141,7 +141,17 @@ impl RoutingCore {
         let view = self.config.cache_view.view_for(&spec);
         let id = spec.id;
         self.registry.add(spec, self.config.cache_view)?;
-        self.degradation.worker_added(id);
+        let failing = self
+            .registry
+            .iter()
+            .filter(|e| {
+                e.spec.id != id
+                    && e.spec.role.serves_generation()
+                    && !e.departed
+                    && e.health.state != HealthState::Healthy
+            })
+            .count();
+        self.degradation.worker_added(id, failing);
         if view == CacheView::Approximate {
             self.approx_workers += 1;
         }
@@ -187,7 +197,7 @@ impl RoutingCore {
             self.degradation.worker_removed(
                 id,
                 degradation::capacity(&entry.spec),
-                entry.health.state == HealthState::Unhealthy,
+                entry.health.state != HealthState::Healthy,
             );
         }
         if entry.view == CacheView::Approximate {

@@ -81,8 +81,13 @@ impl Process {
     }
 
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
