@@ -49,6 +49,10 @@ pub struct MockRequest {
     pub stream_key: u64,
     /// Generation ends after any of these tokens.
     pub stop_token_ids: Vec<Token>,
+    /// Leading tokens whose KV comes with the request (sent over from another worker), so
+    /// they are not computed here; the last token is always computed. Lost if the request
+    /// is preempted (its blocks go, so it computes everything when it comes back).
+    pub imported_tokens: u32,
 }
 
 impl MockRequest {
@@ -61,6 +65,7 @@ impl MockRequest {
             generated: 0,
             stream_key: id.0,
             stop_token_ids: Vec::new(),
+            imported_tokens: 0,
         }
     }
 }
@@ -228,6 +233,7 @@ impl MockEngine {
             full_held: 0,
             scheduled: 0,
             cached_tokens: None,
+            imported: request.imported_tokens,
         });
         Ok(())
     }
@@ -330,6 +336,7 @@ impl MockEngine {
         seq.full_held = 0;
         seq.computed = 0;
         seq.scheduled = 0;
+        seq.imported = 0;
         out.preempted.push(seq.id);
         self.stats.preemptions += 1;
         self.waiting.push_front(seq);
@@ -347,7 +354,8 @@ impl MockEngine {
             let cacheable = (seq.num_tokens() - 1) / block_size;
             let hits =
                 (self.blocks.cached_prefix(seq.tokens.sequence_hashes()) as u32).min(cacheable);
-            let computed = hits * block_size;
+            let cached = hits * block_size;
+            let computed = cached.max(seq.imported.min(seq.num_tokens() - 1));
             let remaining = seq.num_tokens() - computed;
             if !self.args.enable_chunked_prefill && remaining > budget {
                 break;
@@ -359,9 +367,9 @@ impl MockEngine {
             seq.computed = computed;
             seq.scheduled = n;
             if seq.cached_tokens.is_none() {
-                seq.cached_tokens = Some(computed);
+                seq.cached_tokens = Some(cached);
                 self.stats.prompt_tokens += u64::from(seq.prompt_tokens);
-                self.stats.cached_prompt_tokens += u64::from(computed.min(seq.prompt_tokens));
+                self.stats.cached_prompt_tokens += u64::from(cached.min(seq.prompt_tokens));
             }
             budget -= n;
             if let Some(seq) = self.waiting.pop_front() {

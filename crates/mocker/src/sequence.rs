@@ -30,6 +30,8 @@ pub struct Sequence {
     pub scheduled: u32,
     /// Prompt tokens found cached when first admitted.
     pub cached_tokens: Option<u32>,
+    /// Leading tokens whose KV came with the request (not computed here).
+    pub imported: u32,
 }
 
 impl Sequence {

@@ -351,3 +351,44 @@ fn a_resumed_request_continues_the_same_stream_on_another_engine() {
         full.iter().map(|t| t.token).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn imported_kv_is_not_computed_but_the_stream_is_the_same() {
+    let args = EngineArgs {
+        block_size: 16,
+        num_gpu_blocks: 256,
+        ..EngineArgs::default()
+    };
+    let prompt: Vec<u32> = (0..2000).collect();
+    let mut computed = engine(args);
+    computed.add_request(request(3, &prompt, 16, 8)).unwrap();
+    let (full, full_steps) = run(&mut computed);
+    // The same request with its whole prompt's KV sent over: one token to compute, then
+    // decode, and the very same tokens.
+    let mut moved = engine(args);
+    let mut r = request(3, &prompt, 16, 8);
+    r.imported_tokens = 2000;
+    moved.add_request(r).unwrap();
+    let (tokens, steps) = run(&mut moved);
+    assert_eq!(tokens, full);
+    assert_eq!(full_steps[0].shape.prefill_tokens, 2000);
+    assert_eq!(steps[0].shape.prefill_tokens, 1);
+    assert!(steps[0].duration * 2 < full_steps[0].duration);
+    // Imported KV is not a cache hit, and the blocks are held like computed ones: a later
+    // request with the same prompt finds them cached.
+    assert_eq!(moved.stats().cached_prompt_tokens, 0);
+    moved.add_request(request(4, &prompt, 16, 2)).unwrap();
+    let (again, _) = run(&mut moved);
+    assert_eq!(again[0].cached_tokens, 1984);
+    // Only what is there is imported: a partial import computes the rest.
+    let mut partial = engine(args);
+    let mut r = request(3, &prompt, 16, 8);
+    r.imported_tokens = 600;
+    partial.add_request(r).unwrap();
+    let (tokens, steps) = run(&mut partial);
+    assert_eq!(steps[0].shape.prefill_tokens, 1400);
+    assert_eq!(
+        tokens.iter().map(|t| t.token).collect::<Vec<_>>(),
+        full.iter().map(|t| t.token).collect::<Vec<_>>()
+    );
+}

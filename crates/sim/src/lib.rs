@@ -8,12 +8,16 @@
 //!
 //! - [`workload`]: trace requests, and prompts cut into engine blocks.
 //! - [`simulation`]: the event loop.
+//! - [`faults`]: worker failures (crash, hang, drain; a schedule or an MTBF) and the cost of
+//!   moving requests off failed workers (re-prefill or KV transfer).
 //! - [`report`]: latency distributions and fleet figures per run.
 
+pub mod faults;
 pub mod report;
 pub mod simulation;
 pub mod workload;
 
+pub use faults::{FailureReport, FaultConfig, FaultKind, Link, ModelShape, ScheduledFault};
 pub use report::{RequestRecord, SimReport};
 pub use simulation::{SimConfig, SimError, simulate, worker_key};
 pub use workload::{PreparedWorkload, PromptRequest, TraceRequest};

@@ -149,6 +149,9 @@ pub struct SimReport {
     pub simulated_seconds: f64,
     /// Filled in by the caller, who owns the clock.
     pub wall_seconds: f64,
+    /// What faults did, when any were played.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failures: Option<crate::faults::FailureReport>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub request_records: Vec<RequestRecord>,
 }

@@ -24,19 +24,22 @@
 //! queue, every step is taken in global order, since any completion may release it.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use switchyard_core::protocol::FinishReason;
-use switchyard_core::{KvEvent, RequestId, Token, WorkerId, WorkerKey};
+use switchyard_core::{KvEvent, RequestId, Token, TokenBlocks, WorkerId, WorkerKey};
 use switchyard_mocker::config::InvalidArgs;
-use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, Rejected, StepOutput};
+use switchyard_mocker::tokens::token_at;
+use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
+use switchyard_router::routing::health::Failure;
 use switchyard_router::{
     Admission, Indexer, IndexerConfig, PolicyKind, Rejection, RouteQuery, RoutingConfig,
     RoutingCore, RoutingOverrides, WorkerSpec,
 };
 use thiserror::Error;
 
+use crate::faults::{FailureReport, FaultConfig, FaultKind, ScheduledFault};
 use crate::report::{LatencyRecorder, LoadSpread, RequestRecord, SimReport, Throughput};
 use crate::workload::PreparedWorkload;
 
@@ -64,6 +67,8 @@ pub struct SimConfig {
     /// Advance engines on their own between arrivals while nothing is queued (see the
     /// module docs); off, every step is taken in global order. Same results either way.
     pub lazy_engines: bool,
+    /// Worker failures to play, and the cost of moving requests off failed workers.
+    pub faults: FaultConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -82,6 +87,27 @@ pub enum SimError {
 enum Event {
     /// A queued request's wait is up.
     QueueTimeout(u32),
+    /// The fault at this index of the plan strikes.
+    Fault(u32),
+    /// The frontend notices that the worker in this slot failed.
+    Detected(u32),
+    /// The worker in this slot is back, fresh.
+    Recover(u32),
+    /// A moved request's KV has arrived: (request, its move number).
+    TransferDone(u32, u32),
+}
+
+/// A worker slot's state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Slot {
+    Up,
+    /// Struck by a fault at `since`; `detected` once the frontend has taken it out.
+    Failed {
+        kind: FaultKind,
+        since: Duration,
+        detected: bool,
+        back_at: Option<Duration>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -93,6 +119,12 @@ struct RequestState {
     output_tokens: u32,
     cached_tokens: u32,
     outcome: Outcome,
+    /// Times it was sent again after a fault (restarts and migrations).
+    moves: u32,
+    /// When the fault that caught it struck, until its next token.
+    interrupted_at: Option<Duration>,
+    /// Moved: the router still counts its prompt as being computed on the new worker.
+    prefilling_again: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -135,6 +167,15 @@ struct Fleet<'a> {
     now: Duration,
     /// The last instant a request arrived, got a token or was refused.
     last_event: Duration,
+    slots: Vec<Slot>,
+    /// The faults to play, by time.
+    plan: Vec<ScheduledFault>,
+    /// Requests moving with their KV, by index: (move number, target slot, the request).
+    transfers: HashMap<u32, (u32, usize, MockRequest)>,
+    failures: FailureReport,
+    stall: LatencyRecorder,
+    moved_e2e: LatencyRecorder,
+    untouched_e2e: LatencyRecorder,
 }
 
 /// Runs the workload through the fleet with one policy. `progress` is told how many
@@ -175,14 +216,7 @@ impl<'a> Fleet<'a> {
         for slot in 0..config.workers {
             let key = worker_key(slot);
             let args = config.engine;
-            // What a mocker worker announces (see the worker crate's `Mocker`).
-            let spec = WorkerSpec {
-                capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
-                max_num_seqs: Some(args.max_num_seqs),
-                kv_events: args.enable_prefix_caching,
-                ..WorkerSpec::new(key.worker_id, args.block_size)
-            };
-            if core.add_worker(spec).is_err() {
+            if core.add_worker(worker_spec(&args, slot)).is_err() {
                 unreachable!("every simulated worker has the same block size");
             }
             engines.push(MockEngine::new(
@@ -195,7 +229,12 @@ impl<'a> Fleet<'a> {
         let accepted = (0..config.workers)
             .map(|slot| core.accepts_events(worker_key(slot).worker_id))
             .collect();
-        Ok(Fleet {
+        let horizon = workload
+            .requests
+            .last()
+            .map_or(Duration::ZERO, |r| r.arrival);
+        let plan = config.faults.plan(config.workers, horizon, config.seed);
+        let mut fleet = Fleet {
             config,
             workload,
             core,
@@ -221,7 +260,18 @@ impl<'a> Fleet<'a> {
             },
             now: Duration::ZERO,
             last_event: Duration::ZERO,
-        })
+            slots: vec![Slot::Up; n],
+            plan,
+            transfers: HashMap::new(),
+            failures: FailureReport::default(),
+            stall: LatencyRecorder::default(),
+            moved_e2e: LatencyRecorder::default(),
+            untouched_e2e: LatencyRecorder::default(),
+        };
+        for i in 0..fleet.plan.len() {
+            fleet.schedule(fleet.plan[i].at, Event::Fault(i as u32));
+        }
+        Ok(fleet)
     }
 
     fn schedule(&mut self, at: Duration, event: Event) {
@@ -261,11 +311,9 @@ impl<'a> Fleet<'a> {
                     next_arrival += 1;
                 }
                 (_, Some(_)) => {
-                    if let Some(Reverse((at, _, Event::QueueTimeout(index)))) = self.queue.pop() {
+                    if let Some(Reverse((at, _, event))) = self.queue.pop() {
                         self.now = self.now.max(at);
-                        if self.core.withdraw(RequestId(u64::from(index))) {
-                            self.refuse(index, Rejection::TimedOut);
-                        }
+                        self.timed(event);
                     }
                 }
                 _ => {
@@ -280,6 +328,20 @@ impl<'a> Fleet<'a> {
             }
         }
         progress(self.report.completed);
+    }
+
+    fn timed(&mut self, event: Event) {
+        match event {
+            Event::QueueTimeout(index) => {
+                if self.core.withdraw(RequestId(u64::from(index))) {
+                    self.refuse(index, Rejection::TimedOut);
+                }
+            }
+            Event::Fault(i) => self.strike(i as usize),
+            Event::Detected(slot) => self.take_out(slot as usize),
+            Event::Recover(slot) => self.bring_back(slot as usize),
+            Event::TransferDone(index, moves) => self.transfer_done(index, moves),
+        }
     }
 
     /// Runs every engine on its own up to `barrier` (exclusive; to the end without one).
@@ -363,18 +425,40 @@ impl<'a> Fleet<'a> {
             .or_insert(0) += 1;
     }
 
-    /// Routes an admitted request and hands it to its engine, trying other workers when an
-    /// engine refuses it, as the servers do.
+    /// Routes an admitted request and hands it to its engine.
     fn dispatch(&mut self, index: u32) {
-        let workload = self.workload;
-        let request = &workload.requests[index as usize];
+        let prompt = self.workload.requests[index as usize].prompt.clone();
+        let output_tokens = self.workload.requests[index as usize].output_tokens;
+        self.place(index, prompt, output_tokens, 0, 0);
+    }
+
+    /// Routes a request (new, or moved with `generated` tokens streamed and `kv_tokens`
+    /// tokens of KV readable on the worker it leaves) and hands it to an engine; a worker
+    /// found crashed is excluded and counted against, and another tried, as the servers do.
+    fn place(
+        &mut self,
+        index: u32,
+        prompt: TokenBlocks,
+        max_output_tokens: u32,
+        generated: u32,
+        kv_tokens: u32,
+    ) {
         let id = RequestId(u64::from(index));
         let mut exclude: Vec<WorkerId> = Vec::new();
+        let mut mock = MockRequest {
+            id,
+            prompt,
+            max_output_tokens,
+            generated,
+            stream_key: id.0,
+            stop_token_ids: self.config.eos_token_ids.clone(),
+            imported_tokens: 0,
+        };
         loop {
-            let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
+            let overlaps = self.indexer.find_matches(mock.prompt.local_hashes());
             let query = RouteQuery {
                 id,
-                blocks: &request.prompt,
+                blocks: &mock.prompt,
                 overrides: RoutingOverrides::default(),
                 exclude: &exclude,
             };
@@ -383,14 +467,61 @@ impl<'a> Fleet<'a> {
                 return;
             };
             let slot = slot_of(decision.worker);
-            let mock = MockRequest {
-                id,
-                prompt: request.prompt.clone(),
-                max_output_tokens: request.output_tokens,
-                generated: 0,
-                stream_key: id.0,
-                stop_token_ids: self.config.eos_token_ids.clone(),
-            };
+            match self.slots[slot] {
+                // A crashed worker refuses the connection: counted against it at once.
+                Slot::Failed {
+                    kind: FaultKind::Crash,
+                    ..
+                } => {
+                    self.core.finish(id);
+                    self.core.observe_failure(
+                        decision.worker.worker_id,
+                        Failure::Unreachable,
+                        self.now,
+                    );
+                    exclude.push(decision.worker.worker_id);
+                    if exclude.len() >= MAX_DISPATCH_ATTEMPTS {
+                        self.fail(index);
+                        return;
+                    }
+                    continue;
+                }
+                // A hung worker takes it and does nothing: it moves when the hang is found.
+                Slot::Failed { .. } => {
+                    self.requests[index as usize].worker = Some(decision.worker);
+                    self.per_worker_requests[slot] += 1;
+                    return;
+                }
+                Slot::Up => {}
+            }
+            if kv_tokens > 0
+                && let Some(link) = self.config.faults.link
+            {
+                // Re-prefill what the target lacks, or send the KV over: the cheaper.
+                let bytes = u64::from(kv_tokens) * self.config.faults.kv_bytes_per_token;
+                let transfer = link.transfer_time(bytes);
+                let recompute = Duration::from_secs_f64(
+                    self.config
+                        .perf
+                        .prefill_ms(decision.prefill_tokens.min(u64::from(u32::MAX)) as u32)
+                        / 1e3,
+                );
+                if transfer < recompute {
+                    self.failures.by_transfer += 1;
+                    self.failures.transferred_bytes += bytes;
+                    mock.imported_tokens = kv_tokens;
+                    let moves = self.requests[index as usize].moves;
+                    self.requests[index as usize].worker = Some(decision.worker);
+                    self.per_worker_requests[slot] += 1;
+                    self.transfers.insert(index, (moves, slot, mock));
+                    self.schedule(self.now + transfer, Event::TransferDone(index, moves));
+                    return;
+                }
+            }
+            if generated > 0 {
+                self.failures.by_reprefill += 1;
+                self.failures.recomputed_tokens += decision.prefill_tokens;
+            }
             match self.engines[slot].add_request(mock) {
                 Ok(()) => {
                     self.requests[index as usize].worker = Some(decision.worker);
@@ -398,27 +529,197 @@ impl<'a> Fleet<'a> {
                     if self.step_end[slot].is_none() {
                         self.start_step(slot, self.now);
                     }
-                    return;
                 }
-                Err(rejected) => {
+                Err(_) => {
+                    // Every simulated engine has the same arguments: another one would
+                    // refuse it too.
                     self.core.finish(id);
-                    let elsewhere = !matches!(
-                        rejected,
-                        Rejected::EmptyPrompt | Rejected::NoOutput | Rejected::Duplicate(_)
-                    );
-                    exclude.push(decision.worker.worker_id);
-                    if !elsewhere || exclude.len() >= MAX_DISPATCH_ATTEMPTS {
-                        self.fail(index);
-                        return;
-                    }
+                    self.fail(index);
                 }
             }
+            return;
         }
     }
 
     fn fail(&mut self, index: u32) {
         self.requests[index as usize].outcome = Outcome::Failed;
         self.report.failed += 1;
+    }
+
+    // ---- faults ----
+
+    /// The fault at `i` of the plan strikes its worker.
+    fn strike(&mut self, i: usize) {
+        let fault = self.plan[i];
+        let slot = (fault.worker - 1) as usize;
+        if self.slots[slot] != Slot::Up {
+            return;
+        }
+        self.failures.faults += 1;
+        *self
+            .failures
+            .faults_by_kind
+            .entry(fault.kind.name())
+            .or_insert(0) += 1;
+        // Whatever the engine was computing never comes out.
+        self.step_end[slot] = None;
+        self.slots[slot] = Slot::Failed {
+            kind: fault.kind,
+            since: self.now,
+            detected: false,
+            back_at: fault.down_for.map(|d| self.now + d),
+        };
+        let worker = worker_key(slot as u32).worker_id;
+        let noticed = match fault.kind {
+            FaultKind::Crash => self.config.faults.crash_detection,
+            FaultKind::Hang => self.core.stall_timeout(worker),
+            FaultKind::Drain => Duration::ZERO,
+        };
+        if noticed.is_zero() {
+            self.take_out(slot);
+        } else {
+            self.schedule(self.now + noticed, Event::Detected(slot as u32));
+        }
+    }
+
+    /// The frontend takes the failed worker in `slot` out of routing and moves its
+    /// requests elsewhere.
+    fn take_out(&mut self, slot: usize) {
+        let Slot::Failed {
+            kind,
+            since,
+            detected: false,
+            back_at,
+        } = self.slots[slot]
+        else {
+            return;
+        };
+        self.slots[slot] = Slot::Failed {
+            kind,
+            since,
+            detected: true,
+            back_at,
+        };
+        let key = worker_key(slot as u32);
+        let mut caught = self.core.remove_worker(key.worker_id);
+        self.indexer.remove_worker(key);
+        self.accepted[slot] = false;
+        // Its KV events still on their way describe a cache that is gone.
+        for events in &mut self.in_flight_events {
+            events.retain(|e| e.worker() != key);
+        }
+        caught.sort_unstable();
+        for id in caught {
+            self.move_request(id.0 as u32, kind, since);
+        }
+        if let Some(at) = back_at {
+            self.schedule(at.max(self.now), Event::Recover(slot as u32));
+        }
+    }
+
+    /// Sends a request caught on a failed worker elsewhere: the prompt and the tokens
+    /// streamed so far, for the rest of its output.
+    fn move_request(&mut self, index: u32, kind: FaultKind, since: Duration) {
+        self.transfers.remove(&index);
+        let state = &mut self.requests[index as usize];
+        if state.outcome != Outcome::Pending {
+            return;
+        }
+        self.failures.interrupted += 1;
+        state.moves += 1;
+        if state.moves > self.config.faults.max_migrations {
+            self.failures.failed += 1;
+            self.fail(index);
+            return;
+        }
+        let generated = state.output_tokens;
+        let workload = self.workload;
+        let request = &workload.requests[index as usize];
+        let mut prompt = request.prompt.clone();
+        if generated == 0 {
+            // Nothing reached the client: sent again as it came.
+            self.failures.restarted += 1;
+            self.place(index, prompt, request.output_tokens, 0, 0);
+        } else {
+            self.failures.migrations += 1;
+            state.interrupted_at = Some(since);
+            state.prefilling_again = true;
+            let prompt_tokens = prompt.total_tokens() as u32;
+            let seed = self.config.seed;
+            let streamed: Vec<Token> = (0..generated)
+                .map(|i| token_at(seed, u64::from(index), prompt_tokens + i))
+                .collect();
+            prompt.extend(&streamed);
+            // The last streamed token was never fed through the model: its KV is not there.
+            let kv_tokens = if kind.kv_survives() {
+                prompt_tokens + generated - 1
+            } else {
+                0
+            };
+            let remaining = request.output_tokens - generated;
+            self.place(index, prompt, remaining, generated, kv_tokens);
+        }
+        if self.requests[index as usize].outcome == Outcome::Failed {
+            self.failures.failed += 1;
+        }
+    }
+
+    /// A moved request's KV has arrived at its new worker.
+    fn transfer_done(&mut self, index: u32, moves: u32) {
+        let Some(&(expected, slot, _)) = self.transfers.get(&index) else {
+            return;
+        };
+        if expected != moves {
+            return;
+        }
+        let Some((_, _, mock)) = self.transfers.remove(&index) else {
+            return;
+        };
+        if self.slots[slot] != Slot::Up {
+            // Hung: it sits there until the hang is found and it moves again.
+            return;
+        }
+        if self.engines[slot].add_request(mock).is_err() {
+            self.core.finish(RequestId(u64::from(index)));
+            self.failures.failed += 1;
+            self.fail(index);
+            return;
+        }
+        if self.step_end[slot].is_none() {
+            self.start_step(slot, self.now);
+        }
+    }
+
+    /// The worker in `slot` is back: a fresh engine with an empty cache.
+    fn bring_back(&mut self, slot: usize) {
+        let Slot::Failed {
+            since,
+            detected: true,
+            ..
+        } = self.slots[slot]
+        else {
+            return;
+        };
+        self.failures.worker_seconds_down += (self.now - since).as_secs_f64();
+        let key = worker_key(slot as u32);
+        let args = self.config.engine;
+        let Ok(engine) = MockEngine::new(key, args, self.config.perf.clone(), self.config.seed)
+        else {
+            unreachable!("the engine arguments were accepted at the start");
+        };
+        self.engines[slot] = engine;
+        self.outputs[slot] = StepOutput::default();
+        self.step_end[slot] = None;
+        self.slots[slot] = Slot::Up;
+        if self
+            .core
+            .add_worker(worker_spec(&self.config.engine, slot as u32))
+            .is_err()
+        {
+            unreachable!("every simulated worker has the same block size");
+        }
+        self.accepted[slot] = self.core.accepts_events(key.worker_id);
+        self.release_queued();
     }
 
     /// Routes queued requests while the core releases them.
@@ -443,6 +744,13 @@ impl<'a> Fleet<'a> {
         for token in &out.tokens {
             let index = token.request.0 as usize;
             let state = &mut self.requests[index];
+            if let Some(since) = state.interrupted_at.take() {
+                self.stall.record(micros(now - since));
+            }
+            if state.prefilling_again {
+                state.prefilling_again = false;
+                self.core.prefill_done(token.request);
+            }
             if state.first_token.is_none() {
                 let arrival = self.workload.requests[index].arrival;
                 self.ttft.record(micros(now - arrival));
@@ -462,6 +770,12 @@ impl<'a> Fleet<'a> {
             if let Some(reason) = token.finish {
                 let arrival = self.workload.requests[index].arrival;
                 self.e2e.record(micros(now - arrival));
+                if state.moves > 0 {
+                    self.moved_e2e.record(micros(now - arrival));
+                    self.failures.completed_after_move += 1;
+                } else {
+                    self.untouched_e2e.record(micros(now - arrival));
+                }
                 state.finished = Some(now);
                 state.outcome = Outcome::Completed(reason);
                 self.core.finish(token.request);
@@ -515,6 +829,12 @@ impl<'a> Fleet<'a> {
     }
 
     fn finish(mut self) -> SimReport {
+        debug_assert!(
+            self.requests.iter().all(|r| r.outcome != Outcome::Pending)
+                && self.core.active_requests() == 0
+                && self.transfers.is_empty(),
+            "the run ended with work in flight"
+        );
         let end = self.last_event;
         let span = end.as_secs_f64().max(f64::MIN_POSITIVE);
         let r = &mut self.report;
@@ -537,6 +857,18 @@ impl<'a> Fleet<'a> {
         r.load_spread =
             LoadSpread::from_counts(&self.per_worker_requests, &self.per_worker_prefill);
         r.simulated_seconds = end.as_secs_f64();
+        if self.config.faults.any() {
+            let mut failures = std::mem::take(&mut self.failures);
+            for slot in &self.slots {
+                if let Slot::Failed { since, .. } = *slot {
+                    failures.worker_seconds_down += end.saturating_sub(since).as_secs_f64();
+                }
+            }
+            failures.stall_ms = self.stall.distribution();
+            failures.moved_e2e_ms = self.moved_e2e.distribution();
+            failures.untouched_e2e_ms = self.untouched_e2e.distribution();
+            r.failures = Some(failures);
+        }
         if self.config.record_requests {
             r.request_records = self
                 .requests
@@ -568,6 +900,16 @@ impl<'a> Fleet<'a> {
 /// The simulated worker in `slot`: ids from 1, as `switchyard serve` numbers its workers.
 pub fn worker_key(slot: u32) -> WorkerKey {
     WorkerKey::new(u64::from(slot) + 1, 0)
+}
+
+/// What the simulated worker in `slot` announces (as the worker crate's `Mocker` does).
+fn worker_spec(args: &EngineArgs, slot: u32) -> WorkerSpec {
+    WorkerSpec {
+        capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
+        max_num_seqs: Some(args.max_num_seqs),
+        kv_events: args.enable_prefix_caching,
+        ..WorkerSpec::new(worker_key(slot).worker_id, args.block_size)
+    }
 }
 
 fn slot_of(worker: WorkerKey) -> usize {

@@ -32,6 +32,7 @@ fn config(workers: u32) -> SimConfig {
         seed: 1,
         record_requests: false,
         lazy_engines: true,
+        faults: Default::default(),
     }
 }
 
@@ -261,6 +262,7 @@ fn engines_advanced_on_their_own_give_the_same_run_as_global_order() {
         };
         let exact = SimConfig {
             lazy_engines: false,
+            faults: Default::default(),
             ..lazy.clone()
         };
         for policy in [PolicyKind::Kv, PolicyKind::RoundRobin] {

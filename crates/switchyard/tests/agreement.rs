@@ -226,6 +226,7 @@ fn sim(
         seed: config.router.seed,
         record_requests: true,
         lazy_engines: true,
+        faults: Default::default(),
     };
     let report = simulate(&sim_config, &workload, config.router.policy, &mut |_| {}).unwrap();
     let outcomes = report

@@ -325,13 +325,15 @@ async fn kill_9_in_a_loop_loses_no_request_and_no_token() {
     };
     detections.sort();
     eprintln!(
-        "chaos: {} requests over {KILLS} kills ({} s), {} completed whole, {} failed; {migrated:.0} moves ({refused:.0} refused); \
+        "chaos: {} requests over {KILLS} kills ({} s), {} completed whole, {} failed; {} moves ({} refused); \
          migration latency p50 <= {}, p99 <= {}; longest chunk gap per stream p50 {} / p99 {} (fault-free run: {} / {}, {:.1} s); \
          crash detection p50 {} / max {}",
         results.len(),
         started.elapsed().as_secs(),
         results.len() - failures.len(),
         failures.len(),
+        migrated as u64,
+        refused as u64,
         latency(0.5),
         latency(0.99),
         ms(percentile(&gaps, 0.5)),

@@ -126,6 +126,7 @@ impl StepEngine for SteppedMocker {
             generated: request.generated(),
             stream_key: request.stream_key(),
             stop_token_ids: request.sampling.stop_token_ids,
+            imported_tokens: 0,
         };
         self.engine.add_request(mock).map_err(engine_error)
     }

@@ -36,6 +36,11 @@ pub struct DegradationConfig {
     /// How long capacity lost to failures counts as missing.
     #[serde(with = "humantime_serde")]
     pub lost_memory: Duration,
+    /// A worker that joined this long before a failing one left is taken as its
+    /// replacement (a restarted worker often registers before its predecessor's lease
+    /// runs out).
+    #[serde(with = "humantime_serde")]
+    pub replacement_window: Duration,
 }
 
 impl Default for DegradationConfig {
@@ -45,6 +50,7 @@ impl Default for DegradationConfig {
             ttft_target: Duration::from_secs(5),
             ttft_alpha: 0.05,
             lost_memory: Duration::from_secs(300),
+            replacement_window: Duration::from_secs(30),
         }
     }
 }
@@ -86,8 +92,8 @@ pub struct Degradation {
     level: u8,
     /// Capacity of workers removed while unhealthy, and since when.
     lost: BTreeMap<WorkerId, (f64, Duration)>,
-    /// Workers that joined while others were failing, not yet matched with a departure.
-    replacements: u32,
+    /// When workers joined that replaced no lost capacity, for a departure to claim.
+    unclaimed_joins: std::collections::VecDeque<Duration>,
     ttft: Option<f64>,
     now: Duration,
 }
@@ -98,30 +104,46 @@ impl Degradation {
             config,
             level: 0,
             lost: BTreeMap::new(),
-            replacements: 0,
+            unclaimed_joins: std::collections::VecDeque::new(),
             ttft: None,
             now: Duration::ZERO,
         }
     }
 
+    /// The time now, for what comes without it (workers joining and leaving).
+    pub fn tick(&mut self, now: Duration) {
+        self.now = self.now.max(now);
+    }
+
     /// A serving worker left the registry; if it was failing (unhealthy or suspicious) its
-    /// capacity counts as lost, unless a replacement already joined for it.
-    pub fn worker_removed(&mut self, worker: WorkerId, capacity: f64, failing: bool) {
+    /// capacity counts as lost, unless a worker joined for it: within the replacement
+    /// window, and after `last_good`, the last time the failing worker was seen working
+    /// (so the fleet's own start is not taken for replacements).
+    pub fn worker_removed(
+        &mut self,
+        worker: WorkerId,
+        capacity: f64,
+        failing: bool,
+        last_good: Duration,
+    ) {
         if !failing {
             return;
         }
-        if self.replacements > 0 {
-            self.replacements -= 1;
-        } else {
-            self.lost.insert(worker, (capacity, self.now));
+        self.forget_old_joins();
+        match self.unclaimed_joins.iter().position(|&at| at >= last_good) {
+            Some(i) => {
+                self.unclaimed_joins.remove(i);
+            }
+            None => {
+                self.lost.insert(worker, (capacity, self.now));
+            }
         }
     }
 
-    /// A worker joined, while `failing` registered workers are failing (not yet gone). It
-    /// replaces lost capacity: its own if it comes back under its id, else the longest
-    /// lost, else (a replacement started before the failed worker's lease ran out) the
-    /// capacity of a failing worker about to leave.
-    pub fn worker_added(&mut self, worker: WorkerId, failing: usize) {
+    /// A worker joined. It replaces lost capacity: its own if it comes back under its id,
+    /// else the longest lost; with none lost, a failing worker leaving within the
+    /// replacement window may claim it.
+    pub fn worker_added(&mut self, worker: WorkerId) {
         if self.lost.remove(&worker).is_some() {
             return;
         }
@@ -134,8 +156,21 @@ impl Degradation {
             Some(oldest) => {
                 self.lost.remove(&oldest);
             }
-            None if (self.replacements as usize) < failing => self.replacements += 1,
-            None => {}
+            None => {
+                self.forget_old_joins();
+                self.unclaimed_joins.push_back(self.now);
+            }
+        }
+    }
+
+    fn forget_old_joins(&mut self) {
+        let window = self.config.replacement_window;
+        while self
+            .unclaimed_joins
+            .front()
+            .is_some_and(|&at| at + window < self.now)
+        {
+            self.unclaimed_joins.pop_front();
         }
     }
 
@@ -198,16 +233,16 @@ mod tests {
         assert_eq!(d.level(2.0, 4.0, S), 2);
         // Three of four crash and are removed: one healthy of four.
         for w in 1..=3 {
-            d.worker_removed(WorkerId(w), 1.0, true);
+            d.worker_removed(WorkerId(w), 1.0, true, S);
         }
         assert_eq!(d.level(1.0, 1.0, 2 * S), 3);
         // A worker that leaves cleanly takes its capacity with it.
-        d.worker_removed(WorkerId(9), 1.0, false);
+        d.worker_removed(WorkerId(9), 1.0, false, S);
         assert_eq!(d.level(1.0, 1.0, 3 * S), 3);
-        d.worker_added(WorkerId(1), 0);
+        d.worker_added(WorkerId(1));
         assert_eq!(d.level(2.0, 2.0, 4 * S), 2);
         // A replacement under a new id takes the place of another lost worker.
-        d.worker_added(WorkerId(20), 0);
+        d.worker_added(WorkerId(20));
         assert_eq!(d.level(3.0, 3.0, 4 * S), 1);
         // Five minutes later the loss is forgotten: the smaller fleet is the fleet.
         assert_eq!(d.level(1.0, 1.0, 302 * S), 0);
@@ -217,20 +252,35 @@ mod tests {
     #[test]
     fn a_replacement_started_before_the_failed_worker_left_covers_it() {
         let mut d = Degradation::new(DegradationConfig::default());
-        // Four workers; one crashes (unhealthy, still registered) and a replacement joins.
-        d.worker_added(WorkerId(5), 1);
-        d.worker_removed(WorkerId(1), 1.0, true);
-        assert_eq!(d.level(4.0, 4.0, S), 0);
-        // Twenty crashes, each replaced: nothing accumulates.
-        for w in 6..26 {
-            d.worker_added(WorkerId(w), 1);
-            d.worker_removed(WorkerId(w - 4), 1.0, true);
+        // The fleet starts: four joins at 0 s. Worker 1, seen working at 1 s, crashes and
+        // leaves: the fleet's own start is no replacement for it.
+        for w in 1..=4 {
+            d.worker_added(WorkerId(w));
         }
-        assert_eq!(d.level(4.0, 4.0, 2 * S), 0);
-        // A worker joining while none fails is growth, not a replacement.
-        d.worker_added(WorkerId(40), 0);
-        d.worker_removed(WorkerId(30), 1.0, true);
-        assert_eq!(d.level(4.0, 4.0, 3 * S), 1);
+        d.tick(S);
+        d.worker_removed(WorkerId(1), 1.0, true, S);
+        assert_eq!(d.level(3.0, 3.0, S), 1);
+        d.worker_added(WorkerId(5));
+        assert_eq!(d.level(4.0, 4.0, S), 0);
+        // Twenty crashes, each replaced, the replacement registering before or after the
+        // crashed worker leaves: nothing accumulates.
+        for w in 6..26u64 {
+            let t = S * w as u32;
+            d.tick(t);
+            if w % 2 == 0 {
+                d.worker_added(WorkerId(w));
+                d.worker_removed(WorkerId(w - 4), 1.0, true, t - S / 2);
+            } else {
+                d.worker_removed(WorkerId(w - 4), 1.0, true, t - S / 2);
+                d.worker_added(WorkerId(w));
+            }
+            assert_eq!(d.level(4.0, 4.0, t), 0, "{w}");
+        }
+        // A worker that joined long before is growth, not a replacement.
+        d.worker_added(WorkerId(40));
+        assert_eq!(d.level(5.0, 5.0, 60 * S), 0);
+        d.worker_removed(WorkerId(30), 1.0, true, 59 * S);
+        assert_eq!(d.level(4.0, 4.0, 60 * S), 1);
     }
 
     #[test]

@@ -361,6 +361,12 @@ impl WorkerHealth {
         });
     }
 
+    /// The last time the worker was seen working (a token, a success, a canary answer),
+    /// or when it was registered.
+    pub fn last_activity(&self) -> Duration {
+        self.last_activity
+    }
+
     /// How long a stream on this worker may go without a token before it counts as stalled.
     pub fn stall_timeout(&self, config: &HealthConfig) -> Duration {
         let derived = self.inter_token.map_or(Duration::ZERO, |s| {

@@ -86,6 +86,8 @@ pub struct RoutingCore {
     approx_workers: usize,
     admission: AdmissionQueue,
     degradation: Degradation,
+    /// The latest time any call brought, for what comes without one (workers joining).
+    now: Duration,
     /// Breaker jitter and the weighting of suspicious workers (seeded: runs repeat).
     rng: SmallRng,
 }
@@ -100,8 +102,15 @@ impl RoutingCore {
             approx_workers: 0,
             admission: AdmissionQueue::new(config.admission),
             degradation: Degradation::new(config.degradation),
+            now: Duration::ZERO,
             rng: SmallRng::seed_from_u64(config.router.seed ^ 0x6865_616c_7468),
         }
+    }
+
+    /// Moves the core's notion of now forward (every call that takes `now` does).
+    pub fn tick(&mut self, now: Duration) {
+        self.now = self.now.max(now);
+        self.degradation.tick(now);
     }
 
     pub fn config(&self) -> &RoutingConfig {
@@ -140,18 +149,11 @@ impl RoutingCore {
         let keys: Vec<WorkerKey> = spec.keys().collect();
         let view = self.config.cache_view.view_for(&spec);
         let id = spec.id;
-        self.registry.add(spec, self.config.cache_view)?;
-        let failing = self
-            .registry
-            .iter()
-            .filter(|e| {
-                e.spec.id != id
-                    && e.spec.role.serves_generation()
-                    && !e.departed
-                    && e.health.state != HealthState::Healthy
-            })
-            .count();
-        self.degradation.worker_added(id, failing);
+        let serving = spec.role.serves_generation();
+        self.registry.add(spec, self.config.cache_view, self.now)?;
+        if serving {
+            self.degradation.worker_added(id);
+        }
         if view == CacheView::Approximate {
             self.approx_workers += 1;
         }
@@ -198,6 +200,7 @@ impl RoutingCore {
                 id,
                 degradation::capacity(&entry.spec),
                 entry.health.state != HealthState::Healthy,
+                entry.health.last_activity(),
             );
         }
         if entry.view == CacheView::Approximate {
@@ -294,6 +297,7 @@ impl RoutingCore {
         failure: Failure,
         now: Duration,
     ) -> Option<HealthChange> {
+        self.tick(now);
         let config = self.config.health;
         self.registry
             .get_mut(worker)?
@@ -303,6 +307,7 @@ impl RoutingCore {
 
     /// A request that completed on the worker.
     pub fn observe_success(&mut self, worker: WorkerId, now: Duration) -> Option<HealthChange> {
+        self.tick(now);
         let config = self.config.health;
         self.registry
             .get_mut(worker)?
@@ -312,6 +317,7 @@ impl RoutingCore {
 
     /// A gap between two tokens streamed from the worker.
     pub fn observe_gap(&mut self, worker: WorkerId, gap: Duration, now: Duration) {
+        self.tick(now);
         let config = self.config.health;
         if let Some(entry) = self.registry.get_mut(worker) {
             entry.health.observe_gap(gap, &config, now);
@@ -330,6 +336,7 @@ impl RoutingCore {
     /// Moves open breakers whose time is up to half-open; returns the workers due a canary
     /// now, marked as being checked.
     pub fn due_canaries(&mut self, now: Duration) -> Vec<WorkerId> {
+        self.tick(now);
         let config = self.config.health;
         let mut due = Vec::new();
         for id in self.registry.iter().map(|e| e.spec.id).collect::<Vec<_>>() {
@@ -385,6 +392,7 @@ impl RoutingCore {
     /// The degradation level now (0 normal … 4 reject new requests), from the capacity
     /// of the healthy workers against what the fleet had, and latency against the SLO.
     pub fn degradation_level(&mut self, now: Duration) -> u8 {
+        self.tick(now);
         let (healthy, nominal) = self.capacities();
         self.degradation.level(healthy, nominal, now)
     }
@@ -512,6 +520,7 @@ impl RoutingCore {
         events: &OverlapScores,
         now: Duration,
     ) -> Result<RouteDecision, RouteError> {
+        self.tick(now);
         self.admission.settled(query.id);
         // Suspicious workers are candidates for their weighted share of decisions (unless
         // nothing else is left).

@@ -207,7 +207,12 @@ impl Registry {
     }
 
     /// Registers a worker (checking its block size against the model's).
-    pub fn add(&mut self, spec: WorkerSpec, mode: CacheViewMode) -> Result<(), JoinRefused> {
+    pub fn add(
+        &mut self,
+        spec: WorkerSpec,
+        mode: CacheViewMode,
+        now: std::time::Duration,
+    ) -> Result<(), JoinRefused> {
         if self.entries.contains_key(&spec.id) {
             return Err(JoinRefused::Duplicate(spec.id));
         }
@@ -229,7 +234,7 @@ impl Registry {
             WorkerEntry {
                 spec,
                 view,
-                health: WorkerHealth::new(std::time::Duration::ZERO),
+                health: WorkerHealth::new(now),
                 draining: false,
                 departed: false,
             },

@@ -13,7 +13,10 @@ use switchyard_mocker::{EngineArgs, PerfModel, PreemptionMode};
 use switchyard_router::indexer::approx::ApproxConfig;
 use switchyard_router::policy::KvPolicyConfig;
 use switchyard_router::{AdmissionConfig, CacheViewMode, PolicyKind, RouterConfig, RoutingConfig};
-use switchyard_sim::{PreparedWorkload, SimConfig, SimReport, TraceRequest, simulate};
+use switchyard_sim::{
+    FaultConfig, Link, ModelShape, PreparedWorkload, ScheduledFault, SimConfig, SimReport,
+    TraceRequest, simulate,
+};
 use switchyard_workload::trace_io::Trace;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,6 +102,32 @@ pub struct SimArgs {
     /// Admission: longest a request waits in the queue, in seconds.
     #[arg(long, default_value_t = AdmissionConfig::default().queue_timeout.as_secs_f64())]
     queue_timeout_secs: f64,
+    /// A worker fault to play, `WORKER:KIND@AT[+FOR]` (kinds: crash, hang, drain; e.g.
+    /// `2:crash@90s+30s`: worker 2 crashes 90 s into the run and is back 30 s later).
+    /// Repeat for more.
+    #[arg(long = "fault", value_name = "SPEC")]
+    faults: Vec<ScheduledFault>,
+    /// Mean time between crashes of each worker (e.g. `10m`): crashes drawn at random.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    mtbf: Option<Duration>,
+    /// How long a worker crashed by the MTBF stays away.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    repair: Duration,
+    /// How long the frontend takes to notice a crash.
+    #[arg(long, default_value_t = FaultConfig::default().crash_detection.as_secs_f64() * 1e3)]
+    crash_detection_ms: f64,
+    /// Times one request may be moved off failed workers before it fails.
+    #[arg(long, default_value_t = FaultConfig::default().max_migrations)]
+    max_migrations: u32,
+    /// The link a moved request's KV may take when the failed worker's memory is still
+    /// readable (hang, drain): nvlink (900 GB/s), pcie5 (28 GB/s), ib (50 GB/s) or GB/s;
+    /// the cheaper of that and computing the KV again is taken. None: always computed.
+    #[arg(long)]
+    kv_link: Option<Link>,
+    /// The model's KV shape, for the bytes a token's KV takes: llama-3-8b, llama-3-70b or
+    /// LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES.
+    #[arg(long, default_value = "llama-3-8b")]
+    model_shape: ModelShape,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -161,6 +190,21 @@ pub fn run(args: SimArgs) -> Result<()> {
             args.queue_timeout_secs
         );
     }
+    if let Some(fault) = args.faults.iter().find(|f| f.worker > args.workers) {
+        bail!(
+            "--fault {fault}: there are only {} workers (numbered from 1)",
+            args.workers
+        );
+    }
+    if args.mtbf.is_some_and(|m| m.is_zero()) {
+        bail!("--mtbf must be longer than zero");
+    }
+    if !(args.crash_detection_ms.is_finite() && args.crash_detection_ms >= 0.0) {
+        bail!(
+            "--crash-detection-ms must be a non-negative number, got {}",
+            args.crash_detection_ms
+        );
+    }
     let engine = EngineArgs {
         num_gpu_blocks: args.num_gpu_blocks,
         block_size: args.block_size,
@@ -221,6 +265,15 @@ pub fn run(args: SimArgs) -> Result<()> {
         seed: args.seed,
         record_requests: false,
         lazy_engines: true,
+        faults: FaultConfig {
+            schedule: args.faults.clone(),
+            mtbf: args.mtbf,
+            repair: args.repair,
+            crash_detection: Duration::from_secs_f64(args.crash_detection_ms / 1e3),
+            max_migrations: args.max_migrations,
+            link: args.kv_link,
+            kv_bytes_per_token: args.model_shape.kv_bytes_per_token(),
+        },
     };
 
     let mut reports = Vec::new();
@@ -369,6 +422,31 @@ fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
             r.throughput.requests_per_sec,
             r.throughput.output_tokens_per_sec,
             r.policy
+        );
+    }
+    for r in reports {
+        let Some(f) = &r.failures else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "{}: {} faults, {} requests caught ({} restarted, {} moved mid-stream: {} by KV \
+             transfer, {} by re-prefill), {} failed, {} completed after a move; stall p50 {:.0} \
+             ms p99 {:.0} ms; e2e mean {:.0} ms moved vs {:.0} ms untouched; {:.0} worker-s down",
+            r.policy,
+            f.faults,
+            f.interrupted,
+            f.restarted,
+            f.migrations,
+            f.by_transfer,
+            f.by_reprefill,
+            f.failed,
+            f.completed_after_move,
+            f.stall_ms.p50,
+            f.stall_ms.p99,
+            f.moved_e2e_ms.mean,
+            f.untouched_e2e_ms.mean,
+            f.worker_seconds_down
         );
     }
     out
