@@ -53,10 +53,11 @@ pub struct MigrationConfig {
     pub backoff_max: Duration,
     pub backoff_factor: f64,
     pub backoff_jitter: f64,
-    /// The fleet-wide budget: each admitted request adds this many migrations to it…
+    /// The fleet-wide budget: moves in progress at once (from leaving a worker until
+    /// another takes the request) are at most this share of the requests in flight…
     pub budget_ratio: f64,
-    /// …up to this many (also where it starts).
-    pub budget_max: f64,
+    /// …or this many, if more.
+    pub budget_min: u32,
 }
 
 impl Default for MigrationConfig {
@@ -69,8 +70,8 @@ impl Default for MigrationConfig {
             backoff_max: Duration::from_secs(2),
             backoff_factor: 1.5,
             backoff_jitter: 0.2,
-            budget_ratio: 0.2,
-            budget_max: 100.0,
+            budget_ratio: 0.5,
+            budget_min: 16,
         }
     }
 }
@@ -209,10 +210,8 @@ impl FrontendConfig {
                     .into(),
             );
         }
-        if !(m.budget_ratio >= 0.0 && m.budget_max >= 0.0) {
-            return Err(
-                "frontend.migration.budget_ratio and budget_max must not be negative".into(),
-            );
+        if !(m.budget_ratio.is_finite() && m.budget_ratio >= 0.0) {
+            return Err("frontend.migration.budget_ratio must be a non-negative number".into());
         }
         if m.dispatch_timeout.is_zero() {
             return Err("frontend.migration.dispatch_timeout must be longer than zero".into());

@@ -159,6 +159,58 @@ async fn streams_move_off_a_crashed_worker_and_arrive_whole() {
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
+/// Crashes the busiest worker under 16 streams of 150 tokens; returns what the clients saw
+/// and the moves refused, by outcome label.
+async fn crash_under(env: &[(&str, &str)]) -> (Vec<Streamed>, f64, f64) {
+    let mut env = env.to_vec();
+    env.extend([
+        ("WORKERS__COUNT", "2"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "2"),
+    ]);
+    let d = start(&env).await;
+    let got = stream_all(&d, 16, 150, || inject(&d, busiest(&d), Fault::Crash)).await;
+    let text = scrape(&url(&d, "/metrics")).await;
+    let limit = metric_value(&text, "switchyard_migrations_total", Some("limit"));
+    let budget = metric_value(&text, "switchyard_migrations_total", Some("budget"));
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+    (got, limit, budget)
+}
+
+/// Streams cut short: each ends with an error event with a code and no `[DONE]`.
+fn cut_short(got: &[Streamed]) -> usize {
+    let mut n = 0;
+    for s in got {
+        if s.errors.is_empty() {
+            assert!(s.done && s.completion_tokens == Some(150));
+            continue;
+        }
+        n += 1;
+        assert!(!s.done, "a stream cut short ended with [DONE]");
+        assert_eq!(s.errors.len(), 1);
+        assert_eq!(s.errors[0]["code"], "stream_interrupted", "{:?}", s.errors);
+        assert!(s.completion_tokens.is_none_or(|t| t < 150));
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_cannot_move_end_with_a_coded_error_and_no_done() {
+    // No moves allowed per request.
+    let (got, limit, budget) = crash_under(&[("FRONTEND__MIGRATION__MAX_MIGRATIONS", "0")]).await;
+    let n = cut_short(&got);
+    assert!(n > 0 && n < got.len(), "{n} of {} cut short", got.len());
+    assert_eq!((limit, budget), (n as f64, 0.0));
+    // No budget for the fleet: no move at once.
+    let (got, limit, budget) = crash_under(&[
+        ("FRONTEND__MIGRATION__BUDGET_RATIO", "0"),
+        ("FRONTEND__MIGRATION__BUDGET_MIN", "0"),
+    ])
+    .await;
+    let n = cut_short(&got);
+    assert!(n > 0, "nothing was refused");
+    assert_eq!((limit, budget), (0.0, n as f64));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_worker_is_found_within_the_stall_timeout_and_rejoins_after_a_canary() {
     let d = start(&[
