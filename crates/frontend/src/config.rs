@@ -53,11 +53,12 @@ pub struct MigrationConfig {
     pub backoff_max: Duration,
     pub backoff_factor: f64,
     pub backoff_jitter: f64,
-    /// The fleet-wide budget: moves in progress at once (from leaving a worker until
-    /// another takes the request) are at most this share of the requests in flight…
+    /// The fleet-wide budget, a token bucket: each admitted request adds this many moves
+    /// to it (the sustained share of requests that may move)…
     pub budget_ratio: f64,
-    /// …or this many, if more.
-    pub budget_min: u32,
+    /// …up to this many, or the number of requests in flight if more (so one failure,
+    /// however large, can move everything it caught once); it starts here.
+    pub budget_max: f64,
 }
 
 impl Default for MigrationConfig {
@@ -71,7 +72,7 @@ impl Default for MigrationConfig {
             backoff_factor: 1.5,
             backoff_jitter: 0.2,
             budget_ratio: 0.5,
-            budget_min: 16,
+            budget_max: 100.0,
         }
     }
 }
@@ -210,8 +211,10 @@ impl FrontendConfig {
                     .into(),
             );
         }
-        if !(m.budget_ratio.is_finite() && m.budget_ratio >= 0.0) {
-            return Err("frontend.migration.budget_ratio must be a non-negative number".into());
+        if !(m.budget_ratio >= 0.0 && m.budget_max >= 0.0) {
+            return Err(
+                "frontend.migration.budget_ratio and budget_max must not be negative".into(),
+            );
         }
         if m.dispatch_timeout.is_zero() {
             return Err("frontend.migration.dispatch_timeout must be longer than zero".into());

@@ -200,10 +200,10 @@ async fn streams_that_cannot_move_end_with_a_coded_error_and_no_done() {
     let n = cut_short(&got);
     assert!(n > 0 && n < got.len(), "{n} of {} cut short", got.len());
     assert_eq!((limit, budget), (n as f64, 0.0));
-    // No budget for the fleet: no move at once.
+    // No budget for the fleet.
     let (got, limit, budget) = crash_under(&[
         ("FRONTEND__MIGRATION__BUDGET_RATIO", "0"),
-        ("FRONTEND__MIGRATION__BUDGET_MIN", "0"),
+        ("FRONTEND__MIGRATION__BUDGET_MAX", "0"),
     ])
     .await;
     let n = cut_short(&got);

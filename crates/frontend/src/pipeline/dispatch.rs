@@ -3,7 +3,6 @@
 //! one cannot take it.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rand::Rng;
@@ -69,8 +68,6 @@ pub(super) struct RequestRun {
     pub(super) failed: Vec<WorkerId>,
     /// Moves to another worker after the first dispatch (before or after its first token).
     pub(super) moves: u32,
-    /// A move in progress, counted in the fleet's budget until a worker takes the request.
-    moving: Option<Moving>,
     /// Frees the request's router slot and counts it out, however it ends.
     guard: Option<InFlight>,
 }
@@ -93,7 +90,6 @@ impl RequestRun {
             generated: Vec::new(),
             failed: Vec::new(),
             moves: 0,
-            moving: None,
             guard: None,
         }
     }
@@ -199,7 +195,6 @@ impl RequestRun {
             let error = match sent {
                 Ok(Ok(stream)) => {
                     frontend.metrics.count_dispatch(worker, true);
-                    self.moving = None;
                     return Ok(Attempt {
                         worker,
                         stream,
@@ -261,14 +256,11 @@ impl RequestRun {
                 self.moves + 1
             )));
         }
-        if self.moving.is_none() {
-            let Some(moving) = Moving::start(frontend) else {
-                frontend.metrics.count_migration("budget");
-                return Err(ApiError::interrupted(
-                    "Too many requests are being moved between workers; this one cannot be.",
-                ));
-            };
-            self.moving = Some(moving);
+        if !frontend.spend_migration() {
+            frontend.metrics.count_migration("budget");
+            return Err(ApiError::interrupted(
+                "Too many requests are being moved between workers; this one cannot be.",
+            ));
         }
         self.moves += 1;
         frontend.metrics.count_migration(why.name());
@@ -278,36 +270,6 @@ impl RequestRun {
     /// The request completed on `worker`.
     pub(super) fn succeeded(&self, worker: WorkerKey) {
         self.frontend.routing.report_success(worker.worker_id);
-    }
-}
-
-/// One move in progress in the fleet's budget, from leaving a worker until another takes
-/// the request (or the request ends).
-struct Moving {
-    frontend: Arc<Frontend>,
-}
-
-impl Moving {
-    /// Starts a move if the fleet's budget allows one more at once.
-    fn start(frontend: &Arc<Frontend>) -> Option<Self> {
-        let m = &frontend.config.migration;
-        let in_flight = frontend.metrics.in_flight.get().max(0) as f64;
-        let allowed = (m.budget_ratio * in_flight).max(f64::from(m.budget_min)) as usize;
-        frontend
-            .moving
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < allowed).then_some(n + 1)
-            })
-            .ok()?;
-        Some(Moving {
-            frontend: Arc::clone(frontend),
-        })
-    }
-}
-
-impl Drop for Moving {
-    fn drop(&mut self) {
-        self.frontend.moving.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -22,10 +22,11 @@ mod dispatch;
 mod stream;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use parking_lot::Mutex;
 use switchyard_core::protocol::{EngineError, Prompt, SamplingParams};
 use switchyard_core::{Priority, RequestId, Token, WorkerKey};
 use switchyard_router::routing::health::Failure;
@@ -51,8 +52,8 @@ pub struct Frontend {
     pub requests: Arc<dyn RequestPlane>,
     pub metrics: Metrics,
     next_id: AtomicU64,
-    /// Moves in progress now, bounded by the fleet's budget (see `MigrationConfig`).
-    moving: AtomicUsize,
+    /// Migrations the fleet may still spend (see `MigrationConfig`).
+    migration_budget: Mutex<f64>,
 }
 
 /// A validated request, tokenized.
@@ -135,6 +136,7 @@ impl Frontend {
         routing: Arc<RoutingService>,
         requests: Arc<dyn RequestPlane>,
     ) -> Self {
+        let budget = config.migration.budget_max;
         Frontend {
             config,
             preprocessor,
@@ -144,7 +146,7 @@ impl Frontend {
             // Ids only need to be unique per engine; a random start keeps several frontends
             // sharing workers apart.
             next_id: AtomicU64::new(rand::random::<u64>() >> 1),
-            moving: AtomicUsize::new(0),
+            migration_budget: Mutex::new(budget),
         }
     }
 
@@ -172,6 +174,17 @@ impl Frontend {
         failure
     }
 
+    /// Takes one migration from the fleet-wide budget, if any is left.
+    fn spend_migration(&self) -> bool {
+        let mut budget = self.migration_budget.lock();
+        if *budget >= 1.0 {
+            *budget -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Admits, routes and dispatches a request.
     pub async fn generate(self: &Arc<Self>, prepared: Prepared) -> Result<Dispatched, ApiError> {
         // Time to first token and request duration count from here, queueing included.
@@ -186,6 +199,12 @@ impl Frontend {
                 self.metrics.count_rejection(rejection);
                 refused(rejection, retry)
             })?;
+        {
+            let m = &self.config.migration;
+            let cap = m.budget_max.max(self.metrics.in_flight.get() as f64);
+            let mut budget = self.migration_budget.lock();
+            *budget = (*budget + m.budget_ratio).min(cap);
+        }
         let prompt_tokens = prepared.prompt.len() as u32;
         let mut run = RequestRun::new(Arc::clone(self), id, &prepared, arrived);
         let attempt = run.dispatch().await?;
