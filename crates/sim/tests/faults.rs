@@ -101,7 +101,7 @@ fn crashed_workers_requests_move_by_reprefill_and_all_complete() {
     assert!(f.recomputed_tokens > 0);
     assert_eq!(f.completed_after_move, f.interrupted, "{f:#?}");
     // A moved stream waits at least until the crash is noticed.
-    assert!(f.stall_ms.p50 >= 150.0, "{:?}", f.stall_ms);
+    assert!(f.stall_ms.p50 >= 20.0, "{:?}", f.stall_ms);
     assert!(f.moved_e2e_ms.mean > f.untouched_e2e_ms.mean, "{f:#?}");
     // Worker 2 away 10 s and 5 s; worker 3 from 40 s to the end.
     let end = report.simulated_seconds;
@@ -200,8 +200,20 @@ fn an_mtbf_draws_failures_deterministically() {
         ..FaultConfig::default()
     };
     let (report, f) = run(&w, mtbf.clone());
+    // About a third of the fleet is away at any time: some requests are refused or run
+    // out of moves, but every one is accounted for and every completed one is whole.
     assert!(f.faults >= 4, "{f:#?}");
-    all_complete(&report, &w);
+    assert_eq!(
+        report.completed + report.failed + report.rejected,
+        report.requests
+    );
+    assert_eq!(report.failed, f.failed);
+    assert!(f.failed <= f.interrupted);
+    for (record, request) in report.request_records.iter().zip(&w.requests) {
+        if record.outcome == "length" {
+            assert_eq!(record.output_tokens, request.output_tokens);
+        }
+    }
     let (again, g) = run(&w, mtbf);
     assert_eq!(f, g);
     assert_eq!(report.request_records, again.request_records);
