@@ -19,6 +19,7 @@ pub mod blocks;
 pub mod event;
 pub mod hash;
 pub mod load;
+pub mod perf;
 pub mod protocol;
 pub mod request;
 pub mod trace;

@@ -169,6 +169,11 @@ impl MockEngine {
         self.worker
     }
 
+    /// The timing model its steps follow.
+    pub fn perf(&self) -> &PerfModel {
+        &self.perf
+    }
+
     pub fn args(&self) -> &EngineArgs {
         &self.args
     }

@@ -32,7 +32,7 @@ pub use active::{ActiveSequences, WorkerLoad};
 pub use indexer::{
     ApplyOutcome, EventGap, Indexer, IndexerConfig, IndexerStats, OverlapScores, WorkerSnapshot,
 };
-pub use policy::{Candidate, PolicyKind, RoutingOverrides};
+pub use policy::{Candidate, LatencyPolicyConfig, PolicyKind, RoutingOverrides, WorkerTiming};
 pub use router::{RouteDecision, RouteError, RouteRequest, Router, RouterConfig};
 pub use routing::admission::{Admission, AdmissionConfig, Rejection};
 pub use routing::registry::{

@@ -10,6 +10,7 @@ use rand::Rng;
 use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
 use switchyard_core::WorkerKey;
+use switchyard_core::perf::{PerfModel, StepShape};
 use thiserror::Error;
 
 /// What a policy knows about one worker for one request.
@@ -28,6 +29,29 @@ pub struct Candidate {
     pub prefill_tokens: u64,
     /// In-flight requests on the worker.
     pub active_requests: u32,
+    /// The worker's timing, an index into [`Selection::timings`].
+    pub timing: u16,
+}
+
+/// How a worker's steps take time, for predicting latency: announced by the worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerTiming {
+    pub perf: PerfModel,
+    /// Tokens one step computes at most (vLLM's `max_num_batched_tokens`).
+    pub max_batched_tokens: u32,
+    /// KV blocks the worker holds.
+    pub capacity_blocks: u64,
+}
+
+impl Default for WorkerTiming {
+    /// The mocker's defaults: the polynomial model, vLLM's 8,192-token steps, 16,384 blocks.
+    fn default() -> Self {
+        WorkerTiming {
+            perf: PerfModel::Polynomial,
+            max_batched_tokens: 8192,
+            capacity_blocks: 16_384,
+        }
+    }
 }
 
 /// Per-request routing overrides.
@@ -45,6 +69,8 @@ pub struct Selection<'a> {
     pub block_size: u32,
     pub candidates: &'a [Candidate],
     pub overrides: &'a RoutingOverrides,
+    /// The workers' timings ([`Candidate::timing`] indexes them).
+    pub timings: &'a [WorkerTiming],
 }
 
 /// A selection policy. Returns the index of the chosen candidate (`None` only when there
@@ -59,6 +85,7 @@ pub trait Policy: Send + fmt::Debug {
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
     Kv,
+    Latency,
     RoundRobin,
     Random,
     LeastLoaded,
@@ -67,8 +94,9 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 6] = [
+    pub const ALL: [PolicyKind; 7] = [
         PolicyKind::Kv,
+        PolicyKind::Latency,
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::LeastLoaded,
@@ -79,6 +107,7 @@ impl PolicyKind {
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Kv => "kv",
+            PolicyKind::Latency => "latency",
             PolicyKind::RoundRobin => "round-robin",
             PolicyKind::Random => "random",
             PolicyKind::LeastLoaded => "least-loaded",
@@ -96,7 +125,7 @@ impl fmt::Display for PolicyKind {
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error(
-    "unknown routing policy {0:?}; expected one of: kv, round-robin, random, least-loaded, power-of-two, cache-aware"
+    "unknown routing policy {0:?}; expected one of: kv, latency, round-robin, random, least-loaded, power-of-two, cache-aware"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -124,6 +153,26 @@ impl Default for KvPolicyConfig {
     fn default() -> Self {
         KvPolicyConfig {
             overlap_weight: 1.0,
+            temperature: 0.0,
+        }
+    }
+}
+
+/// Settings of the `latency` policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyPolicyConfig {
+    /// Weight of the delay a request's prefill adds to the worker's running decodes
+    /// (milliseconds of their inter-token latency, summed over them) against its own time
+    /// to first token.
+    pub itl_weight: f64,
+    /// 0 picks the fastest worker; above 0 samples from a softmax over normalised costs.
+    pub temperature: f64,
+}
+
+impl Default for LatencyPolicyConfig {
+    fn default() -> Self {
+        LatencyPolicyConfig {
+            itl_weight: 0.0,
             temperature: 0.0,
         }
     }
@@ -195,21 +244,98 @@ impl Policy for KvPolicy {
         if temperature > 0.0 {
             return Some(softmax_sample(&costs, temperature, rng));
         }
-        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
-        let cheapest: Vec<usize> = (0..costs.len())
-            .filter(|&i| costs[i] - min <= 1e-9)
-            .collect();
-        // Ties go to the worker with less cached (more room), then at random.
-        let fewest_cached = cheapest
-            .iter()
-            .map(|&i| s.candidates[i].cached_blocks)
-            .min()?;
-        let tied: Vec<usize> = cheapest
-            .into_iter()
-            .filter(|&i| s.candidates[i].cached_blocks == fewest_cached)
-            .collect();
-        pick(&tied, rng)
+        cheapest(s, &costs, rng)
     }
+}
+
+/// The `latency` policy: the worker where the request's first token comes soonest, predicted
+/// from the worker's own timing model.
+///
+/// predicted TTFT = the steps that compute the prefill already queued on the worker and
+/// then this request's uncached tokens, in chunks of the worker's step budget, each step
+/// also decoding the worker's running requests; cost = predicted TTFT + itl_weight × the
+/// delay those steps add to the running decodes.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyPolicy {
+    pub config: LatencyPolicyConfig,
+}
+
+impl LatencyPolicy {
+    /// The predicted time to first token on each candidate, in milliseconds, and the
+    /// cost.
+    pub fn predict(&self, s: &Selection<'_>, c: &Candidate) -> (f64, f64) {
+        let fallback = WorkerTiming::default();
+        let timing = s.timings.get(usize::from(c.timing)).unwrap_or(&fallback);
+        let block_size = u64::from(s.block_size.max(1));
+        let cached = u64::from(c.overlap_blocks) * block_size;
+        let own = s.isl_tokens.saturating_sub(cached).max(1);
+        let queued = c.prefill_tokens;
+        // The running requests decode in every step (those not still prefilling).
+        let decoding = c.active_requests.saturating_sub(u32::from(queued > 0));
+        let decode_ms = if decoding > 0 {
+            let shape = StepShape {
+                decode_seqs: decoding,
+                decode_kv_tokens: c.active_blocks * block_size,
+                active_blocks: c.active_blocks + c.new_blocks,
+                capacity_blocks: timing.capacity_blocks,
+                ..StepShape::default()
+            };
+            timing.perf.decode_ms(&shape)
+        } else {
+            0.0
+        };
+        let budget = u64::from(timing.max_batched_tokens.max(1));
+        // Prefill time of `tokens` in budget-sized chunks, and the number of steps.
+        let prefill = |tokens: u64| {
+            let (full, rest) = (tokens / budget, tokens % budget);
+            let mut ms = full as f64 * timing.perf.prefill_ms(budget as u32);
+            if rest > 0 {
+                ms += timing.perf.prefill_ms(rest as u32);
+            }
+            (ms, full + u64::from(rest > 0))
+        };
+        let (prefill_ms, steps) = prefill(queued + own);
+        let ttft = prefill_ms + steps as f64 * decode_ms;
+        // What this request's own chunks add to every running decode's step time.
+        let added = prefill(own).0;
+        let weight = self.config.itl_weight;
+        (ttft, ttft + weight * added * f64::from(decoding))
+    }
+}
+
+impl Policy for LatencyPolicy {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Latency
+    }
+
+    fn select(&mut self, s: &Selection<'_>, rng: &mut SmallRng) -> Option<usize> {
+        if s.candidates.is_empty() {
+            return None;
+        }
+        let costs: Vec<f64> = s.candidates.iter().map(|c| self.predict(s, c).1).collect();
+        let temperature = s.overrides.temperature.unwrap_or(self.config.temperature);
+        if temperature > 0.0 {
+            return Some(softmax_sample(&costs, temperature, rng));
+        }
+        cheapest(s, &costs, rng)
+    }
+}
+
+/// The cheapest candidate; ties to the worker with less cached (more room), then at random.
+fn cheapest(s: &Selection<'_>, costs: &[f64], rng: &mut SmallRng) -> Option<usize> {
+    let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+    let cheapest: Vec<usize> = (0..costs.len())
+        .filter(|&i| costs[i] - min <= 1e-9)
+        .collect();
+    let fewest_cached = cheapest
+        .iter()
+        .map(|&i| s.candidates[i].cached_blocks)
+        .min()?;
+    let tied: Vec<usize> = cheapest
+        .into_iter()
+        .filter(|&i| s.candidates[i].cached_blocks == fewest_cached)
+        .collect();
+    pick(&tied, rng)
 }
 
 /// Samples an index with probability ∝ exp(−normalised cost / T), costs normalised to [0, 1].
@@ -379,10 +505,12 @@ impl Policy for CacheAware {
 pub fn build(
     kind: PolicyKind,
     kv: KvPolicyConfig,
+    latency: LatencyPolicyConfig,
     cache_aware: CacheAwareConfig,
 ) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Kv => Box::new(KvPolicy { config: kv }),
+        PolicyKind::Latency => Box::new(LatencyPolicy { config: latency }),
         PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
         PolicyKind::Random => Box::new(RandomPolicy),
         PolicyKind::LeastLoaded => Box::new(LeastLoaded),
@@ -411,6 +539,7 @@ mod tests {
             new_blocks: 0,
             prefill_tokens: 0,
             active_requests: 0,
+            timing: 0,
         }
     }
 
@@ -427,6 +556,7 @@ mod tests {
             block_size: 16,
             candidates,
             overrides: &overrides,
+            timings: &[],
         };
         policy.select(&s, &mut rng).expect("a candidate")
     }
@@ -452,6 +582,7 @@ mod tests {
             block_size: 16,
             candidates: &[a, b],
             overrides: &overrides,
+            timings: &[],
         };
         // A: prefill (32 + 160 - 96) / 16 = 6, decode 20 + 4 = 24 -> 30.
         // B: prefill 160 / 16 = 10, decode 0 + 10 = 10 -> 20.
@@ -544,6 +675,7 @@ mod tests {
                 block_size: 16,
                 candidates: &[cheap, dear],
                 overrides: &o,
+                timings: &[],
             };
             (0..2000)
                 .filter(|_| p.select(&s, &mut rng) == Some(1))
@@ -579,6 +711,7 @@ mod tests {
             block_size: 16,
             candidates: &cs,
             overrides: &o,
+            timings: &[],
         };
         let seen: std::collections::HashSet<usize> =
             (0..100).filter_map(|_| p.select(&s, &mut rng)).collect();
@@ -691,5 +824,105 @@ mod tests {
         }
         let err = "fastest".parse::<PolicyKind>().unwrap_err();
         assert!(err.to_string().contains("round-robin"));
+    }
+
+    fn latency_select(
+        candidates: &[Candidate],
+        timings: &[WorkerTiming],
+        isl: u64,
+        itl_weight: f64,
+    ) -> (usize, Vec<f64>) {
+        let overrides = RoutingOverrides::default();
+        let s = Selection {
+            isl_tokens: isl,
+            block_size: 16,
+            candidates,
+            overrides: &overrides,
+            timings,
+        };
+        let mut policy = LatencyPolicy {
+            config: LatencyPolicyConfig {
+                itl_weight,
+                temperature: 0.0,
+            },
+        };
+        let ttfts = candidates.iter().map(|c| policy.predict(&s, c).0).collect();
+        let mut rng = SmallRng::seed_from_u64(1);
+        (policy.select(&s, &mut rng).unwrap(), ttfts)
+    }
+
+    #[test]
+    fn latency_predicts_prefill_queue_and_decode_from_the_model() {
+        let m = PerfModel::Polynomial;
+        let timings = [WorkerTiming::default()];
+        // Idle: exactly the prefill of the uncached tokens.
+        let idle = cand(1);
+        let cached = Candidate {
+            overlap_blocks: 50,
+            ..cand(2)
+        };
+        let (chosen, ttft) = latency_select(&[idle, cached], &timings, 1600, 0.0);
+        assert_eq!(chosen, 1, "the cache hit is faster");
+        assert!((ttft[0] - m.prefill_ms(1600)).abs() < 1e-9);
+        assert!((ttft[1] - m.prefill_ms(800)).abs() < 1e-9);
+        // The cache hit behind 20,000 queued prompt tokens (three chunks of 8,192 and a
+        // rest, each step also decoding the 4 running requests) loses to an idle worker.
+        let busy = Candidate {
+            prefill_tokens: 20_000,
+            active_requests: 5,
+            active_blocks: 1_000,
+            ..cached
+        };
+        let (chosen, ttft) = latency_select(&[idle, busy], &timings, 1600, 0.0);
+        assert_eq!(chosen, 0);
+        let decode = m.decode_ms(&StepShape {
+            decode_seqs: 4,
+            decode_kv_tokens: 16_000,
+            active_blocks: 1_000,
+            capacity_blocks: 16_384,
+            ..StepShape::default()
+        });
+        let expected = 2.0 * m.prefill_ms(8192) + m.prefill_ms(20_800 - 16_384) + 3.0 * decode;
+        assert!(
+            (ttft[1] - expected).abs() < 1e-6,
+            "{} vs {expected}",
+            ttft[1]
+        );
+    }
+
+    #[test]
+    fn latency_uses_each_workers_own_model_and_protects_running_decodes() {
+        let slow = WorkerTiming::default();
+        let fast = WorkerTiming {
+            perf: PerfModel::from_profile(switchyard_core::perf::Profile {
+                prefill_isl: vec![0.0, 10_000.0],
+                prefill_ttft_ms: vec![1.0, 100.0],
+                decode_active_kv_tokens: vec![0.0, 100_000.0],
+                decode_context_length: vec![1.0, 10_000.0],
+                decode_itl: vec![vec![2.0, 2.0], vec![4.0, 4.0]],
+            })
+            .unwrap(),
+            ..WorkerTiming::default()
+        };
+        let on_slow = cand(1);
+        let on_fast = Candidate {
+            timing: 1,
+            ..cand(2)
+        };
+        let (chosen, ttft) = latency_select(&[on_slow, on_fast], &[slow, fast], 4000, 0.0);
+        assert_eq!(chosen, 1);
+        assert!((ttft[1] - 40.6).abs() < 1e-9, "{ttft:?}");
+        // A worker decoding 100 requests: a little faster for this request's first token,
+        // but its prefill would stall all of them; with an ITL weight the idle one wins.
+        let crowded = Candidate {
+            active_requests: 100,
+            active_blocks: 200,
+            overlap_blocks: 40,
+            ..cand(3)
+        };
+        let idle = cand(4);
+        let timings = [WorkerTiming::default()];
+        assert_eq!(latency_select(&[crowded, idle], &timings, 4000, 0.0).0, 0);
+        assert_eq!(latency_select(&[crowded, idle], &timings, 4000, 0.01).0, 1);
     }
 }

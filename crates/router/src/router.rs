@@ -13,8 +13,8 @@ use thiserror::Error;
 use crate::active::{ActiveError, ActiveSequences, WorkerLoad};
 use crate::indexer::OverlapScores;
 use crate::policy::{
-    self, CacheAwareConfig, Candidate, KvPolicyConfig, Policy, PolicyKind, RoutingOverrides,
-    Selection,
+    self, CacheAwareConfig, Candidate, KvPolicyConfig, LatencyPolicyConfig, Policy, PolicyKind,
+    RoutingOverrides, Selection, WorkerTiming,
 };
 
 /// Router settings.
@@ -25,6 +25,7 @@ pub struct RouterConfig {
     /// The policy used when a request does not name one.
     pub policy: PolicyKind,
     pub kv: KvPolicyConfig,
+    pub latency: LatencyPolicyConfig,
     pub cache_aware: CacheAwareConfig,
     /// Requests active longer than this are presumed lost and freed.
     pub request_ttl: Duration,
@@ -38,6 +39,7 @@ impl Default for RouterConfig {
             block_size: 16,
             policy: PolicyKind::Kv,
             kv: KvPolicyConfig::default(),
+            latency: LatencyPolicyConfig::default(),
             cache_aware: CacheAwareConfig::default(),
             request_ttl: Duration::from_secs(600),
             seed: 0,
@@ -83,6 +85,10 @@ pub struct Router {
     /// Sorted, so candidate order (and round-robin) is stable.
     workers: Vec<WorkerKey>,
     policies: Vec<Box<dyn Policy>>,
+    /// The distinct timings the workers announced (the first: the default).
+    timings: Vec<WorkerTiming>,
+    /// Each worker's, as an index into `timings` (absent: the default).
+    timing_of: rustc_hash::FxHashMap<WorkerKey, u16>,
     rng: SmallRng,
 }
 
@@ -96,13 +102,15 @@ impl Router {
     pub fn new(config: RouterConfig) -> Self {
         let policies = PolicyKind::ALL
             .into_iter()
-            .map(|k| policy::build(k, config.kv, config.cache_aware))
+            .map(|k| policy::build(k, config.kv, config.latency, config.cache_aware))
             .collect();
         Router {
             config,
             active: ActiveSequences::new(config.request_ttl),
             workers: Vec::new(),
             policies,
+            timings: vec![WorkerTiming::default()],
+            timing_of: rustc_hash::FxHashMap::default(),
             rng: SmallRng::seed_from_u64(config.seed),
         }
     }
@@ -118,11 +126,25 @@ impl Router {
         }
     }
 
+    /// Sets how a worker's steps take time (what the `latency` policy predicts with).
+    pub fn set_timing(&mut self, worker: WorkerKey, timing: WorkerTiming) {
+        let index = match self.timings.iter().position(|t| *t == timing) {
+            Some(i) => i,
+            None => {
+                self.timings.push(timing);
+                self.timings.len() - 1
+            }
+        };
+        self.timing_of
+            .insert(worker, u16::try_from(index).unwrap_or(0));
+    }
+
     /// Unregisters a worker; returns the requests that were active on it.
     pub fn remove_worker(&mut self, worker: WorkerKey) -> Vec<RequestId> {
         if let Ok(i) = self.workers.binary_search(&worker) {
             self.workers.remove(i);
         }
+        self.timing_of.remove(&worker);
         self.active.remove_worker(worker)
     }
 
@@ -167,6 +189,7 @@ impl Router {
                     new_blocks: self.active.new_blocks(worker, request.seq_hashes),
                     prefill_tokens: load.prefill_tokens,
                     active_requests: load.requests,
+                    timing: self.timing_of.get(&worker).copied().unwrap_or(0),
                 }
             })
             .collect()
@@ -184,6 +207,7 @@ impl Router {
             block_size: self.config.block_size,
             candidates,
             overrides: &request.overrides,
+            timings: &self.timings,
         };
         let policy =
             &mut self.policies[PolicyKind::ALL.iter().position(|k| *k == kind).unwrap_or(0)];

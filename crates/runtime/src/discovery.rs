@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 /// What a worker announces about itself: who it is, where it listens, and what its engine
 /// can do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerInstance {
     pub worker_id: WorkerId,
     /// The model name clients ask for.
@@ -41,6 +41,12 @@ pub struct WorkerInstance {
     /// cache and event ids start afresh.
     #[serde(default)]
     pub incarnation: u64,
+    /// How its steps take time, for routers that predict latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perf: Option<switchyard_core::perf::PerfModel>,
+    /// Tokens one step computes at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batched_tokens: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -61,6 +67,8 @@ impl WorkerInstance {
             dp_size: 1,
             address: None,
             incarnation: 0,
+            perf: None,
+            max_batched_tokens: None,
         }
     }
 }

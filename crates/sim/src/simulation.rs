@@ -35,7 +35,7 @@ use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutp
 use switchyard_router::routing::health::Failure;
 use switchyard_router::{
     Admission, Indexer, IndexerConfig, PolicyKind, Rejection, RouteQuery, RoutingConfig,
-    RoutingCore, RoutingOverrides, WorkerSpec,
+    RoutingCore, RoutingOverrides, WorkerSpec, WorkerTiming,
 };
 use thiserror::Error;
 
@@ -216,7 +216,10 @@ impl<'a> Fleet<'a> {
         for slot in 0..config.workers {
             let key = worker_key(slot);
             let args = config.engine;
-            if core.add_worker(worker_spec(&args, slot)).is_err() {
+            if core
+                .add_worker(worker_spec(&args, &config.perf, slot))
+                .is_err()
+            {
                 unreachable!("every simulated worker has the same block size");
             }
             engines.push(MockEngine::new(
@@ -713,7 +716,11 @@ impl<'a> Fleet<'a> {
         self.slots[slot] = Slot::Up;
         if self
             .core
-            .add_worker(worker_spec(&self.config.engine, slot as u32))
+            .add_worker(worker_spec(
+                &self.config.engine,
+                &self.config.perf,
+                slot as u32,
+            ))
             .is_err()
         {
             unreachable!("every simulated worker has the same block size");
@@ -903,11 +910,16 @@ pub fn worker_key(slot: u32) -> WorkerKey {
 }
 
 /// What the simulated worker in `slot` announces (as the worker crate's `Mocker` does).
-fn worker_spec(args: &EngineArgs, slot: u32) -> WorkerSpec {
+fn worker_spec(args: &EngineArgs, perf: &PerfModel, slot: u32) -> WorkerSpec {
     WorkerSpec {
         capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
         max_num_seqs: Some(args.max_num_seqs),
         kv_events: args.enable_prefix_caching,
+        timing: Some(WorkerTiming {
+            perf: perf.clone(),
+            max_batched_tokens: args.max_num_batched_tokens,
+            capacity_blocks: u64::from(args.num_gpu_blocks),
+        }),
         ..WorkerSpec::new(worker_key(slot).worker_id, args.block_size)
     }
 }

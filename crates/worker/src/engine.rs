@@ -57,6 +57,12 @@ pub struct RunningEngine {
 pub trait Engine: Send + std::fmt::Debug {
     fn capabilities(&self) -> EngineCapabilities;
 
+    /// Its timing model and step budget in tokens, announced so routers can predict
+    /// latency; none for engines that do not know theirs.
+    fn timing(&self) -> Option<(switchyard_core::perf::PerfModel, u32)> {
+        None
+    }
+
     /// The factor on its step times, for engines that can be slowed down (fault
     /// injection's `slow`).
     fn pace(&self) -> Option<crate::faults::Pace> {

@@ -133,6 +133,7 @@ impl Worker {
         // Whatever fails below, the engine and its tasks stop with it.
         let stop_on_error = stop.clone().drop_guard();
         let capabilities = engine.capabilities();
+        let timing = engine.timing();
         let crash = if fault_settings.crash_exits {
             CrashMode::Exit
         } else {
@@ -155,7 +156,7 @@ impl Worker {
         let service: Arc<dyn EngineService> =
             Arc::new(FaultyService::new(running.service, faults.clone()));
         faults.schedule(&fault_settings.schedule, tracker, &stop);
-        let mut instance = instance(worker_id, model, &capabilities);
+        let mut instance = instance(worker_id, model, &capabilities, timing);
         // In-process: register first, so a duplicate id cannot take over the registered
         // worker's requests. (Until it serves, a frontend gets `Unreachable` and tries
         // another.) Over the network: listen first, so it is reachable once listed.
@@ -256,8 +257,16 @@ impl Worker {
 }
 
 /// The discovery record of a worker with these capabilities.
-fn instance(worker_id: WorkerId, model: &str, capabilities: &EngineCapabilities) -> WorkerInstance {
+fn instance(
+    worker_id: WorkerId,
+    model: &str,
+    capabilities: &EngineCapabilities,
+    timing: Option<(switchyard_core::perf::PerfModel, u32)>,
+) -> WorkerInstance {
+    let (perf, max_batched_tokens) = timing.unzip();
     WorkerInstance {
+        perf,
+        max_batched_tokens,
         role: capabilities.role,
         block_size: capabilities.block_size,
         capacity_blocks: capabilities.capacity_blocks,

@@ -29,7 +29,7 @@ impl Mocker {
     /// same seed, so any of them continues a stream another started.
     pub fn new(worker: WorkerKey, config: &MockerConfig) -> Result<Self, WorkerError> {
         let perf = match &config.perf_profile {
-            Some(path) => PerfModel::load(path)?,
+            Some(path) => switchyard_mocker::perf::load(path)?,
             None => PerfModel::Polynomial,
         };
         Ok(Mocker {
@@ -52,6 +52,11 @@ impl Engine for Mocker {
             max_num_seqs: Some(args.max_num_seqs),
             dp_size: 1,
         }
+    }
+
+    fn timing(&self) -> Option<(switchyard_core::perf::PerfModel, u32)> {
+        let args = self.engine.args();
+        Some((self.engine.perf().clone(), args.max_num_batched_tokens))
     }
 
     fn pace(&self) -> Option<Pace> {

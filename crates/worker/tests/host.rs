@@ -57,6 +57,12 @@ async fn a_worker_registers_serves_and_publishes() {
     assert_eq!(instances[&WorkerId(42)].block_size, Some(16));
     assert_eq!(instances[&WorkerId(42)].capacity_blocks, Some(16_384));
     assert!(instances[&WorkerId(42)].kv_events);
+    // Its timing, for routers that predict latency.
+    assert_eq!(
+        instances[&WorkerId(42)].perf,
+        Some(switchyard_core::perf::PerfModel::Polynomial)
+    );
+    assert_eq!(instances[&WorkerId(42)].max_batched_tokens, Some(8192));
 
     let request = GenerateRequest::text(RequestId(1), (0..100).collect(), 5);
     let items: Vec<_> = requests

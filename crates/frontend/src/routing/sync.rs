@@ -49,6 +49,16 @@ pub fn spec_of(instance: &WorkerInstance) -> WorkerSpec {
         capacity_blocks: instance.capacity_blocks,
         max_num_seqs: instance.max_num_seqs,
         kv_events: instance.kv_events,
+        timing: instance.perf.clone().map(|perf| {
+            let defaults = switchyard_router::WorkerTiming::default();
+            switchyard_router::WorkerTiming {
+                perf,
+                max_batched_tokens: instance
+                    .max_batched_tokens
+                    .unwrap_or(defaults.max_batched_tokens),
+                capacity_blocks: instance.capacity_blocks.unwrap_or(defaults.capacity_blocks),
+            }
+        }),
     }
 }
 

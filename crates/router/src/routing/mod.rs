@@ -150,6 +150,12 @@ impl RoutingCore {
         let view = self.config.cache_view.view_for(&spec);
         let id = spec.id;
         let serving = spec.role.serves_generation();
+        let timing = spec.timing.clone().map(|mut t| {
+            if let Some(capacity) = spec.capacity_blocks {
+                t.capacity_blocks = capacity;
+            }
+            t
+        });
         self.registry.add(spec, self.config.cache_view, self.now)?;
         if serving {
             self.degradation.worker_added(id);
@@ -160,6 +166,9 @@ impl RoutingCore {
         self.router.set_block_size(self.block_size());
         for key in keys {
             self.router.add_worker(key);
+            if let Some(timing) = &timing {
+                self.router.set_timing(key, timing.clone());
+            }
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ use thiserror::Error;
 use super::health::WorkerHealth;
 
 /// What a worker announces about itself, as far as routing is concerned.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WorkerSpec {
     pub id: WorkerId,
     /// Random per start: a worker restarted under the same id is a new incarnation.
@@ -33,6 +33,8 @@ pub struct WorkerSpec {
     pub max_num_seqs: Option<u32>,
     /// Whether it publishes KV events.
     pub kv_events: bool,
+    /// How its steps take time (its performance model and step budget), if it says.
+    pub timing: Option<crate::policy::WorkerTiming>,
 }
 
 impl WorkerSpec {
@@ -47,6 +49,7 @@ impl WorkerSpec {
             capacity_blocks: None,
             max_num_seqs: None,
             kv_events: true,
+            timing: None,
         }
     }
 

@@ -12,7 +12,9 @@ use serde::Serialize;
 use switchyard_mocker::{EngineArgs, PerfModel, PreemptionMode};
 use switchyard_router::indexer::approx::ApproxConfig;
 use switchyard_router::policy::KvPolicyConfig;
-use switchyard_router::{AdmissionConfig, CacheViewMode, PolicyKind, RouterConfig, RoutingConfig};
+use switchyard_router::{
+    AdmissionConfig, CacheViewMode, LatencyPolicyConfig, PolicyKind, RouterConfig, RoutingConfig,
+};
 use switchyard_sim::{
     FaultConfig, Link, ModelShape, PreparedWorkload, ScheduledFault, SimConfig, SimReport,
     TraceRequest, simulate,
@@ -56,6 +58,10 @@ pub struct SimArgs {
     /// Softmax temperature of the kv policy (0: always the cheapest worker).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
+    /// Weight of the delay a request's prefill adds to running decodes in the latency
+    /// policy.
+    #[arg(long, default_value_t = LatencyPolicyConfig::default().itl_weight)]
+    itl_weight: f64,
     /// The router's view of the caches: the engines' KV events (as `serve` sees its
     /// workers), blocks assumed cached when routed (approx), or natural: approx for
     /// cache-aware (as SGLang's router, which has no events, is deployed), events for the
@@ -220,7 +226,7 @@ pub fn run(args: SimArgs) -> Result<()> {
     };
     engine.validate().context("invalid engine arguments")?;
     let perf = match &args.perf_profile {
-        Some(path) => PerfModel::load(path)?,
+        Some(path) => switchyard_mocker::perf::load(path)?,
         None => PerfModel::Polynomial,
     };
 
@@ -246,6 +252,10 @@ pub fn run(args: SimArgs) -> Result<()> {
             router: RouterConfig {
                 kv: KvPolicyConfig {
                     overlap_weight: args.overlap_weight,
+                    temperature: args.temperature,
+                },
+                latency: LatencyPolicyConfig {
+                    itl_weight: args.itl_weight,
                     temperature: args.temperature,
                 },
                 ..RouterConfig::default()

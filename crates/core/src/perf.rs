@@ -1,0 +1,257 @@
+//! Step timing models, shared by the mocker (which runs them) and the router (which
+//! predicts latency with them), and announced by workers at registration.
+//!
+//! A step that prefills `t` new tokens and decodes a batch takes the prefill time plus the
+//! decode time (the engine runs the two phases of a mixed batch back to back). Two models:
+//!
+//! - the polynomial defaults (Dynamo's, so results compare): prefill ms =
+//!   4.209989e-7·t² + 1.518344e-2·t + 16.50142; decode ms = −25.74·u² + 54.01·u + 5.74 for
+//!   u = active KV blocks / capacity, at least 1 ms;
+//! - a profile measured on a real engine: prefill time interpolated linearly in the prompt
+//!   tokens, decode time bilinearly in (active KV tokens of the batch, mean context length),
+//!   extrapolated linearly past the measured range (`switchyard_mocker::perf::load` reads
+//!   one from JSON or NPZ).
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// What a step computes, as far as timing is concerned.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepShape {
+    /// New prompt tokens computed in the step (all prefill chunks together).
+    pub prefill_tokens: u32,
+    /// Sequences producing their next token by decode.
+    pub decode_seqs: u32,
+    /// Sum of the context lengths of the decoding sequences.
+    pub decode_kv_tokens: u64,
+    /// KV blocks held by running sequences.
+    pub active_blocks: u64,
+    pub capacity_blocks: u64,
+}
+
+/// A profile that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid profile: {0}")]
+pub struct InvalidProfile(pub String);
+
+/// Measured timings, as stored in a profile file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub prefill_isl: Vec<f64>,
+    pub prefill_ttft_ms: Vec<f64>,
+    pub decode_active_kv_tokens: Vec<f64>,
+    pub decode_context_length: Vec<f64>,
+    /// `decode_itl[i][j]`: inter-token latency at `decode_active_kv_tokens[i]` and
+    /// `decode_context_length[j]`.
+    pub decode_itl: Vec<Vec<f64>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PerfModel {
+    #[default]
+    Polynomial,
+    Interpolated(Profile),
+}
+
+impl PerfModel {
+    /// Validates a profile and wraps it.
+    pub fn from_profile(profile: Profile) -> Result<Self, InvalidProfile> {
+        axis("prefill_isl", &profile.prefill_isl)?;
+        axis("decode_active_kv_tokens", &profile.decode_active_kv_tokens)?;
+        axis("decode_context_length", &profile.decode_context_length)?;
+        if profile.prefill_ttft_ms.len() != profile.prefill_isl.len() {
+            return Err(InvalidProfile(format!(
+                "prefill_ttft_ms has {} values for {} prefill_isl points",
+                profile.prefill_ttft_ms.len(),
+                profile.prefill_isl.len()
+            )));
+        }
+        let (rows, cols) = (
+            profile.decode_active_kv_tokens.len(),
+            profile.decode_context_length.len(),
+        );
+        if profile.decode_itl.len() != rows || profile.decode_itl.iter().any(|r| r.len() != cols) {
+            return Err(InvalidProfile(format!(
+                "decode_itl must be {rows} rows of {cols} values"
+            )));
+        }
+        let values = profile
+            .prefill_ttft_ms
+            .iter()
+            .chain(profile.decode_itl.iter().flatten());
+        if values.clone().any(|v| !v.is_finite()) {
+            return Err(InvalidProfile("timings must be finite numbers".into()));
+        }
+        Ok(PerfModel::Interpolated(profile))
+    }
+
+    /// Duration of one step in milliseconds (before any speedup).
+    pub fn step_ms(&self, shape: &StepShape) -> f64 {
+        let prefill = if shape.prefill_tokens > 0 {
+            self.prefill_ms(shape.prefill_tokens)
+        } else {
+            0.0
+        };
+        let decode = if shape.decode_seqs > 0 {
+            self.decode_ms(shape)
+        } else {
+            0.0
+        };
+        prefill + decode
+    }
+
+    pub fn prefill_ms(&self, tokens: u32) -> f64 {
+        let t = f64::from(tokens);
+        let ms = match self {
+            PerfModel::Polynomial => 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142,
+            PerfModel::Interpolated(p) => interp1(&p.prefill_isl, &p.prefill_ttft_ms, t),
+        };
+        ms.max(0.0)
+    }
+
+    pub fn decode_ms(&self, shape: &StepShape) -> f64 {
+        let ms = match self {
+            PerfModel::Polynomial => {
+                let u = if shape.capacity_blocks == 0 {
+                    0.0
+                } else {
+                    shape.active_blocks as f64 / shape.capacity_blocks as f64
+                };
+                -25.74 * u * u + 54.01 * u + 5.74
+            }
+            PerfModel::Interpolated(p) => {
+                let kv = shape.decode_kv_tokens as f64;
+                let context = kv / f64::from(shape.decode_seqs.max(1));
+                interp2(
+                    &p.decode_active_kv_tokens,
+                    &p.decode_context_length,
+                    &p.decode_itl,
+                    kv,
+                    context,
+                )
+            }
+        };
+        // Token-emitting steps never collapse onto the same instant.
+        ms.max(1.0)
+    }
+}
+
+fn axis(name: &str, values: &[f64]) -> Result<(), InvalidProfile> {
+    if values.len() < 2 {
+        return Err(InvalidProfile(format!(
+            "{name} needs at least 2 points, got {}",
+            values.len()
+        )));
+    }
+    if values.iter().any(|v| !v.is_finite()) || values.windows(2).any(|w| w[1] <= w[0]) {
+        return Err(InvalidProfile(format!(
+            "{name} must be finite and strictly increasing"
+        )));
+    }
+    Ok(())
+}
+
+/// The segment `[i, i+1]` to interpolate (or extrapolate) `x` on, and the position in it.
+fn locate(xs: &[f64], x: f64) -> (usize, f64) {
+    let i = xs
+        .partition_point(|&v| v <= x)
+        .saturating_sub(1)
+        .min(xs.len() - 2);
+    (i, (x - xs[i]) / (xs[i + 1] - xs[i]))
+}
+
+fn interp1(xs: &[f64], ys: &[f64], x: f64) -> f64 {
+    let (i, t) = locate(xs, x);
+    ys[i] + t * (ys[i + 1] - ys[i])
+}
+
+fn interp2(xs: &[f64], ys: &[f64], z: &[Vec<f64>], x: f64, y: f64) -> f64 {
+    let (i, t) = locate(xs, x);
+    let (j, u) = locate(ys, y);
+    let (z00, z01, z10, z11) = (z[i][j], z[i][j + 1], z[i + 1][j], z[i + 1][j + 1]);
+    (1.0 - t) * (1.0 - u) * z00 + (1.0 - t) * u * z01 + t * (1.0 - u) * z10 + t * u * z11
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> Profile {
+        Profile {
+            prefill_isl: vec![100.0, 1000.0, 4000.0],
+            prefill_ttft_ms: vec![10.0, 40.0, 160.0],
+            decode_active_kv_tokens: vec![0.0, 10_000.0],
+            decode_context_length: vec![100.0, 1100.0],
+            decode_itl: vec![vec![5.0, 7.0], vec![15.0, 25.0]],
+        }
+    }
+
+    #[test]
+    fn polynomial_matches_the_published_coefficients() {
+        let m = PerfModel::Polynomial;
+        assert!((m.prefill_ms(0) - 16.50142).abs() < 1e-9);
+        let t = 8192.0_f64;
+        assert!(
+            (m.prefill_ms(8192) - (4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142)).abs() < 1e-9
+        );
+        let idle = StepShape {
+            decode_seqs: 1,
+            active_blocks: 0,
+            capacity_blocks: 100,
+            ..StepShape::default()
+        };
+        assert!((m.decode_ms(&idle) - 5.74).abs() < 1e-9);
+        let full = StepShape {
+            active_blocks: 100,
+            ..idle
+        };
+        assert!((m.decode_ms(&full) - (-25.74 + 54.01 + 5.74)).abs() < 1e-9);
+        // A mixed step pays both phases; an empty one nothing.
+        let mixed = StepShape {
+            prefill_tokens: 8192,
+            ..idle
+        };
+        assert!((m.step_ms(&mixed) - (m.prefill_ms(8192) + 5.74)).abs() < 1e-9);
+        assert_eq!(m.step_ms(&StepShape::default()), 0.0);
+    }
+
+    #[test]
+    fn interpolation_is_linear_and_bilinear_and_extrapolates() {
+        let m = PerfModel::from_profile(profile()).unwrap();
+        assert!((m.prefill_ms(550) - 25.0).abs() < 1e-9);
+        assert!(
+            (m.prefill_ms(5000) - 200.0).abs() < 1e-9,
+            "extrapolated past the last point"
+        );
+        // Centre of the cell: mean of the four corners.
+        let s = StepShape {
+            decode_seqs: 10,
+            decode_kv_tokens: 5_000,
+            ..StepShape::default()
+        };
+        // context = 500: u = 0.4; kv 5000: t = 0.5.
+        let expected = 0.5 * (0.6 * 5.0 + 0.4 * 7.0) + 0.5 * (0.6 * 15.0 + 0.4 * 25.0);
+        assert!((m.decode_ms(&s) - expected).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_profiles_are_rejected_precisely() {
+        let mut p = profile();
+        p.prefill_isl = vec![100.0, 50.0, 4000.0];
+        assert!(
+            PerfModel::from_profile(p)
+                .unwrap_err()
+                .to_string()
+                .contains("strictly increasing")
+        );
+        let mut p = profile();
+        p.decode_itl.pop();
+        assert!(
+            PerfModel::from_profile(p)
+                .unwrap_err()
+                .to_string()
+                .contains("decode_itl must be 2 rows")
+        );
+    }
+}
