@@ -8,7 +8,9 @@ use switchyard_router::indexer::approx::ApproxConfig;
 use switchyard_router::policy::KvPolicyConfig;
 use switchyard_router::routing::degradation::DegradationConfig;
 use switchyard_router::routing::health::HealthConfig;
-use switchyard_router::{AdmissionConfig, CacheViewMode, PolicyKind, RouterConfig, RoutingConfig};
+use switchyard_router::{
+    AdmissionConfig, CacheViewMode, LatencyPolicyConfig, PolicyKind, RouterConfig, RoutingConfig,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -102,6 +104,9 @@ pub struct RouterSettings {
     pub policy: PolicyKind,
     /// Weight of prefill work against decode load in the kv policy's cost.
     pub overlap_weight: f64,
+    /// Weight of the delay a request's prefill adds to running decodes in the latency
+    /// policy's cost.
+    pub itl_weight: f64,
     /// Softmax temperature of the kv policy; 0 picks the cheapest worker.
     pub temperature: f64,
     /// Requests active longer than this are presumed lost and freed.
@@ -119,8 +124,9 @@ pub struct RouterSettings {
 impl Default for RouterSettings {
     fn default() -> Self {
         RouterSettings {
-            policy: PolicyKind::Kv,
+            policy: PolicyKind::Latency,
             overlap_weight: 1.0,
+            itl_weight: LatencyPolicyConfig::default().itl_weight,
             temperature: 0.0,
             request_ttl: Duration::from_secs(600),
             seed: 0,
@@ -139,6 +145,10 @@ impl FrontendConfig {
                 policy: r.policy,
                 kv: KvPolicyConfig {
                     overlap_weight: r.overlap_weight,
+                    temperature: r.temperature,
+                },
+                latency: LatencyPolicyConfig {
+                    itl_weight: r.itl_weight,
                     temperature: r.temperature,
                 },
                 request_ttl: r.request_ttl,

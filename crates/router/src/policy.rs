@@ -172,7 +172,7 @@ pub struct LatencyPolicyConfig {
 impl Default for LatencyPolicyConfig {
     fn default() -> Self {
         LatencyPolicyConfig {
-            itl_weight: 0.0,
+            itl_weight: 0.1,
             temperature: 0.0,
         }
     }

@@ -37,7 +37,7 @@ impl Default for RouterConfig {
     fn default() -> Self {
         RouterConfig {
             block_size: 16,
-            policy: PolicyKind::Kv,
+            policy: PolicyKind::Latency,
             kv: KvPolicyConfig::default(),
             latency: LatencyPolicyConfig::default(),
             cache_aware: CacheAwareConfig::default(),

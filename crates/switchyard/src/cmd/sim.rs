@@ -40,17 +40,18 @@ pub struct SimArgs {
     /// Tokens per hash id in a Mooncake trace.
     #[arg(long, default_value_t = 512)]
     trace_block_size: u32,
-    /// Arrivals come this many times faster than in the trace.
-    #[arg(long, default_value_t = 1.0)]
-    speedup: f64,
+    /// Arrivals come this many times faster than in the trace (comma separated: a sweep
+    /// over load levels).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    speedup: Vec<f64>,
     /// Replay only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
-    /// Engines in the fleet.
-    #[arg(long, default_value_t = 4)]
-    workers: u32,
+    /// Engines in the fleet (comma separated: a sweep over fleet sizes).
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    workers: Vec<u32>,
     /// Policies to compare, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "kv,round-robin")]
+    #[arg(long, value_delimiter = ',', default_value = "latency,kv,round-robin")]
     policy: Vec<PolicyKind>,
     /// Weight of prefill against decode load in the kv policy.
     #[arg(long, default_value_t = 1.0)]
@@ -134,6 +135,14 @@ pub struct SimArgs {
     /// LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES.
     #[arg(long, default_value = "llama-3-8b")]
     model_shape: ModelShape,
+    /// One row per policy × fleet size × load level (implied by several --workers or
+    /// --speedup values).
+    #[arg(long)]
+    sweep: bool,
+    /// With a sweep: an SVG plot of TTFT p90 against offered load per policy and fleet
+    /// size.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -160,11 +169,21 @@ struct Output<'a> {
 }
 
 pub fn run(args: SimArgs) -> Result<()> {
-    if args.workers == 0 {
+    if args.workers.is_empty() || args.workers.contains(&0) {
         bail!("--workers must be at least 1");
     }
-    if !(args.speedup.is_finite() && args.speedup > 0.0) {
-        bail!("--speedup must be a positive number, got {}", args.speedup);
+    if let Some(bad) = args.speedup.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+        bail!("--speedup must be a positive number, got {bad}");
+    }
+    if args.speedup.is_empty() {
+        bail!("--speedup needs a value");
+    }
+    let sweep = args.sweep || args.workers.len() > 1 || args.speedup.len() > 1;
+    if args.plot.is_some() && !sweep {
+        bail!("--plot draws a sweep: give several --workers or --speedup values, or --sweep");
+    }
+    if sweep && !(args.faults.is_empty() && args.mtbf.is_none()) {
+        bail!("faults are played in single runs, not in a sweep");
     }
     if !(args.event_delay_ms.is_finite() && args.event_delay_ms >= 0.0) {
         bail!(
@@ -196,10 +215,10 @@ pub fn run(args: SimArgs) -> Result<()> {
             args.queue_timeout_secs
         );
     }
-    if let Some(fault) = args.faults.iter().find(|f| f.worker > args.workers) {
+    if let Some(fault) = args.faults.iter().find(|f| f.worker > args.workers[0]) {
         bail!(
             "--fault {fault}: there are only {} workers (numbered from 1)",
-            args.workers
+            args.workers[0]
         );
     }
     if args.mtbf.is_some_and(|m| m.is_zero()) {
@@ -234,18 +253,12 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(limit) = args.limit {
         requests.truncate(limit);
     }
-    let workload = PreparedWorkload::prepare(
-        &requests,
-        args.trace_block_size,
-        args.block_size,
-        args.speedup,
-    );
     let approx = ApproxConfig {
         ttl: Duration::from_secs_f64(args.approx_ttl_secs),
         max_blocks_per_worker: args.num_gpu_blocks as usize,
     };
     let config = SimConfig {
-        workers: args.workers,
+        workers: args.workers[0],
         engine,
         perf,
         routing: RoutingConfig {
@@ -286,9 +299,40 @@ pub fn run(args: SimArgs) -> Result<()> {
         },
     };
 
+    if sweep {
+        return run_sweep(&args, &requests, &config);
+    }
+    let workload = PreparedWorkload::prepare(
+        &requests,
+        args.trace_block_size,
+        args.block_size,
+        args.speedup[0],
+    );
+    let reports = run_policies(&args, &workload, &config, args.json)?;
+    if args.json {
+        let policies = reports.iter().map(|r| (r.policy.as_str(), r)).collect();
+        let out = Output {
+            trace: args.trace.display().to_string(),
+            workers: config.workers,
+            policies,
+        };
+        write_stdout(&format!("{}\n", serde_json::to_string_pretty(&out)?))?;
+    } else {
+        write_stdout(&table(&args, workload.requests.len(), &reports))?;
+    }
+    Ok(())
+}
+
+/// Runs every policy of `args` on the workload.
+fn run_policies(
+    args: &SimArgs,
+    workload: &PreparedWorkload,
+    config: &SimConfig,
+    quiet: bool,
+) -> Result<Vec<SimReport>> {
     let mut reports = Vec::new();
     for &policy in &args.policy {
-        let bar = progress_bar(workload.requests.len() as u64, policy, args.json);
+        let bar = progress_bar(workload.requests.len() as u64, policy, quiet);
         let cache_view = match args.cache_view {
             ViewArg::Natural if policy == PolicyKind::CacheAware => CacheViewMode::Approximate,
             ViewArg::Natural | ViewArg::Events => CacheViewMode::Auto,
@@ -297,7 +341,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         let mut config = config.clone();
         config.routing.cache_view = cache_view;
         let started = Instant::now();
-        let mut report = simulate(&config, &workload, policy, &mut |done| {
+        let mut report = simulate(&config, workload, policy, &mut |done| {
             bar.set_position(done)
         })?;
         report.cache_view = match cache_view {
@@ -308,19 +352,160 @@ pub fn run(args: SimArgs) -> Result<()> {
         bar.finish_and_clear();
         reports.push(report);
     }
+    Ok(reports)
+}
 
-    if args.json {
-        let policies = reports.iter().map(|r| (r.policy.as_str(), r)).collect();
-        let out = Output {
-            trace: args.trace.display().to_string(),
-            workers: args.workers,
-            policies,
+/// One point of a sweep.
+#[derive(Serialize)]
+struct SweepPoint {
+    workers: u32,
+    speedup: f64,
+    /// Arrivals per second per worker.
+    offered_per_worker: f64,
+    report: SimReport,
+}
+
+/// Every policy on every fleet size at every load level: a table (or JSON) and a plot.
+fn run_sweep(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Result<()> {
+    let mut points = Vec::new();
+    for &speedup in &args.speedup {
+        let workload =
+            PreparedWorkload::prepare(requests, args.trace_block_size, args.block_size, speedup);
+        let span = match (workload.requests.first(), workload.requests.last()) {
+            (Some(first), Some(last)) => (last.arrival - first.arrival).as_secs_f64(),
+            _ => 0.0,
         };
-        write_stdout(&format!("{}\n", serde_json::to_string_pretty(&out)?))?;
-    } else {
-        write_stdout(&table(&args, workload.requests.len(), &reports))?;
+        let rate = if span > 0.0 {
+            workload.requests.len() as f64 / span
+        } else {
+            0.0
+        };
+        for &workers in &args.workers {
+            let config = SimConfig {
+                workers,
+                ..base.clone()
+            };
+            for report in run_policies(args, &workload, &config, args.json)? {
+                points.push(SweepPoint {
+                    workers,
+                    speedup,
+                    offered_per_worker: rate / f64::from(workers),
+                    report,
+                });
+            }
+        }
     }
-    Ok(())
+    if let Some(path) = &args.plot {
+        plot(path, &args.trace, &points)?;
+    }
+    if args.json {
+        write_stdout(&format!("{}\n", serde_json::to_string_pretty(&points)?))
+    } else {
+        write_stdout(&sweep_table(&args.trace, &points))
+    }
+}
+
+fn sweep_table(trace: &std::path::Path, points: &[SweepPoint]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "sweep of {}", trace.display());
+    let _ = writeln!(
+        out,
+        "{:<14} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>7}",
+        "policy",
+        "workers",
+        "speedup",
+        "req/s/w",
+        "ttft mean",
+        "ttft p90",
+        "ttft p99",
+        "itl p99",
+        "e2e mean",
+        "hit rate",
+        "refused",
+        "wall s"
+    );
+    for p in points {
+        let r = &p.report;
+        let _ = writeln!(
+            out,
+            "{:<14} {:>7} {:>7} {:>9.3} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>9.1} {:>7.1}% {:>8} {:>7.2}",
+            r.policy,
+            p.workers,
+            p.speedup,
+            p.offered_per_worker,
+            r.ttft_ms.mean,
+            r.ttft_ms.p90,
+            r.ttft_ms.p99,
+            r.itl_ms.p99,
+            r.e2e_ms.mean,
+            r.cache_hit_rate * 100.0,
+            r.rejected + r.failed,
+            r.wall_seconds
+        );
+    }
+    out
+}
+
+/// TTFT p90 against offered load, a line per policy and fleet size.
+fn plot(path: &std::path::Path, trace: &std::path::Path, points: &[SweepPoint]) -> Result<()> {
+    use plotters::prelude::*;
+
+    switchyard_workload::bench::register_font();
+    let mut series: BTreeMap<(String, u32), Vec<(f64, f64)>> = BTreeMap::new();
+    for p in points {
+        series
+            .entry((p.report.policy.clone(), p.workers))
+            .or_default()
+            .push((p.offered_per_worker, p.report.ttft_ms.p90));
+    }
+    let x_max = points
+        .iter()
+        .map(|p| p.offered_per_worker)
+        .fold(0.0, f64::max)
+        * 1.05;
+    let y_max = points
+        .iter()
+        .map(|p| p.report.ttft_ms.p90)
+        .fold(0.0, f64::max)
+        * 1.1;
+    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let name = trace.file_name().map_or_else(
+            || trace.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        );
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("TTFT p90 against load: {name}"), ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..x_max.max(1e-3), 0.0..y_max.max(1.0))?;
+        chart
+            .configure_mesh()
+            .x_desc("offered load, requests/s per worker")
+            .y_desc("TTFT p90, ms")
+            .draw()?;
+        for (i, ((policy, workers), mut line)) in series.into_iter().enumerate() {
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
+                .label(format!("{policy}, {workers} workers"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(line.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
 }
 
 fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
@@ -385,6 +570,10 @@ fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
         requests,
         args.trace.display(),
         args.workers
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     );
     let _ = writeln!(
         out,

@@ -15,6 +15,7 @@ mod client;
 pub mod config;
 mod plan;
 mod plots;
+pub use plots::register_font;
 mod progress;
 mod prompt;
 mod record;

@@ -53,7 +53,8 @@ pub(crate) fn write_all(dir: &Path, records: &[RequestRecord]) -> Result<Vec<Pat
     Ok(written)
 }
 
-fn register_font() {
+/// Registers the embedded font plots draw their text with (family "sans-serif"), once.
+pub fn register_font() {
     static REGISTER: Once = Once::new();
     // Embedded, so plots render the same on a machine without system fonts; a failure
     // surfaces as a draw error naming the plot.
