@@ -248,13 +248,17 @@ impl Policy for KvPolicy {
     }
 }
 
+/// Share of a worker's KV blocks the `latency` policy fills before it avoids the worker.
+const MEMORY_LIMIT: f64 = 0.9;
+
 /// The `latency` policy: the worker where the request's first token comes soonest, predicted
 /// from the worker's own timing model.
 ///
 /// predicted TTFT = the steps that compute the prefill already queued on the worker and
 /// then this request's uncached tokens, in chunks of the worker's step budget, each step
 /// also decoding the worker's running requests; cost = predicted TTFT + itl_weight × the
-/// delay those steps add to the running decodes.
+/// delay those steps add to the running decodes. A worker whose in-flight requests would hold
+/// more than 90 % of its KV blocks with this one is chosen only when every worker is as full.
 #[derive(Debug, Clone, Default)]
 pub struct LatencyPolicy {
     pub config: LatencyPolicyConfig,
@@ -299,7 +303,15 @@ impl LatencyPolicy {
         // What this request's own chunks add to every running decode's step time.
         let added = prefill(own).0;
         let weight = self.config.itl_weight;
-        (ttft, ttft + weight * added * f64::from(decoding))
+        let mut cost = ttft + weight * added * f64::from(decoding);
+        // A worker whose KV would run short preempts or stalls, whatever the timing says:
+        // past the limit, it is the last choice, the fuller the later.
+        let pressure =
+            (c.active_blocks + c.new_blocks) as f64 / timing.capacity_blocks.max(1) as f64;
+        if pressure > MEMORY_LIMIT {
+            cost += (pressure - MEMORY_LIMIT) * 1e9;
+        }
+        (ttft, cost)
     }
 }
 
@@ -924,5 +936,24 @@ mod tests {
         let timings = [WorkerTiming::default()];
         assert_eq!(latency_select(&[crowded, idle], &timings, 4000, 0.0).0, 0);
         assert_eq!(latency_select(&[crowded, idle], &timings, 4000, 0.01).0, 1);
+    }
+
+    #[test]
+    fn latency_avoids_a_worker_whose_cache_would_overflow() {
+        let timings = [WorkerTiming::default()];
+        // The cache hit sits on a worker at 95 % of its blocks: the idle one is chosen,
+        // unless every worker is that full, then the least full.
+        let full = Candidate {
+            overlap_blocks: 100,
+            active_blocks: 15_600,
+            ..cand(1)
+        };
+        let idle = cand(2);
+        assert_eq!(latency_select(&[full, idle], &timings, 1600, 0.1).0, 1);
+        let fuller = Candidate {
+            active_blocks: 16_000,
+            ..cand(3)
+        };
+        assert_eq!(latency_select(&[fuller, full], &timings, 1600, 0.1).0, 1);
     }
 }

@@ -51,7 +51,10 @@ const MAX_DISPATCH_ATTEMPTS: usize = 3;
 pub struct SimConfig {
     pub workers: u32,
     pub engine: EngineArgs,
-    pub perf: PerfModel,
+    /// The engines' timing: worker `i` runs `perf[i % perf.len()]` (one model: the same
+    /// fleet-wide; several: a heterogeneous fleet). Each worker announces its own to the
+    /// router, as workers do when they register.
+    pub perf: Vec<PerfModel>,
     /// The routing core's settings (cache views, admission, policy parameters); the policy
     /// is chosen per run.
     pub routing: RoutingConfig,
@@ -69,6 +72,18 @@ pub struct SimConfig {
     pub lazy_engines: bool,
     /// Worker failures to play, and the cost of moving requests off failed workers.
     pub faults: FaultConfig,
+}
+
+impl SimConfig {
+    /// The timing model of the worker in `slot`.
+    pub fn perf_of(&self, slot: usize) -> &PerfModel {
+        const POLYNOMIAL: &PerfModel = &PerfModel::Polynomial;
+        if self.perf.is_empty() {
+            POLYNOMIAL
+        } else {
+            &self.perf[slot % self.perf.len()]
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -217,7 +232,7 @@ impl<'a> Fleet<'a> {
             let key = worker_key(slot);
             let args = config.engine;
             if core
-                .add_worker(worker_spec(&args, &config.perf, slot))
+                .add_worker(worker_spec(&args, config.perf_of(slot as usize), slot))
                 .is_err()
             {
                 unreachable!("every simulated worker has the same block size");
@@ -225,7 +240,7 @@ impl<'a> Fleet<'a> {
             engines.push(MockEngine::new(
                 key,
                 args,
-                config.perf.clone(),
+                config.perf_of(slot as usize).clone(),
                 config.seed,
             )?);
         }
@@ -505,7 +520,7 @@ impl<'a> Fleet<'a> {
                 let transfer = link.transfer_time(bytes);
                 let recompute = Duration::from_secs_f64(
                     self.config
-                        .perf
+                        .perf_of(slot)
                         .prefill_ms(decision.prefill_tokens.min(u64::from(u32::MAX)) as u32)
                         / 1e3,
                 );
@@ -706,8 +721,8 @@ impl<'a> Fleet<'a> {
         self.failures.worker_seconds_down += (self.now - since).as_secs_f64();
         let key = worker_key(slot as u32);
         let args = self.config.engine;
-        let Ok(engine) = MockEngine::new(key, args, self.config.perf.clone(), self.config.seed)
-        else {
+        let perf = self.config.perf_of(slot).clone();
+        let Ok(engine) = MockEngine::new(key, args, perf, self.config.seed) else {
             unreachable!("the engine arguments were accepted at the start");
         };
         self.engines[slot] = engine;
@@ -718,7 +733,7 @@ impl<'a> Fleet<'a> {
             .core
             .add_worker(worker_spec(
                 &self.config.engine,
-                &self.config.perf,
+                self.config.perf_of(slot),
                 slot as u32,
             ))
             .is_err()

@@ -30,7 +30,7 @@ fn config(faults: FaultConfig) -> SimConfig {
     SimConfig {
         workers: 6,
         engine: EngineArgs::default(),
-        perf: PerfModel::Polynomial,
+        perf: vec![PerfModel::Polynomial],
         routing: RoutingConfig::default(),
         event_delay: Duration::ZERO,
         eos_token_ids: Vec::new(),

@@ -25,7 +25,7 @@ fn config(workers: u32) -> SimConfig {
     SimConfig {
         workers,
         engine: EngineArgs::default(),
-        perf: PerfModel::Polynomial,
+        perf: vec![PerfModel::Polynomial],
         routing: RoutingConfig::default(),
         event_delay: Duration::ZERO,
         eos_token_ids: Vec::new(),
@@ -286,4 +286,58 @@ fn engines_advanced_on_their_own_give_the_same_run_as_global_order() {
             }
         }
     }
+}
+
+/// A model `factor` times slower than the polynomial one, as a measured profile.
+fn slower(factor: f64) -> PerfModel {
+    let poly = PerfModel::Polynomial;
+    let isl: Vec<f64> = vec![1.0, 1024.0, 4096.0, 8192.0, 16_384.0, 65_536.0];
+    PerfModel::from_profile(switchyard_core::perf::Profile {
+        prefill_ttft_ms: isl
+            .iter()
+            .map(|&t| factor * poly.prefill_ms(t as u32))
+            .collect(),
+        prefill_isl: isl,
+        decode_active_kv_tokens: vec![0.0, 4_000_000.0],
+        decode_context_length: vec![1.0, 100_000.0],
+        decode_itl: vec![vec![factor * 5.74; 2], vec![factor * 34.0; 2]],
+    })
+    .unwrap()
+}
+
+#[test]
+fn in_a_mixed_fleet_latency_routing_favours_the_faster_workers() {
+    let trace = slice(1500);
+    let workload = PreparedWorkload::prepare(&trace, 512, 16, 0.5);
+    // Workers 1 and 3 at the polynomial's speed, 2 and 4 three times slower; each tells
+    // the router its own model.
+    let cfg = SimConfig {
+        perf: vec![PerfModel::Polynomial, slower(3.0)],
+        record_requests: true,
+        ..config(4)
+    };
+    let kv = simulate(&cfg, &workload, PolicyKind::Kv, &mut |_| {}).unwrap();
+    let latency = simulate(&cfg, &workload, PolicyKind::Latency, &mut |_| {}).unwrap();
+    let on_fast = |r: &switchyard_sim::SimReport| {
+        r.request_records
+            .iter()
+            .filter(|rec| rec.worker.is_some_and(|w| w.worker_id.0 % 2 == 1))
+            .count()
+    };
+    eprintln!(
+        "on fast workers: kv {} latency {}; ttft p90 kv {:.0} latency {:.0}",
+        on_fast(&kv),
+        on_fast(&latency),
+        kv.ttft_ms.p90,
+        latency.ttft_ms.p90
+    );
+    for r in [&kv, &latency] {
+        assert_eq!(r.completed, 1500, "{}", r.policy);
+    }
+    // kv sees only blocks and spreads load evenly; latency knows who is slow (and never
+    // overfills a worker's cache for it).
+    assert!(on_fast(&latency) > on_fast(&kv) + 50);
+    assert!(latency.ttft_ms.p90 < 0.8 * kv.ttft_ms.p90);
+    assert!(latency.ttft_ms.mean < 0.8 * kv.ttft_ms.mean);
+    assert_eq!(latency.preemptions, 0);
 }

@@ -219,7 +219,7 @@ fn sim(
     let sim_config = SimConfig {
         workers,
         engine: args,
-        perf: PerfModel::Polynomial,
+        perf: vec![PerfModel::Polynomial],
         routing: config.routing(),
         event_delay: Duration::ZERO,
         eos_token_ids: vec![EOS],

@@ -90,9 +90,11 @@ pub struct SimArgs {
     /// Which running request to preempt when KV blocks run out.
     #[arg(long, value_enum, default_value_t = Preemption::Lifo)]
     preemption: Preemption,
-    /// Timing profile (JSON or NPZ) instead of the polynomial model.
-    #[arg(long)]
-    perf_profile: Option<PathBuf>,
+    /// Timing profile (JSON or NPZ) instead of the polynomial model; several, comma
+    /// separated, make a heterogeneous fleet (worker i runs the (i mod n)-th; `polynomial`
+    /// names the default model).
+    #[arg(long, value_delimiter = ',')]
+    perf_profile: Vec<PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Token ids that end a generation early (the servers pass the tokenizer's
@@ -244,10 +246,17 @@ pub fn run(args: SimArgs) -> Result<()> {
         speedup_ratio: 1.0,
     };
     engine.validate().context("invalid engine arguments")?;
-    let perf = match &args.perf_profile {
-        Some(path) => switchyard_mocker::perf::load(path)?,
-        None => PerfModel::Polynomial,
-    };
+    let mut perf = Vec::new();
+    for path in &args.perf_profile {
+        perf.push(if path.as_os_str() == "polynomial" {
+            PerfModel::Polynomial
+        } else {
+            switchyard_mocker::perf::load(path)?
+        });
+    }
+    if perf.is_empty() {
+        perf.push(PerfModel::Polynomial);
+    }
 
     let mut requests = read_trace(&args)?;
     if let Some(limit) = args.limit {
