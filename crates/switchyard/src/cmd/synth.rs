@@ -64,6 +64,13 @@ struct GenerateArgs {
     /// Divide inter-arrival gaps (2 = twice the request rate).
     #[arg(long, default_value_t = 1.0)]
     speedup_ratio: f64,
+    /// Bursty arrivals: squeeze every --burst-period's arrivals into its first
+    /// --burst-duty share (0.2: each minute's requests come within 12 s); 1: as learned.
+    #[arg(long, default_value_t = 1.0)]
+    burst_duty: f64,
+    /// The period of --burst-duty.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    burst_period: std::time::Duration,
     /// Tokens per hash id, of the source and the output.
     #[arg(long, default_value_t = 512)]
     block_size: u32,
@@ -102,6 +109,8 @@ fn generate(args: GenerateArgs) -> Result<()> {
         prompt_len_multiplier: args.prompt_len_multiplier,
         osl_multiplier: args.osl_multiplier,
         speedup_ratio: args.speedup_ratio,
+        burst_period_ms: args.burst_period.as_secs_f64() * 1e3,
+        burst_duty: args.burst_duty,
         block_size: args.block_size,
         sampling: if args.independent_sampling {
             Sampling::Independent

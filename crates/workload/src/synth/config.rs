@@ -23,6 +23,11 @@ pub struct SynthConfig {
     pub osl_multiplier: f64,
     /// Divides inter-arrival gaps: 2 makes the trace twice as fast.
     pub speedup_ratio: f64,
+    /// Bursts: the arrivals of every `burst_period_ms` are squeezed into its first
+    /// `burst_duty` (a share in (0, 1]; 1: no bursts). The mean rate stays the same; the
+    /// rate within a burst is 1 / `burst_duty` times it.
+    pub burst_period_ms: f64,
+    pub burst_duty: f64,
     /// Tokens per hash id, of the source and of the output.
     pub block_size: u32,
     /// How every learned distribution is drawn from.
@@ -39,6 +44,8 @@ impl Default for SynthConfig {
             prompt_len_multiplier: 1.0,
             osl_multiplier: 1.0,
             speedup_ratio: 1.0,
+            burst_period_ms: 60_000.0,
+            burst_duty: 1.0,
             block_size: MOONCAKE_BLOCK_SIZE,
             sampling: Sampling::Stratified,
         }
@@ -53,6 +60,7 @@ impl SynthConfig {
             ("--prompt-len-multiplier", self.prompt_len_multiplier),
             ("--osl-multiplier", self.osl_multiplier),
             ("--speedup-ratio", self.speedup_ratio),
+            ("--burst-period", self.burst_period_ms),
         ];
         for (flag, value) in positive {
             if !(value.is_finite() && value > 0.0) {
@@ -62,6 +70,13 @@ impl SynthConfig {
                     value: value.to_string(),
                 });
             }
+        }
+        if !(self.burst_duty > 0.0 && self.burst_duty <= 1.0) {
+            return Err(SynthError::InvalidKnob {
+                flag: "--burst-duty",
+                requirement: "a share in (0, 1]",
+                value: self.burst_duty.to_string(),
+            });
         }
         let at_least_one = [
             ("--num-requests", self.num_requests.map_or(1, |n| n as u64)),
