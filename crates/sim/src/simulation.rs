@@ -795,7 +795,7 @@ impl<'a> Fleet<'a> {
                 if state.moves > 0 {
                     self.moved_e2e.record(micros(now - arrival));
                     self.failures.completed_after_move += 1;
-                } else {
+                } else if !self.plan.is_empty() {
                     self.untouched_e2e.record(micros(now - arrival));
                 }
                 state.finished = Some(now);
@@ -888,7 +888,12 @@ impl<'a> Fleet<'a> {
             }
             failures.stall_ms = self.stall.distribution();
             failures.moved_e2e_ms = self.moved_e2e.distribution();
-            failures.untouched_e2e_ms = self.untouched_e2e.distribution();
+            // With no fault drawn every request went untouched.
+            failures.untouched_e2e_ms = if self.plan.is_empty() {
+                self.e2e.distribution()
+            } else {
+                self.untouched_e2e.distribution()
+            };
             r.failures = Some(failures);
         }
         if self.config.record_requests {

@@ -95,7 +95,6 @@ pub struct Degradation {
     /// When workers joined that replaced no lost capacity, for a departure to claim.
     unclaimed_joins: std::collections::VecDeque<Duration>,
     ttft: Option<f64>,
-    now: Duration,
 }
 
 impl Degradation {
@@ -106,13 +105,7 @@ impl Degradation {
             lost: BTreeMap::new(),
             unclaimed_joins: std::collections::VecDeque::new(),
             ttft: None,
-            now: Duration::ZERO,
         }
-    }
-
-    /// The time now, for what comes without it (workers joining and leaving).
-    pub fn tick(&mut self, now: Duration) {
-        self.now = self.now.max(now);
     }
 
     /// A serving worker left the registry; if it was failing (unhealthy or suspicious) its
@@ -125,17 +118,18 @@ impl Degradation {
         capacity: f64,
         failing: bool,
         last_good: Duration,
+        now: Duration,
     ) {
         if !failing {
             return;
         }
-        self.forget_old_joins();
+        self.forget_old_joins(now);
         match self.unclaimed_joins.iter().position(|&at| at >= last_good) {
             Some(i) => {
                 self.unclaimed_joins.remove(i);
             }
             None => {
-                self.lost.insert(worker, (capacity, self.now));
+                self.lost.insert(worker, (capacity, now));
             }
         }
     }
@@ -143,7 +137,7 @@ impl Degradation {
     /// A worker joined. It replaces lost capacity: its own if it comes back under its id,
     /// else the longest lost; with none lost, a failing worker leaving within the
     /// replacement window may claim it.
-    pub fn worker_added(&mut self, worker: WorkerId) {
+    pub fn worker_added(&mut self, worker: WorkerId, now: Duration) {
         if self.lost.remove(&worker).is_some() {
             return;
         }
@@ -157,18 +151,18 @@ impl Degradation {
                 self.lost.remove(&oldest);
             }
             None => {
-                self.forget_old_joins();
-                self.unclaimed_joins.push_back(self.now);
+                self.forget_old_joins(now);
+                self.unclaimed_joins.push_back(now);
             }
         }
     }
 
-    fn forget_old_joins(&mut self) {
+    fn forget_old_joins(&mut self, now: Duration) {
         let window = self.config.replacement_window;
         while self
             .unclaimed_joins
             .front()
-            .is_some_and(|&at| at + window < self.now)
+            .is_some_and(|&at| at + window < now)
         {
             self.unclaimed_joins.pop_front();
         }
@@ -184,7 +178,6 @@ impl Degradation {
 
     /// The level now, given the healthy and the registered capacity.
     pub fn level(&mut self, healthy: f64, registered: f64, now: Duration) -> u8 {
-        self.now = now;
         let memory = self.config.lost_memory;
         self.lost.retain(|_, (_, since)| now < *since + memory);
         if !self.config.enabled {
@@ -233,16 +226,16 @@ mod tests {
         assert_eq!(d.level(2.0, 4.0, S), 2);
         // Three of four crash and are removed: one healthy of four.
         for w in 1..=3 {
-            d.worker_removed(WorkerId(w), 1.0, true, S);
+            d.worker_removed(WorkerId(w), 1.0, true, S, S);
         }
         assert_eq!(d.level(1.0, 1.0, 2 * S), 3);
         // A worker that leaves cleanly takes its capacity with it.
-        d.worker_removed(WorkerId(9), 1.0, false, S);
+        d.worker_removed(WorkerId(9), 1.0, false, S, 2 * S);
         assert_eq!(d.level(1.0, 1.0, 3 * S), 3);
-        d.worker_added(WorkerId(1));
+        d.worker_added(WorkerId(1), 3 * S);
         assert_eq!(d.level(2.0, 2.0, 4 * S), 2);
         // A replacement under a new id takes the place of another lost worker.
-        d.worker_added(WorkerId(20));
+        d.worker_added(WorkerId(20), 4 * S);
         assert_eq!(d.level(3.0, 3.0, 4 * S), 1);
         // Five minutes later the loss is forgotten: the smaller fleet is the fleet.
         assert_eq!(d.level(1.0, 1.0, 302 * S), 0);
@@ -255,31 +248,29 @@ mod tests {
         // The fleet starts: four joins at 0 s. Worker 1, seen working at 1 s, crashes and
         // leaves: the fleet's own start is no replacement for it.
         for w in 1..=4 {
-            d.worker_added(WorkerId(w));
+            d.worker_added(WorkerId(w), Duration::ZERO);
         }
-        d.tick(S);
-        d.worker_removed(WorkerId(1), 1.0, true, S);
+        d.worker_removed(WorkerId(1), 1.0, true, S, S);
         assert_eq!(d.level(3.0, 3.0, S), 1);
-        d.worker_added(WorkerId(5));
+        d.worker_added(WorkerId(5), S);
         assert_eq!(d.level(4.0, 4.0, S), 0);
         // Twenty crashes, each replaced, the replacement registering before or after the
         // crashed worker leaves: nothing accumulates.
         for w in 6..26u64 {
             let t = S * w as u32;
-            d.tick(t);
             if w % 2 == 0 {
-                d.worker_added(WorkerId(w));
-                d.worker_removed(WorkerId(w - 4), 1.0, true, t - S / 2);
+                d.worker_added(WorkerId(w), t);
+                d.worker_removed(WorkerId(w - 4), 1.0, true, t - S / 2, t);
             } else {
-                d.worker_removed(WorkerId(w - 4), 1.0, true, t - S / 2);
-                d.worker_added(WorkerId(w));
+                d.worker_removed(WorkerId(w - 4), 1.0, true, t - S / 2, t);
+                d.worker_added(WorkerId(w), t);
             }
             assert_eq!(d.level(4.0, 4.0, t), 0, "{w}");
         }
         // A worker that joined long before is growth, not a replacement.
-        d.worker_added(WorkerId(40));
+        d.worker_added(WorkerId(40), 25 * S);
         assert_eq!(d.level(5.0, 5.0, 60 * S), 0);
-        d.worker_removed(WorkerId(30), 1.0, true, 59 * S);
+        d.worker_removed(WorkerId(30), 1.0, true, 59 * S, 60 * S);
         assert_eq!(d.level(4.0, 4.0, 60 * S), 1);
     }
 

@@ -110,7 +110,6 @@ impl RoutingCore {
     /// Moves the core's notion of now forward (every call that takes `now` does).
     pub fn tick(&mut self, now: Duration) {
         self.now = self.now.max(now);
-        self.degradation.tick(now);
     }
 
     pub fn config(&self) -> &RoutingConfig {
@@ -150,15 +149,10 @@ impl RoutingCore {
         let view = self.config.cache_view.view_for(&spec);
         let id = spec.id;
         let serving = spec.role.serves_generation();
-        let timing = spec.timing.clone().map(|mut t| {
-            if let Some(capacity) = spec.capacity_blocks {
-                t.capacity_blocks = capacity;
-            }
-            t
-        });
+        let timing = spec.timing.clone();
         self.registry.add(spec, self.config.cache_view, self.now)?;
         if serving {
-            self.degradation.worker_added(id);
+            self.degradation.worker_added(id, self.now);
         }
         if view == CacheView::Approximate {
             self.approx_workers += 1;
@@ -210,6 +204,7 @@ impl RoutingCore {
                 degradation::capacity(&entry.spec),
                 entry.health.state != HealthState::Healthy,
                 entry.health.last_activity(),
+                self.now,
             );
         }
         if entry.view == CacheView::Approximate {
