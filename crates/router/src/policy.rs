@@ -27,6 +27,9 @@ pub struct Candidate {
     pub new_blocks: u64,
     /// Prefill tokens routed to the worker and not yet computed.
     pub prefill_tokens: u64,
+    /// How long the worker has been computing the head of those tokens, in milliseconds
+    /// (0 when none are queued).
+    pub prefill_elapsed_ms: f64,
     /// In-flight requests on the worker.
     pub active_requests: u32,
     /// The worker's timing, an index into [`Selection::timings`].
@@ -299,7 +302,13 @@ impl LatencyPolicy {
             (ms, full + u64::from(rest > 0))
         };
         let (prefill_ms, steps) = prefill(queued + own);
-        let ttft = prefill_ms + steps as f64 * decode_ms;
+        // The worker has been at its queue for a while: that much of it is done (never
+        // more than the queue itself, which this request waits behind).
+        let (queued_ms, queued_steps) = prefill(queued);
+        let done = c
+            .prefill_elapsed_ms
+            .min(queued_ms + queued_steps as f64 * decode_ms);
+        let ttft = prefill_ms + steps as f64 * decode_ms - done;
         // What this request's own chunks add to every running decode's step time.
         let added = prefill(own).0;
         let weight = self.config.itl_weight;
@@ -550,6 +559,7 @@ mod tests {
             active_blocks: 0,
             new_blocks: 0,
             prefill_tokens: 0,
+            prefill_elapsed_ms: 0.0,
             active_requests: 0,
             timing: 0,
         }
@@ -900,6 +910,35 @@ mod tests {
             "{} vs {expected}",
             ttft[1]
         );
+    }
+
+    #[test]
+    fn latency_counts_the_queue_work_already_done() {
+        let m = PerfModel::Polynomial;
+        let timings = [WorkerTiming::default()];
+        let fresh = Candidate {
+            prefill_tokens: 8_192,
+            active_requests: 1,
+            ..cand(1)
+        };
+        let queue_ms = m.prefill_ms(8_192);
+        // Half-way through the queue: half of it is left to wait for.
+        let half = Candidate {
+            prefill_elapsed_ms: queue_ms / 2.0,
+            ..fresh
+        };
+        // Longer than predicted: the queue is about done; never less than the request's
+        // own prefill.
+        let overdue = Candidate {
+            prefill_elapsed_ms: queue_ms * 10.0,
+            ..fresh
+        };
+        let (chosen, ttft) = latency_select(&[fresh, half, overdue], &timings, 1_600, 0.0);
+        assert_eq!(chosen, 2);
+        let own = m.prefill_ms(1_600);
+        assert!((ttft[0] - (queue_ms + own)).abs() < 1e-6);
+        assert!((ttft[1] - (queue_ms / 2.0 + own)).abs() < 1e-6);
+        assert!((ttft[2] - own).abs() < 1e-6, "{} vs {own}", ttft[2]);
     }
 
     #[test]

@@ -165,8 +165,9 @@ impl Router {
         &self,
         request: &RouteRequest<'_>,
         overlaps: &OverlapScores,
+        now: Duration,
     ) -> Vec<Candidate> {
-        self.candidates_among(&self.workers, request, overlaps)
+        self.candidates_among(&self.workers, request, overlaps, now)
     }
 
     /// Candidate rows for a subset of workers (unknown ones are skipped).
@@ -175,6 +176,7 @@ impl Router {
         workers: &[WorkerKey],
         request: &RouteRequest<'_>,
         overlaps: &OverlapScores,
+        now: Duration,
     ) -> Vec<Candidate> {
         workers
             .iter()
@@ -188,6 +190,11 @@ impl Router {
                     active_blocks: load.active_blocks,
                     new_blocks: self.active.new_blocks(worker, request.seq_hashes),
                     prefill_tokens: load.prefill_tokens,
+                    prefill_elapsed_ms: if load.prefill_tokens > 0 {
+                        now.saturating_sub(load.prefill_since).as_secs_f64() * 1e3
+                    } else {
+                        0.0
+                    },
                     active_requests: load.requests,
                     timing: self.timing_of.get(&worker).copied().unwrap_or(0),
                 }
@@ -231,7 +238,7 @@ impl Router {
         overlaps: &OverlapScores,
         now: Duration,
     ) -> Result<RouteDecision, RouteError> {
-        let candidates = self.candidates(request, overlaps);
+        let candidates = self.candidates(request, overlaps, now);
         let decision = self.select(request, &candidates)?;
         self.record(request, &decision, now)?;
         Ok(decision)
@@ -254,8 +261,8 @@ impl Router {
         Ok(())
     }
 
-    pub fn mark_prefill_completed(&mut self, id: RequestId) -> bool {
-        self.active.mark_prefill_completed(id)
+    pub fn mark_prefill_completed(&mut self, id: RequestId, now: Duration) -> bool {
+        self.active.mark_prefill_completed(id, now)
     }
 
     pub fn free(&mut self, id: RequestId) -> Option<WorkerKey> {

@@ -61,6 +61,8 @@ proptest! {
         let mut naive: BTreeMap<RequestId, NaiveRequest> = BTreeMap::new();
         let mut now = Duration::ZERO;
         let mut next_id = 0u64;
+        // When each worker started on the head of its prefill queue.
+        let mut since: BTreeMap<WorkerKey, Duration> = BTreeMap::new();
         for w in 0..3 {
             active.add_worker(WorkerKey::new(w, 0));
             workers.insert(WorkerKey::new(w, 0));
@@ -72,9 +74,13 @@ proptest! {
                     let id = RequestId(next_id);
                     next_id += 1;
                     let blocks = chain(path);
+                    let queue_empty = naive.values().all(|r| r.worker != w || r.prefill == 0);
                     let result = active.add_request(id, w, &blocks, u64::from(*prefill), now);
                     prop_assert_eq!(result.is_ok(), workers.contains(&w));
                     if result.is_ok() {
+                        if queue_empty {
+                            since.insert(w, now);
+                        }
                         naive.insert(id, NaiveRequest { worker: w, blocks, prefill: u64::from(*prefill), added: now });
                     }
                     // Adding the same id twice is refused.
@@ -84,8 +90,13 @@ proptest! {
                 }
                 Op::Prefilled(pick) => {
                     let id = RequestId(u64::from(*pick) % next_id.max(1));
-                    let known = naive.get_mut(&id).map(|r| r.prefill = 0).is_some();
-                    prop_assert_eq!(active.mark_prefill_completed(id), known);
+                    let known = naive.get_mut(&id).map(|r| {
+                        if r.prefill > 0 {
+                            since.insert(r.worker, now);
+                        }
+                        r.prefill = 0;
+                    }).is_some();
+                    prop_assert_eq!(active.mark_prefill_completed(id, now), known);
                 }
                 Op::Free(pick) => {
                     let id = RequestId(u64::from(*pick) % next_id.max(1));
@@ -127,6 +138,9 @@ proptest! {
                 prop_assert_eq!(load.active_blocks, distinct.len() as u64);
                 prop_assert_eq!(load.prefill_tokens, live.iter().map(|r| r.prefill).sum::<u64>());
                 prop_assert_eq!(load.requests as usize, live.len());
+                let queued = live.iter().any(|r| r.prefill > 0);
+                let expected_since = if queued { since[&w] } else { Duration::ZERO };
+                prop_assert_eq!(load.prefill_since, expected_since);
                 for block in &distinct {
                     let count = live.iter().map(|r| r.blocks.iter().filter(|b| *b == block).count()).sum::<usize>();
                     prop_assert_eq!(active.refcount(w, *block) as usize, count);

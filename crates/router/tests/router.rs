@@ -85,7 +85,7 @@ fn routes_to_the_cached_worker_and_tracks_load() {
         id: RequestId(3),
         ..request
     };
-    let candidates = router.candidates(&again, &overlaps);
+    let candidates = router.candidates(&again, &overlaps, Duration::ZERO);
     let on_b = candidates.iter().find(|c| c.worker == b).unwrap();
     assert_eq!(on_b.new_blocks, 0);
     assert_eq!(
@@ -97,7 +97,7 @@ fn routes_to_the_cached_worker_and_tracks_load() {
         0
     );
 
-    assert!(router.mark_prefill_completed(RequestId(1)));
+    assert!(router.mark_prefill_completed(RequestId(1), Duration::ZERO));
     assert_eq!(router.load(b).prefill_tokens, 0);
     assert_eq!(router.free(RequestId(1)), Some(b));
     assert_eq!(router.free(RequestId(2)), Some(a));

@@ -771,13 +771,13 @@ impl<'a> Fleet<'a> {
             }
             if state.prefilling_again {
                 state.prefilling_again = false;
-                self.core.prefill_done(token.request);
+                self.core.prefill_done(token.request, now);
             }
             if state.first_token.is_none() {
                 let arrival = self.workload.requests[index].arrival;
                 self.ttft.record(micros(now - arrival));
                 self.core.observe_ttft(now - arrival);
-                self.core.prefill_done(token.request);
+                self.core.prefill_done(token.request, now);
                 state.first_token = Some(now);
                 state.cached_tokens = token.cached_tokens;
                 self.report.prompt_tokens +=

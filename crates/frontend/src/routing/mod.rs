@@ -419,8 +419,9 @@ impl RoutingService {
 
     /// The request's first token arrived: its prompt is computed.
     pub fn prefill_done(&self, id: RequestId) {
+        let now = self.now();
         let mut core = self.core.lock();
-        if core.prefill_done(id)
+        if core.prefill_done(id, now)
             && let Some(replicas) = &self.replicas
         {
             replicas.prefill_done(id);

@@ -156,7 +156,7 @@ impl RoutingService {
                     }
                 }
                 ReplicaEvent::PrefillDone { request } => {
-                    core.prefill_done(remote_id(message.frontend, request));
+                    core.prefill_done(remote_id(message.frontend, request), now);
                 }
                 ReplicaEvent::Finished { request } => {
                     if peer.requests.remove(&request) {

@@ -38,6 +38,9 @@ pub struct WorkerLoad {
     pub prefill_tokens: u64,
     /// In-flight requests.
     pub requests: u32,
+    /// Since when the worker has been computing the head of its prefill queue: when the
+    /// queue last became non-empty or a queued prefill last completed.
+    pub prefill_since: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +48,7 @@ struct WorkerSlots {
     chains: chains::ChainSet,
     prefill_tokens: u64,
     requests: u32,
+    prefill_since: Duration,
 }
 
 #[derive(Debug)]
@@ -125,6 +129,9 @@ impl ActiveSequences {
             .ok_or(ActiveError::UnknownWorker(worker))?;
         let blocks: Arc<[SequenceHash]> = Arc::from(blocks);
         slots.chains.add(&blocks);
+        if slots.prefill_tokens == 0 {
+            slots.prefill_since = now;
+        }
         slots.prefill_tokens += prefill_tokens;
         slots.requests += 1;
         self.requests.insert(
@@ -140,14 +147,18 @@ impl ActiveSequences {
         Ok(())
     }
 
-    /// The request's prefill is done: its prompt tokens no longer weigh as prefill load.
-    pub fn mark_prefill_completed(&mut self, id: RequestId) -> bool {
+    /// The request's prefill is done at `now`: its prompt tokens no longer weigh as prefill
+    /// load, and the worker goes on to the next queued prefill.
+    pub fn mark_prefill_completed(&mut self, id: RequestId, now: Duration) -> bool {
         let Some(request) = self.requests.get_mut(&id) else {
             return false;
         };
         let tokens = std::mem::take(&mut request.prefill_tokens);
         if let Some(slots) = self.workers.get_mut(&request.worker) {
             slots.prefill_tokens -= tokens;
+            if tokens > 0 {
+                slots.prefill_since = now;
+            }
         }
         true
     }
@@ -196,6 +207,11 @@ impl ActiveSequences {
                 active_blocks: slots.chains.distinct(),
                 prefill_tokens: slots.prefill_tokens,
                 requests: slots.requests,
+                prefill_since: if slots.prefill_tokens > 0 {
+                    slots.prefill_since
+                } else {
+                    Duration::ZERO
+                },
             })
     }
 

@@ -559,7 +559,7 @@ impl RoutingCore {
         };
         let candidates = self
             .router
-            .candidates_among(&candidates_keys, &request, overlaps);
+            .candidates_among(&candidates_keys, &request, overlaps, now);
         let decision = self.router.select(&request, &candidates)?;
         self.router.record(&request, &decision, now)?;
         if self
@@ -638,9 +638,10 @@ impl RoutingCore {
         self.router.record(&request, &decision, now).is_ok()
     }
 
-    /// The request's first token arrived: its prompt is computed.
-    pub fn prefill_done(&mut self, id: RequestId) -> bool {
-        self.router.mark_prefill_completed(id)
+    /// The request's first token arrived at `now`: its prompt is computed.
+    pub fn prefill_done(&mut self, id: RequestId, now: Duration) -> bool {
+        self.tick(now);
+        self.router.mark_prefill_completed(id, now)
     }
 
     /// The request ended, however it ended. Returns the worker it was on. A departed
