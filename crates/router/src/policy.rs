@@ -259,7 +259,8 @@ const MEMORY_LIMIT: f64 = 0.9;
 ///
 /// predicted TTFT = the steps that compute the prefill already queued on the worker and
 /// then this request's uncached tokens, in chunks of the worker's step budget, each step
-/// also decoding the worker's running requests; cost = predicted TTFT + itl_weight × the
+/// also decoding the worker's running requests, less the time the worker has already spent
+/// on its queue; cost = predicted TTFT + itl_weight × the
 /// delay those steps add to the running decodes. A worker whose in-flight requests would hold
 /// more than 90 % of its KV blocks with this one is chosen only when every worker is as full.
 #[derive(Debug, Clone, Default)]
