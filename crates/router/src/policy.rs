@@ -277,20 +277,17 @@ impl LatencyPolicy {
         let block_size = u64::from(s.block_size.max(1));
         let cached = u64::from(c.overlap_blocks) * block_size;
         let own = s.isl_tokens.saturating_sub(cached).max(1);
-        let queued = c.prefill_tokens;
-        // The running requests decode in every step (those not still prefilling).
-        let decoding = c.active_requests.saturating_sub(u32::from(queued > 0));
-        let decode_ms = if decoding > 0 {
-            let shape = StepShape {
+        let decode_ms = |decoding: u32| {
+            if decoding == 0 {
+                return 0.0;
+            }
+            timing.perf.decode_ms(&StepShape {
                 decode_seqs: decoding,
                 decode_kv_tokens: c.active_blocks * block_size,
                 active_blocks: c.active_blocks + c.new_blocks,
                 capacity_blocks: timing.capacity_blocks,
                 ..StepShape::default()
-            };
-            timing.perf.decode_ms(&shape)
-        } else {
-            0.0
+            })
         };
         let budget = u64::from(timing.max_batched_tokens.max(1));
         // Prefill time of `tokens` in budget-sized chunks, and the number of steps.
@@ -302,14 +299,34 @@ impl LatencyPolicy {
             }
             (ms, full + u64::from(rest > 0))
         };
-        let (prefill_ms, steps) = prefill(queued + own);
-        // The worker has been at its queue for a while: that much of it is done (never
-        // more than the queue itself, which this request waits behind).
+        // The queued prefill, each of its steps also decoding the running requests (all
+        // but the one prefilling). Just queued, this request's tokens share its last step;
+        // once the worker has been at it a while, a step is under way and this request
+        // waits for what is left of the queue, then prefills on its own; past the queue's
+        // predicted time the queue is done and every request decodes.
+        let queued = c.prefill_tokens;
+        let prefilling = u32::from(queued > 0);
+        let decoding = c.active_requests.saturating_sub(prefilling);
+        let step_decode_ms = decode_ms(decoding);
         let (queued_ms, queued_steps) = prefill(queued);
-        let done = c
-            .prefill_elapsed_ms
-            .min(queued_ms + queued_steps as f64 * decode_ms);
-        let ttft = prefill_ms + steps as f64 * decode_ms - done;
+        let queue_time = queued_ms + queued_steps as f64 * step_decode_ms;
+        let elapsed = c.prefill_elapsed_ms;
+        let (ttft, decoding) = if queued == 0 || elapsed <= 0.0 {
+            let (ms, steps) = prefill(queued + own);
+            (ms + steps as f64 * step_decode_ms, decoding)
+        } else {
+            let remaining = (queue_time - elapsed).max(0.0);
+            let decoding = if remaining > 0.0 {
+                decoding
+            } else {
+                c.active_requests
+            };
+            let (ms, steps) = prefill(own);
+            (
+                remaining + ms + steps as f64 * decode_ms(decoding),
+                decoding,
+            )
+        };
         // What this request's own chunks add to every running decode's step time.
         let added = prefill(own).0;
         let weight = self.config.itl_weight;
@@ -928,8 +945,7 @@ mod tests {
             prefill_elapsed_ms: queue_ms / 2.0,
             ..fresh
         };
-        // Longer than predicted: the queue is about done; never less than the request's
-        // own prefill.
+        // Longer than predicted: the queue is done, and its request decodes alongside.
         let overdue = Candidate {
             prefill_elapsed_ms: queue_ms * 10.0,
             ..fresh
@@ -939,7 +955,28 @@ mod tests {
         let own = m.prefill_ms(1_600);
         assert!((ttft[0] - (queue_ms + own)).abs() < 1e-6);
         assert!((ttft[1] - (queue_ms / 2.0 + own)).abs() < 1e-6);
-        assert!((ttft[2] - own).abs() < 1e-6, "{} vs {own}", ttft[2]);
+        let decode_one = m.decode_ms(&StepShape {
+            decode_seqs: 1,
+            capacity_blocks: 16_384,
+            ..StepShape::default()
+        });
+        assert!(
+            (ttft[2] - (own + decode_one)).abs() < 1e-6,
+            "{} vs {own} + {decode_one}",
+            ttft[2]
+        );
+        // A short prefill under way: the step running it must end before this request's
+        // tokens start, so an idle worker is sooner whatever the elapsed time.
+        for elapsed in [1.0, 5.0, 16.0, 100.0] {
+            let short = Candidate {
+                prefill_tokens: 20,
+                active_requests: 1,
+                prefill_elapsed_ms: elapsed,
+                ..cand(3)
+            };
+            let (chosen, _) = latency_select(&[short, cand(4)], &timings, 200, 0.1);
+            assert_eq!(chosen, 1, "after {elapsed} ms");
+        }
     }
 
     #[test]
