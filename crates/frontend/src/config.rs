@@ -28,11 +28,38 @@ pub struct FrontendConfig {
     pub default_max_tokens: u32,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    pub connections: ConnectionConfig,
     pub router: RouterSettings,
     pub admission: AdmissionConfig,
     pub health: HealthConfig,
     pub degradation: DegradationConfig,
     pub migration: MigrationConfig,
+}
+
+/// Limits on client connections, so slow or idle clients cannot hold the server's sockets
+/// and memory.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionConfig {
+    /// Longest a client may take to send a request's headers, and longest a kept-alive
+    /// connection may sit idle between requests.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Longest a client may take to send a request's body (408 after).
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Open client connections at most; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        ConnectionConfig {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            max_connections: 8192,
+        }
+    }
 }
 
 /// Retries before the first token and migration of streams in flight.
@@ -89,6 +116,7 @@ impl Default for FrontendConfig {
             context_length: None,
             default_max_tokens: 256,
             max_body_bytes: 4 << 20,
+            connections: ConnectionConfig::default(),
             router: RouterSettings::default(),
             admission: AdmissionConfig::default(),
             health: HealthConfig::default(),
@@ -175,6 +203,16 @@ impl FrontendConfig {
         }
         if self.default_max_tokens == 0 {
             return Err("frontend.default_max_tokens must be at least 1".into());
+        }
+        let c = &self.connections;
+        if c.header_read_timeout.is_zero() || c.body_read_timeout.is_zero() {
+            return Err(
+                "frontend.connections.header_read_timeout and body_read_timeout must be longer than zero"
+                    .into(),
+            );
+        }
+        if c.max_connections == 0 {
+            return Err("frontend.connections.max_connections must be at least 1".into());
         }
         if self.max_body_bytes < 1024 {
             return Err(format!(

@@ -140,6 +140,48 @@ async fn unknown_model_route_and_method() {
 }
 
 #[tokio::test]
+async fn bodies_not_declared_as_json_are_415_and_echoed_input_is_capped() {
+    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "1")]).await;
+    let body = serde_json::to_vec(&chat(MODEL, "hi", 4)).unwrap();
+    // What a web page can post cross-origin without a preflight, and no type at all.
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ] {
+        let mut request = client().post(url(&d, "/v1/chat/completions"));
+        if let Some(t) = content_type {
+            request = request.header("content-type", t);
+        }
+        let response = request.body(body.clone()).send().await.unwrap();
+        let status = response.status().as_u16();
+        let b: Value = response.json().await.unwrap();
+        assert_error(status, &b, 415, "invalid_request_error");
+        assert_eq!(b["error"]["code"], "unsupported_media_type");
+    }
+    // JSON with parameters, in any case, is JSON.
+    let response = client()
+        .post(url(&d, "/v1/chat/completions"))
+        .header("content-type", "Application/JSON; charset=utf-8")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    // A 100 KB model name is not sent back whole.
+    let long = "m".repeat(100_000);
+    let (s, _, b) = post(&d, "/v1/chat/completions", &chat(&long, "hi", 4)).await;
+    assert_error(s, &b, 404, "invalid_request_error");
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 400, "{} bytes echoed", message.len());
+    assert!(message.contains("100000 bytes"), "{message}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn bodies_over_the_limit_are_413() {
     let d = start(&[
         ("WORKERS__ENGINE", "echo"),

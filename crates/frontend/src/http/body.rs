@@ -3,19 +3,30 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use crate::openai::ApiError;
 
-/// Parses a JSON body, or says precisely what is wrong with it.
+/// Parses a JSON body, or says precisely what is wrong with it. The body must be declared
+/// as JSON: a form or a text body posted by a web page to a local server is refused (415)
+/// rather than parsed.
 pub fn parse<T: DeserializeOwned>(
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<T, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if !content_type.as_deref().is_some_and(is_json) {
+        return Err(ApiError::not_json(content_type.as_deref()));
+    }
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
+        } else if timed_out(&rejection) {
+            ApiError::body_timeout()
         } else {
             ApiError::invalid(format!("Cannot read the request body: {rejection}"))
         }
@@ -43,4 +54,25 @@ pub fn parse<T: DeserializeOwned>(
         .end()
         .map_err(|e| ApiError::invalid(format!("The request body is not valid JSON: {e}")))?;
     Ok(value)
+}
+
+/// Whether reading the body failed because the client was too slow (see
+/// `connections.body_read_timeout`).
+fn timed_out(rejection: &BytesRejection) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = source {
+        if error.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// `application/json`, with parameters (`; charset=utf-8`) or not, any case.
+fn is_json(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
 }

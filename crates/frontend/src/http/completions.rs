@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
@@ -60,11 +60,13 @@ fn with_worker(mut response: Response, worker: WorkerKey) -> Response {
 
 pub async fn chat(
     State(frontend): State<Arc<Frontend>>,
+    headers: HeaderMap,
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
     let size = request.as_ref().map_or(0, Bytes::len);
     let result = async {
-        let request: ChatCompletionRequest = body::parse(request, frontend.config.max_body_bytes)?;
+        let request: ChatCompletionRequest =
+            body::parse(&headers, request, frontend.config.max_body_bytes)?;
         let (prepared, mode) = convert_sized(&frontend, size, request, convert::chat).await?;
         let dispatched = frontend.generate(prepared).await?;
         Ok::<_, ApiError>((
@@ -108,11 +110,13 @@ pub async fn chat(
 
 pub async fn completion(
     State(frontend): State<Arc<Frontend>>,
+    headers: HeaderMap,
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
     let size = request.as_ref().map_or(0, Bytes::len);
     let result = async {
-        let request: CompletionRequest = body::parse(request, frontend.config.max_body_bytes)?;
+        let request: CompletionRequest =
+            body::parse(&headers, request, frontend.config.max_body_bytes)?;
         let (prepared, mode) = convert_sized(&frontend, size, request, convert::completion).await?;
         let dispatched = frontend.generate(prepared).await?;
         Ok::<_, ApiError>((format!("cmpl-{:016x}", dispatched.id.0), dispatched, mode))

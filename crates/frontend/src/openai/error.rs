@@ -86,7 +86,7 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("model_not_found"),
-                format!("The model `{model}` does not exist"),
+                format!("The model `{}` does not exist", echo(model)),
             )
         }
     }
@@ -97,7 +97,7 @@ impl ApiError {
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             Some("not_found"),
-            format!("No route for {path}"),
+            format!("No route for {}", echo(path)),
         )
     }
 
@@ -118,6 +118,30 @@ impl ApiError {
             "invalid_request_error",
             Some("request_too_large"),
             format!("The request body exceeds {limit} bytes"),
+        )
+    }
+
+    /// 415: the body is not declared as JSON.
+    pub fn not_json(content_type: Option<&str>) -> Self {
+        let declared = content_type.map_or_else(
+            || "no Content-Type".to_string(),
+            |t| format!("Content-Type `{}`", echo(t)),
+        );
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            Some("unsupported_media_type"),
+            format!("The request has {declared}; send the body as `application/json`"),
+        )
+    }
+
+    /// 408: the client did not send the whole body in time.
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            Some("request_timeout"),
+            "The request body did not arrive in time",
         )
     }
 
@@ -214,5 +238,14 @@ impl IntoResponse for ApiError {
             }
         }
         response
+    }
+}
+
+/// Client input quoted back in an error message, cut to a sane length.
+pub fn echo(input: &str) -> String {
+    const MAX_CHARS: usize = 128;
+    match input.char_indices().nth(MAX_CHARS) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &input[..cut], input.len()),
+        None => input.to_string(),
     }
 }

@@ -1,0 +1,119 @@
+//! Slow, idle and too many client connections cannot take the server down.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MODEL: &str = "switchyard-mock";
+
+const LIMITS: &[(&str, &str)] = &[
+    ("FRONTEND__CONNECTIONS__HEADER_READ_TIMEOUT", "400ms"),
+    ("FRONTEND__CONNECTIONS__BODY_READ_TIMEOUT", "400ms"),
+    ("FRONTEND__CONNECTIONS__MAX_CONNECTIONS", "64"),
+];
+
+/// Reads until the server closes the connection (or `within` passes); returns what was
+/// read and whether it closed.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (String, bool) {
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&received).into(), true),
+            Ok(Ok(n)) => received.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&received).into(), false),
+        }
+    }
+}
+
+#[tokio::test]
+async fn slow_headers_and_idle_connections_are_closed_and_health_still_answers() {
+    let d = start(LIMITS).await;
+    // Four times the connection limit, each stuck half-way through its headers.
+    let mut slow = Vec::new();
+    for _ in 0..256 {
+        let Ok(mut stream) = TcpStream::connect(d.address).await else {
+            continue;
+        };
+        let _ = stream
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            .await;
+        slow.push(stream);
+    }
+    // Health answers within a few header timeouts, on a fresh connection each try.
+    let started = Instant::now();
+    let mut answered = false;
+    while started.elapsed() < Duration::from_secs(5) {
+        let response = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap()
+            .get(url(&d, "/health"))
+            .send()
+            .await;
+        if response.is_ok_and(|r| r.status().is_success()) {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        answered,
+        "health did not answer with slow clients holding connections"
+    );
+    // Every stuck client was cut off, by the header timeout or the connection limit.
+    for stream in &mut slow {
+        let (_, closed) = read_until_closed(stream, Duration::from_secs(3)).await;
+        assert!(closed, "a connection with unfinished headers stayed open");
+    }
+    // A kept-alive connection idle past the header timeout is closed too.
+    let mut idle = TcpStream::connect(d.address).await.unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (text, closed) = read_until_closed(&mut idle, Duration::from_secs(3)).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(closed, "an idle kept-alive connection stayed open");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_body_that_never_finishes_gets_408_and_others_are_served() {
+    let d = start(LIMITS).await;
+    let mut stream = TcpStream::connect(d.address).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"model\":",
+        )
+        .await
+        .unwrap();
+    // Meanwhile a whole request is served.
+    let response = client()
+        .post(url(&d, "/v1/chat/completions"))
+        .json(&chat(MODEL, "hi", 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let (text, _) = read_until_closed(&mut stream, Duration::from_secs(3)).await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        text.contains("\"error\""),
+        "an OpenAI-style error body: {text}"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
