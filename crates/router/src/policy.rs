@@ -242,12 +242,7 @@ impl Policy for KvPolicy {
         if s.candidates.is_empty() {
             return None;
         }
-        let costs = self.costs(s);
-        let temperature = s.overrides.temperature.unwrap_or(self.config.temperature);
-        if temperature > 0.0 {
-            return Some(softmax_sample(&costs, temperature, rng));
-        }
-        cheapest(s, &costs, rng)
+        choose(s, &self.costs(s), self.config.temperature, rng)
     }
 }
 
@@ -311,6 +306,7 @@ impl LatencyPolicy {
         let (queued_ms, queued_steps) = prefill(queued);
         let queue_time = queued_ms + queued_steps as f64 * step_decode_ms;
         let elapsed = c.prefill_elapsed_ms;
+        let (own_ms, own_steps) = prefill(own);
         let (ttft, decoding) = if queued == 0 || elapsed <= 0.0 {
             let (ms, steps) = prefill(queued + own);
             (ms + steps as f64 * step_decode_ms, decoding)
@@ -321,14 +317,13 @@ impl LatencyPolicy {
             } else {
                 c.active_requests
             };
-            let (ms, steps) = prefill(own);
             (
-                remaining + ms + steps as f64 * decode_ms(decoding),
+                remaining + own_ms + own_steps as f64 * decode_ms(decoding),
                 decoding,
             )
         };
         // What this request's own chunks add to every running decode's step time.
-        let added = prefill(own).0;
+        let added = own_ms;
         let weight = self.config.itl_weight;
         let mut cost = ttft + weight * added * f64::from(decoding);
         // A worker whose KV would run short preempts or stalls, whatever the timing says:
@@ -352,12 +347,18 @@ impl Policy for LatencyPolicy {
             return None;
         }
         let costs: Vec<f64> = s.candidates.iter().map(|c| self.predict(s, c).1).collect();
-        let temperature = s.overrides.temperature.unwrap_or(self.config.temperature);
-        if temperature > 0.0 {
-            return Some(softmax_sample(&costs, temperature, rng));
-        }
-        cheapest(s, &costs, rng)
+        choose(s, &costs, self.config.temperature, rng)
     }
+}
+
+/// The cheapest candidate, or with a temperature above 0 (the request's, else `temperature`)
+/// a softmax sample over the costs.
+fn choose(s: &Selection<'_>, costs: &[f64], temperature: f64, rng: &mut SmallRng) -> Option<usize> {
+    let temperature = s.overrides.temperature.unwrap_or(temperature);
+    if temperature > 0.0 {
+        return Some(softmax_sample(costs, temperature, rng));
+    }
+    cheapest(s, costs, rng)
 }
 
 /// The cheapest candidate; ties to the worker with less cached (more room), then at random.
