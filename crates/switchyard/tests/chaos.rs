@@ -49,7 +49,17 @@ async fn stream_one(url: &str, body: &Value) -> (Streamed, Duration) {
             longest = longest.max(now - last);
         }
         last = Some(now);
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        match chunk {
+            Ok(chunk) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            Err(e) => {
+                // The connection broke mid-answer: a failure to report with the others.
+                let mut streamed = parse_stream(&text);
+                streamed
+                    .errors
+                    .push(json!({ "connection": format!("{e:?}") }));
+                return (streamed, longest);
+            }
+        }
     }
     (parse_stream(&text), longest)
 }

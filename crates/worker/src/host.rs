@@ -202,14 +202,12 @@ impl Worker {
                     let server_stop = server_stop.clone();
                     async move { server_stop.cancelled().await }
                 };
-                let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                let task = tokio::spawn(async move {
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(shutdown)
-                        .await
-                });
+                let task = tokio::spawn(switchyard_runtime::net::server::serve(
+                    listener,
+                    app,
+                    switchyard_runtime::net::server::ServerLimits::REQUEST_PLANE,
+                    shutdown,
+                ));
                 let lease = planes.discovery.register(instance.clone()).await?;
                 stop_on_error.disarm();
                 Ok(Worker {

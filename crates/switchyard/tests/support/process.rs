@@ -115,6 +115,18 @@ impl Drop for Process {
         let _ = self.child.wait();
         if std::thread::panicking() {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            // A panic or error early in a long run would scroll out of the tail.
+            let alarms: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("panicked") || l.contains(" ERROR "))
+                .take(10)
+                .collect();
+            if !alarms.is_empty() {
+                eprintln!("--- {} (panics and errors) ---", self.name);
+                for line in alarms {
+                    eprintln!("{line}");
+                }
+            }
             let tail: Vec<&str> = text.lines().rev().take(40).collect();
             eprintln!("--- {} (last lines) ---", self.name);
             for line in tail.iter().rev() {
