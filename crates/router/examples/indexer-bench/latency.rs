@@ -15,6 +15,10 @@ impl Samples {
         self.0.push(nanos);
     }
 
+    pub fn extend(&mut self, other: Samples) {
+        self.0.extend(other.0);
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -37,6 +41,7 @@ impl Samples {
         Summary {
             p50_us: at(0.50),
             p99_us: at(0.99),
+            p999_us: at(0.999),
             max_us: self.0.last().copied().unwrap_or(0) as f64 / 1e3,
             mean_us: self.0.iter().sum::<u64>() as f64 / n as f64 / 1e3,
         }
@@ -47,6 +52,7 @@ impl Samples {
 pub struct Summary {
     pub p50_us: f64,
     pub p99_us: f64,
+    pub p999_us: f64,
     pub max_us: f64,
     pub mean_us: f64,
 }

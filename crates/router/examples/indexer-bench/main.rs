@@ -5,6 +5,7 @@
 
 mod latency;
 mod mixed;
+mod sweep;
 mod synthetic;
 
 use std::path::PathBuf;
@@ -13,6 +14,10 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 use serde::Serialize;
+
+/// Counts the bytes allocated, for the index's memory in the sweep.
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
 
 /// The conversation trace shipped beside the repository.
 const DEFAULT_TRACE: &str = concat!(
@@ -58,6 +63,39 @@ struct Args {
     no_mixed: bool,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Instead of the other measurements: the concurrent sweep, each candidate way of
+    /// sharing the index at rising offered rates of the mixed replay's operations.
+    #[arg(long)]
+    sweep: bool,
+    /// Candidates for `--sweep`, comma-separated (shared, shared-channel, mutex, rwlock,
+    /// sharded-mutex).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "shared,shared-channel,mutex"
+    )]
+    candidates: Vec<String>,
+    /// Event-publishing threads in the sweep (each owns a share of the workers).
+    #[arg(long, default_value_t = 2)]
+    publishers: usize,
+    /// Lookup threads in the sweep.
+    #[arg(long, default_value_t = 2)]
+    lookup_threads: usize,
+    /// The sweep's first offered rate, in operations per second.
+    #[arg(long, default_value_t = 50_000.0)]
+    start_rate: f64,
+    /// Each sweep step offers this much more than the last.
+    #[arg(long, default_value_t = 1.25)]
+    step_factor: f64,
+    /// Sweep steps at most, per candidate.
+    #[arg(long, default_value_t = 20)]
+    max_steps: usize,
+    /// Tries per sweep step (sustained when most are).
+    #[arg(long, default_value_t = 3)]
+    tries: usize,
+    /// Shards for the `sharded-mutex` candidate.
+    #[arg(long, default_value_t = 4)]
+    shards: usize,
     /// Print one JSON object instead of a human summary.
     #[arg(long)]
     json: bool,
@@ -90,6 +128,9 @@ fn main() -> Result<()> {
             eprintln!("{msg}");
         }
     };
+    if args.sweep {
+        return run_sweep(&args);
+    }
 
     progress(&format!(
         "building a synthetic index of {} blocks over {} workers…",
@@ -191,4 +232,71 @@ fn print_summary(r: &Report) {
             m.event_p99_us
         );
     }
+}
+
+fn run_sweep(args: &Args) -> Result<()> {
+    let cache_blocks = args.cache_tokens / args.block_size.max(1) as usize;
+    eprintln!(
+        "generating the operations of {} ({} workers, block size {}, {} blocks per worker)…",
+        args.trace.display(),
+        args.workers,
+        args.block_size,
+        cache_blocks
+    );
+    let stream = mixed::generate(
+        &args.trace,
+        args.workers,
+        args.block_size,
+        cache_blocks,
+        args.chunk_tokens,
+        args.seed,
+    )?;
+    let config = sweep::SweepConfig {
+        candidates: args.candidates.clone(),
+        publishers: args.publishers,
+        lookup_threads: args.lookup_threads,
+        start_rate: args.start_rate,
+        step_factor: args.step_factor,
+        max_steps: args.max_steps,
+        steps_past_saturation: 1,
+        shards: args.shards,
+        tries: args.tries,
+    };
+    anyhow::ensure!(
+        args.start_rate > 0.0 && args.step_factor > 1.0,
+        "--start-rate must be positive and --step-factor above 1"
+    );
+    let report =
+        sweep::run(&stream, &config, args.block_size, cache_blocks).map_err(anyhow::Error::msg)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} lookups + {} events ({} blocks), {} workers, block size {}, {} blocks per worker; {} publishers, {} lookup threads",
+        report.lookups,
+        report.events,
+        report.blocks,
+        report.workers,
+        report.block_size,
+        report.cache_blocks,
+        report.publishers,
+        report.lookup_threads
+    );
+    println!(
+        "| candidate | sustained ops/s | blocks/s there | lookup p99 there | memory | per worker-block |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for c in &report.candidates {
+        println!(
+            "| {} | {:.0}k | {:.2} M | {:.2} µs | {:.1} MiB | {:.0} B |",
+            c.candidate,
+            c.sustained_ops_per_sec / 1e3,
+            c.blocks_per_sec_at_sustained / 1e6,
+            c.lookup_p99_us_at_sustained,
+            c.memory_bytes as f64 / (1 << 20) as f64,
+            c.bytes_per_worker_block
+        );
+    }
+    Ok(())
 }

@@ -48,9 +48,18 @@ pub struct MixedReport {
     pub replay_seconds: f64,
 }
 
-enum Op {
+pub enum Op {
     Lookup(Vec<LocalBlockHash>),
     Event(KvEvent),
+}
+
+/// The operations of a routed trace, in arrival order.
+pub struct OpStream {
+    pub ops: Vec<Op>,
+    pub workers: Vec<WorkerKey>,
+    pub requests: usize,
+    /// Share of prompt tokens found cached on the chosen worker.
+    pub routed_cache_hit_rate: f64,
 }
 
 /// A worker's cache: least recently used first; a request touches its blocks last to first
@@ -60,14 +69,14 @@ struct LruCache {
     next_event_id: u64,
 }
 
-pub fn run(
+pub fn generate(
     trace: &Path,
     workers: u32,
     block_size: u32,
     capacity: usize,
     chunk_tokens: u32,
     seed: u64,
-) -> Result<MixedReport> {
+) -> Result<OpStream> {
     let text = std::fs::read_to_string(trace)
         .with_context(|| format!("cannot read trace {}", trace.display()))?;
     let records = text
@@ -180,11 +189,29 @@ pub fn run(
         }
     }
 
+    Ok(OpStream {
+        ops,
+        workers: keys,
+        requests: records.len(),
+        routed_cache_hit_rate: cached_tokens as f64 / prompt_tokens.max(1) as f64,
+    })
+}
+
+pub fn run(
+    trace: &Path,
+    workers: u32,
+    block_size: u32,
+    capacity: usize,
+    chunk_tokens: u32,
+    seed: u64,
+) -> Result<MixedReport> {
+    let stream = generate(trace, workers, block_size, capacity, chunk_tokens, seed)?;
+    let (ops, keys) = (&stream.ops, &stream.workers);
     // The timed replay follows an untimed one whose workers are then removed: the measured
     // pass runs on warm memory, as in a long-running indexer, instead of paying first-touch
     // page faults.
     let mut indexer = Indexer::new(IndexerConfig::default());
-    for op in &ops {
+    for op in ops {
         match op {
             Op::Lookup(q) => {
                 black_box(indexer.find_matches(q));
@@ -194,7 +221,7 @@ pub fn run(
             }
         }
     }
-    for &worker in &keys {
+    for &worker in keys {
         indexer.remove_worker(worker);
     }
     let (mut all, mut lookups, mut events) = (
@@ -204,7 +231,7 @@ pub fn run(
     );
     let mut blocks = 0usize;
     let start = Instant::now();
-    for op in &ops {
+    for op in ops {
         let t = Instant::now();
         match op {
             Op::Lookup(q) => {
@@ -227,7 +254,7 @@ pub fn run(
     let (n_lookups, n_events) = (lookups.len(), events.len());
     let (all, lookups, events) = (all.summarize(), lookups.summarize(), events.summarize());
     Ok(MixedReport {
-        requests: records.len(),
+        requests: stream.requests,
         workers,
         block_size,
         cache_blocks: capacity,
@@ -241,7 +268,7 @@ pub fn run(
         p99_us: all.p99_us,
         lookup_p99_us: lookups.p99_us,
         event_p99_us: events.p99_us,
-        routed_cache_hit_rate: cached_tokens as f64 / prompt_tokens.max(1) as f64,
+        routed_cache_hit_rate: stream.routed_cache_hit_rate,
         replay_seconds,
     })
 }
