@@ -130,30 +130,54 @@ impl Candidate for SharedChannel {
     }
 }
 
-/// One plain index behind a mutex; a publisher applies its whole batch under one lock.
-struct Locked {
-    index: Mutex<Indexer>,
+/// A lock around one plain index: a mutex, or a read-write lock whose lookups share it.
+trait IndexLock: Sync {
+    fn write<R>(&self, f: impl FnOnce(&mut Indexer) -> R) -> R;
+    fn read<R>(&self, f: impl FnOnce(&Indexer) -> R) -> R;
+}
+
+impl IndexLock for Mutex<Indexer> {
+    fn write<R>(&self, f: impl FnOnce(&mut Indexer) -> R) -> R {
+        f(&mut self.lock())
+    }
+    fn read<R>(&self, f: impl FnOnce(&Indexer) -> R) -> R {
+        f(&self.lock())
+    }
+}
+
+impl IndexLock for RwLock<Indexer> {
+    fn write<R>(&self, f: impl FnOnce(&mut Indexer) -> R) -> R {
+        f(&mut RwLock::write(self))
+    }
+    fn read<R>(&self, f: impl FnOnce(&Indexer) -> R) -> R {
+        f(&RwLock::read(self))
+    }
+}
+
+/// One plain index behind a lock; a publisher applies its whole batch under one hold.
+struct Locked<L> {
+    index: L,
     applied: AtomicU64,
 }
 
-impl Candidate for Locked {
+impl<L: IndexLock> Candidate for Locked<L> {
     fn publish(&self, events: Vec<KvEvent>) {
         let n = events.len() as u64;
-        let mut index = self.index.lock();
-        for event in &events {
-            index.apply(event);
-        }
-        drop(index);
+        self.index.write(|index| {
+            for event in &events {
+                index.apply(event);
+            }
+        });
         self.applied.fetch_add(n, Ordering::Release);
     }
     fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.index.lock().find_matches_into(query, out);
+        self.index.read(|index| index.find_matches_into(query, out));
     }
     fn applied(&self) -> u64 {
         self.applied.load(Ordering::Acquire)
     }
     fn worker_blocks(&self) -> u64 {
-        self.index.lock().worker_block_count()
+        self.index.read(Indexer::worker_block_count)
     }
 }
 
@@ -194,33 +218,6 @@ impl Candidate for LockedChunked {
     }
     fn worker_blocks(&self) -> u64 {
         self.index.lock().worker_block_count()
-    }
-}
-
-/// One plain index behind a read-write lock.
-struct ReadWrite {
-    index: RwLock<Indexer>,
-    applied: AtomicU64,
-}
-
-impl Candidate for ReadWrite {
-    fn publish(&self, events: Vec<KvEvent>) {
-        let n = events.len() as u64;
-        let mut index = self.index.write();
-        for event in &events {
-            index.apply(event);
-        }
-        drop(index);
-        self.applied.fetch_add(n, Ordering::Release);
-    }
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.index.read().find_matches_into(query, out);
-    }
-    fn applied(&self) -> u64 {
-        self.applied.load(Ordering::Acquire)
-    }
-    fn worker_blocks(&self) -> u64 {
-        self.index.read().worker_block_count()
     }
 }
 
@@ -290,7 +287,7 @@ fn make(name: &str, shards: usize, stream: &OpStream) -> Option<Box<dyn Candidat
             applied: AtomicU64::new(0),
             chunk_blocks: 64,
         }),
-        "rwlock" => Box::new(ReadWrite {
+        "rwlock" => Box::new(Locked {
             index: RwLock::new(fresh()),
             applied: AtomicU64::new(0),
         }),
