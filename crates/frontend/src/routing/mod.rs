@@ -177,11 +177,17 @@ impl RoutingService {
     }
 
     /// A stream on `worker` got no token for `waited`: the worker hangs if it produced
-    /// nothing on any stream for as long, else that stream is stalled. Returns the failure
-    /// counted.
+    /// nothing on any stream for most of that time, else that stream is stalled. Returns
+    /// the failure counted.
+    ///
+    /// Half the wait, not all of it: when a worker freezes, its streams' last tokens arrive
+    /// a few milliseconds apart, so every stream but the last would otherwise find another
+    /// stream's token inside its own wait and count a stall, and enough stalls take the
+    /// worker out before the last stream reports the hang. A live worker's other streams
+    /// get tokens every decode step, far inside half a stall timeout (a second at least).
     pub fn report_stall(&self, worker: WorkerId, waited: Duration) -> Failure {
         let idle = self.progress(worker).idle();
-        let failure = if idle >= waited {
+        let failure = if idle >= waited / 2 {
             Failure::Hung
         } else {
             Failure::Stalled
