@@ -57,6 +57,35 @@ impl Default for WorkerTiming {
     }
 }
 
+impl WorkerTiming {
+    /// One step's decode time for `decoding` running sequences whose contexts hold
+    /// `kv_tokens`, with `active_blocks` of the worker's KV in use, in milliseconds.
+    pub fn decode_step_ms(&self, decoding: u32, kv_tokens: u64, active_blocks: u64) -> f64 {
+        if decoding == 0 {
+            return 0.0;
+        }
+        self.perf.decode_ms(&StepShape {
+            decode_seqs: decoding,
+            decode_kv_tokens: kv_tokens,
+            active_blocks,
+            capacity_blocks: self.capacity_blocks,
+            ..StepShape::default()
+        })
+    }
+
+    /// Prefill of `tokens` in steps of at most `max_batched_tokens`: milliseconds of
+    /// prefill compute, and the number of steps.
+    pub fn prefill_steps_ms(&self, tokens: u64) -> (f64, u64) {
+        let budget = u64::from(self.max_batched_tokens.max(1));
+        let (full, rest) = (tokens / budget, tokens % budget);
+        let mut ms = full as f64 * self.perf.prefill_ms(budget as u32);
+        if rest > 0 {
+            ms += self.perf.prefill_ms(rest as u32);
+        }
+        (ms, full + u64::from(rest > 0))
+    }
+}
+
 /// Per-request routing overrides.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct RoutingOverrides {
@@ -273,27 +302,13 @@ impl LatencyPolicy {
         let cached = u64::from(c.overlap_blocks) * block_size;
         let own = s.isl_tokens.saturating_sub(cached).max(1);
         let decode_ms = |decoding: u32| {
-            if decoding == 0 {
-                return 0.0;
-            }
-            timing.perf.decode_ms(&StepShape {
-                decode_seqs: decoding,
-                decode_kv_tokens: c.active_blocks * block_size,
-                active_blocks: c.active_blocks + c.new_blocks,
-                capacity_blocks: timing.capacity_blocks,
-                ..StepShape::default()
-            })
+            timing.decode_step_ms(
+                decoding,
+                c.active_blocks * block_size,
+                c.active_blocks + c.new_blocks,
+            )
         };
-        let budget = u64::from(timing.max_batched_tokens.max(1));
-        // Prefill time of `tokens` in budget-sized chunks, and the number of steps.
-        let prefill = |tokens: u64| {
-            let (full, rest) = (tokens / budget, tokens % budget);
-            let mut ms = full as f64 * timing.perf.prefill_ms(budget as u32);
-            if rest > 0 {
-                ms += timing.perf.prefill_ms(rest as u32);
-            }
-            (ms, full + u64::from(rest > 0))
-        };
+        let prefill = |tokens: u64| timing.prefill_steps_ms(tokens);
         // The queued prefill, each of its steps also decoding the running requests (all
         // but the one prefilling). Just queued, this request's tokens share its last step;
         // once the worker has been at it a while, a step is under way and this request

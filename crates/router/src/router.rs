@@ -160,6 +160,29 @@ impl Router {
         self.active.load(worker)
     }
 
+    /// How much longer `worker` is predicted to be computing the prefill already routed to
+    /// it: its timing model's steps for the queued tokens (each also decoding the running
+    /// requests), less the time it has been at them. A worker busy with a burst of
+    /// prompts (requests moved to it from a failed worker, say) decodes slowly meanwhile,
+    /// and its streams are not stalled for that.
+    pub fn queued_prefill_time(&self, worker: WorkerKey, now: Duration) -> Duration {
+        let load = self.active.load(worker);
+        if load.prefill_tokens == 0 {
+            return Duration::ZERO;
+        }
+        let timing = &self.timings[usize::from(self.timing_of.get(&worker).copied().unwrap_or(0))];
+        let block_size = u64::from(self.config.block_size.max(1));
+        let step_ms = timing.decode_step_ms(
+            load.requests.saturating_sub(1),
+            load.active_blocks * block_size,
+            load.active_blocks,
+        );
+        let (prefill_ms, steps) = timing.prefill_steps_ms(load.prefill_tokens);
+        let total_ms = prefill_ms + steps as f64 * step_ms;
+        let elapsed_ms = now.saturating_sub(load.prefill_since).as_secs_f64() * 1e3;
+        Duration::from_secs_f64((total_ms - elapsed_ms).max(0.0) / 1e3)
+    }
+
     /// The candidate rows the policies see, for every worker.
     pub fn candidates(
         &self,

@@ -370,17 +370,19 @@ fn losing_most_of_the_fleet_sheds_the_lower_tiers_first() {
         }
         core.worker_left(WorkerId(id));
     }
-    assert_eq!(core.degradation_level(2 * s), 3);
+    // Level 2 (best-effort shed) while the escalation hold runs, then 3.
+    assert_eq!(core.degradation_level(2 * s), 2);
+    assert_eq!(core.degradation_level(4 * s), 3);
     assert_eq!(
-        core.admit(RequestId(1), Priority::BestEffort, 2 * s),
+        core.admit(RequestId(1), Priority::BestEffort, 4 * s),
         Admission::Rejected(Rejection::Shed)
     );
     assert_eq!(
-        core.admit(RequestId(2), Priority::Premium, 2 * s),
+        core.admit(RequestId(2), Priority::Premium, 4 * s),
         Admission::Admitted
     );
     assert_eq!(
-        core.admit(RequestId(3), Priority::Standard, 2 * s),
+        core.admit(RequestId(3), Priority::Standard, 4 * s),
         Admission::Admitted
     );
     assert_eq!(
@@ -391,5 +393,41 @@ fn losing_most_of_the_fleet_sheds_the_lower_tiers_first() {
     for id in 2..=4 {
         core.add_worker(spec(id)).unwrap();
     }
-    assert_eq!(core.degradation_level(3 * s), 0);
+    assert_eq!(core.degradation_level(5 * s), 0);
+}
+
+#[test]
+fn a_worker_computing_routed_prompts_is_predicted_busy_until_it_is_through() {
+    let mut core = core(PolicyKind::RoundRobin);
+    core.add_worker(spec(1)).unwrap();
+    let none = OverlapScores::default();
+    let ms = Duration::from_millis;
+    assert_eq!(core.queued_prefill_time(WorkerId(1), T0), Duration::ZERO);
+    // Two long prompts routed to it at 0 s: it is busy with both for a while.
+    let long: Vec<u32> = (0..4000).collect();
+    let other: Vec<u32> = (10_000..14_000).collect();
+    assert_eq!(
+        route(&mut core, 1, &blocks(&long), &none, &[]),
+        Some(WorkerId(1))
+    );
+    let one = core.queued_prefill_time(WorkerId(1), T0);
+    assert_eq!(
+        route(&mut core, 2, &blocks(&other), &none, &[]),
+        Some(WorkerId(1))
+    );
+    let two = core.queued_prefill_time(WorkerId(1), T0);
+    assert!(one > Duration::ZERO && two > one, "{one:?} {two:?}");
+    // Time spent on them counts off; past the prediction it is not busy any more.
+    let later = core.queued_prefill_time(WorkerId(1), one / 2);
+    assert!(later < two && later > Duration::ZERO, "{later:?}");
+    assert_eq!(
+        core.queued_prefill_time(WorkerId(1), two + ms(1)),
+        Duration::ZERO
+    );
+    // Both prompts computed: nothing queued whatever the clock.
+    core.prefill_done(RequestId(1), ms(1));
+    core.prefill_done(RequestId(2), ms(1));
+    assert_eq!(core.queued_prefill_time(WorkerId(1), ms(1)), Duration::ZERO);
+    // Unknown workers are never busy.
+    assert_eq!(core.queued_prefill_time(WorkerId(9), T0), Duration::ZERO);
 }

@@ -10,8 +10,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_core::Token;
 use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput};
+use switchyard_core::{Token, WorkerId};
 use switchyard_router::routing::health::Failure;
 use tokio::time::{Instant, Sleep};
 
@@ -154,7 +154,14 @@ impl Streaming {
                 // The stream ended without finishing: the worker was lost.
                 Woken::Item(None) => self.move_on(Leave::Failed(Failure::Disconnected)),
                 Woken::Stalled => {
-                    let failure = self.run.frontend.report_stall(worker.worker_id, self.stall);
+                    if self.wait_for_queue(worker.worker_id) {
+                        continue;
+                    }
+                    let waited = match self.last_token {
+                        Some(last) if self.attempt_tokens > 0 => last.elapsed(),
+                        _ => self.stall,
+                    };
+                    let failure = self.run.frontend.report_stall(worker.worker_id, waited);
                     self.move_on(Leave::Counted(failure));
                 }
                 // Already counted against the worker by whoever found it unhealthy.
@@ -184,6 +191,27 @@ impl Streaming {
             },
             () = deadline.as_mut() => Woken::Stalled,
         }
+    }
+
+    /// The stall deadline passed with tokens already streamed: if the worker still has
+    /// prefill queued (a burst of prompts, such as requests moved to it from a failed
+    /// worker, holds its decodes back), waits as long as it is predicted to take, up to the
+    /// first-token timeout since the last token. Returns whether the wait goes on.
+    fn wait_for_queue(&mut self, worker: WorkerId) -> bool {
+        let Some(last) = self.last_token.filter(|_| self.attempt_tokens > 0) else {
+            return false;
+        };
+        let routing = &self.run.frontend.routing;
+        let cap = routing.first_token_timeout();
+        let waited = last.elapsed();
+        let busy = routing.queued_prefill_time(worker);
+        if busy.is_zero() || waited >= cap {
+            return false;
+        }
+        self.deadline
+            .as_mut()
+            .reset(Instant::now() + busy.min(cap - waited));
+        true
     }
 
     /// Leaves the current worker; the next round dispatches elsewhere (or the request fails

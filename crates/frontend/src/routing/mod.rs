@@ -21,6 +21,7 @@ use switchyard_core::protocol::Prompt;
 use switchyard_core::{LoadSnapshot, Priority, RequestId, WorkerId, WorkerKey, blocks_for};
 use switchyard_router::HealthState;
 use switchyard_router::indexer::shared::SharedIndexer;
+use switchyard_router::routing::degradation::DegradationState;
 use switchyard_router::routing::health::{Failure, HealthChange};
 use switchyard_router::{
     Admission, Indexer, IndexerConfig, Rejection, RouteDecision, RouteError, RouteQuery,
@@ -245,6 +246,12 @@ impl RoutingService {
     }
 
     /// How long a stream on `worker` may go without a token.
+    /// How much longer `worker` is predicted to be busy with the prefill routed to it.
+    pub fn queued_prefill_time(&self, worker: WorkerId) -> Duration {
+        let now = self.now();
+        self.core.lock().queued_prefill_time(worker, now)
+    }
+
     pub fn stall_timeout(&self, worker: WorkerId) -> Duration {
         self.core.lock().stall_timeout(worker)
     }
@@ -294,7 +301,12 @@ impl RoutingService {
     /// The degradation level now.
     pub fn degradation_level(&self) -> u8 {
         let now = self.now();
-        self.core.lock().degradation_level(now)
+        let mut core = self.core.lock();
+        let level = core.degradation_level(now);
+        if let Some(state) = core.take_degradation_change() {
+            log_degradation(&state);
+        }
+        level
     }
 
     // ---- admission ----
@@ -310,6 +322,9 @@ impl RoutingService {
         let (admission, timeout) = {
             let mut core = self.core.lock();
             let admission = core.admit(id, priority, now);
+            if let Some(state) = core.take_degradation_change() {
+                log_degradation(&state);
+            }
             let timeout = core.queue_timeout(priority);
             if admission == Admission::Queued {
                 let (tx, rx) = oneshot::channel();
@@ -549,5 +564,34 @@ impl Drop for AdmissionTicket {
         if withdrawn {
             self.routing.pump();
         }
+    }
+}
+
+/// A change of degradation level, with what it was computed from.
+fn log_degradation(state: &DegradationState) {
+    let DegradationState {
+        level,
+        healthy,
+        registered,
+        lost,
+        ttft_seconds,
+    } = *state;
+    if level > 0 {
+        tracing::warn!(
+            level,
+            healthy,
+            registered,
+            lost,
+            ttft_seconds,
+            "degradation level changed"
+        );
+    } else {
+        tracing::info!(
+            healthy,
+            registered,
+            lost,
+            ttft_seconds,
+            "degradation cleared"
+        );
     }
 }

@@ -13,6 +13,9 @@
 //! - 3: latency targets relaxed: best-effort shed, standard refused once a quarter of the
 //!   queue is taken, premium waits twice as long in the queue;
 //! - 4: new requests are refused (503) while what is in flight drains.
+//!
+//! Levels 3 and 4 wait for `escalation_hold` (level 2 meanwhile): failing over is a dip,
+//! not a collapse.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -41,6 +44,11 @@ pub struct DegradationConfig {
     /// runs out).
     #[serde(with = "humantime_serde")]
     pub replacement_window: Duration,
+    /// Levels 3 and 4 (which refuse standard requests) take effect only once what calls
+    /// for them has lasted this long: a failover's dip (a worker lost, its replacement not
+    /// yet registered, survivors briefly suspicious) does not turn traffic away.
+    #[serde(with = "humantime_serde")]
+    pub escalation_hold: Duration,
 }
 
 impl Default for DegradationConfig {
@@ -51,6 +59,7 @@ impl Default for DegradationConfig {
             ttft_alpha: 0.05,
             lost_memory: Duration::from_secs(300),
             replacement_window: Duration::from_secs(30),
+            escalation_hold: Duration::from_secs(2),
         }
     }
 }
@@ -86,10 +95,29 @@ pub fn refuse(level: u8, priority: Priority, queued: usize, max_queue: usize) ->
     }
 }
 
+/// What a level was computed from, for operators: logged when the level changes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DegradationState {
+    pub level: u8,
+    /// Capacity of the healthy workers (suspicious ones at their weight).
+    pub healthy: f64,
+    /// Capacity of the serving workers registered.
+    pub registered: f64,
+    /// Capacity lost to failures in the last `lost_memory` and not replaced.
+    pub lost: f64,
+    /// Moving average of time to first token, in seconds.
+    pub ttft_seconds: Option<f64>,
+}
+
 #[derive(Debug)]
 pub struct Degradation {
     config: DegradationConfig,
     level: u8,
+    /// The last computation, and whether its level differs from the one reported before.
+    state: DegradationState,
+    changed: bool,
+    /// Since when the computed level has been 3 or more.
+    severe_since: Option<Duration>,
     /// Capacity of workers removed while unhealthy, and since when.
     lost: BTreeMap<WorkerId, (f64, Duration)>,
     /// When workers joined that replaced no lost capacity, for a departure to claim.
@@ -102,6 +130,15 @@ impl Degradation {
         Degradation {
             config,
             level: 0,
+            state: DegradationState {
+                level: 0,
+                healthy: 0.0,
+                registered: 0.0,
+                lost: 0.0,
+                ttft_seconds: None,
+            },
+            changed: false,
+            severe_since: None,
             lost: BTreeMap::new(),
             unclaimed_joins: std::collections::VecDeque::new(),
             ttft: None,
@@ -184,7 +221,8 @@ impl Degradation {
             self.level = 0;
             return 0;
         }
-        let nominal = registered + self.lost.values().map(|(c, _)| c).sum::<f64>();
+        let lost: f64 = self.lost.values().map(|(c, _)| c).fold(0.0, |a, c| a + c);
+        let nominal = registered + lost;
         let mut level = if nominal > 0.0 {
             level_of(healthy / nominal)
         } else {
@@ -197,8 +235,29 @@ impl Degradation {
         {
             level = (level.max(1) + u8::from(ttft > 2.0 * target)).min(4);
         }
+        if level >= 3 {
+            let since = *self.severe_since.get_or_insert(now);
+            if now.saturating_sub(since) < self.config.escalation_hold {
+                level = 2;
+            }
+        } else {
+            self.severe_since = None;
+        }
+        self.changed |= level != self.level;
         self.level = level;
+        self.state = DegradationState {
+            level,
+            healthy,
+            registered,
+            lost,
+            ttft_seconds: self.ttft,
+        };
         level
+    }
+
+    /// The last computation, if its level changed since this was last asked.
+    pub fn take_change(&mut self) -> Option<DegradationState> {
+        std::mem::take(&mut self.changed).then_some(self.state)
     }
 
     /// The level last computed.
@@ -218,9 +277,17 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    /// Levels at once, without the escalation hold.
+    fn immediate() -> DegradationConfig {
+        DegradationConfig {
+            escalation_hold: Duration::ZERO,
+            ..DegradationConfig::default()
+        }
+    }
+
     #[test]
     fn levels_follow_the_healthy_share_and_lost_capacity_is_remembered_a_while() {
-        let mut d = Degradation::new(DegradationConfig::default());
+        let mut d = Degradation::new(immediate());
         assert_eq!(d.level(4.0, 4.0, S), 0);
         assert_eq!(d.level(3.0, 4.0, S), 1);
         assert_eq!(d.level(2.0, 4.0, S), 2);
@@ -244,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_replacement_started_before_the_failed_worker_left_covers_it() {
-        let mut d = Degradation::new(DegradationConfig::default());
+        let mut d = Degradation::new(immediate());
         // The fleet starts: four joins at 0 s. Worker 1, seen working at 1 s, crashes and
         // leaves: the fleet's own start is no replacement for it.
         for w in 1..=4 {
@@ -275,10 +342,33 @@ mod tests {
     }
 
     #[test]
+    fn refusing_levels_wait_for_the_hold_and_a_recovery_restarts_it() {
+        let mut d = Degradation::new(DegradationConfig::default());
+        let ms = Duration::from_millis;
+        // Half a healthy worker of four: level 4 is called for, level 2 until it has
+        // lasted 2 s.
+        assert_eq!(d.level(0.5, 4.0, S), 2);
+        assert_eq!(d.level(0.5, 4.0, S + ms(1999)), 2);
+        assert_eq!(d.level(0.5, 4.0, 3 * S), 4);
+        assert_eq!(d.take_change().map(|s| s.level), Some(4));
+        assert_eq!(d.take_change(), None);
+        // Recovered for a moment: the hold starts over.
+        assert_eq!(d.level(4.0, 4.0, 4 * S), 0);
+        assert_eq!(d.level(1.5, 4.0, 5 * S), 2);
+        assert_eq!(d.level(1.5, 4.0, 6 * S), 2);
+        assert_eq!(d.level(1.5, 4.0, 7 * S), 3);
+        let state = d.take_change().unwrap();
+        assert_eq!(
+            (state.healthy, state.registered, state.lost),
+            (1.5, 4.0, 0.0)
+        );
+    }
+
+    #[test]
     fn slow_first_tokens_raise_the_level() {
         let mut d = Degradation::new(DegradationConfig {
             ttft_alpha: 1.0,
-            ..DegradationConfig::default()
+            ..immediate()
         });
         d.observe_ttft(Duration::from_secs(6));
         assert_eq!(d.level(4.0, 4.0, S), 1);

@@ -337,6 +337,18 @@ impl RoutingCore {
             })
     }
 
+    /// How much longer `worker` is predicted to be busy with the prefill routed to it (the
+    /// longest of its ranks): a stream there may wait that long beyond its stall timeout.
+    pub fn queued_prefill_time(&self, worker: WorkerId, now: Duration) -> Duration {
+        self.registry.get(worker).map_or(Duration::ZERO, |e| {
+            e.spec
+                .keys()
+                .map(|key| self.router.queued_prefill_time(key, now))
+                .max()
+                .unwrap_or_default()
+        })
+    }
+
     /// Moves open breakers whose time is up to half-open; returns the workers due a canary
     /// now, marked as being checked.
     pub fn due_canaries(&mut self, now: Duration) -> Vec<WorkerId> {
@@ -399,6 +411,11 @@ impl RoutingCore {
         self.tick(now);
         let (healthy, nominal) = self.capacities();
         self.degradation.level(healthy, nominal, now)
+    }
+
+    /// The degradation level's inputs, if the level changed since this was last asked.
+    pub fn take_degradation_change(&mut self) -> Option<degradation::DegradationState> {
+        self.degradation.take_change()
     }
 
     /// A request's time to first token, for the SLO side of degradation.

@@ -115,11 +115,14 @@ impl Drop for Process {
         let _ = self.child.wait();
         if std::thread::panicking() {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            // A panic or error early in a long run would scroll out of the tail.
+            // A panic, error or change of degradation level early in a long run would
+            // scroll out of the tail.
             let alarms: Vec<&str> = text
                 .lines()
-                .filter(|l| l.contains("panicked") || l.contains(" ERROR "))
-                .take(10)
+                .filter(|l| {
+                    l.contains("panicked") || l.contains(" ERROR ") || l.contains("degradation")
+                })
+                .take(20)
                 .collect();
             if !alarms.is_empty() {
                 eprintln!("--- {} (panics and errors) ---", self.name);
