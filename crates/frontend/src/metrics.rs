@@ -1,5 +1,6 @@
 //! Prometheus metrics.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -55,6 +56,7 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub queued: Gauge,
     pub ttft: Histogram,
+    pub queue_time: Histogram,
     pub itl: Histogram,
     pub duration: Histogram,
     pub routing_decision: Histogram,
@@ -68,10 +70,10 @@ pub struct Metrics {
     pub engine_waiting: Family<WorkerLabels, Gauge>,
     pub engine_kv_usage: Family<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub workers: Gauge,
-    pub indexer_events: Gauge,
-    pub indexer_gaps: Gauge,
+    pub indexer_events: Counter,
+    pub indexer_gaps: Counter,
     pub indexer_blocks: Gauge,
-    pub indexer_resyncs: Gauge,
+    pub indexer_resyncs: Counter,
     pub replica_requests: Gauge,
     pub dispatched: Family<WorkerLabels, Counter>,
     pub dispatch_failures: Family<WorkerLabels, Counter>,
@@ -94,7 +96,25 @@ fn exponential(start: f64, factor: f64, n: u16) -> impl Iterator<Item = f64> {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("switchyard");
+        Metrics::new("")
+    }
+}
+
+/// Brings a counter up to `total`, a running total kept elsewhere.
+fn catch_up(counter: &Counter, total: u64) {
+    let seen = counter.get();
+    if total > seen {
+        counter.inc_by(total - seen);
+    }
+}
+
+impl Metrics {
+    /// Every series carries `model` (when not empty): one frontend serves one model, and a
+    /// Prometheus scraping several tells them apart.
+    pub fn new(model: &str) -> Self {
+        let labels =
+            (!model.is_empty()).then(|| (Cow::Borrowed("model"), Cow::Owned(model.to_string())));
+        let mut registry = Registry::with_prefix_and_labels("switchyard", labels.into_iter());
         let requests = Family::<RouteLabels, Counter>::default();
         registry.register(
             "http_requests",
@@ -118,6 +138,12 @@ impl Default for Metrics {
             "time_to_first_token_seconds",
             "Time to first token",
             ttft.clone(),
+        );
+        let queue_time = Histogram::new(exponential(0.001, 2.0, 16));
+        registry.register(
+            "queue_time_seconds",
+            "Time admitted requests waited in the admission queue",
+            queue_time.clone(),
         );
         let itl = Histogram::new(exponential(0.0001, 2.0, 18));
         registry.register(
@@ -186,13 +212,13 @@ impl Default for Metrics {
         );
         let workers = Gauge::default();
         registry.register("workers", "Workers serving the model", workers.clone());
-        let indexer_events = Gauge::default();
+        let indexer_events = Counter::default();
         registry.register(
             "indexer_events_applied",
             "KV events applied by the indexer",
             indexer_events.clone(),
         );
-        let indexer_gaps = Gauge::default();
+        let indexer_gaps = Counter::default();
         registry.register(
             "indexer_event_gaps",
             "KV event id gaps detected",
@@ -204,7 +230,7 @@ impl Default for Metrics {
             "Distinct blocks in the indexer",
             indexer_blocks.clone(),
         );
-        let indexer_resyncs = Gauge::default();
+        let indexer_resyncs = Counter::default();
         registry.register(
             "indexer_resyncs",
             "Workers rebuilt from their dumps (on joining, after a gap or a reconnection)",
@@ -284,6 +310,7 @@ impl Default for Metrics {
             in_flight,
             queued,
             ttft,
+            queue_time,
             itl,
             duration,
             routing_decision,
@@ -457,10 +484,10 @@ impl Metrics {
         let (events, gaps, blocks) = routing
             .indexer()
             .read(|i| (i.stats().events_applied, i.stats().gaps, i.block_count()));
-        self.indexer_events.set(events as i64);
-        self.indexer_gaps.set(gaps as i64);
+        catch_up(&self.indexer_events, events);
+        catch_up(&self.indexer_gaps, gaps);
         self.indexer_blocks.set(blocks as i64);
-        self.indexer_resyncs.set(routing.resyncs() as i64);
+        catch_up(&self.indexer_resyncs, routing.resyncs());
         self.replica_requests.set(routing.replica_requests() as i64);
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {

@@ -239,3 +239,67 @@ impl EtcdServer {
 fn data_dir(root: &Path) -> PathBuf {
     root.join("data")
 }
+
+/// `promtool` (Debian `prometheus`), from `SWITCHYARD_PROMTOOL` or the `PATH`.
+pub fn promtool() -> PathBuf {
+    find(
+        "SWITCHYARD_PROMTOOL",
+        &[],
+        "promtool",
+        "apt-get install prometheus",
+    )
+}
+
+/// A Prometheus server scraping the given targets every second, with its own storage.
+#[derive(Debug)]
+pub struct PrometheusServer {
+    server: Server,
+    _dir: tempfile::TempDir,
+}
+
+impl PrometheusServer {
+    pub fn start(targets: &[SocketAddr]) -> Self {
+        let program = find(
+            "SWITCHYARD_PROMETHEUS",
+            &[],
+            "prometheus",
+            "apt-get install prometheus",
+        );
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("no temporary directory: {e}"));
+        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: switchyard\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        );
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", config_path.display()));
+        let port = free_port();
+        let server = Server {
+            what: "prometheus",
+            program,
+            args: vec![
+                format!("--config.file={}", config_path.display()),
+                format!("--storage.tsdb.path={}", dir.path().join("data").display()),
+                format!("--web.listen-address=127.0.0.1:{port}"),
+            ],
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+            log: dir.path().join("prometheus.log"),
+            child: None,
+        };
+        let mut prometheus = PrometheusServer { server, _dir: dir };
+        prometheus.server.start();
+        prometheus
+    }
+
+    /// The base URL of its HTTP API (`/api/v1/query` and so on).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.server.address)
+    }
+
+    /// What it logged so far, for a failing test to show.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.server.log).unwrap_or_default()
+    }
+}

@@ -195,13 +195,16 @@ async fn serve(
         outcomes.push(task.await.unwrap());
     }
     let text = frontend.metrics.render(&frontend.routing);
+    // Series carry the model label: `name{model="..."} value`.
     let metric = |name: &str| -> f64 {
         text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap()
+            .find(|l| l.split(['{', ' ']).next() == Some(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
     };
-    let ttft = metric("switchyard_time_to_first_token_seconds_sum ")
-        / metric("switchyard_time_to_first_token_seconds_count ");
+    let ttft = metric("switchyard_time_to_first_token_seconds_sum")
+        / metric("switchyard_time_to_first_token_seconds_count");
     drop(running);
     cancel.cancel();
     tracker.close();

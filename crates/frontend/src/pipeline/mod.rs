@@ -137,12 +137,13 @@ impl Frontend {
         requests: Arc<dyn RequestPlane>,
     ) -> Self {
         let budget = config.migration.budget_max;
+        let metrics = Metrics::new(routing.model());
         Frontend {
             config,
             preprocessor,
             routing,
             requests,
-            metrics: Metrics::default(),
+            metrics,
             // Ids only need to be unique per engine; a random start keeps several frontends
             // sharing workers apart.
             next_id: AtomicU64::new(rand::random::<u64>() >> 1),
@@ -199,6 +200,9 @@ impl Frontend {
                 self.metrics.count_rejection(rejection);
                 refused(rejection, retry)
             })?;
+        self.metrics
+            .queue_time
+            .observe(arrived.elapsed().as_secs_f64());
         {
             let m = &self.config.migration;
             let cap = m.budget_max.max(self.metrics.in_flight.get() as f64);
