@@ -178,12 +178,31 @@ impl Default for WorkersConfig {
 pub struct LogConfig {
     /// A tracing filter, e.g. `info` or `switchyard_frontend=debug,info`.
     pub level: String,
+    /// `text` for people, `json` (one object per line) for log collectors.
+    pub format: LogFormat,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
         }
     }
 }

@@ -84,3 +84,84 @@ fn bad_configuration_is_a_clear_error() {
     let err = run(&["serve", "--speedup-ratio", "0"], &[]);
     assert!(err.contains("speedup_ratio"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_and_hold_no_prompt_or_completion_text() {
+    const SECRET: &str = "zebra-quartz-7781";
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "serve",
+        "--port",
+        "0",
+        "--workers",
+        "2",
+        "--log-format",
+        "json",
+    ]
+    .map(str::to_string);
+    let mut serve = Process::spawn("serve", &args, dir.path());
+    let client = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        let request = client.post(serve.url(path)).json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let model = "switchyard-mock";
+    let (status, answer) = post(
+        "/v1/chat/completions",
+        json!({"model": model, "max_tokens": 40, "ignore_eos": true,
+               "messages": [{"role": "user", "content": format!("Keep {SECRET} to yourself.")}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let completion: Value = serde_json::from_str(&answer).unwrap();
+    let generated = completion["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, _) = post(
+        "/v1/completions",
+        json!({"model": model, "prompt": format!("{SECRET} again"), "max_tokens": 20,
+               "stream": true, "stop": [SECRET]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Refused requests quote their input in the response, never in the log.
+    let (status, _) = post("/v1/completions", json!({"model": SECRET, "prompt": "x"})).await;
+    assert_eq!(status, 404);
+    let (status, _) = post(
+        "/v1/completions",
+        json!({"model": model, "prompt": SECRET, "temperature": SECRET}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    serve.sigterm();
+    assert!(serve.wait(Duration::from_secs(10)).success());
+
+    let log = serve.log_text();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 3, "{log}");
+    for line in &lines {
+        let event: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON object ({e}): {line}"));
+        assert!(event["timestamp"].is_string(), "{line}");
+        assert!(
+            ["INFO", "WARN", "ERROR"].contains(&event["level"].as_str().unwrap()),
+            "{line}"
+        );
+        assert!(event["fields"]["message"].is_string(), "{line}");
+    }
+    assert!(
+        log.contains("\"shutting down\""),
+        "the shutdown was logged: {log}"
+    );
+    assert!(!log.contains(SECRET), "prompt text in the log: {log}");
+    // The generated text (the mocker's tokens decoded) is not logged either.
+    assert!(generated.len() >= 20, "{generated:?}");
+    assert!(
+        !log.contains(&generated),
+        "completion text in the log: {log}"
+    );
+}

@@ -9,7 +9,7 @@ use clap::Args;
 use switchyard::config::{self, Config, EngineKind};
 use switchyard::deploy;
 
-use super::flags::{FrontendFlags, Overlay};
+use super::flags::{FrontendFlags, LogFlags, Overlay};
 
 /// Where the planes are: flags both processes take.
 #[derive(Debug, Args)]
@@ -60,6 +60,8 @@ pub struct WorkerArgs {
     model: Option<String>,
     #[command(flatten)]
     planes: PlaneFlags,
+    #[command(flatten)]
+    log: LogFlags,
     /// The engine it runs.
     #[arg(long, value_enum)]
     engine: Option<EngineKind>,
@@ -108,6 +110,7 @@ impl WorkerArgs {
         let mut o = Overlay::default();
         o.set_some(&["frontend", "model"], self.model.clone());
         self.planes.apply(&mut o);
+        self.log.apply(&mut o);
         o.engine(self.engine);
         o.set_some(&["worker", "listen"], self.listen.clone());
         o.set_some(&["worker", "advertise"], self.advertise.clone());
@@ -160,7 +163,7 @@ impl WorkerArgs {
 fn load(file: Option<&Path>, env: &BTreeMap<String, String>, flags: toml::Table) -> Result<Config> {
     let config = config::load(file, env, flags)?;
     config.runtime.planes()?;
-    crate::logging::init(&config.log.level)?;
+    crate::logging::init(&config.log)?;
     Ok(config)
 }
 

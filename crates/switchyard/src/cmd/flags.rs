@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use switchyard::config::{self, EngineKind};
+use switchyard::config::{self, EngineKind, LogFormat};
 use switchyard_router::PolicyKind;
 
 /// A configuration overlay under construction.
@@ -49,6 +49,22 @@ pub struct FrontendFlags {
     /// Routing policy.
     #[arg(long)]
     policy: Option<PolicyKind>,
+    #[command(flatten)]
+    pub log: LogFlags,
+}
+
+/// How a service logs (every command that runs one).
+#[derive(Debug, Args)]
+pub struct LogFlags {
+    /// `text`, or `json`: one object per line, for log collectors.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+impl LogFlags {
+    pub fn apply(&self, o: &mut Overlay) {
+        o.set_some(&["log", "format"], self.log_format.map(LogFormat::name));
+    }
 }
 
 impl FrontendFlags {
@@ -64,5 +80,6 @@ impl FrontendFlags {
             &["frontend", "router", "policy"],
             self.policy.map(|p| p.name()),
         );
+        self.log.apply(o);
     }
 }
