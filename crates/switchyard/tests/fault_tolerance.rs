@@ -39,18 +39,6 @@ fn clear(d: &Deployment, worker: WorkerId) {
     w.faults().clear();
 }
 
-/// The worker with the most requests in flight.
-fn busiest(d: &Deployment) -> WorkerId {
-    d.frontend
-        .routing
-        .loads()
-        .into_iter()
-        .max_by_key(|(_, load, _)| load.requests)
-        .unwrap()
-        .0
-        .worker_id
-}
-
 fn prompt(i: u64) -> String {
     format!("Request {i}: tell me everything about switching yards, track {i}. ").repeat(4)
 }

@@ -144,16 +144,7 @@ async fn the_metric_catalogue_lists_exactly_what_serve_exposes() {
     let target = url(&d, "/v1/completions");
     let bodies: Vec<Value> = (0..9).map(body).collect();
     let open = futures::future::join_all(bodies.iter().map(|b| open_stream(&target, b))).await;
-    let busiest = d
-        .frontend
-        .routing
-        .loads()
-        .into_iter()
-        .max_by_key(|(_, load, _)| load.requests)
-        .unwrap()
-        .0
-        .worker_id;
-    inject_crash(&d, busiest);
+    inject_crash(&d, busiest(&d));
     futures::future::join_all(open.into_iter().map(OpenStream::finish)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let text = scrape(&url(&d, "/metrics")).await;
@@ -331,21 +322,13 @@ async fn a_real_prometheus_scrapes_serve_and_answers_a_query() {
         .await;
         assert_eq!(status, 200, "{body}");
     }
-    let query = format!(
-        "{}/api/v1/query?query={}",
-        prometheus.url(),
-        "sum(switchyard_http_requests_total{route=\"/v1/completions\",status=\"200\"})"
-    );
     let since = Instant::now();
     let answered = loop {
-        let answer: Value = client()
-            .get(&query)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer = query(
+            &prometheus,
+            "sum(switchyard_http_requests_total{route=\"/v1/completions\",status=\"200\"})",
+        )
+        .await;
         let value = answer["data"]["result"][0]["value"][1]
             .as_str()
             .and_then(|v| v.parse::<f64>().ok());
@@ -361,33 +344,26 @@ async fn a_real_prometheus_scrapes_serve_and_answers_a_query() {
     };
     assert_eq!(answered["status"], "success");
     // The scrape itself was healthy and carried the model label.
-    let up: Value = client()
-        .get(format!(
-            "{}/api/v1/query?query=up{{job=\"switchyard\"}}",
-            prometheus.url()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let up = query(&prometheus, "up{job=\"switchyard\"}").await;
     assert_eq!(up["data"]["result"][0]["value"][1], "1", "{up}");
-    let by_model: Value = client()
-        .get(format!(
-            "{}/api/v1/query?query=switchyard_workers",
-            prometheus.url()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let by_model = query(&prometheus, "switchyard_workers").await;
     assert_eq!(
         by_model["data"]["result"][0]["metric"]["model"], MODEL,
         "{by_model}"
     );
     assert_eq!(by_model["data"]["result"][0]["value"][1], "2", "{by_model}");
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
+/// An instant query's answer from Prometheus's HTTP API.
+async fn query(prometheus: &PrometheusServer, expr: &str) -> Value {
+    client()
+        .get(format!("{}/api/v1/query", prometheus.url()))
+        .query(&[("query", expr)])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }

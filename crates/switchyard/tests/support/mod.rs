@@ -30,6 +30,18 @@ pub async fn start(overrides: &[(&str, &str)]) -> Deployment {
         .expect("deployment starts")
 }
 
+/// The worker with the most requests in flight.
+pub fn busiest(d: &Deployment) -> switchyard_core::WorkerId {
+    d.frontend
+        .routing
+        .loads()
+        .into_iter()
+        .max_by_key(|(_, load, _)| load.requests)
+        .expect("a worker")
+        .0
+        .worker_id
+}
+
 pub fn url(d: &Deployment, path: &str) -> String {
     format!("http://{}{path}", d.address)
 }
