@@ -13,26 +13,9 @@ use serde_json::{Value, json};
 use support::*;
 use switchyard::deploy::{Deployment, SHUTDOWN_GRACE};
 use switchyard_core::WorkerId;
-use switchyard_worker::faults::{Fault, FaultSpec};
+use switchyard_worker::faults::Fault;
 
 const MODEL: &str = "switchyard-mock";
-
-fn now(fault: Fault) -> FaultSpec {
-    FaultSpec {
-        fault,
-        at: Duration::ZERO,
-        lasts: None,
-    }
-}
-
-fn inject(d: &Deployment, worker: WorkerId, fault: Fault) {
-    let w = d.workers.iter().find(|w| w.worker_id() == worker).unwrap();
-    let (tracker, cancel) = (
-        tokio_util::task::TaskTracker::new(),
-        tokio_util::sync::CancellationToken::new(),
-    );
-    w.faults().inject(now(fault), &tracker, &cancel);
-}
 
 fn clear(d: &Deployment, worker: WorkerId) {
     let w = d.workers.iter().find(|w| w.worker_id() == worker).unwrap();

@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::*;
 use switchyard::deploy::SHUTDOWN_GRACE;
-use switchyard_core::WorkerId;
 use switchyard_runtime::testing::{PrometheusServer, promtool};
-use switchyard_worker::faults::{Fault, FaultSpec};
+use switchyard_worker::faults::Fault;
 
 const MODEL: &str = "switchyard-mock";
 
@@ -114,19 +113,6 @@ fn exposed(text: &str) -> (BTreeMap<String, Documented>, Vec<String>) {
     (families, without_model)
 }
 
-fn inject_crash(d: &switchyard::deploy::Deployment, worker: WorkerId) {
-    let w = d.workers.iter().find(|w| w.worker_id() == worker).unwrap();
-    w.faults().inject(
-        FaultSpec {
-            fault: Fault::Crash,
-            at: Duration::ZERO,
-            lasts: None,
-        },
-        &tokio_util::task::TaskTracker::new(),
-        &tokio_util::sync::CancellationToken::new(),
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metric_catalogue_lists_exactly_what_serve_exposes() {
     let d = start(&[
@@ -144,7 +130,7 @@ async fn the_metric_catalogue_lists_exactly_what_serve_exposes() {
     let target = url(&d, "/v1/completions");
     let bodies: Vec<Value> = (0..9).map(body).collect();
     let open = futures::future::join_all(bodies.iter().map(|b| open_stream(&target, b))).await;
-    inject_crash(&d, busiest(&d));
+    inject(&d, busiest(&d), Fault::Crash);
     futures::future::join_all(open.into_iter().map(OpenStream::finish)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let text = scrape(&url(&d, "/metrics")).await;
@@ -357,13 +343,10 @@ async fn a_real_prometheus_scrapes_serve_and_answers_a_query() {
 
 /// An instant query's answer from Prometheus's HTTP API.
 async fn query(prometheus: &PrometheusServer, expr: &str) -> Value {
-    client()
-        .get(format!("{}/api/v1/query", prometheus.url()))
-        .query(&[("query", expr)])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    let url = reqwest::Url::parse_with_params(
+        &format!("{}/api/v1/query", prometheus.url()),
+        [("query", expr)],
+    )
+    .unwrap();
+    support::cluster::get_json(url.as_str()).await
 }

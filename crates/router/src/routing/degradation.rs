@@ -112,8 +112,8 @@ pub struct DegradationState {
 #[derive(Debug)]
 pub struct Degradation {
     config: DegradationConfig,
-    level: u8,
-    /// The last computation, and whether its level differs from the one reported before.
+    /// The last computation (its level is the level now), and whether its level differs
+    /// from the one reported before.
     state: DegradationState,
     changed: bool,
     /// Since when the computed level has been 3 or more.
@@ -129,7 +129,6 @@ impl Degradation {
     pub fn new(config: DegradationConfig) -> Self {
         Degradation {
             config,
-            level: 0,
             state: DegradationState {
                 level: 0,
                 healthy: 0.0,
@@ -218,7 +217,7 @@ impl Degradation {
         let memory = self.config.lost_memory;
         self.lost.retain(|_, (_, since)| now < *since + memory);
         if !self.config.enabled {
-            self.level = 0;
+            self.state.level = 0;
             return 0;
         }
         let lost: f64 = self.lost.values().map(|(c, _)| c).fold(0.0, |a, c| a + c);
@@ -243,8 +242,7 @@ impl Degradation {
         } else {
             self.severe_since = None;
         }
-        self.changed |= level != self.level;
-        self.level = level;
+        self.changed |= level != self.state.level;
         self.state = DegradationState {
             level,
             healthy,
@@ -262,12 +260,12 @@ impl Degradation {
 
     /// The level last computed.
     pub fn current(&self) -> u8 {
-        self.level
+        self.state.level
     }
 
     /// Share of a worker's limits at which it counts as busy.
     pub fn batch_scale(&self) -> f64 {
-        if self.level >= 1 { 0.8 } else { 1.0 }
+        if self.state.level >= 1 { 0.8 } else { 1.0 }
     }
 }
 

@@ -30,6 +30,29 @@ pub async fn start(overrides: &[(&str, &str)]) -> Deployment {
         .expect("deployment starts")
 }
 
+/// Makes `worker` of an in-process deployment fail as `fault` says, now and for good.
+pub fn inject(
+    d: &Deployment,
+    worker: switchyard_core::WorkerId,
+    fault: switchyard_worker::faults::Fault,
+) {
+    let w = d
+        .workers
+        .iter()
+        .find(|w| w.worker_id() == worker)
+        .expect("a worker of the deployment");
+    let spec = switchyard_worker::faults::FaultSpec {
+        fault,
+        at: Duration::ZERO,
+        lasts: None,
+    };
+    w.faults().inject(
+        spec,
+        &tokio_util::task::TaskTracker::new(),
+        &tokio_util::sync::CancellationToken::new(),
+    );
+}
+
 /// The worker with the most requests in flight.
 pub fn busiest(d: &Deployment) -> switchyard_core::WorkerId {
     d.frontend
