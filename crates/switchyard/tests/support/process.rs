@@ -121,14 +121,14 @@ impl Drop for Process {
         if std::thread::panicking() {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             // A panic, error or change of degradation level early in a long run would
-            // scroll out of the tail.
-            let alarms: Vec<&str> = text
+            // scroll out of the tail: the first panics and errors, the last level changes.
+            let mut alarms: Vec<&str> = text
                 .lines()
-                .filter(|l| {
-                    l.contains("panicked") || l.contains(" ERROR ") || l.contains("degradation")
-                })
-                .take(20)
+                .filter(|l| l.contains("panicked") || l.contains(" ERROR "))
+                .take(10)
                 .collect();
+            let levels: Vec<&str> = text.lines().filter(|l| l.contains("degradation")).collect();
+            alarms.extend(&levels[levels.len().saturating_sub(20)..]);
             if !alarms.is_empty() {
                 eprintln!("--- {} (panics and errors) ---", self.name);
                 for line in alarms {
