@@ -94,6 +94,24 @@ pub struct SamplingParams {
     /// Generation stops after any of these tokens (which are included in the output).
     #[serde(default)]
     pub stop_token_ids: Vec<Token>,
+    /// OpenAI's penalties, in [-2, 2].
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    /// Additive biases on token logits, in [-100, 100], sorted by token; -100 bans a token.
+    #[serde(default)]
+    pub logit_bias: Vec<(Token, f32)>,
+}
+
+impl SamplingParams {
+    /// Tokens the request bans (a bias of -100), which an engine must never produce.
+    pub fn banned_tokens(&self) -> impl Iterator<Item = Token> + '_ {
+        self.logit_bias
+            .iter()
+            .filter(|&&(_, bias)| bias <= -100.0)
+            .map(|&(token, _)| token)
+    }
 }
 
 /// A generation resumed on another worker: the prompt's last `generated` tokens were

@@ -71,6 +71,27 @@ pub fn completion(
     if request.echo == Some(true) {
         return Err(ApiError::invalid_param("echo", "`echo` is not supported"));
     }
+    if let Some(best_of) = request.best_of {
+        let n = request.n.unwrap_or(1);
+        if best_of < n || best_of > 20 {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                format!("`best_of` must be between `n` ({n}) and 20, got {best_of}"),
+            ));
+        }
+        if best_of > 1 {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                format!("only best_of=1 is supported, got {best_of}"),
+            ));
+        }
+    }
+    if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "`suffix` (insertion) is not supported",
+        ));
+    }
     let encode = |text: &str| {
         frontend
             .preprocessor
@@ -122,38 +143,34 @@ fn common(
     if token_ids.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
-    if let Some(n) = params.n
-        && n != 1
-    {
-        return Err(ApiError::invalid_param(
-            "n",
-            format!("only n=1 is supported, got {n}"),
-        ));
-    }
-    if params
-        .logprobs
-        .as_ref()
-        .is_some_and(|v| !matches!(v, serde_json::Value::Bool(false) | serde_json::Value::Null))
-    {
-        return Err(ApiError::invalid_param(
-            "logprobs",
-            "`logprobs` is not supported",
-        ));
-    }
-    if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid_param(
-            "tools",
-            "tool calling is not supported",
-        ));
+    check_unsupported(&params)?;
+    let logit_bias = logit_bias(&params, frontend.preprocessor.vocab_size())?;
+    for (name, value) in [
+        ("frequency_penalty", params.frequency_penalty),
+        ("presence_penalty", params.presence_penalty),
+    ] {
+        if let Some(v) = value
+            && !(v.is_finite() && (-2.0..=2.0).contains(&v))
+        {
+            return Err(ApiError::invalid_param(
+                name,
+                format!("`{name}` must be between -2 and 2, got {v}"),
+            ));
+        }
     }
     let context = frontend.preprocessor.context_length();
     let prompt = token_ids.len() as u64;
     let requested = params.max_completion_tokens.or(params.max_tokens);
-    if requested == Some(0) {
-        return Err(ApiError::invalid_param(
-            "max_tokens",
-            "`max_tokens` must be at least 1",
-        ));
+    for (name, value) in [
+        ("max_completion_tokens", params.max_completion_tokens),
+        ("max_tokens", params.max_tokens),
+    ] {
+        if value == Some(0) {
+            return Err(ApiError::invalid_param(
+                name,
+                format!("`{name}` must be at least 1"),
+            ));
+        }
     }
     if prompt >= u64::from(context) {
         return Err(ApiError::context_length(format!(
@@ -213,9 +230,17 @@ fn common(
         ));
     }
     let stream = params.stream.unwrap_or(false);
+    if params.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid_param(
+            "stream_options",
+            "`stream_options` is only allowed when `stream` is true",
+        ));
+    }
     let mode = Mode {
         stream,
-        include_usage: stream && params.stream_options.is_some_and(|o| o.include_usage),
+        include_usage: params
+            .stream_options
+            .is_some_and(|o| o.include_usage == Some(true)),
     };
     let prepared = Prepared {
         prompt: Prompt::tokens(token_ids),
@@ -225,6 +250,9 @@ fn common(
             top_p: params.top_p,
             top_k: None,
             seed: params.seed.map(|s| s as u64),
+            frequency_penalty: params.frequency_penalty.map(|v| v as f32),
+            presence_penalty: params.presence_penalty.map(|v| v as f32),
+            logit_bias,
             stop_token_ids: if params.ignore_eos == Some(true) {
                 Vec::new()
             } else {
@@ -240,4 +268,136 @@ fn common(
         },
     };
     Ok((prepared, mode))
+}
+
+/// Parameters OpenAI defines that no Switchyard engine honours yet: a 400 naming each one
+/// when it asks for something (its neutral values pass), never silently ignored.
+fn check_unsupported(params: &CommonParams) -> Result<(), ApiError> {
+    use serde_json::Value;
+    let unsupported = |param: &str, message: String| Err(ApiError::invalid_param(param, message));
+    if let Some(n) = params.n {
+        if !(1..=128).contains(&n) {
+            return unsupported("n", format!("`n` must be between 1 and 128, got {n}"));
+        }
+        if n != 1 {
+            return unsupported("n", format!("only n=1 is supported, got {n}"));
+        }
+    }
+    match &params.logprobs {
+        None | Some(Value::Null | Value::Bool(false)) => {}
+        // `/v1/completions` takes a count (0 to 5); 0 asks for none.
+        Some(Value::Number(k)) if k.as_u64() == Some(0) => {}
+        Some(Value::Number(k)) if k.as_u64().is_none_or(|k| k > 5) => {
+            return unsupported(
+                "logprobs",
+                format!("`logprobs` must be between 0 and 5, got {k}"),
+            );
+        }
+        Some(_) => return unsupported("logprobs", "`logprobs` is not supported".into()),
+    }
+    match params.top_logprobs {
+        None | Some(0) => {}
+        Some(k) if k > 20 => {
+            return unsupported(
+                "top_logprobs",
+                format!("`top_logprobs` must be between 0 and 20, got {k}"),
+            );
+        }
+        Some(_) => {
+            return unsupported(
+                "top_logprobs",
+                "`top_logprobs` is not supported (no logprobs)".into(),
+            );
+        }
+    }
+    if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return unsupported("tools", "tool calling is not supported".into());
+    }
+    if params
+        .tool_choice
+        .as_ref()
+        .is_some_and(|c| !matches!(c, Value::Null) && c != "none" && c != "auto")
+    {
+        return unsupported("tool_choice", "tool calling is not supported".into());
+    }
+    if params.functions.as_ref().is_some_and(|f| !f.is_empty()) {
+        return unsupported("functions", "function calling is not supported".into());
+    }
+    if params
+        .function_call
+        .as_ref()
+        .is_some_and(|c| !matches!(c, Value::Null) && c != "none" && c != "auto")
+    {
+        return unsupported("function_call", "function calling is not supported".into());
+    }
+    if let Some(format) = &params.response_format {
+        match format.kind.as_str() {
+            "text" => {}
+            "json_object" | "json_schema" => {
+                return unsupported(
+                    "response_format",
+                    format!(
+                        "`response_format` `{}` (structured output) is not supported",
+                        format.kind
+                    ),
+                );
+            }
+            other => {
+                return unsupported(
+                    "response_format",
+                    format!(
+                        "unknown `response_format` type `{}`; expected text, json_object or json_schema",
+                        crate::openai::error::echo(other)
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(modalities) = &params.modalities
+        && let Some(other) = modalities.iter().find(|m| m.as_str() != "text")
+    {
+        return unsupported(
+            "modalities",
+            format!(
+                "only the `text` output modality is supported, got `{}`",
+                crate::openai::error::echo(other)
+            ),
+        );
+    }
+    if params.audio.as_ref().is_some_and(|a| !a.is_null()) {
+        return unsupported("audio", "audio output is not supported".into());
+    }
+    Ok(())
+}
+
+/// `logit_bias`: token ids (as JSON object keys) in the vocabulary, biases in [-100, 100].
+fn logit_bias(params: &CommonParams, vocab: u32) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = &params.logit_bias else {
+        return Ok(Vec::new());
+    };
+    let mut bias = Vec::with_capacity(map.len());
+    for (key, &value) in map {
+        let token = key
+            .parse::<u32>()
+            .ok()
+            .filter(|&t| t < vocab)
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!(
+                        "keys must be token ids below the vocabulary size {vocab}, got `{}`",
+                        crate::openai::error::echo(key)
+                    ),
+                )
+            })?;
+        if !(value.is_finite() && (-100.0..=100.0).contains(&value)) {
+            return Err(ApiError::invalid_param(
+                "logit_bias",
+                format!("biases must be between -100 and 100, got {value} for token {token}"),
+            ));
+        }
+        bias.push((token, value as f32));
+    }
+    bias.sort_unstable_by_key(|&(token, _)| token);
+    Ok(bias)
 }

@@ -32,7 +32,7 @@ use crate::blocks::{BlockId, BlockManager, Lookup, OutOfBlocks};
 use crate::config::{EngineArgs, InvalidArgs, PreemptionMode};
 use crate::perf::{PerfModel, StepShape};
 use crate::sequence::Sequence;
-use crate::tokens::token_at;
+use crate::tokens::token_avoiding;
 
 /// A request for the engine: its prompt already cut into blocks of the engine's size.
 #[derive(Debug, Clone)]
@@ -45,10 +45,12 @@ pub struct MockRequest {
     /// Output tokens generated before this request (by a worker that failed); the output
     /// positions continue from there.
     pub generated: u32,
-    /// Keys the output tokens (see [`crate::tokens::token_at`]).
+    /// Keys the output tokens (see [`crate::tokens::token_avoiding`]).
     pub stream_key: u64,
     /// Generation ends after any of these tokens.
     pub stop_token_ids: Vec<Token>,
+    /// Tokens never produced (a `logit_bias` of -100).
+    pub banned_token_ids: Vec<Token>,
     /// Leading tokens whose KV comes with the request (sent over from another worker), so
     /// they are not computed here; the last token is always computed. Lost if the request
     /// is preempted (its blocks go, so it computes everything when it comes back).
@@ -65,6 +67,7 @@ impl MockRequest {
             generated: 0,
             stream_key: id.0,
             stop_token_ids: Vec::new(),
+            banned_token_ids: Vec::new(),
             imported_tokens: 0,
         }
     }
@@ -231,6 +234,7 @@ impl MockEngine {
             output_offset: request.generated,
             stream_key: request.stream_key,
             stop_token_ids: request.stop_token_ids,
+            banned_token_ids: request.banned_token_ids,
             tokens: request.prompt,
             generated: 0,
             computed: 0,
@@ -415,7 +419,12 @@ impl MockEngine {
                 i += 1;
                 continue;
             }
-            let token = token_at(self.seed, seq.stream_key, seq.num_tokens());
+            let token = token_avoiding(
+                self.seed,
+                seq.stream_key,
+                seq.num_tokens(),
+                &seq.banned_token_ids,
+            );
             let finish = if seq.stop_token_ids.contains(&token) {
                 Some(FinishReason::Stop)
             } else if seq.generated + 1 == seq.max_output_tokens {

@@ -18,6 +18,7 @@ pub struct Sequence {
     pub output_offset: u32,
     pub stream_key: u64,
     pub stop_token_ids: Vec<Token>,
+    pub banned_token_ids: Vec<Token>,
     /// Output tokens generated here.
     pub generated: u32,
     /// Tokens whose KV is computed.

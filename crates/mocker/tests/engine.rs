@@ -392,3 +392,32 @@ fn imported_kv_is_not_computed_but_the_stream_is_the_same() {
         full.iter().map(|t| t.token).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn banned_tokens_never_come_out_and_the_rest_of_the_stream_is_unchanged() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 64,
+        ..EngineArgs::default()
+    };
+    let prompt: Vec<u32> = (0..8).collect();
+    let expected = expected_stream(1, 8, 40);
+    let banned = vec![expected[2], expected[17], expected[30]];
+    let mut e = engine(args);
+    let mut r = request(1, &prompt, 4, 40);
+    r.banned_token_ids = banned.clone();
+    e.add_request(r).unwrap();
+    let (tokens, _) = run(&mut e);
+    let got: Vec<u32> = tokens.iter().map(|t| t.token).collect();
+    assert_eq!(got.len(), 40);
+    for (i, (&want, &got)) in expected.iter().zip(&got).enumerate() {
+        if banned.contains(&want) {
+            assert!(
+                !banned.contains(&got),
+                "position {i}: banned token {want} produced"
+            );
+        } else {
+            assert_eq!(want, got, "position {i}: an allowed token changed");
+        }
+    }
+}

@@ -470,6 +470,7 @@ impl<'a> Fleet<'a> {
             generated,
             stream_key: id.0,
             stop_token_ids: self.config.eos_token_ids.clone(),
+            banned_token_ids: Vec::new(),
             imported_tokens: 0,
         };
         loop {

@@ -86,6 +86,41 @@ async fn invalid_values_are_400_naming_the_parameter() {
             base(json!({"switchyard": {"priority": "vip"}})),
             "switchyard.priority",
         ),
+        (
+            base(json!({"max_completion_tokens": 0})),
+            "max_completion_tokens",
+        ),
+        (
+            base(json!({"stream_options": {"include_usage": true}})),
+            "stream_options",
+        ),
+        (base(json!({"frequency_penalty": 100})), "frequency_penalty"),
+        (base(json!({"presence_penalty": -2.5})), "presence_penalty"),
+        (base(json!({"n": 0})), "n"),
+        (base(json!({"top_logprobs": 3})), "top_logprobs"),
+        (base(json!({"top_logprobs": 21})), "top_logprobs"),
+        (base(json!({"logit_bias": {"5": 101}})), "logit_bias"),
+        (base(json!({"logit_bias": {"dog": 1}})), "logit_bias"),
+        (base(json!({"logit_bias": {"99999999": 1}})), "logit_bias"),
+        (
+            base(json!({"response_format": {"type": "json_object"}})),
+            "response_format",
+        ),
+        (
+            base(json!({"response_format": {"type": "json_schema", "json_schema": {}}})),
+            "response_format",
+        ),
+        (
+            base(json!({"functions": [{"name": "f", "parameters": {}}]})),
+            "functions",
+        ),
+        (
+            base(json!({"function_call": {"name": "f"}})),
+            "function_call",
+        ),
+        (base(json!({"tool_choice": "required"})), "tool_choice"),
+        (base(json!({"modalities": ["text", "audio"]})), "modalities"),
+        (base(json!({"audio": {"voice": "alloy"}})), "audio"),
     ];
     for (body, param) in cases {
         let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
@@ -113,6 +148,80 @@ async fn invalid_values_are_400_naming_the_parameter() {
     )
     .await;
     assert_error(s, &b, 400, "invalid_request_error");
+    for (extra, param) in [
+        (json!({"best_of": 3}), "best_of"),
+        (json!({"best_of": 30}), "best_of"),
+        (json!({"suffix": "}"}), "suffix"),
+        (json!({"logprobs": 6}), "logprobs"),
+        (json!({"logprobs": 2}), "logprobs"),
+    ] {
+        let mut body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (s, _, b) = post(&d, "/v1/completions", &body).await;
+        assert_error(s, &b, 400, "invalid_request_error");
+        assert_eq!(b["error"]["param"], param, "{b}");
+    }
+    // A number beyond any float is refused while parsing (not taken as infinity).
+    let mut body = chat(MODEL, "hello", 4).to_string();
+    body.insert_str(1, "\"frequency_penalty\": 1e309, ");
+    let (s, b) = post_raw(&d, "/v1/chat/completions", body.into_bytes()).await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("out of range"),
+        "{b}"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn neutral_values_of_unsupported_parameters_and_honoured_ones_pass() {
+    let d = start(&[("WORKERS__COUNT", "1")]).await;
+    let mut body = chat(MODEL, "hello", 6);
+    for (k, v) in json!({
+        "frequency_penalty": 0.5, "presence_penalty": -2, "seed": 7, "n": 1,
+        "logprobs": false, "top_logprobs": 0, "tools": [], "tool_choice": "none",
+        "response_format": {"type": "text"}, "modalities": ["text"], "user": "u-1",
+        "stream_options": null, "ignore_eos": true,
+    })
+    .as_object()
+    .unwrap()
+    {
+        body[k] = v.clone();
+    }
+    let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{b}");
+    // `include_usage: null` reads as false.
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": null});
+    let (s, _, _) = post(&d, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200);
+    // `seed` keys the mocker's output: the same seed gives the same text.
+    body["stream"] = json!(false);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let text = |b: &Value| {
+        b["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (_, _, again) = post(&d, "/v1/chat/completions", &body).await;
+    assert_eq!(text(&b), text(&again));
+    // A neutral `logit_bias` changes nothing (the mocker's test checks that -100 bans).
+    let mut completion = json!({
+        "model": MODEL, "prompt": "hello", "max_tokens": 6, "seed": 7, "ignore_eos": true,
+    });
+    let (s, _, plain) = post(&d, "/v1/completions", &completion).await;
+    assert_eq!(s, 200, "{plain}");
+    completion["logit_bias"] = json!({"0": 0});
+    let (_, _, neutral) = post(&d, "/v1/completions", &completion).await;
+    assert_eq!(plain["choices"][0]["text"], neutral["choices"][0]["text"]);
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

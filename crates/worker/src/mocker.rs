@@ -130,6 +130,7 @@ impl StepEngine for SteppedMocker {
             max_output_tokens: request.max_tokens,
             generated: request.generated(),
             stream_key: request.stream_key(),
+            banned_token_ids: request.sampling.banned_tokens().collect(),
             stop_token_ids: request.sampling.stop_token_ids,
             imported_tokens: 0,
         };

@@ -1,6 +1,8 @@
 //! Request bodies. Unknown fields are ignored, as OpenAI clients send many optional ones;
 //! known fields are type-checked, and unsupported values get a clear 400.
 
+use std::collections::HashMap;
+
 use serde::Deserialize;
 use switchyard_router::PolicyKind;
 
@@ -25,6 +27,17 @@ macro_rules! request_body {
             pub n: Option<u32>,
             pub logprobs: Option<serde_json::Value>,
             pub tools: Option<Vec<serde_json::Value>>,
+            pub tool_choice: Option<serde_json::Value>,
+            pub frequency_penalty: Option<f64>,
+            pub presence_penalty: Option<f64>,
+            pub logit_bias: Option<HashMap<String, f64>>,
+            pub top_logprobs: Option<u32>,
+            pub response_format: Option<ResponseFormat>,
+            /// Legacy function calling (superseded by `tools`).
+            pub functions: Option<Vec<serde_json::Value>>,
+            pub function_call: Option<serde_json::Value>,
+            pub modalities: Option<Vec<String>>,
+            pub audio: Option<serde_json::Value>,
             /// vLLM's and SGLang's extension: generate up to `max_tokens` whatever the
             /// end-of-sequence tokens (for benchmarks).
             pub ignore_eos: Option<bool>,
@@ -47,6 +60,16 @@ macro_rules! request_body {
                     n: self.n,
                     logprobs: self.logprobs.clone(),
                     tools: self.tools.clone(),
+                    tool_choice: self.tool_choice.clone(),
+                    frequency_penalty: self.frequency_penalty,
+                    presence_penalty: self.presence_penalty,
+                    logit_bias: self.logit_bias.clone(),
+                    top_logprobs: self.top_logprobs,
+                    response_format: self.response_format.clone(),
+                    functions: self.functions.clone(),
+                    function_call: self.function_call.clone(),
+                    modalities: self.modalities.clone(),
+                    audio: self.audio.clone(),
                     ignore_eos: self.ignore_eos,
                     switchyard: self.switchyard.clone(),
                 }
@@ -70,6 +93,8 @@ request_body! {
         prompt: PromptInput,
         #[serde(default)]
         echo: Option<bool>,
+        best_of: Option<u32>,
+        suffix: Option<String>,
     }
 }
 
@@ -87,14 +112,33 @@ pub struct CommonParams {
     pub n: Option<u32>,
     pub logprobs: Option<serde_json::Value>,
     pub tools: Option<Vec<serde_json::Value>>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub top_logprobs: Option<u32>,
+    pub response_format: Option<ResponseFormat>,
+    pub functions: Option<Vec<serde_json::Value>>,
+    pub function_call: Option<serde_json::Value>,
+    pub modalities: Option<Vec<String>>,
+    pub audio: Option<serde_json::Value>,
     pub ignore_eos: Option<bool>,
     pub switchyard: Option<Extension>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StreamOptions {
+    /// `null` reads as absent (false), as OpenAI's API takes it.
     #[serde(default)]
-    pub include_usage: bool,
+    pub include_usage: Option<bool>,
+}
+
+/// `response_format`: `{"type": "text"}` is plain generation; `json_object` and
+/// `json_schema` ask for structured output.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
 }
 
 /// `stop`: a string or up to four strings.
