@@ -20,9 +20,12 @@ pub struct FrontendConfig {
     /// The model name served (clients send it as `model`).
     pub model: String,
     /// A Hugging Face model directory (tokenizer.json, tokenizer_config.json); none: the
-    /// built-in byte-level tokenizer and template.
+    /// built-in tokenizer named by `builtin_tokenizer`.
     pub tokenizer: Option<PathBuf>,
-    /// Context length in tokens; by default the model's, or 32,768 with the built-in tokenizer.
+    /// The tokenizer used without a model directory.
+    pub builtin_tokenizer: BuiltinTokenizer,
+    /// Context length in tokens; by default the model directory's (or 32,768 when its
+    /// files declare none), and 32,768 with a built-in tokenizer.
     pub context_length: Option<u32>,
     /// Completion tokens when a request does not say.
     pub default_max_tokens: u32,
@@ -35,6 +38,21 @@ pub struct FrontendConfig {
     pub degradation: DegradationConfig,
     pub migration: MigrationConfig,
 }
+
+/// The tokenizers built into the binary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuiltinTokenizer {
+    /// SmolLM2's 49,152-token BPE and ChatML template: prompts count as on a real model.
+    #[default]
+    Smollm2,
+    /// One token per byte, and generated ids read as English words: token counts equal
+    /// UTF-8 lengths, for tests that reason in bytes.
+    Bytes,
+}
+
+/// Context length when neither the configuration nor the model's files give one.
+pub const DEFAULT_CONTEXT_LENGTH: u32 = 32_768;
 
 /// Limits on client connections, so slow or idle clients cannot hold the server's sockets
 /// and memory.
@@ -113,6 +131,7 @@ impl Default for FrontendConfig {
             port: 8000,
             model: "switchyard-mock".into(),
             tokenizer: None,
+            builtin_tokenizer: BuiltinTokenizer::default(),
             context_length: None,
             default_max_tokens: 256,
             max_body_bytes: 4 << 20,

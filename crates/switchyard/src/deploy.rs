@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use switchyard_core::WorkerId;
-use switchyard_frontend::preprocess::Preprocessor;
+use switchyard_frontend::config::{BuiltinTokenizer, DEFAULT_CONTEXT_LENGTH};
+use switchyard_frontend::preprocess::{PreprocessError, Preprocessor};
 use switchyard_frontend::routing::{ReplicaSettings, RoutingService};
 use switchyard_frontend::{Frontend, FrontendConfig, server};
 use switchyard_runtime::local::{
@@ -91,10 +92,7 @@ pub async fn start_frontend(
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> Result<(Arc<Frontend>, TcpListener)> {
-    let preprocessor = match &config.tokenizer {
-        Some(dir) => Preprocessor::from_dir(dir, config.context_length)?,
-        None => Preprocessor::builtin(config.context_length.unwrap_or(32_768)),
-    };
+    let preprocessor = preprocessor(config)?;
     let mut routing = RoutingService::new(config.model.clone(), config.routing());
     if let Some(source) = sync.resync {
         routing = routing.with_resync(source, tracker.clone(), cancel.clone());
@@ -332,5 +330,31 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
         worker,
         cancel,
         tracker,
+    })
+}
+
+/// The frontend's tokenizer and chat template: the model directory's, else a built-in one.
+/// A directory whose files declare no context length gets the default one, with a warning.
+pub fn preprocessor(config: &FrontendConfig) -> Result<Preprocessor> {
+    let context_length = config.context_length;
+    Ok(match (&config.tokenizer, config.builtin_tokenizer) {
+        (Some(dir), _) => match Preprocessor::from_dir(dir, context_length) {
+            Err(PreprocessError::UnknownContextLength { dir, keys }) => {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    context_length = DEFAULT_CONTEXT_LENGTH,
+                    "the model's files declare no context length (none of {keys}); using the \
+                     default (set frontend.context_length or --context-length to choose)"
+                );
+                Preprocessor::from_dir(&dir, Some(DEFAULT_CONTEXT_LENGTH))?
+            }
+            other => other?,
+        },
+        (None, BuiltinTokenizer::Smollm2) => {
+            Preprocessor::smollm2(Some(context_length.unwrap_or(DEFAULT_CONTEXT_LENGTH)))?
+        }
+        (None, BuiltinTokenizer::Bytes) => {
+            Preprocessor::builtin(context_length.unwrap_or(DEFAULT_CONTEXT_LENGTH))
+        }
     })
 }

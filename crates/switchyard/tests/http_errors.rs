@@ -312,6 +312,7 @@ async fn prompts_beyond_the_context_are_400() {
         ("WORKERS__ENGINE", "echo"),
         ("WORKERS__COUNT", "1"),
         ("FRONTEND__CONTEXT_LENGTH", "64"),
+        ("FRONTEND__BUILTIN_TOKENIZER", "bytes"),
     ])
     .await;
     let (s, _, b) = post(

@@ -165,3 +165,63 @@ async fn json_logs_are_one_object_per_line_and_hold_no_prompt_or_completion_text
         "completion text in the log: {log}"
     );
 }
+
+/// A model directory with a tokenizer but no config.json starts with the default context
+/// length and a warning, or takes `--context-length`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenizer_without_config_json_falls_back_or_takes_context_length() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../frontend/tests/fixtures/chatml-bpe/tokenizer.json");
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::copy(&fixture, model.join("tokenizer.json")).unwrap();
+    let model = model.display().to_string();
+    let client = reqwest::Client::new();
+    for (extra, context) in [(None, 32_768u64), (Some("1000"), 1000)] {
+        // The echo engine: the fixture's vocabulary is smaller than the mocker's.
+        let mut args = vec![
+            "serve",
+            "--port",
+            "0",
+            "--workers",
+            "1",
+            "--engine",
+            "echo",
+            "--tokenizer",
+            &model,
+        ];
+        if let Some(length) = extra {
+            args.extend(["--context-length", length]);
+        }
+        let args: Vec<String> = args.into_iter().map(str::to_string).collect();
+        let mut serve = Process::spawn("serve", &args, dir.path());
+        // One token under the context is accepted as max_tokens; one over is refused
+        // naming the context length.
+        let ask = |max_tokens: u64| {
+            client
+                .post(serve.url("/v1/completions"))
+                .json(&json!({"model": "switchyard-mock", "prompt": [5], "max_tokens": max_tokens}))
+                .send()
+        };
+        let over: Value = ask(context).await.unwrap().json().await.unwrap();
+        assert_eq!(over["error"]["code"], "context_length_exceeded", "{over}");
+        assert!(
+            over["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("maximum context length is {context} tokens")),
+            "{over}"
+        );
+        let status = ask(1).await.unwrap().status();
+        assert_eq!(status, 200);
+        serve.sigterm();
+        assert!(serve.wait(Duration::from_secs(10)).success());
+        let log = serve.log_text();
+        assert_eq!(
+            log.contains("declare no context length"),
+            extra.is_none(),
+            "{log}"
+        );
+    }
+}

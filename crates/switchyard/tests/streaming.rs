@@ -26,7 +26,14 @@ async fn chat_non_streamed_has_usage_and_cache_hits_on_repeats() {
             || first["choices"][0]["finish_reason"] == "stop"
     );
     let usage = &first["usage"];
-    assert!(usage["prompt_tokens"].as_u64().unwrap() > 500);
+    // The default tokenizer is a real BPE (SmolLM2's): English counts about 4–5 characters
+    // per token, plus the chat template's default system prompt (~20 tokens).
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(
+        (prompt.len() / 6..prompt.len() / 3).contains(&prompt_tokens),
+        "{prompt_tokens} tokens for {} bytes",
+        prompt.len()
+    );
     assert!(usage["completion_tokens"].as_u64().unwrap() <= 8);
     assert_eq!(
         usage["total_tokens"].as_u64().unwrap(),
@@ -39,7 +46,10 @@ async fn chat_non_streamed_has_usage_and_cache_hits_on_repeats() {
     let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap();
-    assert!(cached >= 512, "{second}");
+    assert!(
+        cached > 0 && cached + 64 > prompt_tokens as u64,
+        "all but the last partial block is cached: {second}"
+    );
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();
@@ -47,7 +57,12 @@ async fn chat_non_streamed_has_usage_and_cache_hits_on_repeats() {
 
 #[tokio::test]
 async fn chat_streamed_ends_with_done_and_reports_usage() {
-    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "1")]).await;
+    let d = start(&[
+        ("WORKERS__ENGINE", "echo"),
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__BUILTIN_TOKENIZER", "bytes"),
+    ])
+    .await;
     let mut body = chat(MODEL, "héllo wörld", 12);
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
@@ -82,7 +97,12 @@ async fn chat_streamed_ends_with_done_and_reports_usage() {
 
 #[tokio::test]
 async fn completions_streamed_and_not_with_token_prompts_and_stops() {
-    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "1")]).await;
+    let d = start(&[
+        ("WORKERS__ENGINE", "echo"),
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__BUILTIN_TOKENIZER", "bytes"),
+    ])
+    .await;
     let (s, _, b) = post(
         &d,
         "/v1/completions",

@@ -38,12 +38,17 @@ pub(crate) fn read_optional_object(path: &Path) -> Result<Option<JsonObject>, Pr
             });
         }
     };
-    let value: Value = serde_json::from_str(&text).map_err(|source| PreprocessError::Json {
+    parse_object(path, &text).map(Some)
+}
+
+/// Parses the text of `path` as a JSON object.
+pub(crate) fn parse_object(path: &Path, text: &str) -> Result<JsonObject, PreprocessError> {
+    let value: Value = serde_json::from_str(text).map_err(|source| PreprocessError::Json {
         path: path.to_owned(),
         source,
     })?;
     match value {
-        Value::Object(object) => Ok(Some(object)),
+        Value::Object(object) => Ok(object),
         other => Err(invalid(
             path,
             format!("expected a JSON object, found {}", kind(&other)),

@@ -54,7 +54,12 @@ impl HfTokenizer {
             path: path.to_owned(),
             source,
         })?;
-        let tokenizer = Tokenizer::from_str(&json).map_err(|error| PreprocessError::Tokenizer {
+        Self::parse(&json, path)
+    }
+
+    /// Parses a `tokenizer.json` read from `path` (named in errors).
+    pub(crate) fn parse(json: &str, path: &Path) -> Result<Self, PreprocessError> {
+        let tokenizer = Tokenizer::from_str(json).map_err(|error| PreprocessError::Tokenizer {
             path: path.to_owned(),
             message: error.to_string(),
         })?;

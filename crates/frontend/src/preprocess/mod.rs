@@ -38,6 +38,15 @@ use hf::HfTokenizer;
 use hf_stream::HfStream;
 use template::ChatTemplate;
 
+/// SmolLM2-135M-Instruct's tokenizer files (from its GGUF's metadata, see
+/// `assets/smollm2/README.md`).
+const SMOLLM2: model_dir::EmbeddedModel = model_dir::EmbeddedModel {
+    label: "<built-in smollm2>",
+    tokenizer: include_str!("../../assets/smollm2/tokenizer.json"),
+    tokenizer_config: include_str!("../../assets/smollm2/tokenizer_config.json"),
+    config: include_str!("../../assets/smollm2/config.json"),
+};
+
 /// Turns chat messages into prompt tokens and generated tokens back into text for one model.
 /// Immutable once built: share it behind an `Arc`.
 #[derive(Debug)]
@@ -64,6 +73,19 @@ impl Preprocessor {
             eos_token_ids: vec![BUILTIN_EOS],
             context_length,
         }
+    }
+
+    /// SmolLM2's tokenizer and chat template, built into the binary (a 49,152-token
+    /// byte-level BPE, Apache-2.0): prompts count as many tokens as on a real model, with
+    /// no model files. `context_length` overrides the model's 8,192.
+    pub fn smollm2(context_length: Option<u32>) -> Result<Self, PreprocessError> {
+        let files = model_dir::load_embedded(&SMOLLM2, context_length)?;
+        Ok(Self {
+            tokenizer: Tokenizer::Hf(Arc::new(files.tokenizer)),
+            template: files.template,
+            eos_token_ids: files.eos_token_ids,
+            context_length: files.context_length,
+        })
     }
 
     /// A Hugging Face model directory: `tokenizer.json` (required), `tokenizer_config.json`
@@ -179,5 +201,47 @@ mod tests {
         assert_eq!(preprocessor.eos_token_ids(), &[257]);
         assert_eq!(preprocessor.encode("hé").ok(), Some(vec![104, 0xC3, 0xA9]));
         assert!(preprocessor.is_special_token(256) && !preprocessor.is_special_token(258));
+    }
+
+    #[test]
+    fn smollm2_counts_like_a_real_model() {
+        let preprocessor = Preprocessor::smollm2(None).unwrap();
+        assert_eq!(preprocessor.context_length(), 8192);
+        assert_eq!(preprocessor.vocab_size(), 49_152);
+        // <|im_end|> ends a chat turn.
+        assert_eq!(preprocessor.eos_token_ids(), &[2]);
+        assert_eq!(
+            preprocessor.encode("Hello, world!").unwrap(),
+            vec![19556, 28, 905, 17]
+        );
+        // Digits split one by one, as SmolLM2's pre-tokenizer does.
+        assert_eq!(preprocessor.encode("12345").unwrap().len(), 5);
+        let prose = "The quick brown fox jumps over the lazy dog while the farmer watches \
+                     from the porch, wondering whether the weather will hold until evening.";
+        let tokens = preprocessor.encode(prose).unwrap();
+        assert!(tokens.len() * 4 < prose.len(), "{} tokens", tokens.len());
+        assert_eq!(preprocessor.decode(&tokens).unwrap(), prose);
+        let chat = preprocessor
+            .render_chat(&[ChatMessage {
+                role: "user".into(),
+                content: "hi".into(),
+            }])
+            .unwrap();
+        assert!(
+            chat.ends_with("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
+            "{chat}"
+        );
+        let ids = preprocessor.encode(&chat).unwrap();
+        assert_eq!(
+            ids.iter().filter(|&&t| t == 1).count(),
+            3,
+            "one <|im_start|> per turn"
+        );
+        assert_eq!(
+            Preprocessor::smollm2(Some(32_768))
+                .unwrap()
+                .context_length(),
+            32_768
+        );
     }
 }

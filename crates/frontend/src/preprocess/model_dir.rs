@@ -9,7 +9,7 @@
 //!   models often stop on an end-of-turn token as well as on end-of-text).
 
 use std::io::ErrorKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::config_files::{self as files, CONTEXT_LENGTH_KEYS, JsonObject};
 use super::error::PreprocessError;
@@ -43,7 +43,7 @@ pub(crate) fn load(dir: &Path, context_length: Option<u32>) -> Result<ModelFiles
         return Err(PreprocessError::ZeroContextLength);
     }
 
-    let mut tokenizer = HfTokenizer::load(&dir.join("tokenizer.json"))?;
+    let tokenizer = HfTokenizer::load(&dir.join("tokenizer.json"))?;
     let tokenizer_config_path = dir.join("tokenizer_config.json");
     let tokenizer_config = files::read_optional_object(&tokenizer_config_path)?.unwrap_or_default();
     let config_path = dir.join("config.json");
@@ -51,7 +51,81 @@ pub(crate) fn load(dir: &Path, context_length: Option<u32>) -> Result<ModelFiles
     let generation_config_path = dir.join("generation_config.json");
     let generation_config =
         files::read_optional_object(&generation_config_path)?.unwrap_or_default();
+    let template = template_source(dir, &tokenizer_config_path, &tokenizer_config)?;
+    assemble(
+        Sources {
+            dir,
+            tokenizer,
+            tokenizer_config: (tokenizer_config_path, tokenizer_config),
+            config: (config_path, config),
+            generation_config: (generation_config_path, generation_config),
+            template,
+        },
+        context_length,
+    )
+}
 
+/// A model's files built into the binary: `tokenizer.json`, `tokenizer_config.json` (its
+/// chat template included) and `config.json`, under a label that stands for their directory
+/// in errors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EmbeddedModel {
+    pub(crate) label: &'static str,
+    pub(crate) tokenizer: &'static str,
+    pub(crate) tokenizer_config: &'static str,
+    pub(crate) config: &'static str,
+}
+
+pub(crate) fn load_embedded(
+    model: &EmbeddedModel,
+    context_length: Option<u32>,
+) -> Result<ModelFiles, PreprocessError> {
+    if context_length == Some(0) {
+        return Err(PreprocessError::ZeroContextLength);
+    }
+    let dir = Path::new(model.label);
+    let tokenizer = HfTokenizer::parse(model.tokenizer, &dir.join("tokenizer.json"))?;
+    let tokenizer_config_path = dir.join("tokenizer_config.json");
+    let tokenizer_config = files::parse_object(&tokenizer_config_path, model.tokenizer_config)?;
+    let config_path = dir.join("config.json");
+    let config = files::parse_object(&config_path, model.config)?;
+    let template = files::chat_template(&tokenizer_config_path, &tokenizer_config)?
+        .map(|source| (source, tokenizer_config_path.clone()));
+    assemble(
+        Sources {
+            dir,
+            tokenizer,
+            tokenizer_config: (tokenizer_config_path, tokenizer_config),
+            config: (config_path, config),
+            generation_config: (dir.join("generation_config.json"), JsonObject::new()),
+            template,
+        },
+        context_length,
+    )
+}
+
+/// What a model's files say, read and parsed, each object with the path it came from.
+struct Sources<'a> {
+    dir: &'a Path,
+    tokenizer: HfTokenizer,
+    tokenizer_config: (PathBuf, JsonObject),
+    config: (PathBuf, JsonObject),
+    generation_config: (PathBuf, JsonObject),
+    template: Option<(String, PathBuf)>,
+}
+
+fn assemble(
+    sources: Sources<'_>,
+    context_length: Option<u32>,
+) -> Result<ModelFiles, PreprocessError> {
+    let Sources {
+        dir,
+        mut tokenizer,
+        tokenizer_config: (tokenizer_config_path, tokenizer_config),
+        config: (config_path, config),
+        generation_config: (generation_config_path, generation_config),
+        template,
+    } = sources;
     let path = tokenizer_config_path.as_path();
     let tokens = TemplateTokens {
         bos_token: files::special_token(path, &tokenizer_config, "bos_token")?,
@@ -79,7 +153,7 @@ pub(crate) fn load(dir: &Path, context_length: Option<u32>) -> Result<ModelFiles
         ],
     )?;
 
-    let template = match template_source(dir, &tokenizer_config_path, &tokenizer_config)? {
+    let template = match template {
         Some((source, origin)) => {
             ChatTemplate::Jinja(Box::new(JinjaTemplate::compile(source, &origin, &tokens)?))
         }
@@ -165,7 +239,7 @@ fn template_source(
     dir: &Path,
     tokenizer_config_path: &Path,
     tokenizer_config: &JsonObject,
-) -> Result<Option<(String, std::path::PathBuf)>, PreprocessError> {
+) -> Result<Option<(String, PathBuf)>, PreprocessError> {
     let jinja_path = dir.join("chat_template.jinja");
     match std::fs::read_to_string(&jinja_path) {
         Ok(source) => return Ok(Some((source, jinja_path))),

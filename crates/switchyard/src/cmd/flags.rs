@@ -43,9 +43,13 @@ pub struct FrontendFlags {
     /// The model name served.
     #[arg(long)]
     model: Option<String>,
-    /// A Hugging Face model directory for the tokenizer and chat template.
+    /// A Hugging Face model directory for the tokenizer and chat template (default: the
+    /// built-in SmolLM2 tokenizer).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// The model's context length in tokens (default: the model directory's, else 32,768).
+    #[arg(long)]
+    context_length: Option<u32>,
     /// Routing policy.
     #[arg(long)]
     policy: Option<PolicyKind>,
@@ -75,6 +79,10 @@ impl FrontendFlags {
         o.set_some(
             &["frontend", "tokenizer"],
             self.tokenizer.as_ref().map(|t| t.display().to_string()),
+        );
+        o.set_some(
+            &["frontend", "context_length"],
+            self.context_length.map(i64::from),
         );
         o.set_some(
             &["frontend", "router", "policy"],
