@@ -32,11 +32,38 @@ pub struct FrontendConfig {
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     pub connections: ConnectionConfig,
+    /// A second listener for `/metrics` and the internal endpoints.
+    pub admin: AdminConfig,
+    /// API keys, tenants and their limits.
+    pub auth: crate::auth::AuthConfig,
+    /// Longest prompt accepted, in tokens (below the context length; none: the context).
+    pub max_prompt_tokens: Option<u32>,
+    /// Largest `max_tokens` accepted (none: what the context leaves).
+    pub max_output_tokens: Option<u32>,
     pub router: RouterSettings,
     pub admission: AdmissionConfig,
     pub health: HealthConfig,
     pub degradation: DegradationConfig,
     pub migration: MigrationConfig,
+}
+
+/// `frontend.admin`: where `/metrics` and `/v1/internal/*` are served. Without a port, the
+/// internal endpoints are not served at all and `/metrics` is on the public port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    pub host: String,
+    /// 0: any free port.
+    pub port: Option<u16>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            host: "127.0.0.1".into(),
+            port: None,
+        }
+    }
 }
 
 /// The tokenizers built into the binary.
@@ -136,6 +163,10 @@ impl Default for FrontendConfig {
             default_max_tokens: 256,
             max_body_bytes: 4 << 20,
             connections: ConnectionConfig::default(),
+            admin: AdminConfig::default(),
+            auth: crate::auth::AuthConfig::default(),
+            max_prompt_tokens: None,
+            max_output_tokens: None,
             router: RouterSettings::default(),
             admission: AdmissionConfig::default(),
             health: HealthConfig::default(),

@@ -172,6 +172,26 @@ fn common(
             ));
         }
     }
+    if let Some(limit) = frontend.config.max_prompt_tokens
+        && prompt > u64::from(limit)
+    {
+        return Err(ApiError::context_length(format!(
+            "This server accepts prompts of at most {limit} tokens, but the prompt has {prompt} tokens."
+        )));
+    }
+    if let (Some(limit), Some(asked)) = (frontend.config.max_output_tokens, requested)
+        && asked > limit
+    {
+        let name = if params.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        return Err(ApiError::invalid_param(
+            name,
+            format!("`{name}` is at most {limit} on this server, got {asked}"),
+        ));
+    }
     if prompt >= u64::from(context) {
         return Err(ApiError::context_length(format!(
             "This model's maximum context length is {context} tokens, but the prompt has {prompt} tokens."
@@ -186,7 +206,11 @@ fn common(
             )));
         }
         Some(m) => m,
-        None => room.min(u64::from(frontend.config.default_max_tokens)) as u32,
+        None => room
+            .min(u64::from(frontend.config.default_max_tokens))
+            .min(u64::from(
+                frontend.config.max_output_tokens.unwrap_or(u32::MAX),
+            )) as u32,
     };
     if let Some(t) = params.temperature
         && !(t.is_finite() && (0.0..=2.0).contains(&t))
@@ -260,7 +284,8 @@ fn common(
             },
         },
         stop,
-        priority: extension.priority.unwrap_or_default(),
+        priority: extension.priority,
+        tenant: None,
         overrides: RoutingOverrides {
             policy: routing.policy,
             overlap_weight: routing.overlap_weight,

@@ -10,6 +10,7 @@
 //! - [`metrics`]: Prometheus metrics.
 //! - [`http`], [`server`]: the axum routes and the server.
 
+pub mod auth;
 pub mod config;
 pub mod convert;
 pub mod http;

@@ -43,6 +43,18 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantTokenLabels {
+    pub tenant: String,
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectionLabels {
     pub reason: &'static str,
 }
@@ -62,6 +74,8 @@ pub struct Metrics {
     pub routing_decision: Histogram,
     pub input_tokens: Counter,
     pub output_tokens: Counter,
+    pub tenant_requests: Family<TenantLabels, Counter>,
+    pub tenant_tokens: Family<TenantTokenLabels, Counter>,
     pub cached_tokens: Counter,
     pub worker_active_blocks: Family<WorkerLabels, Gauge>,
     pub worker_prefill_tokens: Family<WorkerLabels, Gauge>,
@@ -167,6 +181,18 @@ impl Metrics {
         registry.register("input_tokens", "Prompt tokens", input_tokens.clone());
         let output_tokens = Counter::default();
         registry.register("output_tokens", "Generated tokens", output_tokens.clone());
+        let tenant_requests = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "tenant_requests",
+            "Requests with an API key, by tenant and outcome (accepted, refused, unauthorized, over a limit)",
+            tenant_requests.clone(),
+        );
+        let tenant_tokens = Family::<TenantTokenLabels, Counter>::default();
+        registry.register(
+            "tenant_tokens",
+            "Prompt and completion tokens of requests with an API key, by tenant",
+            tenant_tokens.clone(),
+        );
         let cached_tokens = Counter::default();
         registry.register(
             "cached_tokens",
@@ -307,6 +333,8 @@ impl Metrics {
             registry,
             rendering: parking_lot::Mutex::new(()),
             requests,
+            tenant_requests,
+            tenant_tokens,
             in_flight,
             queued,
             ttft,
@@ -350,6 +378,25 @@ impl Metrics {
         self.requests
             .get_or_create(&RouteLabels { route, status })
             .inc();
+    }
+
+    /// A request with an API key (`tenant` empty: no valid key).
+    pub fn count_tenant(&self, tenant: &str, outcome: &'static str) {
+        self.tenant_requests
+            .get_or_create(&TenantLabels {
+                tenant: tenant.to_string(),
+                outcome,
+            })
+            .inc();
+    }
+
+    pub fn count_tenant_tokens(&self, tenant: &str, kind: &'static str, tokens: u64) {
+        self.tenant_tokens
+            .get_or_create(&TenantTokenLabels {
+                tenant: tenant.to_string(),
+                kind,
+            })
+            .inc_by(tokens);
     }
 
     pub fn count_rejection(&self, rejection: switchyard_router::Rejection) {

@@ -74,10 +74,30 @@ pub async fn serve(
     frontend: Arc<Frontend>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let app = crate::http::router(Arc::clone(&frontend));
+    serve_app(listener, app, &frontend, shutdown).await
+}
+
+/// Serves the admin routes ([`crate::http::admin_router`]) on their own listener.
+pub async fn serve_admin(
+    listener: TcpListener,
+    frontend: Arc<Frontend>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = crate::http::admin_router(Arc::clone(&frontend));
+    serve_app(listener, app, &frontend, shutdown).await
+}
+
+async fn serve_app(
+    listener: TcpListener,
+    app: axum::Router,
+    frontend: &Frontend,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let connections = frontend.config.connections;
-    let app = crate::http::router(frontend).layer(
-        tower_http::timeout::RequestBodyTimeoutLayer::new(connections.body_read_timeout),
-    );
+    let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+        connections.body_read_timeout,
+    ));
     let limits = ServerLimits {
         header_read_timeout: connections.header_read_timeout,
         max_connections: connections.max_connections,

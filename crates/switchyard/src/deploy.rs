@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use switchyard_core::WorkerId;
+use switchyard_frontend::auth::KeyTable;
 use switchyard_frontend::config::{BuiltinTokenizer, DEFAULT_CONTEXT_LENGTH};
 use switchyard_frontend::preprocess::{PreprocessError, Preprocessor};
 use switchyard_frontend::routing::{ReplicaSettings, RoutingService};
@@ -33,6 +34,8 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct Deployment {
     pub address: SocketAddr,
+    /// The admin listener (`/metrics`, `/v1/internal/*`), when `frontend.admin.port` is set.
+    pub admin_address: Option<SocketAddr>,
     pub frontend: Arc<Frontend>,
     pub workers: Vec<Worker>,
     /// Stops the HTTP server (which then finishes the responses in flight).
@@ -91,8 +94,9 @@ pub async fn start_frontend(
     sync: FrontendSync,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
-) -> Result<(Arc<Frontend>, TcpListener)> {
+) -> Result<(Arc<Frontend>, Listeners)> {
     let preprocessor = preprocessor(config)?;
+    let keys = KeyTable::from_config(&config.auth)?;
     let mut routing = RoutingService::new(config.model.clone(), config.routing());
     if let Some(source) = sync.resync {
         routing = routing.with_resync(source, tracker.clone(), cancel.clone());
@@ -104,18 +108,33 @@ pub async fn start_frontend(
         replicas = Some((plane, outbox));
     }
     let routing = Arc::new(routing);
-    let frontend = Arc::new(Frontend::new(
-        config.clone(),
-        Arc::new(preprocessor),
-        routing,
-        requests,
-    ));
+    let frontend = Arc::new(
+        Frontend::new(config.clone(), Arc::new(preprocessor), routing, requests).with_keys(keys),
+    );
     let (host, port) = (config.host.as_str(), config.port);
-    let listener = TcpListener::bind((host, port))
+    let public = TcpListener::bind((host, port))
         .await
         .with_context(|| format!("cannot listen on {host}:{port}"))?;
+    let admin = match config.admin.port {
+        Some(port) => {
+            let host = config.admin.host.as_str();
+            Some(
+                TcpListener::bind((host, port))
+                    .await
+                    .with_context(|| format!("cannot listen on {host}:{port} (frontend.admin)"))?,
+            )
+        }
+        None => None,
+    };
     server::start_background(&frontend, discovery, events, replicas, tracker, cancel).await?;
-    Ok((frontend, listener))
+    Ok((frontend, Listeners { public, admin }))
+}
+
+/// The frontend's bound listeners: the public API, and the admin one if configured.
+#[derive(Debug)]
+pub struct Listeners {
+    pub public: TcpListener,
+    pub admin: Option<TcpListener>,
 }
 
 /// Everything in one process: in-process planes, `config.workers.count` workers, the
@@ -176,21 +195,42 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
 
 impl Deployment {
     fn serve(
-        listener: TcpListener,
+        listeners: Listeners,
         frontend: Arc<Frontend>,
         workers: Vec<Worker>,
         tracker: TaskTracker,
         cancel: CancellationToken,
     ) -> Result<Deployment> {
-        let address = listener.local_addr()?;
+        let address = listeners.public.local_addr()?;
         let stop_http = cancel.child_token();
         let shutdown = {
             let stop_http = stop_http.clone();
             async move { stop_http.cancelled().await }
         };
-        let server = tokio::spawn(server::serve(listener, Arc::clone(&frontend), shutdown));
+        let admin_address = match listeners.admin {
+            Some(admin) => {
+                let address = admin.local_addr()?;
+                // Metrics and internal endpoints answer until everything stops.
+                let stop = cancel.clone();
+                let frontend = Arc::clone(&frontend);
+                tracker.spawn(async move {
+                    let shutdown = async move { stop.cancelled().await };
+                    if let Err(e) = server::serve_admin(admin, frontend, shutdown).await {
+                        tracing::error!(error = %e, "the admin listener failed");
+                    }
+                });
+                Some(address)
+            }
+            None => None,
+        };
+        let server = tokio::spawn(server::serve(
+            listeners.public,
+            Arc::clone(&frontend),
+            shutdown,
+        ));
         Ok(Deployment {
             address,
+            admin_address,
             frontend,
             workers,
             stop_http,

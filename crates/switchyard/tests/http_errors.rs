@@ -501,7 +501,7 @@ async fn without_workers_health_and_requests_are_503() {
         tokio_util::task::TaskTracker::new(),
         tokio_util::sync::CancellationToken::new(),
     );
-    let (frontend, listener) = switchyard::deploy::start_frontend(
+    let (frontend, listeners) = switchyard::deploy::start_frontend(
         &config.frontend,
         &LocalDiscovery::new(),
         &LocalEventPlane::new(),
@@ -512,10 +512,10 @@ async fn without_workers_health_and_requests_are_503() {
     )
     .await
     .unwrap();
-    let address = listener.local_addr().unwrap();
+    let address = listeners.public.local_addr().unwrap();
     let stop = cancel.clone();
     let server = tokio::spawn(switchyard_frontend::server::serve(
-        listener,
+        listeners.public,
         frontend,
         async move { stop.cancelled().await },
     ));

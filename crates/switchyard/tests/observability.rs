@@ -298,7 +298,8 @@ async fn a_real_prometheus_scrapes_serve_and_answers_a_query() {
         ("WORKERS__MOCKER__SPEEDUP_RATIO", "10"),
     ])
     .await;
-    let prometheus = tokio::task::block_in_place(|| PrometheusServer::start(&[d.address]));
+    let prometheus =
+        tokio::task::block_in_place(|| PrometheusServer::start(&[d.admin_address.unwrap()]));
     for i in 0..5 {
         let (status, _, body) = post(
             &d,

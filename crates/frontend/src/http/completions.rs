@@ -3,18 +3,19 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use futures::{Stream, StreamExt};
 use switchyard_core::WorkerKey;
 
 use super::body;
 use super::service::unix_now;
+use crate::auth::Grant;
 use crate::convert::{self, Mode};
 use crate::openai::ApiError;
 use crate::openai::request::{ChatCompletionRequest, CompletionRequest};
@@ -58,8 +59,22 @@ fn with_worker(mut response: Response, worker: WorkerKey) -> Response {
     response
 }
 
+/// Applies the API key's tier, token budget and tenant to a converted request.
+fn apply_grant(grant: Option<&Grant>, prepared: &mut Prepared) -> Result<(), ApiError> {
+    let Some(Grant(key)) = grant else {
+        return Ok(());
+    };
+    prepared.priority = Some(key.priority(prepared.priority));
+    let tokens = (prepared.prompt.len() as u64 + u64::from(prepared.max_tokens))
+        .min(u64::from(u32::MAX)) as u32;
+    key.charge_tokens(tokens)?;
+    prepared.tenant = Some(Arc::clone(&key.tenant));
+    Ok(())
+}
+
 pub async fn chat(
     State(frontend): State<Arc<Frontend>>,
+    grant: Option<Extension<Grant>>,
     headers: HeaderMap,
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -67,7 +82,8 @@ pub async fn chat(
     let result = async {
         let request: ChatCompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
-        let (prepared, mode) = convert_sized(&frontend, size, request, convert::chat).await?;
+        let (mut prepared, mode) = convert_sized(&frontend, size, request, convert::chat).await?;
+        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
         let dispatched = frontend.generate(prepared).await?;
         Ok::<_, ApiError>((
             format!("chatcmpl-{:016x}", dispatched.id.0),
@@ -110,6 +126,7 @@ pub async fn chat(
 
 pub async fn completion(
     State(frontend): State<Arc<Frontend>>,
+    grant: Option<Extension<Grant>>,
     headers: HeaderMap,
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -117,7 +134,9 @@ pub async fn completion(
     let result = async {
         let request: CompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
-        let (prepared, mode) = convert_sized(&frontend, size, request, convert::completion).await?;
+        let (mut prepared, mode) =
+            convert_sized(&frontend, size, request, convert::completion).await?;
+        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
         let dispatched = frontend.generate(prepared).await?;
         Ok::<_, ApiError>((format!("cmpl-{:016x}", dispatched.id.0), dispatched, mode))
     }

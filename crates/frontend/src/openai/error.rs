@@ -158,6 +158,29 @@ impl ApiError {
         }
     }
 
+    /// 401: no API key, or an unknown one.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            message,
+        )
+    }
+
+    /// 429: the API key is over one of its limits.
+    pub fn rate_limited(message: impl Into<String>, retry_after: Duration) -> Self {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                Some("rate_limit_exceeded"),
+                message,
+            )
+        }
+    }
+
     /// 503: no capacity or no worker.
     pub fn unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
         ApiError {

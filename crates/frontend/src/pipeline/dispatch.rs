@@ -70,6 +70,19 @@ pub(super) struct RequestRun {
     pub(super) moves: u32,
     /// Frees the request's router slot and counts it out, however it ends.
     guard: Option<InFlight>,
+    tenant: Option<Arc<str>>,
+}
+
+impl Drop for RequestRun {
+    fn drop(&mut self) {
+        if let Some(tenant) = &self.tenant {
+            self.frontend.metrics.count_tenant_tokens(
+                tenant,
+                "completion",
+                self.generated.len() as u64,
+            );
+        }
+    }
 }
 
 impl RequestRun {
@@ -91,6 +104,7 @@ impl RequestRun {
             failed: Vec::new(),
             moves: 0,
             guard: None,
+            tenant: prepared.tenant.clone(),
         }
     }
 

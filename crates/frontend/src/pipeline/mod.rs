@@ -34,6 +34,7 @@ use switchyard_router::{Rejection, RoutingOverrides};
 use switchyard_runtime::RequestPlane;
 use tokio::time::Instant;
 
+use crate::auth::KeyTable;
 use crate::config::FrontendConfig;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
@@ -54,6 +55,8 @@ pub struct Frontend {
     next_id: AtomicU64,
     /// Migrations the fleet may still spend (see `MigrationConfig`).
     migration_budget: Mutex<f64>,
+    /// API keys; empty: the API is open.
+    pub keys: KeyTable,
 }
 
 /// A validated request, tokenized.
@@ -63,8 +66,11 @@ pub struct Prepared {
     pub max_tokens: u32,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
-    pub priority: Priority,
+    /// The tier asked for; none: standard (or the API key's tier, see [`crate::auth`]).
+    pub priority: Option<Priority>,
     pub overrides: RoutingOverrides,
+    /// The API key's tenant, for the tenant metrics.
+    pub tenant: Option<Arc<str>>,
 }
 
 impl Prepared {
@@ -75,7 +81,8 @@ impl Prepared {
             max_tokens,
             sampling: SamplingParams::default(),
             stop: Vec::new(),
-            priority: Priority::Standard,
+            priority: None,
+            tenant: None,
             overrides: RoutingOverrides::default(),
         }
     }
@@ -148,7 +155,14 @@ impl Frontend {
             // sharing workers apart.
             next_id: AtomicU64::new(rand::random::<u64>() >> 1),
             migration_budget: Mutex::new(budget),
+            keys: KeyTable::default(),
         }
+    }
+
+    /// Requires API keys from the public API (see [`crate::auth`]).
+    pub fn with_keys(mut self, keys: KeyTable) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// Numbers the next requests from `next` on, in arrival order (for runs that must be
@@ -194,7 +208,7 @@ impl Frontend {
         let retry = self.config.admission.retry_after;
         let ticket = self
             .routing
-            .admit(id, prepared.priority)
+            .admit(id, prepared.priority.unwrap_or_default())
             .await
             .map_err(|rejection| {
                 self.metrics.count_rejection(rejection);
@@ -214,6 +228,10 @@ impl Frontend {
         let attempt = run.dispatch().await?;
         drop(ticket);
         self.metrics.input_tokens.inc_by(u64::from(prompt_tokens));
+        if let Some(tenant) = &prepared.tenant {
+            self.metrics
+                .count_tenant_tokens(tenant, "prompt", u64::from(prompt_tokens));
+        }
         let worker = attempt.worker;
         let state = Streaming::new(run, attempt, prepared.stop, self.preprocessor.decoder());
         Ok(Dispatched {

@@ -175,11 +175,12 @@ pub fn run_frontend(args: FrontendArgs, env: &BTreeMap<String, String>) -> Resul
         .block_on(async {
             let deployment = deploy::start_distributed_frontend(config.clone()).await?;
             println!(
-                "Switchyard frontend is serving `{}` on http://{} (namespace `{}`, workers from {}).",
+                "Switchyard frontend is serving `{}` on http://{} (namespace `{}`, workers from {}).{}",
                 config.frontend.model,
                 deployment.address,
                 config.runtime.namespace,
                 config.runtime.discovery.as_deref().unwrap_or_default(),
+                super::serve::admin_note(deployment.admin_address),
             );
             crate::signals::terminated().await;
             tracing::info!("shutting down");

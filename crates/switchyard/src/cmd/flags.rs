@@ -53,6 +53,16 @@ pub struct FrontendFlags {
     /// Routing policy.
     #[arg(long)]
     policy: Option<PolicyKind>,
+    /// Require this API key (`Authorization: Bearer KEY`); repeat for several keys.
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// A TOML file of API keys with tenants, priority tiers and limits.
+    #[arg(long, value_name = "FILE")]
+    api_keys_file: Option<PathBuf>,
+    /// Serve `/metrics` and the internal endpoints on this port (of `frontend.admin.host`,
+    /// 127.0.0.1 by default) instead of the public one; 0: any free port.
+    #[arg(long)]
+    admin_port: Option<u16>,
     #[command(flatten)]
     pub log: LogFlags,
 }
@@ -87,6 +97,17 @@ impl FrontendFlags {
         o.set_some(
             &["frontend", "router", "policy"],
             self.policy.map(|p| p.name()),
+        );
+        if !self.api_keys.is_empty() {
+            o.set(&["frontend", "auth", "api_keys"], self.api_keys.clone());
+        }
+        o.set_some(
+            &["frontend", "auth", "keys_file"],
+            self.api_keys_file.as_ref().map(|p| p.display().to_string()),
+        );
+        o.set_some(
+            &["frontend", "admin", "port"],
+            self.admin_port.map(i64::from),
         );
         self.log.apply(o);
     }

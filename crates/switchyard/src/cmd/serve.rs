@@ -43,8 +43,11 @@ pub fn run(args: ServeArgs, env: &BTreeMap<String, String>) -> Result<()> {
         let deployment = deploy::start_local(config.clone()).await?;
         let address = deployment.address;
         println!(
-            "Switchyard is serving `{}` on http://{address} with {} {:?} workers.",
-            config.frontend.model, config.workers.count, config.workers.engine
+            "Switchyard is serving `{}` on http://{address} with {} {:?} workers.{}",
+            config.frontend.model,
+            config.workers.count,
+            config.workers.engine,
+            admin_note(deployment.admin_address)
         );
         println!(
             "Try: curl http://{address}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
@@ -54,4 +57,11 @@ pub fn run(args: ServeArgs, env: &BTreeMap<String, String>) -> Result<()> {
         tracing::info!("shutting down");
         deployment.shutdown(deploy::SHUTDOWN_GRACE).await
     })
+}
+
+/// How the first line announces the admin listener (tests read it from there).
+pub(crate) fn admin_note(admin: Option<std::net::SocketAddr>) -> String {
+    admin
+        .map(|a| format!(" Metrics and internal endpoints on admin http://{a}."))
+        .unwrap_or_default()
 }

@@ -73,6 +73,7 @@ impl Cluster {
         let mut args = vec!["frontend".to_string()];
         args.extend(self.planes());
         args.extend(["--port".to_string(), port.to_string()]);
+        args.extend(["--admin-port".to_string(), "0".to_string()]);
         Process::spawn_with_env(name, &args, env, self.dir.path())
     }
 }

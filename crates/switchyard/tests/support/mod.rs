@@ -21,6 +21,9 @@ pub fn config(overrides: &[(&str, &str)]) -> Config {
         .collect();
     env.entry("SWITCHYARD_FRONTEND__PORT".into())
         .or_insert_with(|| "0".into());
+    // Metrics and the internal endpoints on their own listener, as in production.
+    env.entry("SWITCHYARD_FRONTEND__ADMIN__PORT".into())
+        .or_insert_with(|| "0".into());
     config::load(None, &env, toml::Table::new()).expect("valid test configuration")
 }
 
@@ -65,8 +68,17 @@ pub fn busiest(d: &Deployment) -> switchyard_core::WorkerId {
         .worker_id
 }
 
+/// A URL of the deployment: `/metrics` and `/v1/internal/*` on its admin listener when it
+/// has one, everything else on the public one.
 pub fn url(d: &Deployment, path: &str) -> String {
-    format!("http://{}{path}", d.address)
+    match d.admin_address {
+        Some(admin) if is_admin_path(path) => format!("http://{admin}{path}"),
+        _ => format!("http://{}{path}", d.address),
+    }
+}
+
+pub fn is_admin_path(path: &str) -> bool {
+    path.starts_with("/metrics") || path.starts_with("/v1/internal/")
 }
 
 pub fn client() -> reqwest::Client {

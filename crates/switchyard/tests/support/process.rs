@@ -13,6 +13,8 @@ pub struct Process {
     /// Where it serves: the frontend's HTTP address or the worker's request plane.
     pub address: String,
     log: PathBuf,
+    /// The admin listener's address, if it announced one.
+    pub admin: Option<String>,
 }
 
 impl Process {
@@ -63,10 +65,17 @@ impl Process {
             .and_then(|rest| rest.split_whitespace().next())
             .map(|a| a.trim_start_matches("http://").to_string())
             .unwrap_or_else(|| panic!("{name}: no address in {line:?}"));
+        // A frontend with an admin listener names it on the same line.
+        let admin = line
+            .split(" admin http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|a| a.trim_end_matches('.').to_string());
         Process {
             name: name.to_string(),
             child,
             address,
+            admin,
             log,
         }
     }
@@ -76,7 +85,13 @@ impl Process {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `/metrics` and `/v1/internal/*` go to the admin listener when there is one.
     pub fn url(&self, path: &str) -> String {
+        if let Some(admin) = &self.admin
+            && super::is_admin_path(path)
+        {
+            return format!("http://{admin}{path}");
+        }
         format!("http://{}{path}", self.address)
     }
 
