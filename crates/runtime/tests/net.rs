@@ -503,3 +503,42 @@ async fn the_http_plane_streams_cancels_and_reports_lost_workers() {
         Err(EngineError::Unreachable(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_a_request_plane_secret_refuses_frontends_without_it() {
+    use switchyard_runtime::net::secret;
+    const SECRET: &str = "correct-horse-battery-staple";
+    let service: Arc<dyn EngineService> = Arc::new(Ticker {
+        interval: Duration::from_millis(1),
+        dropped: Arc::new(AtomicUsize::new(0)),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let app = routes(service).layer(axum::middleware::from_fn_with_state(
+        Arc::<str>::from(SECRET),
+        secret::require,
+    ));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let target = instance(1, Some(address));
+    for presented in [None, Some("correct-horse-battery-stapler"), Some("wrong")] {
+        let plane = HttpRequestPlane::with_secret(presented).unwrap();
+        match plane.generate(&target, request(2)).await {
+            Err(EngineError::Unreachable(message)) => {
+                assert!(message.contains("request-plane secret"), "{message}");
+            }
+            Err(other) => panic!("{presented:?} was refused oddly: {other:?}"),
+            Ok(_) => panic!("{presented:?} was not refused"),
+        }
+    }
+    let plane = HttpRequestPlane::with_secret(Some(SECRET)).unwrap();
+    let items: Vec<_> = plane
+        .generate(&target, request(2))
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(items.len(), 3, "{items:?}");
+    // The secret never shows in the client's debug output.
+    assert!(!format!("{plane:?}").contains(SECRET));
+    server.abort();
+}

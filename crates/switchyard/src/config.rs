@@ -45,6 +45,10 @@ pub struct RuntimeConfig {
     /// Frontends share their in-flight requests over NATS, so each counts the others'
     /// load.
     pub replica_sync: bool,
+    /// A shared secret on the request plane: workers refuse frontends without it. Set it
+    /// through the environment (`SWITCHYARD_RUNTIME__REQUEST_SECRET`) or a config file,
+    /// not on the command line.
+    pub request_secret: Option<String>,
 }
 
 impl Default for RuntimeConfig {
@@ -55,6 +59,7 @@ impl Default for RuntimeConfig {
             namespace: "default".into(),
             lease_ttl: Duration::from_secs(10),
             replica_sync: true,
+            request_secret: None,
         }
     }
 }
@@ -304,6 +309,13 @@ impl Config {
         if self.runtime.namespace.is_empty() {
             return Err(ConfigError::Check(
                 "runtime.namespace must not be empty".into(),
+            ));
+        }
+        if let Some(secret) = &self.runtime.request_secret
+            && (secret.len() < 16 || !secret.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(ConfigError::Check(
+                "runtime.request_secret must be at least 16 visible ASCII characters".into(),
             ));
         }
         if self.runtime.lease_ttl < Duration::from_secs(1) {

@@ -285,8 +285,9 @@ pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
     let cancel = CancellationToken::new();
     let stop_on_error = cancel.clone().drop_guard();
     let (discovery, events) = connect(&config, &tracker, &cancel).await?;
-    let requests = HttpRequestPlane::new()?;
-    let dumps = KvDumpClient::new().map_err(anyhow::Error::msg)?;
+    let secret = config.runtime.request_secret.as_deref();
+    let requests = HttpRequestPlane::with_secret(secret)?;
+    let dumps = KvDumpClient::with_secret(secret).map_err(anyhow::Error::msg)?;
     let sync = FrontendSync {
         resync: Some(Arc::new(dumps)),
         replicas: config
@@ -360,6 +361,7 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
         Serving::Network {
             listener,
             advertise,
+            secret: config.runtime.request_secret.clone(),
         },
         &tracker,
         cancel.clone(),

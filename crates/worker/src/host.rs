@@ -36,6 +36,9 @@ pub enum Serving {
     Network {
         listener: TcpListener,
         advertise: String,
+        /// Refuse frontends that do not present this (see
+        /// [`switchyard_runtime::net::secret`]).
+        secret: Option<String>,
     },
 }
 
@@ -184,6 +187,7 @@ impl Worker {
             Serving::Network {
                 listener,
                 advertise,
+                secret,
             } => {
                 instance.address = Some(advertise);
                 let mut app = switchyard_runtime::net::http::routes(Arc::clone(&service))
@@ -195,6 +199,12 @@ impl Worker {
                         token.clone(),
                         tracker.clone(),
                         stop.clone(),
+                    ));
+                }
+                if let Some(secret) = secret {
+                    app = app.layer(axum::middleware::from_fn_with_state(
+                        Arc::<str>::from(secret),
+                        switchyard_runtime::net::secret::require,
                     ));
                 }
                 let server_stop = stop.child_token();

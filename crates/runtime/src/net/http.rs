@@ -75,6 +75,9 @@ fn error_of(status: StatusCode, body: &[u8], address: &str) -> EngineError {
         }
         StatusCode::UNPROCESSABLE_ENTITY => EngineError::Unsupported(text),
         StatusCode::TOO_MANY_REQUESTS => EngineError::Overloaded(text),
+        StatusCode::UNAUTHORIZED => EngineError::Unreachable(format!(
+            "{address} refused this frontend's request-plane secret: {text}"
+        )),
         _ => EngineError::Unreachable(format!("{address} answered {status}")),
     }
 }
@@ -132,7 +135,15 @@ pub struct HttpRequestPlane {
 
 impl HttpRequestPlane {
     pub fn new() -> Result<Self, EngineError> {
+        Self::with_secret(None)
+    }
+
+    /// A client that presents the deployment's request-plane secret (see
+    /// [`super::secret`]).
+    pub fn with_secret(secret: Option<&str>) -> Result<Self, EngineError> {
+        let headers = super::secret::client_headers(secret).map_err(EngineError::Internal)?;
         let client = reqwest::Client::builder()
+            .default_headers(headers)
             .http2_prior_knowledge()
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(2))

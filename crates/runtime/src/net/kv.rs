@@ -25,7 +25,13 @@ pub struct KvDumpClient {
 
 impl KvDumpClient {
     pub fn new() -> Result<Self, String> {
+        Self::with_secret(None)
+    }
+
+    /// A client that presents the deployment's request-plane secret.
+    pub fn with_secret(secret: Option<&str>) -> Result<Self, String> {
         let client = reqwest::Client::builder()
+            .default_headers(super::secret::client_headers(secret)?)
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10))
             .build()

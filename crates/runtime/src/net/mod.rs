@@ -4,6 +4,7 @@ pub mod etcd;
 pub mod http;
 pub mod kv;
 pub mod nats;
+pub mod secret;
 pub mod server;
 
 /// A name safe to use as one NATS subject token or one etcd key segment.
