@@ -72,6 +72,13 @@ fn apply_grant(grant: Option<&Grant>, prepared: &mut Prepared) -> Result<(), Api
     Ok(())
 }
 
+/// Chat completion: JSON, or server-sent events when `stream` is true.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    request_body(content = ChatCompletionRequest, content_type = "application/json", examples(
+        ("plain" = (value = json!({"model": "switchyard-mock", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}))),
+        ("stream" = (value = json!({"model": "switchyard-mock", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": true}))))),
+    responses((status = 200, description = "The completion, or its event stream when `stream` is true",
+        content((ChatCompletion = "application/json"), (super::SseEvent = "text/event-stream")))))]
 pub async fn chat(
     State(frontend): State<Arc<Frontend>>,
     grant: Option<Extension<Grant>>,
@@ -124,6 +131,13 @@ pub async fn chat(
     with_worker(response, worker)
 }
 
+/// Text completion: JSON, or server-sent events when `stream` is true.
+#[utoipa::path(post, path = "/v1/completions", tag = "openai",
+    request_body(content = CompletionRequest, content_type = "application/json", examples(
+        ("plain" = (value = json!({"model": "switchyard-mock", "prompt": "Once upon a time", "max_tokens": 8}))),
+        ("stream" = (value = json!({"model": "switchyard-mock", "prompt": "Once upon a time", "max_tokens": 8, "stream": true}))))),
+    responses((status = 200, description = "The completion, or its event stream when `stream` is true",
+        content((Completion<'static> = "application/json"), (super::SseEvent = "text/event-stream")))))]
 pub async fn completion(
     State(frontend): State<Arc<Frontend>>,
     grant: Option<Extension<Grant>>,

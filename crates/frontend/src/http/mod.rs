@@ -34,6 +34,7 @@ pub fn router(frontend: Arc<Frontend>) -> Router {
         ));
     let mut public = Router::new()
         .merge(api)
+        .route("/openapi.json", get(openapi_json))
         .route("/health", get(service::health))
         .route("/live", get(service::live));
     if frontend.config.admin.port.is_none() {
@@ -95,4 +96,121 @@ async fn count(State(frontend): State<Arc<Frontend>>, request: Request, next: Ne
         .metrics
         .count_request(route, response.status().as_u16());
     response
+}
+
+/// The public API's OpenAPI 3.1 document, generated from the handlers and the request and
+/// response types (served at `/openapi.json`).
+#[derive(Debug, utoipa::OpenApi)]
+#[openapi(
+    info(title = "Switchyard", description = "OpenAI-compatible inference frontend"),
+    paths(
+        completions::chat,
+        completions::completion,
+        service::models,
+        service::health,
+        service::live,
+        service::metrics
+    ),
+    components(schemas(
+        crate::openai::error::Body,
+        crate::openai::response::ChatCompletionChunk,
+        crate::openai::response::Completion,
+        SseEvent
+    )),
+    modifiers(&ErrorResponses),
+)]
+pub struct ApiDoc;
+
+/// One server-sent event of a streamed response: `data` is a JSON chunk, an error body (a
+/// failure midway: the last event), or `[DONE]`.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)]
+struct SseEvent {
+    data: String,
+}
+
+/// Every error status the API answers with, on every POST, with the one error schema.
+#[derive(Debug)]
+struct ErrorResponses;
+
+impl utoipa::Modify for ErrorResponses {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{content::Content, response::ResponseBuilder, schema::Ref};
+        const CODES: &[(&str, &str)] = &[
+            (
+                "400",
+                "Invalid request (`context_length_exceeded`, `unsupported_request`, or a named `param`)",
+            ),
+            (
+                "401",
+                "API keys are required and none or a wrong one was sent",
+            ),
+            ("404", "Unknown model (`model_not_found`)"),
+            ("408", "The body did not arrive in time"),
+            ("413", "The body is larger than `frontend.max_body_bytes`"),
+            ("415", "The body is not `application/json`"),
+            (
+                "429",
+                "Shed under load, or over an API key's limit; see `Retry-After`",
+            ),
+            ("500", "Internal error"),
+            ("503", "No capacity or no worker; see `Retry-After`"),
+        ];
+        for item in doc.paths.paths.values_mut() {
+            for operation in [item.post.as_mut(), item.get.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                let is_post = operation.request_body.is_some();
+                for (code, text) in CODES {
+                    // GETs fail only on keys (401 for /v1/models) and the 5xx.
+                    if !is_post && !matches!(*code, "401" | "500") {
+                        continue;
+                    }
+                    let response = ResponseBuilder::new()
+                        .description(*text)
+                        .content(
+                            "application/json",
+                            Content::new(Some(Ref::from_schema_name("ApiErrorBody"))),
+                        )
+                        .build();
+                    operation
+                        .responses
+                        .responses
+                        .entry((*code).to_string())
+                        .or_insert(response.into());
+                }
+            }
+        }
+    }
+}
+
+/// `/openapi.json`: [`ApiDoc`], with the streamed events' `data` described as what it
+/// carries (utoipa has no `contentSchema`), and `model` limited to the served model so
+/// generated requests reach the engines.
+async fn openapi_json(State(frontend): State<Arc<Frontend>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use utoipa::OpenApi;
+    let mut doc = match serde_json::to_value(ApiDoc::openapi()) {
+        Ok(doc) => doc,
+        Err(e) => return ApiError::internal(e.to_string()).into_response(),
+    };
+    if let Some(data) = doc.pointer_mut("/components/schemas/SseEvent/properties/data") {
+        *data = serde_json::json!({"anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": [
+                {"$ref": "#/components/schemas/ChatCompletionChunk"},
+                {"$ref": "#/components/schemas/Completion"},
+                {"$ref": "#/components/schemas/ApiErrorBody"}
+            ]}}
+        ]});
+    }
+    for request in ["ChatCompletionRequest", "CompletionRequest"] {
+        if let Some(model) =
+            doc.pointer_mut(&format!("/components/schemas/{request}/properties/model"))
+        {
+            *model = serde_json::json!({"type": "string", "enum": [frontend.config.model]});
+        }
+    }
+    axum::Json(doc).into_response()
 }

@@ -18,6 +18,9 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The model this deployment serves.
+#[utoipa::path(get, path = "/v1/models", tag = "openai",
+    responses((status = 200, description = "The served model", body = ModelList)))]
 pub async fn models(State(frontend): State<Arc<Frontend>>) -> Json<ModelList> {
     let card = ModelCard {
         id: frontend.config.model.clone(),
@@ -32,6 +35,9 @@ pub async fn models(State(frontend): State<Arc<Frontend>>) -> Json<ModelList> {
 }
 
 /// Ready when at least one worker serves the model.
+#[utoipa::path(get, path = "/health", tag = "service", responses(
+    (status = 200, description = "Ready: at least one worker serves the model", body = serde_json::Value),
+    (status = 503, description = "No worker serves the model yet", body = serde_json::Value)))]
 pub async fn health(State(frontend): State<Arc<Frontend>>) -> Response {
     let workers = frontend.routing.worker_count();
     let body = json!({
@@ -64,10 +70,16 @@ pub async fn workers(
     Json(frontend.routing.workers())
 }
 
+/// The process is up (whether or not it can serve).
+#[utoipa::path(get, path = "/live", tag = "service",
+    responses((status = 200, description = "Alive", body = serde_json::Value)))]
 pub async fn live() -> Json<serde_json::Value> {
     Json(json!({ "status": "live" }))
 }
 
+/// Prometheus metrics (see docs/metrics.md); here unless an admin listener serves them.
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(frontend): State<Arc<Frontend>>) -> Response {
     let text = frontend.metrics.render(&frontend.routing);
     (

@@ -19,13 +19,16 @@ pub struct ApiError {
     pub retry_after: Option<Duration>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
+/// The error body every failure answers with (OpenAI's shape).
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ApiErrorBody)]
+pub(crate) struct Body<'a> {
     error: Inner<'a>,
 }
 
-#[derive(Serialize)]
-struct Inner<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = ApiErrorDetail)]
+pub(crate) struct Inner<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,

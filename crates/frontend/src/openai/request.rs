@@ -13,7 +13,7 @@ use super::error::ApiError;
 macro_rules! request_body {
     ($(#[$meta:meta])* $name:ident { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Deserialize)]
+        #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
         pub struct $name {
             $($(#[$field_meta])* pub $field: $ty,)*
             pub max_tokens: Option<u32>,
@@ -126,7 +126,7 @@ pub struct CommonParams {
     pub switchyard: Option<Extension>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct StreamOptions {
     /// `null` reads as absent (false), as OpenAI's API takes it.
     #[serde(default)]
@@ -135,14 +135,14 @@ pub struct StreamOptions {
 
 /// `response_format`: `{"type": "text"}` is plain generation; `json_object` and
 /// `json_schema` ask for structured output.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
 }
 
 /// `stop`: a string or up to four strings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StopInput {
     One(String),
@@ -150,7 +150,7 @@ pub enum StopInput {
 }
 
 /// `prompt`: text, token ids, or batches of either (batches are not supported).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PromptInput {
     Text(String),
@@ -159,21 +159,21 @@ pub enum PromptInput {
     TokenBatches(Vec<Vec<u32>>),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -184,16 +184,20 @@ pub struct ContentPart {
 pub use switchyard_core::Priority;
 
 /// The `switchyard` request extension.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Extension {
+    /// `best_effort`, `standard` or `premium`.
+    #[schema(value_type = Option<String>)]
     pub priority: Option<Priority>,
     pub routing: Option<RoutingExtension>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RoutingExtension {
+    /// A routing policy name (`kv`, `latency`, `round-robin`, ...).
+    #[schema(value_type = Option<String>)]
     pub policy: Option<PolicyKind>,
     pub overlap_weight: Option<f64>,
     pub temperature: Option<f64>,

@@ -2,12 +2,12 @@
 
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
@@ -26,13 +26,13 @@ impl Usage {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatMessageOut {
     pub role: &'static str,
     pub content: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: ChatMessageOut,
@@ -40,7 +40,7 @@ pub struct ChatChoice {
     pub logprobs: Option<()>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletion {
     pub id: String,
     pub object: &'static str,
@@ -50,7 +50,7 @@ pub struct ChatCompletion {
     pub usage: Usage,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
@@ -58,7 +58,7 @@ pub struct ChatDelta {
     pub content: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: ChatDelta,
@@ -66,7 +66,7 @@ pub struct ChatChunkChoice {
     pub logprobs: Option<()>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatCompletionChunk<'a> {
     pub id: &'a str,
     pub object: &'static str,
@@ -77,7 +77,7 @@ pub struct ChatCompletionChunk<'a> {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
@@ -85,7 +85,7 @@ pub struct CompletionChoice {
     pub logprobs: Option<()>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Completion<'a> {
     pub id: &'a str,
     pub object: &'static str,
@@ -96,7 +96,7 @@ pub struct Completion<'a> {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ModelCard {
     pub id: String,
     pub object: &'static str,
@@ -104,7 +104,7 @@ pub struct ModelCard {
     pub owned_by: &'static str,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelCard>,
