@@ -538,3 +538,40 @@ async fn without_workers_health_and_requests_are_503() {
     cancel.cancel();
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn configured_prompt_and_output_caps_are_400_and_cap_the_default() {
+    let d = start(&[
+        ("WORKERS__ENGINE", "echo"),
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__BUILTIN_TOKENIZER", "bytes"),
+        ("FRONTEND__MAX_PROMPT_TOKENS", "32"),
+        ("FRONTEND__MAX_OUTPUT_TOKENS", "8"),
+    ])
+    .await;
+    let completion = |prompt: &str, max_tokens: Option<u32>| {
+        let mut body = json!({"model": MODEL, "prompt": prompt});
+        if let Some(m) = max_tokens {
+            body["max_tokens"] = json!(m);
+        }
+        body
+    };
+    let (s, _, b) = post(&d, "/v1/completions", &completion(&"x".repeat(33), Some(2))).await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    assert_eq!(b["error"]["code"], "context_length_exceeded", "{b}");
+    let (s, _, b) = post(&d, "/v1/completions", &completion("hello", Some(9))).await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    assert_eq!(b["error"]["param"], "max_tokens", "{b}");
+    // At the caps it passes; without max_tokens the default is cut to the cap.
+    let (s, _, b) = post(&d, "/v1/completions", &completion(&"x".repeat(32), Some(8))).await;
+    assert_eq!(s, 200, "{b}");
+    let (s, _, b) = post(&d, "/v1/completions", &completion(&"y".repeat(30), None)).await;
+    assert_eq!(s, 200, "{b}");
+    assert!(
+        b["usage"]["completion_tokens"].as_u64().unwrap() <= 8,
+        "{b}"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
