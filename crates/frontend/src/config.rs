@@ -168,7 +168,10 @@ impl Default for FrontendConfig {
             max_prompt_tokens: None,
             max_output_tokens: None,
             router: RouterSettings::default(),
-            admission: AdmissionConfig::default(),
+            admission: AdmissionConfig {
+                wait_target: Some(switchyard_router::routing::admission::DEFAULT_WAIT_TARGET),
+                ..AdmissionConfig::default()
+            },
             health: HealthConfig::default(),
             degradation: DegradationConfig::default(),
             migration: MigrationConfig::default(),

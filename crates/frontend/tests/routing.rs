@@ -215,7 +215,7 @@ async fn a_lower_tier_waiter_is_woken_when_the_higher_one_ahead_of_it_is_admitte
                 .admit(RequestId(9), Priority::BestEffort)
                 .await
                 .err(),
-            Some(Rejection::Shed)
+            Some((Rejection::Shed, None))
         );
         routing.finish(RequestId(1));
         routing.finish(RequestId(2));
@@ -260,7 +260,7 @@ async fn a_queued_request_times_out_and_one_whose_client_left_frees_its_place() 
     // Request 3 waits the whole queue timeout (2 s here), then is refused.
     let started = tokio::time::Instant::now();
     let refused = routing.admit(RequestId(3), Priority::Premium).await.err();
-    assert_eq!(refused, Some(Rejection::TimedOut));
+    assert_eq!(refused, Some((Rejection::TimedOut, None)));
     assert_eq!(started.elapsed(), Duration::from_secs(2));
     assert_eq!(routing.queued(), [0, 0, 0]);
     // Capacity frees: nothing is left waiting, and the next request goes straight in.

@@ -279,14 +279,18 @@ fn admission_queues_while_busy_and_releases_as_requests_end() {
         core.admit(RequestId(5), Priority::Premium, T0),
         Admission::Queued
     );
-    assert_eq!(core.next_admitted(), None);
+    assert_eq!(core.next_admitted(Duration::ZERO), None);
     core.finish(RequestId(1));
-    assert_eq!(core.next_admitted(), Some(RequestId(5)), "premium first");
-    assert_eq!(core.next_admitted(), None, "one at a time");
+    assert_eq!(
+        core.next_admitted(Duration::ZERO),
+        Some(RequestId(5)),
+        "premium first"
+    );
+    assert_eq!(core.next_admitted(Duration::ZERO), None, "one at a time");
     route(&mut core, 5, &prompt, &none, &[]).unwrap();
-    assert_eq!(core.next_admitted(), None, "busy again");
+    assert_eq!(core.next_admitted(Duration::ZERO), None, "busy again");
     core.finish(RequestId(2));
-    assert_eq!(core.next_admitted(), Some(RequestId(4)));
+    assert_eq!(core.next_admitted(Duration::ZERO), Some(RequestId(4)));
     assert!(core.withdraw(RequestId(4)));
     assert_eq!(core.queued(), 0);
 }

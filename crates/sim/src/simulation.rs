@@ -747,8 +747,11 @@ impl<'a> Fleet<'a> {
 
     /// Routes queued requests while the core releases them.
     fn release_queued(&mut self) {
-        while let Some(id) = self.core.next_admitted() {
+        while let Some(id) = self.core.next_admitted(self.now) {
             self.dispatch(id.0 as u32);
+        }
+        for (id, _) in self.core.overdue(self.now) {
+            self.refuse(id.0 as u32, Rejection::WaitTooLong);
         }
     }
 

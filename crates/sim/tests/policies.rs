@@ -341,3 +341,36 @@ fn in_a_mixed_fleet_latency_routing_favours_the_faster_workers() {
     assert!(latency.ttft_ms.mean < 0.8 * kv.ttft_ms.mean);
     assert_eq!(latency.preemptions, 0);
 }
+
+#[test]
+fn shedding_on_predicted_wait_keeps_admitted_requests_within_the_target() {
+    let trace = slice(600);
+    // Arrivals sped up 6x on two workers: far beyond what they serve.
+    let workload = PreparedWorkload::prepare(&trace, 512, 16, 6.0);
+    let run = |wait_target: Option<Duration>| {
+        let mut cfg = config(2);
+        cfg.routing.admission.wait_target = wait_target;
+        cfg.routing.admission.queue_timeout = Duration::from_secs(60);
+        simulate(&cfg, &workload, PolicyKind::Kv, &mut |_| {}).unwrap()
+    };
+    let queue_only = run(None);
+    let predicted = run(Some(Duration::from_secs(2)));
+    let shed = predicted
+        .rejected_by_reason
+        .get("wait_too_long")
+        .copied()
+        .unwrap_or(0);
+    assert!(shed > 0, "{:?}", predicted.rejected_by_reason);
+    assert_eq!(queue_only.rejected_by_reason.get("wait_too_long"), None);
+    // What is admitted starts far sooner than when everything queues.
+    assert!(
+        predicted.ttft_ms.p99 < queue_only.ttft_ms.p99 / 2.0,
+        "TTFT p99 {} ms with the target, {} ms without",
+        predicted.ttft_ms.p99,
+        queue_only.ttft_ms.p99
+    );
+    println!(
+        "queue only: {} completed, TTFT p99 {:.0} ms; wait target 2 s: {} completed, {shed} shed, TTFT p99 {:.0} ms",
+        queue_only.completed, queue_only.ttft_ms.p99, predicted.completed, predicted.ttft_ms.p99
+    );
+}

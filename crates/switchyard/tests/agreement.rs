@@ -277,6 +277,8 @@ fn frontend_config() -> FrontendConfig {
     };
     config.router.request_ttl *= SLOWDOWN;
     config.admission.queue_timeout *= SLOWDOWN;
+    // The simulator's default: queue-length rules only (its own test covers the target).
+    config.admission.wait_target = None;
     let h = &mut config.health;
     h.stall_floor *= SLOWDOWN;
     h.first_token_timeout *= SLOWDOWN;

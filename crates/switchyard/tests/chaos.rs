@@ -39,7 +39,8 @@ async fn stream_one(url: &str, body: &Value) -> (Streamed, Duration) {
         panic!("HTTP {status}: {text}");
     }
     let mut chunks = response.bytes_stream();
-    let mut text = String::new();
+    // Bytes, decoded once at the end: a network chunk may end inside a character.
+    let mut bytes = Vec::new();
     // From the first chunk on: time to first token is not a gap.
     let mut last: Option<Instant> = None;
     let mut longest = Duration::ZERO;
@@ -50,10 +51,10 @@ async fn stream_one(url: &str, body: &Value) -> (Streamed, Duration) {
         }
         last = Some(now);
         match chunk {
-            Ok(chunk) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(chunk) => bytes.extend_from_slice(&chunk),
             Err(e) => {
                 // The connection broke mid-answer: a failure to report with the others.
-                let mut streamed = parse_stream(&text);
+                let mut streamed = parse_stream(&String::from_utf8_lossy(&bytes));
                 streamed
                     .errors
                     .push(json!({ "connection": format!("{e:?}") }));
@@ -61,7 +62,7 @@ async fn stream_one(url: &str, body: &Value) -> (Streamed, Duration) {
             }
         }
     }
-    (parse_stream(&text), longest)
+    (parse_stream(&String::from_utf8_lossy(&bytes)), longest)
 }
 
 /// Streams requests `0..n` at once.

@@ -210,9 +210,9 @@ impl Frontend {
             .routing
             .admit(id, prepared.priority.unwrap_or_default())
             .await
-            .map_err(|rejection| {
+            .map_err(|(rejection, hint)| {
                 self.metrics.count_rejection(rejection);
-                refused(rejection, retry)
+                refused(rejection, hint.map_or(retry, |wait| wait.max(retry)))
             })?;
         self.metrics
             .queue_time

@@ -79,7 +79,8 @@ pub struct RoutingService {
     instances: RwLock<BTreeMap<WorkerId, WorkerInstance>>,
     engine_loads: RwLock<BTreeMap<WorkerKey, LoadSnapshot>>,
     /// Requests queued by admission, waiting to be released. Lock order: `core`, then this.
-    waiters: Mutex<HashMap<RequestId, oneshot::Sender<()>>>,
+    /// Queued requests: released (`Ok`), or refused while waiting with a `Retry-After`.
+    waiters: Mutex<HashMap<RequestId, oneshot::Sender<Result<(), Duration>>>>,
     resync: Option<sync::Resync>,
     /// Workers being resynchronised, with their events since it began. Lock order: this,
     /// then `core`.
@@ -317,11 +318,16 @@ impl RoutingService {
         self: &Arc<Self>,
         id: RequestId,
         priority: Priority,
-    ) -> Result<AdmissionTicket, Rejection> {
+    ) -> Result<AdmissionTicket, (Rejection, Option<Duration>)> {
         let now = self.now();
-        let (admission, timeout) = {
+        let (admission, timeout, hint) = {
             let mut core = self.core.lock();
             let admission = core.admit(id, priority, now);
+            // A request refused for its predicted wait retries once that wait has passed.
+            let hint = match admission {
+                Admission::Rejected(Rejection::WaitTooLong) => core.predicted_wait(priority, now),
+                _ => None,
+            };
             if let Some(state) = core.take_degradation_change() {
                 log_degradation(&state);
             }
@@ -329,9 +335,9 @@ impl RoutingService {
             if admission == Admission::Queued {
                 let (tx, rx) = oneshot::channel();
                 self.waiters.lock().insert(id, tx);
-                (Err(rx), timeout)
+                (Err(rx), timeout, hint)
             } else {
-                (Ok(admission), timeout)
+                (Ok(admission), timeout, hint)
             }
         };
         let ticket = AdmissionTicket {
@@ -340,26 +346,34 @@ impl RoutingService {
         };
         match admission {
             Ok(Admission::Admitted) => Ok(ticket),
-            Ok(Admission::Rejected(rejection)) => Err(rejection),
+            Ok(Admission::Rejected(rejection)) => Err((rejection, hint)),
             Ok(Admission::Queued) => unreachable!("handled above"),
             // Dropping the ticket withdraws the request, whichever way this ends (timed
             // out, or the client left and this future was dropped).
             Err(released) => match tokio::time::timeout(timeout, released).await {
-                Ok(Ok(())) => Ok(ticket),
-                _ => Err(Rejection::TimedOut),
+                Ok(Ok(Ok(()))) => Ok(ticket),
+                Ok(Ok(Err(retry))) => Err((Rejection::WaitTooLong, Some(retry))),
+                _ => Err((Rejection::TimedOut, None)),
             },
         }
     }
 
     /// Releases queued requests while the core allows.
     fn pump(&self) {
+        let now = self.now();
         let mut core = self.core.lock();
-        while let Some(id) = core.next_admitted() {
+        // Those that can no longer start in time are told so now, not at their timeout.
+        for (id, retry) in core.overdue(now) {
+            if let Some(waiter) = self.waiters.lock().remove(&id) {
+                let _ = waiter.send(Err(retry));
+            }
+        }
+        while let Some(id) = core.next_admitted(now) {
             let woken = self
                 .waiters
                 .lock()
                 .remove(&id)
-                .is_some_and(|waiter| waiter.send(()).is_ok());
+                .is_some_and(|waiter| waiter.send(Ok(())).is_ok());
             if woken {
                 return;
             }

@@ -13,6 +13,13 @@
 //! up), so each sees the load of those before it. How long a request may wait is the
 //! caller's business (it withdraws the request when its time is up): the servers and the
 //! simulator both count the same `queue_timeout` from the moment a request is queued.
+//!
+//! On top of the queue-length rules, a request that would queue is refused at once (429,
+//! with its predicted wait as `Retry-After`) when its predicted wait exceeds `wait_target`
+//! (twice that for premium, and never past `queue_timeout`): the requests waiting ahead of
+//! it at its tier or above, over the rate at which the queue has been releasing requests
+//! lately (the fleet's measured service rate under saturation). What is admitted is then
+//! served in time, and what would not be is told so at once instead of after waiting.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -34,6 +41,11 @@ pub struct AdmissionConfig {
     /// Suggested wait, sent as `Retry-After`.
     #[serde(with = "humantime_serde")]
     pub retry_after: Duration,
+    /// Refuse a request that would queue longer than this (premium: twice this), by the
+    /// queue ahead of it and the measured release rate; none: only the queue length counts.
+    /// The frontend's default is 5 s ([`DEFAULT_WAIT_TARGET`]).
+    #[serde(with = "humantime_serde")]
+    pub wait_target: Option<Duration>,
 }
 
 impl Default for AdmissionConfig {
@@ -43,9 +55,15 @@ impl Default for AdmissionConfig {
             max_queue: 1024,
             queue_timeout: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
+            // Off in the routing core's defaults (the simulator replays traces without it,
+            // as the engines' own benchmarks do); the servers turn it on.
+            wait_target: None,
         }
     }
 }
+
+/// The servers' default `wait_target`.
+pub const DEFAULT_WAIT_TARGET: Duration = Duration::from_secs(5);
 
 /// What happens to a request offered for admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +90,8 @@ pub enum Rejection {
     TimedOut,
     /// The fleet lost most of its capacity: new requests are refused while it drains.
     Degraded,
+    /// Its predicted wait in the queue is beyond the target.
+    WaitTooLong,
 }
 
 impl Rejection {
@@ -79,7 +99,7 @@ impl Rejection {
     /// service cannot take it.
     pub fn status(self) -> u16 {
         match self {
-            Rejection::Shed | Rejection::QueueFilling => 429,
+            Rejection::Shed | Rejection::QueueFilling | Rejection::WaitTooLong => 429,
             Rejection::NoWorkers
             | Rejection::QueueFull
             | Rejection::TimedOut
@@ -95,6 +115,9 @@ impl Rejection {
                 "All workers are busy and the queue is filling. Retry later."
             }
             Rejection::QueueFull => "All workers are busy and the queue is full. Retry later.",
+            Rejection::WaitTooLong => {
+                "All workers are busy and this request would wait too long to be served in time. Retry after the suggested delay."
+            }
             Rejection::TimedOut => "Timed out waiting for a free worker. Retry later.",
             Rejection::Degraded => {
                 "Most of the fleet's capacity is lost; new requests are refused while it recovers. Retry later."
@@ -111,6 +134,7 @@ impl Rejection {
             Rejection::QueueFull => "queue_full",
             Rejection::TimedOut => "timed_out",
             Rejection::Degraded => "degraded",
+            Rejection::WaitTooLong => "wait_too_long",
         }
     }
 }
@@ -119,11 +143,23 @@ impl Rejection {
 #[derive(Debug, Default)]
 pub struct AdmissionQueue {
     config: AdmissionConfig,
-    /// Waiting requests per tier, lowest tier first, oldest first.
-    tiers: [VecDeque<RequestId>; 3],
+    /// Waiting requests per tier, lowest tier first, oldest first, with when they queued.
+    tiers: [VecDeque<(RequestId, Duration)>; 3],
     /// Released from the queue and not yet routed: the next waits for it.
     pending: Option<RequestId>,
+    /// When the releases of the last [`RATE_HORIZON`] happened: the measured release rate.
+    releases: VecDeque<Duration>,
+    /// The first release ever: before a whole horizon has passed, the rate counts from it.
+    first_release: Option<Duration>,
 }
+
+/// The release rate counts the releases of this long a window (bursts, as when several
+/// requests finish at once, average out over it).
+const RATE_HORIZON: Duration = Duration::from_secs(30);
+/// Fewer releases in the window than this measure nothing.
+const RATE_MIN_SAMPLES: usize = 4;
+/// Release times kept at most (a rate above this many per horizon reads as this).
+const RATE_MAX_SAMPLES: usize = 4096;
 
 impl AdmissionQueue {
     pub fn new(config: AdmissionConfig) -> Self {
@@ -155,6 +191,78 @@ impl AdmissionQueue {
         ]
     }
 
+    /// Requests released per second over the last [`RATE_HORIZON`] (or since the first
+    /// release, if more recent), up to `now`: a queue that stopped moving reads as slow;
+    /// none before enough releases.
+    pub fn release_rate(&self, now: Duration) -> Option<f64> {
+        let count = self
+            .releases
+            .iter()
+            .filter(|&&t| now.saturating_sub(t) <= RATE_HORIZON)
+            .count();
+        if count < RATE_MIN_SAMPLES {
+            return None;
+        }
+        let since = now.saturating_sub(self.first_release?).min(RATE_HORIZON);
+        let span = since.as_secs_f64().max(1e-3);
+        Some(count as f64 / span)
+    }
+
+    /// How long a request of `priority` offered now would wait: those waiting at its tier
+    /// and above, plus itself, at the measured release rate.
+    pub fn predicted_wait(&self, priority: Priority, now: Duration) -> Option<Duration> {
+        let rate = self.release_rate(now)?;
+        let ahead: usize = self.tiers[priority.rank()..]
+            .iter()
+            .map(VecDeque::len)
+            .sum();
+        let pending = usize::from(self.pending.is_some());
+        Some(Duration::from_secs_f64((ahead + pending + 1) as f64 / rate))
+    }
+
+    /// Takes out the waiting requests that can no longer start within their tier's wait
+    /// limit (counted from when they queued), by their place in the release order and the
+    /// measured rate: refuse them now (429) rather than let them wait out the timeout. The
+    /// queue forms before any rate is measured (a burst on an idle fleet), so this is what
+    /// keeps the first requests of an overload from waiting far past the target.
+    /// Each comes with its predicted wait from now (a `Retry-After`).
+    pub fn overdue(&mut self, now: Duration) -> Vec<(RequestId, Duration)> {
+        let Some(rate) = self.release_rate(now) else {
+            return Vec::new();
+        };
+        let mut ahead = usize::from(self.pending.is_some());
+        let mut out = Vec::new();
+        for rank in (0..self.tiers.len()).rev() {
+            let Some(limit) = self.wait_limit(Priority::ALL[rank]) else {
+                ahead += self.tiers[rank].len();
+                continue;
+            };
+            let mut kept = VecDeque::with_capacity(self.tiers[rank].len());
+            for (id, queued) in self.tiers[rank].drain(..) {
+                let start = Duration::from_secs_f64((ahead + 1) as f64 / rate);
+                if now.saturating_sub(queued) + start > limit {
+                    out.push((id, start));
+                } else {
+                    kept.push_back((id, queued));
+                    ahead += 1;
+                }
+            }
+            self.tiers[rank] = kept;
+        }
+        out
+    }
+
+    /// The longest predicted wait a request of `priority` is queued for.
+    fn wait_limit(&self, priority: Priority) -> Option<Duration> {
+        let target = self.config.wait_target?;
+        let limit = if priority == Priority::Premium {
+            target * 2
+        } else {
+            target
+        };
+        Some(limit.min(self.config.queue_timeout))
+    }
+
     /// Decides on a new request, given whether every worker is busy and whether any can
     /// take requests at all.
     pub fn offer(
@@ -163,6 +271,7 @@ impl AdmissionQueue {
         priority: Priority,
         busy: bool,
         any_worker: bool,
+        now: Duration,
     ) -> Admission {
         if !any_worker {
             return Admission::Rejected(Rejection::NoWorkers);
@@ -179,12 +288,18 @@ impl AdmissionQueue {
                 Some(Rejection::QueueFilling)
             }
             Priority::Premium if total >= self.config.max_queue => Some(Rejection::QueueFull),
-            _ => None,
+            _ => match (
+                self.predicted_wait(priority, now),
+                self.wait_limit(priority),
+            ) {
+                (Some(wait), Some(limit)) if wait > limit => Some(Rejection::WaitTooLong),
+                _ => None,
+            },
         };
         match rejection {
             Some(rejection) => Admission::Rejected(rejection),
             None => {
-                self.tiers[tier].push_back(id);
+                self.tiers[tier].push_back((id, now));
                 Admission::Queued
             }
         }
@@ -192,12 +307,22 @@ impl AdmissionQueue {
 
     /// Releases the next waiting request, highest tier first, if capacity allows and no
     /// request released earlier is still on its way to being routed.
-    pub fn next(&mut self, busy: bool) -> Option<RequestId> {
+    pub fn next(&mut self, busy: bool, now: Duration) -> Option<RequestId> {
         if self.pending.is_some() || busy {
             return None;
         }
-        let id = self.tiers.iter_mut().rev().find_map(VecDeque::pop_front)?;
+        let (id, _) = self.tiers.iter_mut().rev().find_map(VecDeque::pop_front)?;
         self.pending = Some(id);
+        self.first_release.get_or_insert(now);
+        while self
+            .releases
+            .front()
+            .is_some_and(|&t| now.saturating_sub(t) > RATE_HORIZON)
+            || self.releases.len() >= RATE_MAX_SAMPLES
+        {
+            self.releases.pop_front();
+        }
+        self.releases.push_back(now);
         Some(id)
     }
 
@@ -216,7 +341,7 @@ impl AdmissionQueue {
             return true;
         }
         for tier in &mut self.tiers {
-            if let Some(i) = tier.iter().position(|&r| r == id) {
+            if let Some(i) = tier.iter().position(|&(r, _)| r == id) {
                 tier.remove(i);
                 return true;
             }
@@ -229,9 +354,12 @@ impl AdmissionQueue {
 mod tests {
     use super::*;
 
+    const T0: Duration = Duration::ZERO;
+
     fn queue(max_queue: usize) -> AdmissionQueue {
         AdmissionQueue::new(AdmissionConfig {
             max_queue,
+            wait_target: None,
             ..AdmissionConfig::default()
         })
     }
@@ -240,40 +368,40 @@ mod tests {
     fn idle_fleets_admit_and_busy_ones_shed_lowest_tiers_first() {
         let mut q = queue(4);
         assert_eq!(
-            q.offer(RequestId(1), Priority::BestEffort, false, true),
+            q.offer(RequestId(1), Priority::BestEffort, false, true, T0),
             Admission::Admitted
         );
         assert_eq!(
-            q.offer(RequestId(2), Priority::Premium, false, false),
+            q.offer(RequestId(2), Priority::Premium, false, false, T0),
             Admission::Rejected(Rejection::NoWorkers)
         );
         assert_eq!(
-            q.offer(RequestId(3), Priority::BestEffort, true, true),
+            q.offer(RequestId(3), Priority::BestEffort, true, true, T0),
             Admission::Rejected(Rejection::Shed)
         );
         assert_eq!(
-            q.offer(RequestId(4), Priority::Standard, true, true),
+            q.offer(RequestId(4), Priority::Standard, true, true, T0),
             Admission::Queued
         );
         assert_eq!(
-            q.offer(RequestId(5), Priority::Standard, true, true),
+            q.offer(RequestId(5), Priority::Standard, true, true, T0),
             Admission::Queued
         );
         // Half full: standard is refused, premium still queues until full.
         assert_eq!(
-            q.offer(RequestId(6), Priority::Standard, true, true),
+            q.offer(RequestId(6), Priority::Standard, true, true, T0),
             Admission::Rejected(Rejection::QueueFilling)
         );
         assert_eq!(
-            q.offer(RequestId(7), Priority::Premium, true, true),
+            q.offer(RequestId(7), Priority::Premium, true, true, T0),
             Admission::Queued
         );
         assert_eq!(
-            q.offer(RequestId(8), Priority::Premium, true, true),
+            q.offer(RequestId(8), Priority::Premium, true, true, T0),
             Admission::Queued
         );
         assert_eq!(
-            q.offer(RequestId(9), Priority::Premium, true, true),
+            q.offer(RequestId(9), Priority::Premium, true, true, T0),
             Admission::Rejected(Rejection::QueueFull)
         );
         assert_eq!(q.by_tier(), [0, 2, 2]);
@@ -284,27 +412,82 @@ mod tests {
     #[test]
     fn no_overtaking_and_release_one_at_a_time_highest_tier_first() {
         let mut q = queue(16);
-        q.offer(RequestId(1), Priority::Standard, true, true);
-        q.offer(RequestId(2), Priority::Premium, true, true);
+        q.offer(RequestId(1), Priority::Standard, true, true, T0);
+        q.offer(RequestId(2), Priority::Premium, true, true, T0);
         // Capacity is back, but a standard request waits: another standard one queues
         // behind it, while a premium one would have to wait behind the premium one.
         assert_eq!(
-            q.offer(RequestId(3), Priority::Standard, false, true),
+            q.offer(RequestId(3), Priority::Standard, false, true, T0),
             Admission::Queued
         );
-        assert_eq!(q.next(true), None, "still busy");
-        assert_eq!(q.next(false), Some(RequestId(2)));
+        assert_eq!(q.next(true, T0), None, "still busy");
+        assert_eq!(q.next(false, T0), Some(RequestId(2)));
         assert_eq!(
-            q.next(false),
+            q.next(false, T0),
             None,
             "the released one has not been routed yet"
         );
         q.settled(RequestId(2));
-        assert_eq!(q.next(false), Some(RequestId(1)));
+        assert_eq!(q.next(false, T0), Some(RequestId(1)));
         assert!(q.withdraw(RequestId(1)), "released but gave up");
         assert!(q.withdraw(RequestId(3)));
         assert!(!q.withdraw(RequestId(3)));
-        assert_eq!(q.next(false), None);
+        assert_eq!(q.next(false, T0), None);
         assert!(q.is_empty());
+    }
+
+    fn at(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_request_predicted_to_wait_past_the_target_is_refused_at_once() {
+        let mut q = AdmissionQueue::new(AdmissionConfig {
+            max_queue: 1000,
+            wait_target: Some(Duration::from_secs(1)),
+            ..AdmissionConfig::default()
+        });
+        // No measured rate yet: only the queue length counts.
+        for id in 0..30 {
+            assert_eq!(
+                q.offer(RequestId(id), Priority::Standard, true, true, at(0)),
+                Admission::Queued
+            );
+        }
+        assert_eq!(q.predicted_wait(Priority::Standard, at(0)), None);
+        // The queue releases one request every 100 ms: 10 per second.
+        for i in 0..10u64 {
+            let id = q.next(false, at(100 * i)).unwrap();
+            q.settled(id);
+        }
+        let rate = q.release_rate(at(1000)).unwrap();
+        assert!((rate - 10.0).abs() < 0.01, "{rate}");
+        // 20 standard requests ahead: 2.1 s predicted, past the 1 s target.
+        assert_eq!(
+            q.offer(RequestId(100), Priority::Standard, true, true, at(1000)),
+            Admission::Rejected(Rejection::WaitTooLong)
+        );
+        let wait = q.predicted_wait(Priority::Standard, at(1000)).unwrap();
+        assert!((wait.as_secs_f64() - 2.1).abs() < 0.01, "{wait:?}");
+        // Premium sees only the premium queue ahead of it (empty) and has twice the target.
+        assert_eq!(
+            q.offer(RequestId(101), Priority::Premium, true, true, at(1000)),
+            Admission::Queued
+        );
+        // Once the standard queue is short enough, standard requests queue again.
+        while q.by_tier()[1] > 5 {
+            let id = q.next(false, at(1000)).unwrap();
+            q.settled(id);
+        }
+        assert_eq!(
+            q.offer(RequestId(102), Priority::Standard, true, true, at(1000)),
+            Admission::Queued
+        );
+        // A queue that stopped moving reads as slower and slower.
+        let later = q.release_rate(at(20_000)).unwrap();
+        assert!(later < 2.0, "{later}");
+        // Releases older than the horizon are forgotten.
+        assert_eq!(q.release_rate(at(100_000)), None);
+        assert_eq!(Rejection::WaitTooLong.status(), 429);
     }
 }

@@ -491,7 +491,14 @@ impl RoutingCore {
             return Admission::Rejected(rejection);
         }
         let busy = any && self.all_busy();
-        self.admission.offer(id, priority, busy, any)
+        self.admission.offer(id, priority, busy, any, now)
+    }
+
+    /// How long a request of `priority` offered now would wait in the admission queue
+    /// (see [`AdmissionQueue::predicted_wait`]): the `Retry-After` of a
+    /// [`Rejection::WaitTooLong`].
+    pub fn predicted_wait(&self, priority: Priority, now: Duration) -> Option<Duration> {
+        self.admission.predicted_wait(priority, now)
     }
 
     /// How long a request of `priority` may wait in the admission queue now (premium waits
@@ -508,12 +515,18 @@ impl RoutingCore {
 
     /// The next queued request that may go now, if any (one at a time: call again once it
     /// has been routed).
-    pub fn next_admitted(&mut self) -> Option<RequestId> {
+    pub fn next_admitted(&mut self, now: Duration) -> Option<RequestId> {
         if self.admission.is_empty() {
             return None;
         }
         let busy = self.all_busy();
-        self.admission.next(busy)
+        self.admission.next(busy, now)
+    }
+
+    /// Queued requests that can no longer start within the wait target: refuse them
+    /// ([`Rejection::WaitTooLong`]); see [`AdmissionQueue::overdue`].
+    pub fn overdue(&mut self, now: Duration) -> Vec<(RequestId, Duration)> {
+        self.admission.overdue(now)
     }
 
     /// A queued request gives up (timed out, or its client left).

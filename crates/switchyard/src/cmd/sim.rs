@@ -111,6 +111,10 @@ pub struct SimArgs {
     /// Admission: longest a request waits in the queue, in seconds.
     #[arg(long, default_value_t = AdmissionConfig::default().queue_timeout.as_secs_f64())]
     queue_timeout_secs: f64,
+    /// Admission: refuse a request predicted to wait longer than this in the queue, in
+    /// seconds (premium: twice); off by default (the servers' default is 5).
+    #[arg(long)]
+    wait_target_secs: Option<f64>,
     /// A worker fault to play, `WORKER:KIND@AT[+FOR]` (kinds: crash, hang, drain; e.g.
     /// `2:crash@90s+30s`: worker 2 crashes 90 s into the run and is back 30 s later).
     /// Repeat for more.
@@ -217,6 +221,11 @@ pub fn run(args: SimArgs) -> Result<()> {
             args.queue_timeout_secs
         );
     }
+    if let Some(target) = args.wait_target_secs
+        && !(target.is_finite() && target > 0.0)
+    {
+        bail!("--wait-target-secs must be a positive number of seconds, got {target}");
+    }
     if let Some(fault) = args.faults.iter().find(|f| f.worker > args.workers[0]) {
         bail!(
             "--fault {fault}: there are only {} workers (numbered from 1)",
@@ -288,6 +297,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                 busy_kv_threshold: args.busy_kv_threshold,
                 max_queue: args.max_queue,
                 queue_timeout: Duration::from_secs_f64(args.queue_timeout_secs),
+                wait_target: args.wait_target_secs.map(Duration::from_secs_f64),
                 ..AdmissionConfig::default()
             },
             ..RoutingConfig::default()

@@ -179,8 +179,8 @@ pub fn metric_value(text: &str, name: &str, label: Option<&str>) -> f64 {
 /// A streamed response being read.
 pub struct OpenStream {
     stream: futures::stream::BoxStream<'static, reqwest::Result<axum::body::Bytes>>,
-    /// What arrived so far.
-    pub text: String,
+    /// What arrived so far (a chunk may end inside a character: decoded as a whole).
+    bytes: Vec<u8>,
 }
 
 /// Posts a streamed request and waits for its first bytes: it is then in flight.
@@ -194,19 +194,26 @@ pub async fn open_stream(url: &str, body: &Value) -> OpenStream {
     assert_eq!(response.status(), 200);
     let mut stream = response.bytes_stream().boxed();
     let first = stream.next().await.expect("a first chunk").expect("chunk");
-    let text = String::from_utf8_lossy(&first).to_string();
-    assert!(!text.contains("[DONE]"), "still streaming: {text}");
-    OpenStream { stream, text }
+    let bytes = first.to_vec();
+    assert!(
+        !String::from_utf8_lossy(&bytes).contains("[DONE]"),
+        "still streaming"
+    );
+    OpenStream { stream, bytes }
 }
 
 impl OpenStream {
+    /// What arrived so far, as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+
     /// Reads to the end; returns the whole text.
     pub async fn finish(mut self) -> String {
         while let Some(chunk) = self.stream.next().await {
-            self.text
-                .push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+            self.bytes.extend_from_slice(&chunk.expect("chunk"));
         }
-        self.text
+        String::from_utf8_lossy(&self.bytes).into_owned()
     }
 }
 
