@@ -286,6 +286,7 @@ fn common(
         stop,
         priority: extension.priority,
         tenant: None,
+        span: tracing::Span::current(),
         overrides: RoutingOverrides {
             policy: routing.policy,
             overlap_weight: routing.overlap_weight,

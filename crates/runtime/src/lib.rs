@@ -18,6 +18,7 @@ pub mod request;
 pub mod snapshot;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace_context;
 
 pub use discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
 pub use events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};

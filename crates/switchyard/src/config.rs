@@ -185,6 +185,9 @@ pub struct LogConfig {
     pub level: String,
     /// `text` for people, `json` (one object per line) for log collectors.
     pub format: LogFormat,
+    /// Export request spans over OTLP/HTTP to this URL (`http://host:4318/v1/traces`);
+    /// needs a build with the `otel` feature. Off by default.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for LogConfig {
@@ -192,6 +195,7 @@ impl Default for LogConfig {
         LogConfig {
             level: "info".into(),
             format: LogFormat::Text,
+            otlp_endpoint: None,
         }
     }
 }

@@ -2,3 +2,5 @@
 
 pub mod config;
 pub mod deploy;
+#[cfg(feature = "otel")]
+pub mod otel;

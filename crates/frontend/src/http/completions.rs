@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::{Stream, StreamExt};
 use switchyard_core::WorkerKey;
+use tracing::Instrument;
 
 use super::body;
 use super::service::unix_now;
@@ -59,6 +60,18 @@ fn with_worker(mut response: Response, worker: WorkerKey) -> Response {
     response
 }
 
+/// A request's trace span: the root of its trace (see [`Prepared::span`]).
+fn request_span(route: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        "request",
+        route,
+        request_id = tracing::field::Empty,
+        prompt_tokens = tracing::field::Empty,
+        ttft_ms = tracing::field::Empty,
+        completion_tokens = tracing::field::Empty,
+    )
+}
+
 /// Applies the API key's tier, token budget and tenant to a converted request.
 fn apply_grant(grant: Option<&Grant>, prepared: &mut Prepared) -> Result<(), ApiError> {
     let Some(Grant(key)) = grant else {
@@ -86,10 +99,16 @@ pub async fn chat(
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
     let size = request.as_ref().map_or(0, Bytes::len);
+    let span = request_span("/v1/chat/completions");
     let result = async {
         let request: ChatCompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
-        let (mut prepared, mode) = convert_sized(&frontend, size, request, convert::chat).await?;
+        let (mut prepared, mode) = tracing::Instrument::instrument(
+            convert_sized(&frontend, size, request, convert::chat),
+            tracing::info_span!("preprocess"),
+        )
+        .await?;
+        prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
         let dispatched = frontend.generate(prepared).await?;
         Ok::<_, ApiError>((
@@ -98,6 +117,7 @@ pub async fn chat(
             mode,
         ))
     }
+    .instrument(span)
     .await;
     let (id, dispatched, mode) = match result {
         Ok(ok) => ok,
@@ -145,15 +165,21 @@ pub async fn completion(
     request: Result<Bytes, BytesRejection>,
 ) -> Response {
     let size = request.as_ref().map_or(0, Bytes::len);
+    let span = request_span("/v1/completions");
     let result = async {
         let request: CompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
-        let (mut prepared, mode) =
-            convert_sized(&frontend, size, request, convert::completion).await?;
+        let (mut prepared, mode) = tracing::Instrument::instrument(
+            convert_sized(&frontend, size, request, convert::completion),
+            tracing::info_span!("preprocess"),
+        )
+        .await?;
+        prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
         let dispatched = frontend.generate(prepared).await?;
         Ok::<_, ApiError>((format!("cmpl-{:016x}", dispatched.id.0), dispatched, mode))
     }
+    .instrument(span)
     .await;
     let (id, dispatched, mode) = match result {
         Ok(ok) => ok,

@@ -71,10 +71,14 @@ pub(super) struct RequestRun {
     /// Frees the request's router slot and counts it out, however it ends.
     guard: Option<InFlight>,
     tenant: Option<Arc<str>>,
+    /// The request's trace span.
+    pub(super) span: tracing::Span,
 }
 
 impl Drop for RequestRun {
     fn drop(&mut self) {
+        self.span
+            .record("completion_tokens", self.generated.len() as u64);
         if let Some(tenant) = &self.tenant {
             self.frontend.metrics.count_tenant_tokens(
                 tenant,
@@ -105,6 +109,7 @@ impl RequestRun {
             moves: 0,
             guard: None,
             tenant: prepared.tenant.clone(),
+            span: prepared.span.clone(),
         }
     }
 
@@ -158,9 +163,13 @@ impl RequestRun {
             tries += 1;
             let prompt = self.current_prompt();
             let decided = std::time::Instant::now();
-            let routed = frontend
-                .routing
-                .route(self.id, &prompt, self.overrides, &self.failed)
+            let route_span = tracing::info_span!(parent: &self.span, "route", attempt = tries);
+            let routed = route_span
+                .in_scope(|| {
+                    frontend
+                        .routing
+                        .route(self.id, &prompt, self.overrides, &self.failed)
+                })
                 .map_err(|e| match e {
                     RouteFailure::NoWorkers if self.failed.is_empty() => {
                         ApiError::unavailable(Rejection::NoWorkers.message(), retry_after)
@@ -196,10 +205,20 @@ impl RequestRun {
             };
             // Subscribe before sending: an outage during the call is not missed.
             let mut outage = frontend.routing.outages(worker.worker_id);
+            // The worker's span of the request is a child of this one.
+            let dispatch_span = tracing::info_span!(
+                parent: &self.span,
+                "dispatch",
+                worker = %worker.worker_id,
+                resumed_after = generated,
+            );
             let sent = tokio::select! {
                 sent = tokio::time::timeout(
                     config.dispatch_timeout,
-                    frontend.requests.generate(&routed.instance, request),
+                    tracing::Instrument::instrument(
+                        frontend.requests.generate(&routed.instance, request),
+                        dispatch_span,
+                    ),
                 ) => sent,
                 // The worker was found unhealthy meanwhile: do not wait on it.
                 Ok(()) = outage.changed() => Ok(Err(EngineError::Unreachable(

@@ -71,6 +71,9 @@ pub struct Prepared {
     pub overrides: RoutingOverrides,
     /// The API key's tenant, for the tenant metrics.
     pub tenant: Option<Arc<str>>,
+    /// The request's trace span (`request`); its children: admission, route, dispatch,
+    /// first token (and the worker's, through the request plane).
+    pub span: tracing::Span,
 }
 
 impl Prepared {
@@ -83,6 +86,7 @@ impl Prepared {
             stop: Vec::new(),
             priority: None,
             tenant: None,
+            span: tracing::Span::none(),
             overrides: RoutingOverrides::default(),
         }
     }
@@ -206,14 +210,18 @@ impl Frontend {
         let arrived = Instant::now();
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let retry = self.config.admission.retry_after;
-        let ticket = self
-            .routing
-            .admit(id, prepared.priority.unwrap_or_default())
-            .await
-            .map_err(|(rejection, hint)| {
-                self.metrics.count_rejection(rejection);
-                refused(rejection, hint.map_or(retry, |wait| wait.max(retry)))
-            })?;
+        prepared.span.record("request_id", id.0);
+        let admission = tracing::info_span!(parent: &prepared.span, "admission");
+        let ticket = tracing::Instrument::instrument(
+            self.routing
+                .admit(id, prepared.priority.unwrap_or_default()),
+            admission,
+        )
+        .await
+        .map_err(|(rejection, hint)| {
+            self.metrics.count_rejection(rejection);
+            refused(rejection, hint.map_or(retry, |wait| wait.max(retry)))
+        })?;
         self.metrics
             .queue_time
             .observe(arrived.elapsed().as_secs_f64());
@@ -224,6 +232,7 @@ impl Frontend {
             *budget = (*budget + m.budget_ratio).min(cap);
         }
         let prompt_tokens = prepared.prompt.len() as u32;
+        prepared.span.record("prompt_tokens", prompt_tokens);
         let mut run = RequestRun::new(Arc::clone(self), id, &prepared, arrived);
         let attempt = run.dispatch().await?;
         drop(ticket);

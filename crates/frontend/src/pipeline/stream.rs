@@ -48,6 +48,8 @@ pub(super) struct Streaming {
     /// When the current attempt replaced a failed one (for the migration latency).
     moved_at: Option<Instant>,
     decoder: IncrementalDecoder,
+    /// Open from the first dispatch to the first token (the trace's time-to-first-token).
+    first_token_span: Option<tracing::Span>,
     stop: StopMatcher,
     prompt_tokens: u32,
     cached_tokens: Option<u32>,
@@ -75,6 +77,7 @@ impl Streaming {
             deadline: Box::pin(tokio::time::sleep(first_token)),
             moved_at: None,
             decoder,
+            first_token_span: None,
             stop: StopMatcher::new(stop),
             prompt_tokens,
             cached_tokens: None,
@@ -87,6 +90,13 @@ impl Streaming {
     }
 
     fn start(&mut self, attempt: Attempt) {
+        if self.last_token.is_none() {
+            self.first_token_span = Some(tracing::info_span!(
+                parent: &self.run.span,
+                "first_token",
+                worker = %attempt.worker.worker_id,
+            ));
+        }
         let timeout = self.run.frontend.routing.first_token_timeout();
         self.deadline.as_mut().reset(Instant::now() + timeout);
         self.stall = timeout;
@@ -261,6 +271,9 @@ impl Streaming {
         match self.last_token {
             None => {
                 let ttft = now - self.run.arrived;
+                // Closing it ends the first-token wait in the trace.
+                self.first_token_span = None;
+                self.run.span.record("ttft_ms", ttft.as_secs_f64() * 1e3);
                 metrics.observe_ttft(ttft);
                 frontend.routing.report_ttft(ttft);
                 self.cached_tokens = Some(cached.unwrap_or(0));

@@ -103,7 +103,11 @@ pub fn routes(service: Arc<dyn EngineService>) -> Router {
         .with_state(service)
 }
 
-async fn generate(State(service): State<Arc<dyn EngineService>>, body: Bytes) -> Response {
+async fn generate(
+    State(service): State<Arc<dyn EngineService>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: GenerateRequest = match rmp_serde::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -112,9 +116,19 @@ async fn generate(State(service): State<Arc<dyn EngineService>>, body: Bytes) ->
             )));
         }
     };
-    match service.generate(request).await {
+    // The worker's side of the request's trace: from here to its last frame.
+    let span = tracing::info_span!(
+        "worker.generate",
+        request_id = request.id.0,
+        prompt_tokens = request.prompt.len(),
+        max_tokens = request.max_tokens,
+    );
+    crate::trace_context::set_parent(&span, &crate::trace_context::from_headers(&headers));
+    let started = tracing::Instrument::instrument(service.generate(request), span.clone()).await;
+    match started {
         Ok(stream) => {
-            let frames = stream.map(|item| {
+            let frames = stream.map(move |item| {
+                let _in_span = span.enter();
                 let frame = match item {
                     Ok(output) => Frame::Output(output),
                     Err(e) => Frame::Error(e),
@@ -241,10 +255,14 @@ impl RequestPlane for HttpRequestPlane {
         })?;
         let body = rmp_serde::to_vec_named(&request)
             .map_err(|e| EngineError::Invalid(format!("cannot encode the request: {e}")))?;
-        let response = self
+        let mut post = self
             .client
             .post(format!("http://{address}{GENERATE_PATH}"))
-            .body(body)
+            .body(body);
+        for (name, value) in crate::trace_context::current() {
+            post = post.header(name, value);
+        }
+        let response = post
             .send()
             .await
             .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;

@@ -10,6 +10,7 @@ use switchyard::config::{self, Config, EngineKind};
 use switchyard::deploy;
 
 use super::flags::{FrontendFlags, LogFlags, Overlay};
+use crate::logging::Telemetry;
 
 /// Where the planes are: flags both processes take.
 #[derive(Debug, Args)]
@@ -160,15 +161,26 @@ impl WorkerArgs {
     }
 }
 
-fn load(file: Option<&Path>, env: &BTreeMap<String, String>, flags: toml::Table) -> Result<Config> {
+/// The configuration, and logging (and span export, as `service`) set up from it.
+fn load(
+    file: Option<&Path>,
+    env: &BTreeMap<String, String>,
+    flags: toml::Table,
+    service: &str,
+) -> Result<(Config, Telemetry)> {
     let config = config::load(file, env, flags)?;
     config.runtime.planes()?;
-    crate::logging::init(&config.log)?;
-    Ok(config)
+    let telemetry = crate::logging::init(&config.log, service)?;
+    Ok((config, telemetry))
 }
 
 pub fn run_frontend(args: FrontendArgs, env: &BTreeMap<String, String>) -> Result<()> {
-    let config = load(args.frontend.config.as_deref(), env, args.overlay())?;
+    let (config, _telemetry) = load(
+        args.frontend.config.as_deref(),
+        env,
+        args.overlay(),
+        "switchyard-frontend",
+    )?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -189,7 +201,12 @@ pub fn run_frontend(args: FrontendArgs, env: &BTreeMap<String, String>) -> Resul
 }
 
 pub fn run_worker(args: WorkerArgs, env: &BTreeMap<String, String>) -> Result<()> {
-    let config = load(args.config.as_deref(), env, args.overlay())?;
+    let (config, _telemetry) = load(
+        args.config.as_deref(),
+        env,
+        args.overlay(),
+        "switchyard-worker",
+    )?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

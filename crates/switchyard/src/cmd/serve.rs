@@ -38,7 +38,7 @@ impl ServeArgs {
 
 pub fn run(args: ServeArgs, env: &BTreeMap<String, String>) -> Result<()> {
     let config = config::load(args.frontend.config.as_deref(), env, args.overlay())?;
-    crate::logging::init(&config.log)?;
+    let _telemetry = crate::logging::init(&config.log, "switchyard")?;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
         let deployment = deploy::start_local(config.clone()).await?;
         let address = deployment.address;

@@ -55,13 +55,18 @@ impl Cluster {
 
     /// A worker with these flags (and the planes, and the lease TTL).
     pub fn worker_with(&self, name: &str, flags: &[&str]) -> Process {
+        self.worker_with_env(name, flags, &[])
+    }
+
+    /// A worker with these flags and `SWITCHYARD_*` environment pairs.
+    pub fn worker_with_env(&self, name: &str, flags: &[&str], env: &[(&str, &str)]) -> Process {
         let mut args = vec!["worker".to_string()];
         args.extend(self.planes());
         if !flags.contains(&"--lease-ttl") {
             args.extend(["--lease-ttl".to_string(), format!("{LEASE_TTL_SECS}s")]);
         }
         args.extend(flags.iter().map(|f| f.to_string()));
-        Process::spawn(name, &args, self.dir.path())
+        Process::spawn_with_env(name, &args, env, self.dir.path())
     }
 
     pub fn frontend(&self, name: &str, port: u16) -> Process {
