@@ -46,13 +46,40 @@ pub struct Profile {
     pub decode_itl: Vec<Vec<f64>>,
 }
 
+/// Read from the network (a worker's registration) or a file, a profile is validated as it
+/// is decoded: an unusable one is a decoding error, never a model the router computes with.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", try_from = "PerfModelWire")]
 pub enum PerfModel {
     #[default]
     Polynomial,
     Interpolated(Profile),
 }
+
+/// [`PerfModel`] as encoded, before validation.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PerfModelWire {
+    Polynomial,
+    Interpolated(Profile),
+}
+
+impl TryFrom<PerfModelWire> for PerfModel {
+    type Error = InvalidProfile;
+
+    fn try_from(wire: PerfModelWire) -> Result<Self, InvalidProfile> {
+        match wire {
+            PerfModelWire::Polynomial => Ok(PerfModel::Polynomial),
+            PerfModelWire::Interpolated(profile) => PerfModel::from_profile(profile),
+        }
+    }
+}
+
+/// Largest timing a profile may give, in ms (a day): beyond any step, and small enough
+/// that extrapolated predictions stay finite.
+const MAX_TIMING_MS: f64 = 86_400_000.0;
+/// Largest axis value (tokens) a profile may give.
+const MAX_AXIS: f64 = 1e9;
 
 impl PerfModel {
     /// Validates a profile and wraps it.
@@ -80,8 +107,13 @@ impl PerfModel {
             .prefill_ttft_ms
             .iter()
             .chain(profile.decode_itl.iter().flatten());
-        if values.clone().any(|v| !v.is_finite()) {
-            return Err(InvalidProfile("timings must be finite numbers".into()));
+        if values
+            .clone()
+            .any(|v| !(v.is_finite() && (0.0..=MAX_TIMING_MS).contains(v)))
+        {
+            return Err(InvalidProfile(format!(
+                "timings must be numbers from 0 to {MAX_TIMING_MS} ms"
+            )));
         }
         Ok(PerfModel::Interpolated(profile))
     }
@@ -144,9 +176,13 @@ fn axis(name: &str, values: &[f64]) -> Result<(), InvalidProfile> {
             values.len()
         )));
     }
-    if values.iter().any(|v| !v.is_finite()) || values.windows(2).any(|w| w[1] <= w[0]) {
+    if values
+        .iter()
+        .any(|v| !(v.is_finite() && v.abs() <= MAX_AXIS))
+        || values.windows(2).any(|w| w[1] <= w[0])
+    {
         return Err(InvalidProfile(format!(
-            "{name} must be finite and strictly increasing"
+            "{name} must be strictly increasing numbers within ±{MAX_AXIS}"
         )));
     }
     Ok(())
@@ -253,5 +289,34 @@ mod tests {
                 .to_string()
                 .contains("decode_itl must be 2 rows")
         );
+    }
+
+    #[test]
+    fn a_profile_is_validated_as_it_is_decoded() {
+        let good = r#"{"interpolated":{"prefill_isl":[100.0,1000.0],"prefill_ttft_ms":[10.0,40.0],
+            "decode_active_kv_tokens":[0.0,10000.0],"decode_context_length":[100.0,1100.0],
+            "decode_itl":[[5.0,7.0],[15.0,25.0]]}}"#;
+        let model: PerfModel = serde_json::from_str(good).unwrap();
+        assert!(matches!(model, PerfModel::Interpolated(_)));
+        assert_eq!(
+            serde_json::from_str::<PerfModel>(&serde_json::to_string(&model).unwrap()).unwrap(),
+            model
+        );
+        assert_eq!(
+            serde_json::from_str::<PerfModel>(r#""polynomial""#).unwrap(),
+            PerfModel::Polynomial
+        );
+        // Found by fuzzing discovery records: each of these used to decode, and then made
+        // the router index an empty axis or build an infinite `Duration`.
+        for bad in [
+            r#"{"interpolated":{"prefill_isl":[],"prefill_ttft_ms":[],"decode_active_kv_tokens":[],"decode_context_length":[],"decode_itl":[]}}"#,
+            r#"{"interpolated":{"prefill_isl":[0.0,1.0],"prefill_ttft_ms":[0.0,1e308],"decode_active_kv_tokens":[0.0,1.0],"decode_context_length":[0.0,1.0],"decode_itl":[[1.0,1.0],[1.0,1.0]]}}"#,
+            r#"{"interpolated":{"prefill_isl":[100.0,1000.0],"prefill_ttft_ms":[10.0,40.0],"decode_active_kv_tokens":[0,0,10000.0],"decode_context_length":[100.0,1100.0],"decode_itl":[[2.0,7.0],[15.0,25.0]]}}"#,
+        ] {
+            let error = serde_json::from_str::<PerfModel>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("invalid profile"), "{error}");
+        }
     }
 }

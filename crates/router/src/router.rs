@@ -180,7 +180,9 @@ impl Router {
         let (prefill_ms, steps) = timing.prefill_steps_ms(load.prefill_tokens);
         let total_ms = prefill_ms + steps as f64 * step_ms;
         let elapsed_ms = now.saturating_sub(load.prefill_since).as_secs_f64() * 1e3;
-        Duration::from_secs_f64((total_ms - elapsed_ms).max(0.0) / 1e3)
+        // A prediction past what a `Duration` holds (a profile's extreme extrapolation)
+        // is as good as forever.
+        Duration::try_from_secs_f64((total_ms - elapsed_ms).max(0.0) / 1e3).unwrap_or(Duration::MAX)
     }
 
     /// The candidate rows the policies see, for every worker.

@@ -370,7 +370,7 @@ impl WorkerHealth {
     /// How long a stream on this worker may go without a token before it counts as stalled.
     pub fn stall_timeout(&self, config: &HealthConfig) -> Duration {
         let derived = self.inter_token.map_or(Duration::ZERO, |s| {
-            Duration::from_secs_f64(s * config.stall_factor)
+            Duration::try_from_secs_f64(s * config.stall_factor).unwrap_or(Duration::MAX)
         });
         derived.max(config.stall_floor)
     }
