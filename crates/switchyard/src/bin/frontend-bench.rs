@@ -1,7 +1,7 @@
 //! Frontend overhead: Switchyard with an instant engine against a minimal axum SSE server
 //! that streams the same bytes, at several concurrencies, in one run.
 //!
-//! `cargo run --release -p switchyard --bin frontend-bench -- [--seconds 5] [--concurrency 1,64,1024] [--json]`
+//! `cargo run --release -p switchyard --bin frontend-bench -- [--seconds 5] [--concurrency 1,64,1024] [--tokenizer smollm2|bytes] [--json]`
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +34,10 @@ struct Args {
     client_threads: usize,
     #[arg(long)]
     json: bool,
+    /// The built-in tokenizer Switchyard uses: `smollm2` (the default, a real BPE) or
+    /// `bytes` (one token per byte: the frontend's own overhead without tokenizer cost).
+    #[arg(long, default_value = "smollm2")]
+    tokenizer: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -65,12 +69,13 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
 
-    // Switchyard: one echo worker with no delays, the built-in tokenizer.
+    // Switchyard: one echo worker with no delays, a built-in tokenizer.
     let env = [
         ("SWITCHYARD_FRONTEND__PORT", "0"),
         ("SWITCHYARD_WORKERS__ENGINE", "echo"),
         ("SWITCHYARD_WORKERS__COUNT", "1"),
         ("SWITCHYARD_LOG__LEVEL", "warn"),
+        ("SWITCHYARD_FRONTEND__BUILTIN_TOKENIZER", args.tokenizer.as_str()),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
