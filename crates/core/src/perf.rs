@@ -80,6 +80,9 @@ impl TryFrom<PerfModelWire> for PerfModel {
 const MAX_TIMING_MS: f64 = 86_400_000.0;
 /// Largest axis value (tokens) a profile may give.
 const MAX_AXIS: f64 = 1e9;
+/// Smallest step between two points of an axis: closer points make slopes, and so
+/// extrapolated predictions, unbounded.
+const MIN_AXIS_STEP: f64 = 1e-3;
 
 impl PerfModel {
     /// Validates a profile and wraps it.
@@ -179,10 +182,10 @@ fn axis(name: &str, values: &[f64]) -> Result<(), InvalidProfile> {
     if values
         .iter()
         .any(|v| !(v.is_finite() && v.abs() <= MAX_AXIS))
-        || values.windows(2).any(|w| w[1] <= w[0])
+        || values.windows(2).any(|w| w[1] - w[0] < MIN_AXIS_STEP)
     {
         return Err(InvalidProfile(format!(
-            "{name} must be strictly increasing numbers within ±{MAX_AXIS}"
+            "{name} must be increasing numbers within ±{MAX_AXIS}, at least {MIN_AXIS_STEP} apart"
         )));
     }
     Ok(())
@@ -279,7 +282,7 @@ mod tests {
             PerfModel::from_profile(p)
                 .unwrap_err()
                 .to_string()
-                .contains("strictly increasing")
+                .contains("increasing numbers")
         );
         let mut p = profile();
         p.decode_itl.pop();
@@ -312,6 +315,7 @@ mod tests {
             r#"{"interpolated":{"prefill_isl":[],"prefill_ttft_ms":[],"decode_active_kv_tokens":[],"decode_context_length":[],"decode_itl":[]}}"#,
             r#"{"interpolated":{"prefill_isl":[0.0,1.0],"prefill_ttft_ms":[0.0,1e308],"decode_active_kv_tokens":[0.0,1.0],"decode_context_length":[0.0,1.0],"decode_itl":[[1.0,1.0],[1.0,1.0]]}}"#,
             r#"{"interpolated":{"prefill_isl":[100.0,1000.0],"prefill_ttft_ms":[10.0,40.0],"decode_active_kv_tokens":[0,0,10000.0],"decode_context_length":[100.0,1100.0],"decode_itl":[[2.0,7.0],[15.0,25.0]]}}"#,
+            r#"{"interpolated":{"prefill_isl":[0.0,1e-300],"prefill_ttft_ms":[0.0,86400000.0],"decode_active_kv_tokens":[0.0,1.0],"decode_context_length":[0.0,1.0],"decode_itl":[[1.0,1.0],[1.0,1.0]]}}"#,
         ] {
             let error = serde_json::from_str::<PerfModel>(bad)
                 .unwrap_err()

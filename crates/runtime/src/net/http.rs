@@ -178,39 +178,60 @@ struct Decoder {
     done: bool,
 }
 
-impl Decoder {
-    fn next_frame(&mut self) -> Option<Result<Frame, EngineError>> {
-        if self.buffer.len() < 4 {
-            return None;
-        }
-        let len = u32::from_be_bytes([
-            self.buffer[0],
-            self.buffer[1],
-            self.buffer[2],
-            self.buffer[3],
-        ]) as usize;
-        if len > MAX_FRAME_BYTES {
-            return Some(Err(EngineError::Internal(format!(
-                "a response frame of {len} bytes is over the {MAX_FRAME_BYTES}-byte limit"
-            ))));
-        }
-        if self.buffer.len() < 4 + len {
-            return None;
-        }
-        self.buffer.advance(4);
-        let payload = self.buffer.split_to(len);
-        Some(
-            rmp_serde::from_slice(&payload)
-                .map_err(|e| EngineError::Internal(format!("undecodable response frame: {e}"))),
-        )
+/// Takes the next whole frame off the front of `buffer`: `None` while none is complete (the
+/// buffer is left as it is); else the frame, or why the stream cannot go on (a frame over
+/// [`MAX_FRAME_BYTES`], or one that does not decode).
+fn next_frame(buffer: &mut BytesMut) -> Option<Result<Frame, EngineError>> {
+    if buffer.len() < 4 {
+        return None;
     }
+    let len = u32::from_be_bytes([buffer[0], buffer[1], buffer[2], buffer[3]]) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Some(Err(EngineError::Internal(format!(
+            "a response frame of {len} bytes is over the {MAX_FRAME_BYTES}-byte limit"
+        ))));
+    }
+    if buffer.len() < 4 + len {
+        return None;
+    }
+    buffer.advance(4);
+    let payload = buffer.split_to(len);
+    Some(
+        rmp_serde::from_slice(&payload)
+            .map_err(|e| EngineError::Internal(format!("undecodable response frame: {e}"))),
+    )
+}
 
+/// [`next_frame`] in public types, for the fuzz targets (fuzz/): `Ok(Ok(output))`,
+/// `Ok(Err(the error the worker sent))`, or `Err(the stream must end)`.
+#[doc(hidden)]
+pub fn decode_frame(
+    buffer: &mut BytesMut,
+) -> Option<Result<Result<GenerateOutput, EngineError>, EngineError>> {
+    next_frame(buffer).map(|frame| {
+        frame.map(|frame| match frame {
+            Frame::Output(output) => Ok(output),
+            Frame::Error(error) => Err(error),
+        })
+    })
+}
+
+/// One response stream item as a frame, for the fuzz targets (fuzz/).
+#[doc(hidden)]
+pub fn encode_frame(item: &Result<GenerateOutput, EngineError>) -> Bytes {
+    encode(&match item {
+        Ok(output) => Frame::Output(output.clone()),
+        Err(error) => Frame::Error(error.clone()),
+    })
+}
+
+impl Decoder {
     async fn next(mut self) -> Option<(Result<GenerateOutput, EngineError>, Self)> {
         loop {
             if self.done {
                 return None;
             }
-            match self.next_frame() {
+            match next_frame(&mut self.buffer) {
                 Some(Ok(Frame::Output(output))) => {
                     self.finished |= matches!(output, GenerateOutput::Finished { .. });
                     return Some((Ok(output), self));

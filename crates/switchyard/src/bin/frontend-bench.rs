@@ -75,7 +75,10 @@ fn main() -> Result<()> {
         ("SWITCHYARD_WORKERS__ENGINE", "echo"),
         ("SWITCHYARD_WORKERS__COUNT", "1"),
         ("SWITCHYARD_LOG__LEVEL", "warn"),
-        ("SWITCHYARD_FRONTEND__BUILTIN_TOKENIZER", args.tokenizer.as_str()),
+        (
+            "SWITCHYARD_FRONTEND__BUILTIN_TOKENIZER",
+            args.tokenizer.as_str(),
+        ),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))

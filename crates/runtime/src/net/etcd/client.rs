@@ -402,8 +402,9 @@ impl WatchLines {
 }
 
 /// One watch message: its events (`None` for messages without any, such as the one
-/// confirming the watch), or why the watch ended.
-fn parse_watch_line(line: &[u8]) -> Result<Option<Vec<WatchEvent>>, EtcdError> {
+/// confirming the watch), or why the watch ended. Public for the fuzz targets (fuzz/).
+#[doc(hidden)]
+pub fn parse_watch_line(line: &[u8]) -> Result<Option<Vec<WatchEvent>>, EtcdError> {
     let message: Streamed<WatchResult> =
         serde_json::from_slice(line).map_err(|e| EtcdError::Decode(format!("watch: {e}")))?;
     if let Some(error) = message.error {
