@@ -7,12 +7,29 @@ use std::collections::HashMap;
 /// The headers that carry it.
 pub const FIELDS: [&str; 2] = ["traceparent", "tracestate"];
 
+/// Whether this process exports spans (set once by the logging setup): propagation is
+/// skipped otherwise, so a build with the feature but no exporter sends and reads exactly
+/// what a build without it does.
+static ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns propagation on: call it when a span exporter is installed.
+pub fn enable() {
+    ENABLED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn enabled() -> bool {
+    ENABLED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The current span's context, as headers; empty outside a span or without OpenTelemetry.
 #[cfg(feature = "otel")]
 pub fn current() -> HashMap<String, String> {
     use opentelemetry::propagation::TextMapPropagator;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     let mut carrier: HashMap<String, String> = HashMap::new();
+    if !enabled() {
+        return carrier;
+    }
     opentelemetry_sdk::propagation::TraceContextPropagator::new()
         .inject_context(&tracing::Span::current().context(), &mut carrier);
     carrier.retain(|_, value| !value.is_empty());
@@ -30,7 +47,7 @@ pub fn current() -> HashMap<String, String> {
 pub fn set_parent(span: &tracing::Span, carrier: &HashMap<String, String>) {
     use opentelemetry::propagation::TextMapPropagator;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
-    if carrier.is_empty() {
+    if carrier.is_empty() || !enabled() {
         return;
     }
     let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(carrier);

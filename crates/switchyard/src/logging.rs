@@ -53,7 +53,11 @@ impl Telemetry {
     #[cfg(feature = "otel")]
     fn start(config: &LogConfig, service: &str) -> Result<Self> {
         let provider = match &config.otlp_endpoint {
-            Some(endpoint) => Some(switchyard::otel::provider(endpoint, service)?),
+            Some(endpoint) => {
+                let provider = switchyard::otel::provider(endpoint, service)?;
+                switchyard_runtime::trace_context::enable();
+                Some(provider)
+            }
             None => None,
         };
         Ok(Telemetry { provider })

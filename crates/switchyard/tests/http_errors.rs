@@ -575,3 +575,77 @@ async fn configured_prompt_and_output_caps_are_400_and_cap_the_default() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_refuses_at_once_what_would_wait_past_the_target() {
+    // One engine running one request at a time, each taking a few hundred ms: 40 requests
+    // at once are about 12 s of work, far past a 1 s wait target.
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__MOCKER__MAX_NUM_SEQS", "1"),
+        ("FRONTEND__ADMISSION__WAIT_TARGET", "1s"),
+        ("FRONTEND__ADMISSION__QUEUE_TIMEOUT", "60s"),
+    ])
+    .await;
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let url = url(&d, "/v1/chat/completions");
+            let mut body = chat(MODEL, &format!("request {i}"), 30);
+            body["ignore_eos"] = json!(true);
+            tokio::spawn(async move {
+                let response = client().post(url).json(&body).send().await.unwrap();
+                let status = response.status().as_u16();
+                let retry = response
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+                let body: Value = response.json().await.unwrap();
+                (status, retry, body, started.elapsed())
+            })
+        })
+        .collect();
+    let mut served = Vec::new();
+    let mut refused = Vec::new();
+    for task in tasks {
+        let (status, retry, body, took) = task.await.unwrap();
+        match status {
+            200 => served.push(took),
+            429 => {
+                assert!(
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("wait too long"),
+                    "{body}"
+                );
+                refused.push((retry.unwrap(), took));
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert!(
+        refused.len() >= 10,
+        "{} refused, {} served",
+        refused.len(),
+        served.len()
+    );
+    assert!(served.len() >= 2, "{} served", served.len());
+    // Refused quickly (not after the 60 s queue timeout), with the predicted wait as the
+    // Retry-After; and what was served was not kept waiting for the whole backlog.
+    for &(retry, took) in &refused {
+        assert!(retry >= 1, "Retry-After {retry}");
+        assert!(
+            took < std::time::Duration::from_secs(8),
+            "refused after {took:?}"
+        );
+    }
+    let slowest = served.iter().max().unwrap();
+    assert!(
+        *slowest < std::time::Duration::from_secs(10),
+        "served after {slowest:?}"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
