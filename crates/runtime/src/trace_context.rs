@@ -17,6 +17,7 @@ pub fn enable() {
     ENABLED.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+#[cfg(feature = "otel")]
 fn enabled() -> bool {
     ENABLED.load(std::sync::atomic::Ordering::Relaxed)
 }
