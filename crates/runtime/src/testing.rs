@@ -11,12 +11,35 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free loopback port (free when asked; tests take it right away).
+/// A free loopback port for a server a test starts.
+///
+/// Picked at random below the kernel's ephemeral range (32768 and up on Linux), so neither
+/// an outgoing connection nor a listener on port 0 (every frontend and worker in the tests)
+/// can take it between this check and the server's bind; never the same port twice in one
+/// test process. Falls back to a kernel-chosen port if that range is crowded.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+    use std::collections::BTreeSet;
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::Mutex;
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let random = RandomState::new();
+    for attempt in 0u32..2_000 {
+        let port = 20_000 + (random.hash_one((std::process::id(), attempt)) % 12_000) as u16;
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no free loopback port: {e}"));
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 fn find(env: &str, candidates: &[PathBuf], name: &str, install: &str) -> PathBuf {

@@ -151,25 +151,43 @@ async fn until_status(
     }
 }
 
-/// The worker (by address) with the most requests in flight.
+/// The worker (by address) with the most requests in flight, once one has any (the
+/// listing's loads lag dispatch on a busy machine; a victim with nothing in flight would
+/// make a hang undetectable by its streams).
 async fn busiest(frontend: &Process) -> String {
-    workers(frontend)
-        .await
-        .into_iter()
-        .filter(|w| w["status"] == "healthy")
-        .max_by_key(|w| {
-            w["loads"]
-                .as_array()
-                .map(|loads| {
-                    loads
-                        .iter()
-                        .map(|l| l[1]["requests"].as_u64().unwrap_or(0))
-                        .sum::<u64>()
-                })
-                .unwrap_or(0)
-        })
-        .and_then(|w| w["address"].as_str().map(str::to_string))
-        .unwrap()
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let best = workers(frontend)
+            .await
+            .into_iter()
+            .filter(|w| w["status"] == "healthy")
+            .map(|w| {
+                let requests = w["loads"]
+                    .as_array()
+                    .map(|loads| {
+                        loads
+                            .iter()
+                            .map(|l| l[1]["requests"].as_u64().unwrap_or(0))
+                            .sum::<u64>()
+                    })
+                    .unwrap_or(0);
+                (
+                    requests,
+                    w["address"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .max();
+        match best {
+            Some((requests, address)) if requests > 0 => return address,
+            _ => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no healthy worker with requests in flight within 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
 }
 
 /// Requests the frontend sent (or tried to send) to the worker with this id.
