@@ -1,0 +1,429 @@
+//! The planner: a state machine fed a fleet observation at every metric pull, deciding at
+//! every adjustment interval. `tick(now, observation)` returns the replica counts to ask
+//! for; connectors (virtual workers in the simulator, local processes, Kubernetes, none)
+//! carry them out, and the next observations show whether they have.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use serde::Serialize;
+use switchyard_core::WorkerRole;
+use switchyard_core::perf::PerfModel;
+
+use crate::config::{InvalidConfig, Mode, PlannerConfig};
+use crate::load::{self, Vote};
+use crate::observe::{IntervalAccumulator, IntervalSummary, Observation};
+use crate::predict::Predictor;
+use crate::sla::{self, Correction, Demand, Need, WorkerModel};
+
+/// Ask for this many workers of this role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Action {
+    pub role: WorkerRole,
+    pub replicas: u32,
+}
+
+/// One adjustment, as the decision log records it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    /// Seconds since the planner started.
+    pub at: f64,
+    pub interval: IntervalSummary,
+    /// SLA mode: the traffic predicted for the next interval, and the workers it needs.
+    pub prediction: Option<Demand>,
+    pub need: Option<Need>,
+    pub correction: Option<Correction>,
+    /// Replicas asked for before this decision.
+    pub replicas: BTreeMap<WorkerRole, u32>,
+    pub actions: Vec<Action>,
+    pub reasons: Vec<String>,
+}
+
+/// What one tick produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tick {
+    pub actions: Vec<Action>,
+    /// Set when this tick ended an adjustment interval.
+    pub decision: Option<Decision>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Pending {
+    role: WorkerRole,
+    replicas: u32,
+    growing: bool,
+    since: Duration,
+}
+
+/// Queue values kept for the trend.
+const TREND_HISTORY: usize = 5;
+
+#[derive(Debug)]
+pub struct Planner {
+    config: PlannerConfig,
+    roles: Vec<WorkerRole>,
+    replicas: BTreeMap<WorkerRole, u32>,
+    pending: Vec<Pending>,
+    /// Said since the last decision (actions completed or abandoned).
+    notes: Vec<String>,
+    started: Duration,
+    interval_start: Duration,
+    next_adjustment: Duration,
+    accumulator: IntervalAccumulator,
+    /// Adjustments taken so far.
+    intervals: u64,
+    queue_history: BTreeMap<WorkerRole, VecDeque<f64>>,
+    /// No removal of the role before this interval (a worker was just added).
+    grace_until: BTreeMap<WorkerRole, u64>,
+    requests: Predictor,
+    isl: Predictor,
+    osl: Predictor,
+    last_hit_rate: f64,
+    perf: PerfModel,
+}
+
+impl Planner {
+    /// A planner for `initial` replicas of each planned role (aggregated, or prefill and
+    /// decode), sizing with `perf` in SLA mode.
+    pub fn new(
+        config: PlannerConfig,
+        initial: &BTreeMap<WorkerRole, u32>,
+        perf: PerfModel,
+        now: Duration,
+    ) -> Result<Planner, InvalidConfig> {
+        config.validate()?;
+        if initial.is_empty() || initial.contains_key(&WorkerRole::Encoder) {
+            return Err(InvalidConfig {
+                key: "roles",
+                problem: "plan aggregated, prefill or decode workers (encoders are not planned)"
+                    .into(),
+            });
+        }
+        let predictor = &config.sla.predictor;
+        Ok(Planner {
+            roles: initial.keys().copied().collect(),
+            replicas: initial.clone(),
+            pending: Vec::new(),
+            notes: Vec::new(),
+            started: now,
+            interval_start: now,
+            next_adjustment: now + config.adjustment_interval,
+            accumulator: IntervalAccumulator::default(),
+            intervals: 0,
+            queue_history: BTreeMap::new(),
+            grace_until: BTreeMap::new(),
+            requests: predictor.build(),
+            isl: predictor.build(),
+            osl: predictor.build(),
+            last_hit_rate: 0.0,
+            perf,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &PlannerConfig {
+        &self.config
+    }
+
+    /// The replicas asked for, per role.
+    pub fn replicas(&self) -> &BTreeMap<WorkerRole, u32> {
+        &self.replicas
+    }
+
+    /// When the next observation is due.
+    pub fn next_pull(&self, now: Duration) -> Duration {
+        now + self.config.metric_interval
+    }
+
+    /// Takes the fleet as pulled at `now`; at the end of an adjustment interval, decides.
+    pub fn tick(&mut self, now: Duration, observation: &Observation) -> Tick {
+        self.settle(now, observation);
+        self.accumulator.add(&self.roles, observation);
+        if now < self.next_adjustment {
+            return Tick::default();
+        }
+        let seconds = now.saturating_sub(self.interval_start).as_secs_f64();
+        let summary = self.accumulator.finish(seconds);
+        self.interval_start = now;
+        while self.next_adjustment <= now {
+            self.next_adjustment += self.config.adjustment_interval;
+        }
+        self.intervals += 1;
+        for &role in &self.roles {
+            let history = self.queue_history.entry(role).or_default();
+            history.push_back(summary.role(role).queue_per_worker);
+            if history.len() > TREND_HISTORY {
+                history.pop_front();
+            }
+        }
+        self.learn(&summary);
+        let decision = self.decide(now, summary);
+        Tick {
+            actions: decision.actions.clone(),
+            decision: Some(decision),
+        }
+    }
+
+    /// Ends the scaling actions the fleet now shows done, or that took too long.
+    fn settle(&mut self, now: Duration, observation: &Observation) {
+        let timeout = self.config.action_timeout;
+        let grace = u64::from(self.config.load.decode_grace_intervals);
+        let intervals = self.intervals;
+        let mut notes = Vec::new();
+        let mut graced = Vec::new();
+        self.pending.retain(|p| {
+            let seen = observation.count(p.role);
+            let done = seen == p.replicas;
+            let expired = now.saturating_sub(p.since) >= timeout;
+            if done || expired {
+                if expired && !done {
+                    notes.push(format!(
+                        "gave up waiting for {} {} workers after {:?} (seeing {seen})",
+                        p.replicas, p.role, timeout
+                    ));
+                }
+                if p.growing {
+                    graced.push(p.role);
+                }
+                false
+            } else {
+                true
+            }
+        });
+        for role in graced {
+            self.grace_until.insert(role, intervals + grace);
+        }
+        self.notes.extend(notes);
+    }
+
+    /// Feeds the predictors with the interval's traffic.
+    fn learn(&mut self, summary: &IntervalSummary) {
+        let t = &summary.traffic;
+        self.requests.observe(t.requests as f64);
+        if t.requests > 0 {
+            self.isl.observe(t.isl);
+            self.last_hit_rate = t.hit_rate;
+        }
+        if t.osl > 0.0 {
+            self.osl.observe(t.osl);
+        }
+    }
+
+    fn decide(&mut self, now: Duration, summary: IntervalSummary) -> Decision {
+        let mut decision = Decision {
+            at: now.saturating_sub(self.started).as_secs_f64(),
+            interval: summary,
+            prediction: None,
+            need: None,
+            correction: None,
+            replicas: self.replicas.clone(),
+            actions: Vec::new(),
+            reasons: std::mem::take(&mut self.notes),
+        };
+        if let Some(p) = self.pending.first() {
+            decision.reasons.push(format!(
+                "waiting for {} {} workers (asked {:.0} s ago)",
+                p.replicas,
+                p.role,
+                now.saturating_sub(p.since).as_secs_f64()
+            ));
+            return decision;
+        }
+        let mut wanted = match self.config.mode {
+            Mode::Load => self.load_targets(&mut decision),
+            Mode::Sla => self.sla_targets(&mut decision),
+        };
+        self.apply_budget(&mut wanted, &mut decision.reasons);
+        for (&role, &replicas) in &wanted {
+            let current = self.replicas.get(&role).copied().unwrap_or(0);
+            if replicas != current {
+                decision.actions.push(Action { role, replicas });
+                self.pending.push(Pending {
+                    role,
+                    replicas,
+                    growing: replicas > current,
+                    since: now,
+                });
+                self.replicas.insert(role, replicas);
+            }
+        }
+        decision
+    }
+
+    fn load_targets(&self, decision: &mut Decision) -> BTreeMap<WorkerRole, u32> {
+        let config = &self.config.load;
+        let mut wanted = self.replicas.clone();
+        for &role in &self.roles {
+            let n = self.replicas.get(&role).copied().unwrap_or(0);
+            let load = decision.interval.role(role);
+            let in_grace = self
+                .grace_until
+                .get(&role)
+                .is_some_and(|&g| self.intervals <= g);
+            let history: Vec<f64> = self
+                .queue_history
+                .get(&role)
+                .map(|h| h.iter().copied().collect())
+                .unwrap_or_default();
+            let verdict = match role {
+                WorkerRole::Decode => load::kv_vote(config, load.kv_usage, n, in_grace),
+                WorkerRole::Prefill => load::queue_vote(config, &history, n),
+                _ => load::combine(
+                    load::kv_vote(config, load.kv_usage, n, in_grace),
+                    load::queue_vote(config, &history, n),
+                ),
+            };
+            let target = match verdict.vote {
+                Vote::Up => n + 1,
+                Vote::Down => n.saturating_sub(1),
+                Vote::Hold => n,
+            };
+            decision.reasons.push(format!("{role}: {}", verdict.reason));
+            wanted.insert(role, target);
+        }
+        wanted
+    }
+
+    fn sla_targets(&self, decision: &mut Decision) -> BTreeMap<WorkerRole, u32> {
+        let sla = &self.config.sla;
+        let model = WorkerModel {
+            perf: &self.perf,
+            capacity_blocks: sla.capacity_blocks,
+            block_size: sla.block_size,
+        };
+        let seconds = self.config.adjustment_interval.as_secs_f64();
+        let demand = Demand {
+            rate: self.requests.predict().unwrap_or(0.0) / seconds,
+            isl: self.isl.predict().unwrap_or(0.0),
+            osl: self.osl.predict().unwrap_or(0.0),
+            hit_rate: self.last_hit_rate,
+        };
+        let t = &decision.interval.traffic;
+        let running = self
+            .roles
+            .iter()
+            .filter(|r| r.serves_generation())
+            .map(|&r| decision.interval.role(r).running_per_worker)
+            .fold(0.0, f64::max);
+        let correction = if sla.correction {
+            Correction::observed(&model, t.isl, t.osl, running, t.ttft_ms, t.itl_ms)
+        } else {
+            Correction::default()
+        };
+        let ttft = sla.ttft_target.as_secs_f64() * 1000.0;
+        let itl = sla.itl_target.as_secs_f64() * 1000.0;
+        let need = sla::need(&model, &demand, ttft, itl, &correction);
+        decision.reasons.push(format!(
+            "predicted {:.2} req/s, {:.0} prompt tokens ({:.0} % cached), {:.0} output tokens: \
+             {:.2} workers of prefill, {:.2} of decode",
+            demand.rate,
+            demand.isl,
+            demand.hit_rate * 100.0,
+            demand.osl,
+            need.prefill,
+            need.decode
+        ));
+        if demand.rate > 0.0 && !need.capacity.ttft_reachable {
+            decision.reasons.push(format!(
+                "a {:.0}-token prompt alone takes longer than the TTFT target",
+                demand.isl
+            ));
+        }
+        if demand.rate > 0.0 && !need.capacity.itl_reachable {
+            decision
+                .reasons
+                .push("a batch of one is slower than the ITL target".into());
+        }
+        let mut wanted = BTreeMap::new();
+        for &role in &self.roles {
+            let workers = match role {
+                WorkerRole::Prefill => need.prefill,
+                WorkerRole::Decode => need.decode,
+                _ => need.aggregated(),
+            };
+            wanted.insert(role, workers.ceil().min(f64::from(u32::MAX)) as u32);
+        }
+        decision.prediction = Some(demand);
+        decision.need = Some(need);
+        decision.correction = Some(correction);
+        wanted
+    }
+
+    fn gpus(&self, replicas: &BTreeMap<WorkerRole, u32>) -> u64 {
+        let per = &self.config.budget.gpus_per_engine;
+        replicas
+            .iter()
+            .map(|(&r, &n)| u64::from(n) * u64::from(per.of(r)))
+            .sum()
+    }
+
+    /// Keeps every role at its minimum and the total within the GPU budget. A load-based
+    /// addition past the budget is refused; an SLA plan past it is scaled down in
+    /// proportion; a fleet under the minimum budget grows its generating roles.
+    fn apply_budget(&self, wanted: &mut BTreeMap<WorkerRole, u32>, reasons: &mut Vec<String>) {
+        let budget = &self.config.budget;
+        let per = &budget.gpus_per_engine;
+        for n in wanted.values_mut() {
+            *n = (*n).max(budget.min_replicas);
+        }
+        let max = u64::from(budget.max_gpus);
+        if self.gpus(wanted) > max {
+            match self.config.mode {
+                Mode::Load => {
+                    for (role, n) in wanted.iter_mut() {
+                        let current = self.replicas.get(role).copied().unwrap_or(0);
+                        if *n > current {
+                            reasons.push(format!(
+                                "{role}: no more workers within the budget of {max} GPUs"
+                            ));
+                            *n = current;
+                        }
+                    }
+                }
+                Mode::Sla => {
+                    let factor = max as f64 / self.gpus(wanted) as f64;
+                    reasons.push(format!(
+                        "the plan needs {} GPUs, more than the budget of {max}: scaled by {factor:.2}",
+                        self.gpus(wanted)
+                    ));
+                    for n in wanted.values_mut() {
+                        *n = ((f64::from(*n) * factor).floor() as u32).max(budget.min_replicas);
+                    }
+                }
+            }
+            // Still over (minimums, rounding, a fleet started over budget): remove from
+            // the largest role while it stays above its minimum.
+            while self.gpus(wanted) > max {
+                let Some((_, n)) = wanted
+                    .iter_mut()
+                    .filter(|(_, n)| **n > budget.min_replicas)
+                    .max_by_key(|(r, n)| u64::from(**n) * u64::from(per.of(**r)))
+                else {
+                    reasons.push(format!(
+                        "the minimum of {} workers per role exceeds the budget of {max} GPUs",
+                        budget.min_replicas
+                    ));
+                    break;
+                };
+                *n -= 1;
+            }
+        }
+        let min = u64::from(budget.min_gpus);
+        let growing: Vec<WorkerRole> = wanted
+            .keys()
+            .copied()
+            .filter(|r| r.serves_generation())
+            .collect();
+        let mut i = 0;
+        while self.gpus(wanted) < min && !growing.is_empty() {
+            let role = growing[i % growing.len()];
+            if let Some(n) = wanted.get_mut(&role) {
+                *n += 1;
+            }
+            i += 1;
+            if i == 1 {
+                reasons.push(format!("at least {min} GPUs by the budget"));
+            }
+        }
+    }
+}

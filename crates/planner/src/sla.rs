@@ -1,0 +1,310 @@
+//! Replica counts from a performance model: how much one worker prefills and decodes per
+//! second while holding the latency targets, and how many workers the predicted traffic
+//! needs.
+//!
+//! The model is the one the mocker runs and the router predicts with
+//! ([`PerfModel`]: Dynamo's polynomials, or a profile measured by `switchyard profile`), so
+//! what the simulator shows of a plan holds for the engines it was measured on.
+//!
+//! - Prefill: a worker prefilling prompts of the predicted length back to back computes
+//!   `isl / prefill_time(isl)` tokens per second; the work to do is the predicted request
+//!   rate × the prompt tokens not found in cache.
+//! - Decode: at the mean context (`isl + osl / 2`), the largest batch whose step time stays
+//!   within the ITL target sets a worker's tokens per second; the work is rate × OSL.
+//! - Aggregated workers do both on one engine, a mixed step taking the prefill time plus
+//!   the decode time: their needs add up (worker-seconds of prefill + of decode, per second).
+//! - Correction: observed TTFT over the model's prefill time scales the prefill need down
+//!   (never up: observed TTFT includes queueing the model does not, which more workers would
+//!   remove), and observed ITL over the model's step time at the observed batch tightens (or
+//!   relaxes) the ITL target the decode throughput is read at. Both clamped to [0.25, 4].
+
+use serde::Serialize;
+use switchyard_core::perf::{PerfModel, StepShape};
+
+/// Per-worker throughput at the targets.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Capacity {
+    /// Prompt tokens per second one worker prefills.
+    pub prefill_tokens_per_s: f64,
+    /// Whether a lone prompt of this length meets the TTFT target at all.
+    pub ttft_reachable: bool,
+    /// Largest batch holding the ITL target, and the tokens per second it decodes.
+    pub decode_batch: u32,
+    pub decode_tokens_per_s: f64,
+    /// Whether a batch of one meets the ITL target.
+    pub itl_reachable: bool,
+}
+
+/// What the SLA rules need to know about one worker.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerModel<'a> {
+    pub perf: &'a PerfModel,
+    pub capacity_blocks: u64,
+    pub block_size: u32,
+}
+
+impl WorkerModel<'_> {
+    fn decode_shape(&self, batch: u32, context: f64) -> StepShape {
+        let context = context.max(1.0);
+        let blocks_each = (context / f64::from(self.block_size)).ceil() as u64;
+        StepShape {
+            prefill_tokens: 0,
+            decode_seqs: batch,
+            decode_kv_tokens: (f64::from(batch) * context) as u64,
+            active_blocks: u64::from(batch) * blocks_each,
+            capacity_blocks: self.capacity_blocks,
+        }
+    }
+
+    /// The step time of a decode batch, in ms.
+    pub fn decode_ms(&self, batch: u32, context: f64) -> f64 {
+        self.perf.decode_ms(&self.decode_shape(batch, context))
+    }
+
+    /// Throughput at these targets for prompts of `isl` tokens and outputs of `osl`.
+    pub fn capacity(&self, isl: f64, osl: f64, ttft_ms: f64, itl_ms: f64) -> Capacity {
+        let isl_tokens = isl.clamp(1.0, f64::from(u32::MAX)) as u32;
+        let prefill_ms = self.perf.prefill_ms(isl_tokens).max(1e-3);
+        let context = isl + osl / 2.0;
+        // The batch the cache can hold at this context.
+        let blocks_each = (context.max(1.0) / f64::from(self.block_size))
+            .ceil()
+            .max(1.0);
+        let max_batch = ((self.capacity_blocks as f64 / blocks_each).floor() as u32).max(1);
+        // Step time grows with the batch: the largest batch within the target, by bisection.
+        let within = |batch: u32| self.decode_ms(batch, context) <= itl_ms;
+        let batch = if !within(1) {
+            1
+        } else if within(max_batch) {
+            max_batch
+        } else {
+            let (mut lo, mut hi) = (1u32, max_batch);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if within(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo
+        };
+        let step_ms = self.decode_ms(batch, context).max(1e-3);
+        Capacity {
+            prefill_tokens_per_s: f64::from(isl_tokens) / (prefill_ms / 1000.0),
+            ttft_reachable: prefill_ms <= ttft_ms,
+            decode_batch: batch,
+            decode_tokens_per_s: f64::from(batch) / (step_ms / 1000.0),
+            itl_reachable: within(1),
+        }
+    }
+}
+
+/// The traffic to plan for (predicted for the next interval).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Demand {
+    /// Requests per second.
+    pub rate: f64,
+    pub isl: f64,
+    pub osl: f64,
+    /// Share of prompt tokens found in cache.
+    pub hit_rate: f64,
+}
+
+/// How far observation is from the model: multipliers on the prefill need and on the ITL
+/// target (1 when nothing was measured or correction is off).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Correction {
+    pub prefill: f64,
+    pub decode: f64,
+}
+
+impl Default for Correction {
+    fn default() -> Self {
+        Correction {
+            prefill: 1.0,
+            decode: 1.0,
+        }
+    }
+}
+
+impl Correction {
+    /// From an interval's observed mean TTFT and ITL, its mean prompt length and batch.
+    pub fn observed(
+        model: &WorkerModel<'_>,
+        isl: f64,
+        osl: f64,
+        running_per_worker: f64,
+        ttft_ms: Option<f64>,
+        itl_ms: Option<f64>,
+    ) -> Correction {
+        let clamp = |v: f64| {
+            if v.is_finite() {
+                v.clamp(0.25, 4.0)
+            } else {
+                1.0
+            }
+        };
+        let mut c = Correction::default();
+        if let Some(ttft) = ttft_ms.filter(|_| isl >= 1.0) {
+            let expected = model.perf.prefill_ms(isl as u32).max(1e-3);
+            c.prefill = clamp(ttft / expected).min(1.0);
+        }
+        if let Some(itl) = itl_ms {
+            let batch = running_per_worker.round().max(1.0) as u32;
+            let expected = model.decode_ms(batch, isl + osl / 2.0).max(1e-3);
+            c.decode = clamp(itl / expected);
+        }
+        c
+    }
+}
+
+/// Workers needed, fractional (the caller rounds up and applies the budget).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Need {
+    pub prefill: f64,
+    pub decode: f64,
+    pub capacity: Capacity,
+}
+
+impl Need {
+    /// For an aggregated fleet: both on the same engines.
+    pub fn aggregated(&self) -> f64 {
+        self.prefill + self.decode
+    }
+}
+
+/// Workers needed for `demand` at the targets.
+pub fn need(
+    model: &WorkerModel<'_>,
+    demand: &Demand,
+    ttft_ms: f64,
+    itl_ms: f64,
+    correction: &Correction,
+) -> Need {
+    let itl_target = itl_ms / correction.decode;
+    let capacity = model.capacity(demand.isl, demand.osl, ttft_ms, itl_target);
+    let uncached = demand.isl * (1.0 - demand.hit_rate.clamp(0.0, 1.0));
+    let prefill =
+        demand.rate * uncached * correction.prefill / capacity.prefill_tokens_per_s.max(1e-9);
+    let decode = demand.rate * demand.osl / capacity.decode_tokens_per_s.max(1e-9);
+    Need {
+        prefill: prefill.max(0.0),
+        decode: decode.max(0.0),
+        capacity,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLY: PerfModel = PerfModel::Polynomial;
+
+    fn model() -> WorkerModel<'static> {
+        WorkerModel {
+            perf: &POLY,
+            capacity_blocks: 16_384,
+            block_size: 64,
+        }
+    }
+
+    #[test]
+    fn the_decode_batch_is_the_largest_within_the_itl_target() {
+        let m = model();
+        let c = m.capacity(4000.0, 200.0, 1000.0, 30.0);
+        assert!(c.itl_reachable);
+        assert!(m.decode_ms(c.decode_batch, 4100.0) <= 30.0);
+        assert!(m.decode_ms(c.decode_batch + 1, 4100.0) > 30.0);
+        // A looser target allows a bigger batch and more tokens per second.
+        let loose = m.capacity(4000.0, 200.0, 1000.0, 50.0);
+        assert!(loose.decode_batch > c.decode_batch);
+        assert!(loose.decode_tokens_per_s > c.decode_tokens_per_s);
+    }
+
+    #[test]
+    fn the_batch_is_capped_by_the_cache_and_a_tight_target_falls_back_to_one() {
+        let m = WorkerModel {
+            capacity_blocks: 100,
+            ..model()
+        };
+        // 100 blocks of 64 tokens hold 10 sequences of 640 tokens; the polynomial's step
+        // time stays under 100 ms at any usage.
+        assert_eq!(m.capacity(600.0, 80.0, 1000.0, 100.0).decode_batch, 10);
+        let tight = model().capacity(600.0, 80.0, 1000.0, 1.0);
+        assert!(!tight.itl_reachable);
+        assert_eq!(tight.decode_batch, 1);
+    }
+
+    #[test]
+    fn prefill_need_scales_with_rate_and_uncached_tokens() {
+        let m = model();
+        let demand = Demand {
+            rate: 10.0,
+            isl: 2000.0,
+            osl: 100.0,
+            hit_rate: 0.0,
+        };
+        let n = need(&m, &demand, 500.0, 50.0, &Correction::default());
+        let per_worker = 2000.0 / (POLY.prefill_ms(2000) / 1000.0);
+        assert!((n.prefill - 10.0 * 2000.0 / per_worker).abs() < 1e-9);
+        let half_cached = need(
+            &m,
+            &Demand {
+                hit_rate: 0.5,
+                ..demand
+            },
+            500.0,
+            50.0,
+            &Correction::default(),
+        );
+        assert!((half_cached.prefill - n.prefill / 2.0).abs() < 1e-9);
+        let double = need(
+            &m,
+            &Demand {
+                rate: 20.0,
+                ..demand
+            },
+            500.0,
+            50.0,
+            &Correction::default(),
+        );
+        assert!((double.decode - 2.0 * n.decode).abs() < 1e-9);
+        assert!((n.aggregated() - n.prefill - n.decode).abs() < 1e-12);
+    }
+
+    #[test]
+    fn corrections_follow_observation() {
+        let m = model();
+        // Observed ITL twice the model's: the decode model is read at half the target.
+        let expected_itl = m.decode_ms(8, 1100.0);
+        let c = Correction::observed(&m, 1000.0, 200.0, 8.0, None, Some(2.0 * expected_itl));
+        assert!((c.decode - 2.0).abs() < 1e-9);
+        assert_eq!(c.prefill, 1.0);
+        let demand = Demand {
+            rate: 5.0,
+            isl: 1000.0,
+            osl: 200.0,
+            hit_rate: 0.0,
+        };
+        let plain = need(&m, &demand, 500.0, 40.0, &Correction::default());
+        let corrected = need(&m, &demand, 500.0, 40.0, &c);
+        assert!(corrected.decode > plain.decode);
+        // Observed TTFT above the model (queueing) never raises the prefill need; below it
+        // lowers it.
+        let slow = Correction::observed(&m, 1000.0, 200.0, 8.0, Some(10_000.0), None);
+        assert_eq!(slow.prefill, 1.0);
+        let fast = Correction::observed(
+            &m,
+            1000.0,
+            200.0,
+            8.0,
+            Some(POLY.prefill_ms(1000) / 2.0),
+            None,
+        );
+        assert!((fast.prefill - 0.5).abs() < 1e-9);
+        // Absurd observations are clamped.
+        let absurd = Correction::observed(&m, 1000.0, 200.0, 8.0, Some(0.0), Some(1e12));
+        assert_eq!((absurd.prefill, absurd.decode), (0.25, 4.0));
+    }
+}

@@ -1,0 +1,354 @@
+//! The planner's rules on scripted metric sequences: a fleet whose workers appear as asked
+//! (or not), at loads the test sets.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use switchyard_core::WorkerRole;
+use switchyard_core::perf::PerfModel;
+use switchyard_planner::{
+    Action, Decision, Mode, Observation, Planner, PlannerConfig, TrafficSample, WorkerSample,
+};
+
+const AGG: WorkerRole = WorkerRole::Aggregated;
+const PREFILL: WorkerRole = WorkerRole::Prefill;
+const DECODE: WorkerRole = WorkerRole::Decode;
+
+fn config() -> PlannerConfig {
+    PlannerConfig {
+        metric_interval: Duration::from_secs(1),
+        adjustment_interval: Duration::from_secs(10),
+        action_timeout: Duration::from_secs(60),
+        ..PlannerConfig::default()
+    }
+}
+
+/// A scripted fleet: the workers that exist, and the load each role shows.
+struct Fleet {
+    planner: Planner,
+    now: Duration,
+    /// Workers that exist, per role; follows the planner's actions unless `frozen`.
+    workers: BTreeMap<WorkerRole, u32>,
+    frozen: bool,
+    kv: BTreeMap<WorkerRole, f64>,
+    waiting: BTreeMap<WorkerRole, u32>,
+    traffic: TrafficSample,
+    decisions: Vec<Decision>,
+}
+
+impl Fleet {
+    fn new(config: PlannerConfig, initial: &[(WorkerRole, u32)]) -> Fleet {
+        let initial: BTreeMap<_, _> = initial.iter().copied().collect();
+        Fleet {
+            planner: Planner::new(config, &initial, PerfModel::Polynomial, Duration::ZERO).unwrap(),
+            now: Duration::ZERO,
+            workers: initial,
+            frozen: false,
+            kv: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            traffic: TrafficSample::default(),
+            decisions: Vec::new(),
+        }
+    }
+
+    fn observation(&self) -> Observation {
+        let mut workers = Vec::new();
+        for (&role, &n) in &self.workers {
+            for _ in 0..n {
+                workers.push(WorkerSample {
+                    role,
+                    kv_usage: self.kv.get(&role).copied().unwrap_or(0.0),
+                    waiting: self.waiting.get(&role).copied().unwrap_or(0),
+                    running: 0,
+                });
+            }
+        }
+        Observation {
+            workers,
+            traffic: self.traffic,
+        }
+    }
+
+    /// Runs one adjustment interval (pull by pull); returns its decision.
+    fn interval(&mut self) -> Decision {
+        loop {
+            self.now += Duration::from_secs(1);
+            let observation = self.observation();
+            let tick = self.planner.tick(self.now, &observation);
+            if !self.frozen {
+                for Action { role, replicas } in &tick.actions {
+                    self.workers.insert(*role, *replicas);
+                }
+            }
+            if let Some(decision) = tick.decision {
+                self.decisions.push(decision.clone());
+                return decision;
+            }
+        }
+    }
+
+    fn asked(&self, role: WorkerRole) -> u32 {
+        self.planner.replicas()[&role]
+    }
+}
+
+fn actions(d: &Decision) -> Vec<(WorkerRole, u32)> {
+    d.actions.iter().map(|a| (a.role, a.replicas)).collect()
+}
+
+#[test]
+fn high_kv_usage_adds_one_decode_worker_per_interval() {
+    let mut fleet = Fleet::new(config(), &[(PREFILL, 1), (DECODE, 2)]);
+    fleet.kv.insert(DECODE, 0.95);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 3)]);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 4)]);
+    // Decisions come at the adjustment interval, not at every pull.
+    assert_eq!(fleet.now, Duration::from_secs(20));
+    fleet.kv.insert(DECODE, 0.7);
+    assert!(fleet.interval().actions.is_empty());
+}
+
+#[test]
+fn no_decode_removal_during_the_grace_after_an_addition() {
+    let mut fleet = Fleet::new(config(), &[(DECODE, 3)]);
+    fleet.kv.insert(DECODE, 0.95);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 4)]);
+    // Load drops at once: three intervals of grace, then a removal.
+    fleet.kv.insert(DECODE, 0.1);
+    for i in 0..3 {
+        let d = fleet.interval();
+        assert!(d.actions.is_empty(), "interval {i}: {d:?}");
+        assert!(
+            d.reasons.iter().any(|r| r.contains("grace")),
+            "{:?}",
+            d.reasons
+        );
+    }
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 3)]);
+}
+
+#[test]
+fn the_oscillation_guard_keeps_a_worker_the_rest_could_not_carry() {
+    let mut fleet = Fleet::new(config(), &[(DECODE, 2)]);
+    // 0.48 < 0.5, but one worker would run at 0.96 > 0.9.
+    fleet.kv.insert(DECODE, 0.48);
+    let d = fleet.interval();
+    assert!(d.actions.is_empty());
+    assert!(d.reasons.iter().any(|r| r.contains("would run at 0.96")));
+    fleet.kv.insert(DECODE, 0.3);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 1)]);
+}
+
+#[test]
+fn zero_traffic_scales_to_the_minimum() {
+    let mut c = config();
+    c.budget.min_replicas = 2;
+    let mut fleet = Fleet::new(c, &[(AGG, 5)]);
+    // No load at all: no KV samples above zero, no queue.
+    for expected in [4, 3, 2] {
+        assert_eq!(actions(&fleet.interval()), [(AGG, expected)]);
+    }
+    assert!(fleet.interval().actions.is_empty());
+    assert_eq!(fleet.asked(AGG), 2);
+}
+
+#[test]
+fn a_role_with_no_worker_reporting_counts_as_idle_not_unknown() {
+    let mut fleet = Fleet::new(config(), &[(PREFILL, 3), (DECODE, 1)]);
+    // Prefill workers exist but none answers the pulls.
+    fleet.frozen = true;
+    fleet.workers.insert(PREFILL, 0);
+    let d = fleet.interval();
+    assert_eq!(d.interval.role(PREFILL).queue_per_worker, 0.0);
+    assert_eq!(actions(&d), [(PREFILL, 2)]);
+}
+
+#[test]
+fn decisions_wait_for_an_action_in_progress_and_give_up_after_the_timeout() {
+    let mut c = config();
+    c.action_timeout = Duration::from_secs(35);
+    let mut fleet = Fleet::new(c, &[(DECODE, 2)]);
+    fleet.frozen = true; // the new worker never comes
+    fleet.kv.insert(DECODE, 0.95);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 3)]);
+    for _ in 0..3 {
+        let d = fleet.interval();
+        assert!(d.actions.is_empty());
+        assert!(
+            d.reasons.iter().any(|r| r.contains("waiting for 3 decode")),
+            "{:?}",
+            d.reasons
+        );
+    }
+    // 35 s after asking, the planner stops waiting and decides again.
+    let d = fleet.interval();
+    assert!(
+        d.reasons.iter().any(|r| r.contains("gave up waiting")),
+        "{:?}",
+        d.reasons
+    );
+    assert_eq!(actions(&d), [(DECODE, 4)]);
+}
+
+#[test]
+fn the_gpu_budget_caps_growth_and_counts_gpus_per_engine() {
+    let mut c = config();
+    c.budget.max_gpus = 6;
+    c.budget.gpus_per_engine.decode = 2;
+    let mut fleet = Fleet::new(c, &[(PREFILL, 2), (DECODE, 2)]);
+    fleet.kv.insert(DECODE, 0.99);
+    fleet.waiting.insert(PREFILL, 5);
+    // 2·1 + 2·2 = 6 GPUs: nothing more fits.
+    let d = fleet.interval();
+    assert!(d.actions.is_empty(), "{d:?}");
+    assert!(d.reasons.iter().any(|r| r.contains("budget of 6 GPUs")));
+}
+
+#[test]
+fn a_fleet_below_the_minimum_budget_grows() {
+    let mut c = config();
+    c.budget.min_gpus = 3;
+    let mut fleet = Fleet::new(c, &[(AGG, 1)]);
+    assert_eq!(actions(&fleet.interval()), [(AGG, 3)]);
+}
+
+#[test]
+fn a_prefill_queue_grows_the_prefill_pool_unless_its_trend_is_falling() {
+    let mut fleet = Fleet::new(config(), &[(PREFILL, 1), (DECODE, 1)]);
+    fleet.kv.insert(DECODE, 0.7);
+    fleet.waiting.insert(PREFILL, 2);
+    assert_eq!(actions(&fleet.interval()), [(PREFILL, 2)]);
+    // Still above 0.5 per worker, but falling 1 per interval: below within 3 intervals.
+    fleet.waiting.insert(PREFILL, 1);
+    let d = fleet.interval();
+    assert!(d.actions.is_empty(), "{d:?}");
+    assert!(
+        d.reasons.iter().any(|r| r.contains("trend")),
+        "{:?}",
+        d.reasons
+    );
+    // Flat from here: as the fall leaves the trend's window, the queue that stays wins.
+    let mut added = None;
+    for i in 0..5 {
+        let d = fleet.interval();
+        if !d.actions.is_empty() {
+            assert_eq!(actions(&d), [(PREFILL, 3)]);
+            added = Some(i);
+            break;
+        }
+    }
+    assert!(added.is_some_and(|i| i >= 1), "{added:?}");
+}
+
+/// The SLA planner sizes an aggregated fleet for the predicted traffic.
+fn sla_fleet(rate_per_interval: &[u64]) -> Vec<Decision> {
+    let mut c = config();
+    c.mode = Mode::Sla;
+    c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+    c.sla.correction = false;
+    c.budget.max_gpus = 1000;
+    let mut fleet = Fleet::new(c, &[(AGG, 1)]);
+    rate_per_interval
+        .iter()
+        .map(|&requests| {
+            // Spread over the interval's ten pulls.
+            fleet.traffic = TrafficSample {
+                requests: requests / 10,
+                input_tokens: requests / 10 * 3000,
+                output_tokens: requests / 10 * 150,
+                finished: requests / 10,
+                ..TrafficSample::default()
+            };
+            fleet.interval()
+        })
+        .collect()
+}
+
+#[test]
+fn the_sla_planner_scales_with_predicted_demand() {
+    let decisions = sla_fleet(&[100, 1000, 2000, 100, 0]);
+    let after: Vec<u32> = decisions
+        .iter()
+        .map(|d| d.actions.first().map_or(d.replicas[&AGG], |a| a.replicas))
+        .collect();
+    // More traffic, more workers; twice the traffic, about twice the workers.
+    assert!(after[1] > after[0], "{after:?}");
+    assert!(
+        after[2] >= 2 * after[1] - 1 && after[2] <= 2 * after[1] + 1,
+        "{after:?}"
+    );
+    assert!(after[3] < after[2]);
+    // No traffic: the minimum.
+    assert_eq!(after[4], 1);
+    // The decision records the prediction and the need behind it.
+    let d = &decisions[1];
+    let p = d.prediction.unwrap();
+    assert!((p.rate - 100.0).abs() < 1e-9, "{p:?}");
+    assert_eq!(p.isl, 3000.0);
+    let need = d.need.unwrap();
+    assert_eq!(after[1], need.aggregated().ceil() as u32);
+}
+
+#[test]
+fn sla_plans_over_budget_are_scaled_in_proportion() {
+    let mut c = config();
+    c.mode = Mode::Sla;
+    c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+    c.sla.correction = false;
+    c.budget.max_gpus = 10;
+    let mut fleet = Fleet::new(c, &[(PREFILL, 1), (DECODE, 1)]);
+    fleet.traffic = TrafficSample {
+        requests: 500,
+        input_tokens: 500 * 8000,
+        output_tokens: 500 * 400,
+        finished: 500,
+        ..TrafficSample::default()
+    };
+    let d = fleet.interval();
+    let total: u32 = d.actions.iter().map(|a| a.replicas).sum();
+    assert!(total <= 10, "{d:?}");
+    assert!(d.actions.iter().all(|a| a.replicas >= 1));
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.contains("more than the budget of 10"))
+    );
+}
+
+#[test]
+fn a_decision_record_serialises_for_the_log() {
+    let mut fleet = Fleet::new(config(), &[(DECODE, 2)]);
+    fleet.kv.insert(DECODE, 0.95);
+    let d = fleet.interval();
+    let line = serde_json::to_value(&d).unwrap();
+    assert_eq!(line["at"], 10.0);
+    assert_eq!(line["actions"][0]["role"], "decode");
+    assert_eq!(line["actions"][0]["replicas"], 3);
+    assert_eq!(line["replicas"]["decode"], 2);
+    assert!(
+        (line["interval"]["roles"]["decode"]["kv_usage"]
+            .as_f64()
+            .unwrap()
+            - 0.95)
+            .abs()
+            < 1e-9
+    );
+}
+
+#[test]
+fn encoders_and_empty_plans_are_refused() {
+    let initial: BTreeMap<_, _> = [(WorkerRole::Encoder, 1)].into_iter().collect();
+    let e = Planner::new(config(), &initial, PerfModel::Polynomial, Duration::ZERO).unwrap_err();
+    assert_eq!(e.key, "roles");
+    assert!(
+        Planner::new(
+            config(),
+            &BTreeMap::new(),
+            PerfModel::Polynomial,
+            Duration::ZERO
+        )
+        .is_err()
+    );
+}
