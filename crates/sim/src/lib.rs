@@ -10,14 +10,18 @@
 //! - [`simulation`]: the event loop.
 //! - [`faults`]: worker failures (crash, hang, drain; a schedule or an MTBF) and the cost of
 //!   moving requests off failed workers (re-prefill or KV transfer).
+//! - [`scaling`]: the planner's virtual connector (workers added with a cold start,
+//!   removed by graceful drain) and what a planned run reports.
 //! - [`report`]: latency distributions and fleet figures per run.
 
 pub mod faults;
 pub mod report;
+pub mod scaling;
 pub mod simulation;
 pub mod workload;
 
 pub use faults::{FailureReport, FaultConfig, FaultKind, Link, ModelShape, ScheduledFault};
 pub use report::{RequestRecord, SimReport};
+pub use scaling::{PlannerReport, PlannerSim, SlaAttainment, SlaTargets};
 pub use simulation::{SimConfig, SimError, simulate, worker_key};
 pub use workload::{PreparedWorkload, PromptRequest, TraceRequest};

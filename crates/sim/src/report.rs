@@ -152,6 +152,12 @@ pub struct SimReport {
     /// What faults did, when any were played.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failures: Option<crate::faults::FailureReport>,
+    /// Requests within the latency targets, when targets were given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sla: Option<crate::scaling::SlaAttainment>,
+    /// What the planner did, when one scaled the fleet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planner: Option<crate::scaling::PlannerReport>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub request_records: Vec<RequestRecord>,
 }

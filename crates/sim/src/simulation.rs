@@ -41,7 +41,10 @@ use thiserror::Error;
 
 use crate::faults::{FailureReport, FaultConfig, FaultKind, ScheduledFault};
 use crate::report::{LatencyRecorder, LoadSpread, RequestRecord, SimReport, Throughput};
+use crate::scaling::{PlannerSim, SlaAttainment, SlaTargets};
 use crate::workload::PreparedWorkload;
+
+mod scale;
 
 /// Workers tried for one request before it fails (as the servers do).
 const MAX_DISPATCH_ATTEMPTS: usize = 3;
@@ -72,6 +75,10 @@ pub struct SimConfig {
     pub lazy_engines: bool,
     /// Worker failures to play, and the cost of moving requests off failed workers.
     pub faults: FaultConfig,
+    /// Scale the fleet with a planner (`workers` is then the count it starts with).
+    pub planner: Option<PlannerSim>,
+    /// Count the requests that meet these latency targets.
+    pub sla_targets: Option<SlaTargets>,
 }
 
 impl SimConfig {
@@ -94,6 +101,8 @@ pub enum SimError {
     Engine(#[from] InvalidArgs),
     #[error("the workload is cut into {workload}-token blocks but the engines use {engine}")]
     BlockSize { workload: u32, engine: u32 },
+    #[error("invalid planner settings: {0}")]
+    Planner(#[from] switchyard_planner::InvalidConfig),
 }
 
 /// A timed event other than engine steps and KV event deliveries (which have their own
@@ -110,6 +119,10 @@ enum Event {
     Recover(u32),
     /// A moved request's KV has arrived: (request, its move number).
     TransferDone(u32, u32),
+    /// The planner pulls the fleet's metrics (and decides, at its interval).
+    PlannerPull,
+    /// A worker the planner asked for has started and takes requests.
+    WorkerReady(u32),
 }
 
 /// A worker slot's state.
@@ -123,6 +136,12 @@ enum Slot {
         detected: bool,
         back_at: Option<Duration>,
     },
+    /// Asked for by the planner, starting (costs GPU time, takes no requests).
+    Starting,
+    /// Removed by the planner: takes nothing new, leaves when its requests finish.
+    Draining,
+    /// Gone.
+    Retired,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -191,6 +210,8 @@ struct Fleet<'a> {
     stall: LatencyRecorder,
     moved_e2e: LatencyRecorder,
     untouched_e2e: LatencyRecorder,
+    /// The planner and its connector, when the fleet is planned.
+    scaling: Option<scale::Scaling>,
 }
 
 /// Runs the workload through the fleet with one policy. `progress` is told how many
@@ -285,9 +306,14 @@ impl<'a> Fleet<'a> {
             stall: LatencyRecorder::default(),
             moved_e2e: LatencyRecorder::default(),
             untouched_e2e: LatencyRecorder::default(),
+            scaling: None,
         };
         for i in 0..fleet.plan.len() {
             fleet.schedule(fleet.plan[i].at, Event::Fault(i as u32));
+        }
+        if let Some(planner) = &config.planner {
+            fleet.scaling = Some(scale::Scaling::new(planner, config)?);
+            fleet.schedule(planner.config.metric_interval, Event::PlannerPull);
         }
         Ok(fleet)
     }
@@ -359,6 +385,8 @@ impl<'a> Fleet<'a> {
             Event::Detected(slot) => self.take_out(slot as usize),
             Event::Recover(slot) => self.bring_back(slot as usize),
             Event::TransferDone(index, moves) => self.transfer_done(index, moves),
+            Event::PlannerPull => self.planner_pull(),
+            Event::WorkerReady(slot) => self.worker_ready(slot as usize),
         }
     }
 
@@ -416,6 +444,11 @@ impl<'a> Fleet<'a> {
 
     fn arrive(&mut self, index: u32) {
         self.last_event = self.last_event.max(self.now);
+        if let Some(scaling) = &mut self.scaling {
+            scaling.traffic.requests += 1;
+            scaling.traffic.input_tokens +=
+                self.workload.requests[index as usize].prompt.total_tokens() as u64;
+        }
         let priority = self.workload.requests[index as usize].priority;
         self.requests[index as usize].last_token = self.now;
         match self
@@ -511,7 +544,11 @@ impl<'a> Fleet<'a> {
                     self.per_worker_requests[slot] += 1;
                     return;
                 }
-                Slot::Up => {}
+                // Neither is registered with the core, which cannot route to them.
+                Slot::Starting | Slot::Retired => {
+                    unreachable!("routed to a worker the core does not know")
+                }
+                Slot::Up | Slot::Draining => {}
             }
             if kv_tokens > 0
                 && let Some(link) = self.config.faults.link
@@ -694,7 +731,7 @@ impl<'a> Fleet<'a> {
         let Some((_, _, mock)) = self.transfers.remove(&index) else {
             return;
         };
-        if self.slots[slot] != Slot::Up {
+        if !matches!(self.slots[slot], Slot::Up | Slot::Draining) {
             // Hung: it sits there until the hang is found and it moves again.
             return;
         }
@@ -779,6 +816,11 @@ impl<'a> Fleet<'a> {
             }
             if state.first_token.is_none() {
                 let arrival = self.workload.requests[index].arrival;
+                if let Some(scaling) = &mut self.scaling {
+                    scaling.traffic.cached_tokens += u64::from(token.cached_tokens);
+                    scaling.traffic.ttft_ms_sum += (now - arrival).as_secs_f64() * 1e3;
+                    scaling.traffic.ttft_count += 1;
+                }
                 self.ttft.record(micros(now - arrival));
                 self.core.observe_ttft(now - arrival);
                 self.core.prefill_done(token.request, now);
@@ -788,6 +830,10 @@ impl<'a> Fleet<'a> {
                     self.workload.requests[index].prompt.total_tokens() as u64;
                 self.report.cached_tokens += u64::from(token.cached_tokens);
             } else {
+                if let Some(scaling) = &mut self.scaling {
+                    scaling.traffic.itl_ms_sum += (now - state.last_token).as_secs_f64() * 1e3;
+                    scaling.traffic.itl_count += 1;
+                }
                 self.itl.record(micros(now - state.last_token));
             }
             state.last_token = now;
@@ -804,6 +850,10 @@ impl<'a> Fleet<'a> {
                 }
                 state.finished = Some(now);
                 state.outcome = Outcome::Completed(reason);
+                if let Some(scaling) = &mut self.scaling {
+                    scaling.traffic.output_tokens += u64::from(state.output_tokens);
+                    scaling.traffic.finished += 1;
+                }
                 self.core.finish(token.request);
                 self.report.completed += 1;
                 if reason == FinishReason::Stop {
@@ -834,6 +884,9 @@ impl<'a> Fleet<'a> {
             self.start_step(slot, now);
         } else {
             self.step_end[slot] = None;
+            if self.slots[slot] == Slot::Draining {
+                self.retire(slot);
+            }
         }
         if freed {
             self.release_queued();
@@ -883,6 +936,14 @@ impl<'a> Fleet<'a> {
         r.load_spread =
             LoadSpread::from_counts(&self.per_worker_requests, &self.per_worker_prefill);
         r.simulated_seconds = end.as_secs_f64();
+        if let Some(targets) = self.config.sla_targets {
+            r.sla = Some(attainment(targets, &self.requests, &self.workload.requests));
+        }
+        if self.scaling.is_some() {
+            let report = self.planner_report(end);
+            self.report.planner = Some(report);
+        }
+        let r = &mut self.report;
         if self.config.faults.any() {
             let mut failures = std::mem::take(&mut self.failures);
             for slot in &self.slots {
@@ -950,6 +1011,37 @@ fn worker_spec(args: &EngineArgs, perf: &PerfModel, slot: u32) -> WorkerSpec {
 
 fn slot_of(worker: WorkerKey) -> usize {
     (worker.worker_id.0 - 1) as usize
+}
+
+/// Requests that met the latency targets (their TTFT, and their mean inter-token latency).
+fn attainment(
+    targets: SlaTargets,
+    states: &[RequestState],
+    requests: &[crate::workload::PreparedRequest],
+) -> SlaAttainment {
+    let mut a = SlaAttainment {
+        requests: states.len() as u64,
+        ..SlaAttainment::default()
+    };
+    for (state, request) in states.iter().zip(requests) {
+        let (Outcome::Completed(_), Some(first), Some(end)) =
+            (state.outcome, state.first_token, state.finished)
+        else {
+            continue;
+        };
+        let ttft_ok = first.saturating_sub(request.arrival) <= targets.ttft;
+        let gaps = state.output_tokens.saturating_sub(1);
+        let itl_ok = gaps == 0 || end.saturating_sub(first) / gaps <= targets.itl;
+        a.ttft_met += u64::from(ttft_ok);
+        a.itl_met += u64::from(itl_ok);
+        a.within += u64::from(ttft_ok && itl_ok);
+    }
+    a.share = if a.requests == 0 {
+        1.0
+    } else {
+        a.within as f64 / a.requests as f64
+    };
+    a
 }
 
 fn micros(d: Duration) -> u64 {

@@ -38,6 +38,8 @@ fn config(faults: FaultConfig) -> SimConfig {
         record_requests: true,
         lazy_engines: true,
         faults,
+        planner: None,
+        sla_targets: None,
     }
 }
 

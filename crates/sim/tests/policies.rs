@@ -33,6 +33,8 @@ fn config(workers: u32) -> SimConfig {
         record_requests: false,
         lazy_engines: true,
         faults: Default::default(),
+        planner: None,
+        sla_targets: None,
     }
 }
 

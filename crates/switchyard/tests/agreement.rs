@@ -230,6 +230,8 @@ fn sim(
         record_requests: true,
         lazy_engines: true,
         faults: Default::default(),
+        planner: None,
+        sla_targets: None,
     };
     let report = simulate(&sim_config, &workload, config.router.policy, &mut |_| {}).unwrap();
     let outcomes = report

@@ -316,6 +316,8 @@ pub fn run(args: SimArgs) -> Result<()> {
             link: args.kv_link,
             kv_bytes_per_token: args.model_shape.kv_bytes_per_token(),
         },
+        planner: None,
+        sla_targets: None,
     };
 
     if sweep {

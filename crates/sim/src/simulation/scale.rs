@@ -1,0 +1,257 @@
+//! The planner's virtual connector: the fleet's metrics go to the same [`Planner`] the
+//! servers' planner runs, at its metric interval in virtual time, and its replica counts
+//! become workers started (after a cold start) or drained.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use switchyard_core::WorkerRole;
+use switchyard_mocker::MockEngine;
+use switchyard_planner::{Decision, Observation, Planner, TrafficSample, WorkerSample};
+
+use super::{Event, Fleet, SimConfig, SimError, Slot, StepOutput, worker_key, worker_spec};
+use crate::faults::FaultKind;
+use crate::scaling::{PlannerReport, PlannerSim};
+
+/// The planner and what it did.
+#[derive(Debug)]
+pub(super) struct Scaling {
+    planner: Planner,
+    cold_start: Duration,
+    metric_interval: Duration,
+    gpus_per_engine: f64,
+    /// Traffic since the last pull.
+    pub(super) traffic: TrafficSample,
+    decisions: Vec<Decision>,
+    worker_seconds: f64,
+    accounted_at: Duration,
+    peak: u32,
+    added: u32,
+    removed: u32,
+}
+
+impl Scaling {
+    pub(super) fn new(sim: &PlannerSim, config: &SimConfig) -> Result<Scaling, SimError> {
+        let initial: BTreeMap<WorkerRole, u32> = [(WorkerRole::Aggregated, config.workers)]
+            .into_iter()
+            .collect();
+        let planner = Planner::new(
+            sim.config.clone(),
+            &initial,
+            config.perf_of(0).clone(),
+            Duration::ZERO,
+        )?;
+        Ok(Scaling {
+            planner,
+            cold_start: sim.cold_start,
+            metric_interval: sim.config.metric_interval,
+            gpus_per_engine: f64::from(sim.config.budget.gpus_per_engine.aggregated),
+            traffic: TrafficSample::default(),
+            decisions: Vec::new(),
+            worker_seconds: 0.0,
+            accounted_at: Duration::ZERO,
+            peak: config.workers,
+            added: 0,
+            removed: 0,
+        })
+    }
+}
+
+impl Fleet<'_> {
+    /// Workers that cost GPU time: starting, up, draining, or failed (the machine is still
+    /// there).
+    fn live_workers(&self) -> u32 {
+        self.slots.iter().filter(|s| **s != Slot::Retired).count() as u32
+    }
+
+    /// Adds the GPU time spent since the last change of the fleet.
+    fn account(&mut self) {
+        let live = self.live_workers();
+        let now = self.now;
+        if let Some(s) = &mut self.scaling {
+            s.worker_seconds += f64::from(live) * now.saturating_sub(s.accounted_at).as_secs_f64();
+            s.accounted_at = now;
+            s.peak = s.peak.max(live);
+        }
+    }
+
+    /// Whether any request is still to arrive or to finish.
+    fn work_remains(&self) -> bool {
+        let r = &self.report;
+        r.completed + r.rejected + r.failed < r.requests
+    }
+
+    pub(super) fn planner_pull(&mut self) {
+        let Some(scaling) = &mut self.scaling else {
+            return;
+        };
+        let traffic = std::mem::take(&mut scaling.traffic);
+        let workers = self
+            .slots
+            .iter()
+            .zip(&self.engines)
+            .filter(|(slot, _)| **slot == Slot::Up)
+            .map(|(_, engine)| {
+                let load = engine.load();
+                WorkerSample {
+                    role: WorkerRole::Aggregated,
+                    kv_usage: load.kv_usage(),
+                    waiting: load.waiting,
+                    running: load.running,
+                }
+            })
+            .collect();
+        let observation = Observation { workers, traffic };
+        let tick = scaling.planner.tick(self.now, &observation);
+        if let Some(decision) = tick.decision {
+            scaling.decisions.push(decision);
+        }
+        let next = self.now + scaling.metric_interval;
+        for action in tick.actions {
+            self.scale_to(action.replicas);
+        }
+        if self.work_remains() {
+            self.schedule(next, Event::PlannerPull);
+        }
+    }
+
+    /// Starts or drains workers until `target` are up or starting.
+    fn scale_to(&mut self, target: u32) {
+        self.account();
+        let counted = |s: &Slot| matches!(s, Slot::Starting | Slot::Up);
+        let mut current = self.slots.iter().filter(|s| counted(s)).count() as u32;
+        while current < target {
+            self.start_worker();
+            current += 1;
+        }
+        while current > target {
+            // A worker still starting goes first (the newest); else the least busy one.
+            let victim = if let Some(slot) = self.slots.iter().rposition(|s| *s == Slot::Starting) {
+                self.slots[slot] = Slot::Retired;
+                self.scaled_down();
+                current -= 1;
+                continue;
+            } else {
+                (0..self.slots.len())
+                    .filter(|&i| self.slots[i] == Slot::Up)
+                    .min_by_key(|&i| {
+                        let load = self.engines[i].load();
+                        (load.running + load.waiting, std::cmp::Reverse(i))
+                    })
+            };
+            let Some(slot) = victim else {
+                break;
+            };
+            self.drain(slot);
+            current -= 1;
+        }
+    }
+
+    fn scaled_down(&mut self) {
+        if let Some(s) = &mut self.scaling {
+            s.removed += 1;
+        }
+    }
+
+    fn start_worker(&mut self) {
+        let slot = self.engines.len();
+        let key = worker_key(slot as u32);
+        let Ok(engine) = MockEngine::new(
+            key,
+            self.config.engine,
+            self.config.perf_of(slot).clone(),
+            self.config.seed,
+        ) else {
+            unreachable!("the engine arguments were accepted at the start");
+        };
+        self.engines.push(engine);
+        self.outputs.push(StepOutput::default());
+        self.step_end.push(None);
+        self.slots.push(Slot::Starting);
+        self.accepted.push(false);
+        self.per_worker_requests.push(0);
+        self.per_worker_prefill.push(0);
+        let cold_start = self
+            .scaling
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.cold_start);
+        if let Some(s) = &mut self.scaling {
+            s.added += 1;
+        }
+        self.schedule(self.now + cold_start, Event::WorkerReady(slot as u32));
+    }
+
+    pub(super) fn worker_ready(&mut self, slot: usize) {
+        if self.slots[slot] != Slot::Starting {
+            return;
+        }
+        if self
+            .core
+            .add_worker(worker_spec(
+                &self.config.engine,
+                self.config.perf_of(slot),
+                slot as u32,
+            ))
+            .is_err()
+        {
+            unreachable!("every simulated worker has the same block size");
+        }
+        self.slots[slot] = Slot::Up;
+        self.accepted[slot] = self.core.accepts_events(worker_key(slot as u32).worker_id);
+        self.release_queued();
+    }
+
+    /// Takes the worker out of routing; it leaves once its requests have finished.
+    fn drain(&mut self, slot: usize) {
+        self.core
+            .set_draining(worker_key(slot as u32).worker_id, true);
+        self.slots[slot] = Slot::Draining;
+        self.scaled_down();
+        if self.step_end[slot].is_none() && !self.engines[slot].has_work() {
+            self.retire(slot);
+        }
+    }
+
+    /// A drained worker leaves.
+    pub(super) fn retire(&mut self, slot: usize) {
+        self.account();
+        let key = worker_key(slot as u32);
+        // Anything still bound to it (a request whose KV is on its way there) goes
+        // elsewhere, as from a drained worker.
+        let mut caught = self.core.remove_worker(key.worker_id);
+        self.indexer.remove_worker(key);
+        self.accepted[slot] = false;
+        for events in &mut self.in_flight_events {
+            events.retain(|e| e.worker() != key);
+        }
+        self.slots[slot] = Slot::Retired;
+        caught.sort_unstable();
+        let now = self.now;
+        for id in caught {
+            self.move_request(id.0 as u32, FaultKind::Drain, now);
+        }
+    }
+
+    pub(super) fn planner_report(&mut self, end: Duration) -> PlannerReport {
+        self.now = self.now.max(end);
+        self.account();
+        let final_workers = self
+            .slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Up | Slot::Starting))
+            .count() as u32;
+        let Some(s) = self.scaling.take() else {
+            return PlannerReport::default();
+        };
+        let span = end.as_secs_f64().max(f64::MIN_POSITIVE);
+        PlannerReport {
+            gpu_hours: s.worker_seconds * s.gpus_per_engine / 3600.0,
+            mean_workers: s.worker_seconds / span,
+            peak_workers: s.peak,
+            final_workers,
+            workers_added: s.added,
+            workers_removed: s.removed,
+            decisions: s.decisions,
+        }
+    }
+}
