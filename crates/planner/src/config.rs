@@ -103,6 +103,23 @@ pub struct SlaConfig {
     /// KV blocks per worker and tokens per block, for the decode model's cache usage.
     pub capacity_blocks: u64,
     pub block_size: u32,
+    /// Share of the KV cache the decode batch may fill: the rest takes the prompts being
+    /// admitted (a batch sized to a full cache leaves every new request waiting).
+    pub max_kv_usage: f64,
+    /// Utilization to size for: workers = need / this. Below 1 so bursts within an
+    /// interval, and the interval it takes to see them, find room.
+    pub target_utilization: f64,
+    /// A smaller fleet is asked for only after this many consecutive decisions want one
+    /// (the largest of their counts): removing a worker loses its cache, and one noisy
+    /// interval should not cost it. Additions are immediate.
+    pub scale_down_intervals: u32,
+    /// Plan for the busiest of the next this-many intervals (as predicted): what is asked
+    /// for now arrives after a cold start and must last until the next decision's workers
+    /// do, so with a cold start as long as the interval, 2.
+    pub lookahead_intervals: u32,
+    /// Decide at once, not at the interval's end, when this many requests wait per
+    /// worker at a pull (a burst the interval's average would show too late); 0: never.
+    pub panic_queue: f64,
 }
 
 impl Default for SlaConfig {
@@ -114,6 +131,11 @@ impl Default for SlaConfig {
             correction: true,
             capacity_blocks: 16_384,
             block_size: 64,
+            max_kv_usage: 0.85,
+            target_utilization: 0.65,
+            scale_down_intervals: 3,
+            lookahead_intervals: 2,
+            panic_queue: 4.0,
         }
     }
 }
@@ -238,6 +260,20 @@ impl PlannerConfig {
         }
         if self.sla.block_size == 0 {
             return Err(invalid("sla.block_size", "must be more than zero"));
+        }
+        if !(self.sla.panic_queue.is_finite() && self.sla.panic_queue >= 0.0) {
+            return Err(invalid(
+                "sla.panic_queue",
+                format!("{} is not a number ≥ 0", self.sla.panic_queue),
+            ));
+        }
+        for (key, value) in [
+            ("sla.max_kv_usage", self.sla.max_kv_usage),
+            ("sla.target_utilization", self.sla.target_utilization),
+        ] {
+            if !(value > 0.0 && value <= 1.0) {
+                return Err(invalid(key, format!("{value} is not a share in (0, 1]")));
+            }
         }
         self.sla
             .predictor

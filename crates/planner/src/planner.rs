@@ -80,6 +80,10 @@ pub struct Planner {
     osl: Predictor,
     last_hit_rate: f64,
     perf: PerfModel,
+    /// SLA mode: the counts wanted by the recent decisions that wanted fewer workers.
+    smaller_wanted: Vec<BTreeMap<WorkerRole, u32>>,
+    /// An early decision plans for at least the rate seen so far in its interval.
+    rate_floor: f64,
 }
 
 impl Planner {
@@ -117,6 +121,8 @@ impl Planner {
             osl: predictor.build(),
             last_hit_rate: 0.0,
             perf,
+            smaller_wanted: Vec::new(),
+            rate_floor: 0.0,
             config,
         })
     }
@@ -139,14 +145,22 @@ impl Planner {
     pub fn tick(&mut self, now: Duration, observation: &Observation) -> Tick {
         self.settle(now, observation);
         self.accumulator.add(&self.roles, observation);
-        if now < self.next_adjustment {
+        let panic = self.panic(now, observation);
+        if now < self.next_adjustment && panic.is_none() {
             return Tick::default();
         }
         let seconds = now.saturating_sub(self.interval_start).as_secs_f64();
         let summary = self.accumulator.finish(seconds);
         self.interval_start = now;
+        if panic.is_some() {
+            // The cadence starts over from this early decision.
+            self.next_adjustment = now + self.config.adjustment_interval;
+        }
         while self.next_adjustment <= now {
             self.next_adjustment += self.config.adjustment_interval;
+        }
+        if let Some(reason) = &panic {
+            self.notes.push(reason.clone());
         }
         self.intervals += 1;
         for &role in &self.roles {
@@ -156,12 +170,47 @@ impl Planner {
                 history.pop_front();
             }
         }
-        self.learn(&summary);
+        // An early decision's short interval is not one the predictors learn from; its
+        // rate is a floor for the plan instead.
+        let floor = if panic.is_some() {
+            summary.traffic.rate
+        } else {
+            self.learn(&summary);
+            0.0
+        };
+        self.rate_floor = floor;
         let decision = self.decide(now, summary);
         Tick {
             actions: decision.actions.clone(),
             decision: Some(decision),
         }
+    }
+
+    /// SLA mode: a queue this deep at a pull is not left for the end of the interval.
+    fn panic(&self, now: Duration, observation: &Observation) -> Option<String> {
+        let threshold = self.config.sla.panic_queue;
+        if self.config.mode != Mode::Sla
+            || threshold <= 0.0
+            || !self.pending.is_empty()
+            // A third of an interval at least: a rate over a few seconds of a bursty trace
+            // says little.
+            || now.saturating_sub(self.interval_start) < self.config.adjustment_interval / 3
+        {
+            return None;
+        }
+        let planned: Vec<_> = observation
+            .workers
+            .iter()
+            .filter(|w| self.roles.contains(&w.role))
+            .collect();
+        if planned.is_empty() {
+            return None;
+        }
+        let waiting =
+            planned.iter().map(|w| f64::from(w.waiting)).sum::<f64>() / planned.len() as f64;
+        (waiting >= threshold).then(|| {
+            format!("early decision: {waiting:.1} requests waiting per worker (≥ {threshold})")
+        })
     }
 
     /// Ends the scaling actions the fleet now shows done, or that took too long.
@@ -284,44 +333,82 @@ impl Planner {
         wanted
     }
 
-    fn sla_targets(&self, decision: &mut Decision) -> BTreeMap<WorkerRole, u32> {
+    fn sla_targets(&mut self, decision: &mut Decision) -> BTreeMap<WorkerRole, u32> {
         let sla = &self.config.sla;
         let model = WorkerModel {
             perf: &self.perf,
             capacity_blocks: sla.capacity_blocks,
             block_size: sla.block_size,
+            max_kv_usage: sla.max_kv_usage,
         };
         let seconds = self.config.adjustment_interval.as_secs_f64();
+        // Sized for the predicted rate over the target utilization.
+        let rate = (1..=sla.lookahead_intervals.max(1))
+            .filter_map(|h| self.requests.predict_ahead(h))
+            .fold(0.0, f64::max);
+        // Lengths not learned yet (an early first decision): this interval's.
+        let seen = decision.interval.traffic;
         let demand = Demand {
-            rate: self.requests.predict().unwrap_or(0.0) / seconds,
-            isl: self.isl.predict().unwrap_or(0.0),
-            osl: self.osl.predict().unwrap_or(0.0),
+            rate: (rate / seconds).max(self.rate_floor),
+            isl: self.isl.predict().unwrap_or(seen.isl),
+            osl: self.osl.predict().unwrap_or(seen.osl),
             hit_rate: self.last_hit_rate,
         };
+        let sized = Demand {
+            rate: demand.rate / sla.target_utilization,
+            ..demand
+        };
         let t = &decision.interval.traffic;
-        let running = self
+        let generating: Vec<WorkerRole> = self
             .roles
             .iter()
+            .copied()
             .filter(|r| r.serves_generation())
+            .collect();
+        let running = generating
+            .iter()
             .map(|&r| decision.interval.role(r).running_per_worker)
             .fold(0.0, f64::max);
+        // The share of their time aggregated workers spent prefilling this interval.
+        let prefill_share = if generating.contains(&WorkerRole::Aggregated) && t.isl >= 1.0 {
+            let workers = f64::from(
+                decision
+                    .interval
+                    .role(WorkerRole::Aggregated)
+                    .workers
+                    .max(1),
+            );
+            let per_prompt = self.perf.prefill_ms(t.isl as u32) / 1000.0;
+            t.rate * (1.0 - t.hit_rate) * per_prompt / workers
+        } else {
+            0.0
+        };
         let correction = if sla.correction {
-            Correction::observed(&model, t.isl, t.osl, running, t.ttft_ms, t.itl_ms)
+            Correction::observed(
+                &model,
+                t.isl,
+                t.osl,
+                running,
+                prefill_share,
+                t.ttft_ms,
+                t.itl_ms,
+            )
         } else {
             Correction::default()
         };
         let ttft = sla.ttft_target.as_secs_f64() * 1000.0;
         let itl = sla.itl_target.as_secs_f64() * 1000.0;
-        let need = sla::need(&model, &demand, ttft, itl, &correction);
+        let need = sla::need(&model, &sized, ttft, itl, &correction);
         decision.reasons.push(format!(
             "predicted {:.2} req/s, {:.0} prompt tokens ({:.0} % cached), {:.0} output tokens: \
-             {:.2} workers of prefill, {:.2} of decode",
+             {:.2} workers of prefill, {:.2} of decode, {} aggregated",
             demand.rate,
             demand.isl,
             demand.hit_rate * 100.0,
             demand.osl,
             need.prefill,
-            need.decode
+            need.decode,
+            need.aggregated
         ));
         if demand.rate > 0.0 && !need.capacity.ttft_reachable {
             decision.reasons.push(format!(
@@ -339,14 +426,56 @@ impl Planner {
             let workers = match role {
                 WorkerRole::Prefill => need.prefill,
                 WorkerRole::Decode => need.decode,
-                _ => need.aggregated(),
+                _ => need.aggregated,
             };
             wanted.insert(role, workers.ceil().min(f64::from(u32::MAX)) as u32);
         }
         decision.prediction = Some(demand);
         decision.need = Some(need);
         decision.correction = Some(correction);
-        wanted
+        self.hold_scale_down(wanted, &mut decision.reasons)
+    }
+
+    /// Additions at once; a removal only once `scale_down_intervals` decisions in a row
+    /// want one, to the largest count they wanted.
+    fn hold_scale_down(
+        &mut self,
+        mut wanted: BTreeMap<WorkerRole, u32>,
+        reasons: &mut Vec<String>,
+    ) -> BTreeMap<WorkerRole, u32> {
+        let min = self.config.budget.min_replicas;
+        let fewer = wanted
+            .iter()
+            .any(|(r, &n)| n.max(min) < self.replicas.get(r).copied().unwrap_or(0));
+        let more = wanted
+            .iter()
+            .any(|(r, &n)| n.max(min) > self.replicas.get(r).copied().unwrap_or(0));
+        if !fewer || more {
+            self.smaller_wanted.clear();
+            // Roles that would shrink alongside a growing one keep their count.
+            for (role, n) in wanted.iter_mut() {
+                *n = (*n).max(self.replicas.get(role).copied().unwrap_or(0));
+            }
+            return wanted;
+        }
+        self.smaller_wanted.push(wanted.clone());
+        let needed = self.config.sla.scale_down_intervals.max(1) as usize;
+        if self.smaller_wanted.len() < needed {
+            reasons.push(format!(
+                "fewer workers wanted {} of {needed} decisions in a row: holding",
+                self.smaller_wanted.len()
+            ));
+            return self.replicas.clone();
+        }
+        let mut target = BTreeMap::new();
+        for recent in &self.smaller_wanted[self.smaller_wanted.len() - needed..] {
+            for (&role, &n) in recent {
+                let t = target.entry(role).or_insert(0);
+                *t = (*t).max(n);
+            }
+        }
+        self.smaller_wanted.clear();
+        target
     }
 
     fn gpus(&self, replicas: &BTreeMap<WorkerRole, u32>) -> u64 {

@@ -229,14 +229,21 @@ impl Predictor {
     /// The next interval's value, never negative (loads are counts); `None` before the
     /// first observation.
     pub fn predict(&self) -> Option<f64> {
+        self.predict_ahead(1)
+    }
+
+    /// The value `steps` intervals ahead (1: the next), never negative. The level-only
+    /// predictors say the same for every step; the trend followers extrapolate.
+    pub fn predict_ahead(&self, steps: u32) -> Option<f64> {
+        let h = f64::from(steps.max(1));
         let raw = match &self.state {
             State::Constant { last } => *last,
             State::MovingAverage { values, sum, .. } => {
                 (!values.is_empty()).then(|| sum / values.len() as f64)
             }
-            State::Holt(h) => h.predict(),
-            State::Kalman(k) => k.predict(),
-            State::Seasonal(s) => s.predict(),
+            State::Holt(holt) => holt.ahead(h),
+            State::Kalman(k) => k.ahead(h),
+            State::Seasonal(s) => s.ahead(steps.max(1)),
         };
         raw.map(|v| v.max(0.0))
     }
@@ -271,8 +278,8 @@ impl Holt {
         }
     }
 
-    fn predict(&self) -> Option<f64> {
-        self.level.map(|l| l + self.trend)
+    fn ahead(&self, h: f64) -> Option<f64> {
+        self.level.map(|l| l + h * self.trend)
     }
 }
 
@@ -328,8 +335,8 @@ impl Kalman {
         ];
     }
 
-    fn predict(&self) -> Option<f64> {
-        self.state.map(|[level, slope]| level + slope)
+    fn ahead(&self, h: f64) -> Option<f64> {
+        self.state.map(|[level, slope]| level + h * slope)
     }
 }
 
@@ -394,11 +401,12 @@ impl Seasonal {
         self.t += 1;
     }
 
-    fn predict(&self) -> Option<f64> {
+    fn ahead(&self, steps: u32) -> Option<f64> {
         if self.season.is_empty() {
-            self.holt.predict()
+            self.holt.ahead(f64::from(steps))
         } else {
-            Some(self.level + self.trend + self.season[self.t % self.period])
+            let i = (self.t + steps as usize - 1) % self.period;
+            Some(self.level + f64::from(steps) * self.trend + self.season[i])
         }
     }
 }
@@ -480,6 +488,24 @@ mod tests {
         }
         assert_eq!(after(&PredictorConfig::Constant, &ramp), next - 5.0);
         assert!(after(&PredictorConfig::MovingAverage { window: 5 }, &ramp) <= next - 15.0);
+    }
+
+    #[test]
+    fn predictions_further_ahead_follow_the_trend() {
+        let ramp: Vec<f64> = (0..40).map(|i| 10.0 + 5.0 * f64::from(i)).collect();
+        let mut holt = PredictorConfig::default().build();
+        let mut constant = PredictorConfig::Constant.build();
+        for &x in &ramp {
+            holt.observe(x);
+            constant.observe(x);
+        }
+        let (one, three) = (
+            holt.predict_ahead(1).unwrap(),
+            holt.predict_ahead(3).unwrap(),
+        );
+        assert!((three - one - 10.0).abs() < 1.0, "{one} {three}");
+        assert_eq!(constant.predict_ahead(3), constant.predict());
+        assert_eq!(holt.predict_ahead(0), holt.predict());
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! - Decode: at the mean context (`isl + osl / 2`), the largest batch whose step time stays
 //!   within the ITL target sets a worker's tokens per second; the work is rate × OSL.
 //! - Aggregated workers do both on one engine, a mixed step taking the prefill time plus
-//!   the decode time: their needs add up (worker-seconds of prefill + of decode, per second).
+//!   the decode time: a worker prefilling a share `f` of the time decodes the rest of it,
+//!   its sequences waiting through the prefill chunks, so its mean ITL is about
+//!   `step(b) / (1 − f)`. The fleet is the fewest workers whose share of the prompts leaves
+//!   a batch within the ITL target that decodes their share of the output tokens.
 //! - Correction: observed TTFT over the model's prefill time scales the prefill need down
 //!   (never up: observed TTFT includes queueing the model does not, which more workers would
 //!   remove), and observed ITL over the model's step time at the observed batch tightens (or
@@ -28,6 +31,8 @@ pub struct Capacity {
     pub prefill_tokens_per_s: f64,
     /// Whether a lone prompt of this length meets the TTFT target at all.
     pub ttft_reachable: bool,
+    /// Largest batch the cache holds (within `max_kv_usage`).
+    pub max_batch: u32,
     /// Largest batch holding the ITL target, and the tokens per second it decodes.
     pub decode_batch: u32,
     pub decode_tokens_per_s: f64,
@@ -41,6 +46,8 @@ pub struct WorkerModel<'a> {
     pub perf: &'a PerfModel,
     pub capacity_blocks: u64,
     pub block_size: u32,
+    /// Share of the cache a decode batch may fill.
+    pub max_kv_usage: f64,
 }
 
 impl WorkerModel<'_> {
@@ -70,7 +77,8 @@ impl WorkerModel<'_> {
         let blocks_each = (context.max(1.0) / f64::from(self.block_size))
             .ceil()
             .max(1.0);
-        let max_batch = ((self.capacity_blocks as f64 / blocks_each).floor() as u32).max(1);
+        let usable = self.capacity_blocks as f64 * self.max_kv_usage.clamp(0.0, 1.0);
+        let max_batch = ((usable / blocks_each).floor() as u32).max(1);
         // Step time grows with the batch: the largest batch within the target, by bisection.
         let within = |batch: u32| self.decode_ms(batch, context) <= itl_ms;
         let batch = if !within(1) {
@@ -93,6 +101,7 @@ impl WorkerModel<'_> {
         Capacity {
             prefill_tokens_per_s: f64::from(isl_tokens) / (prefill_ms / 1000.0),
             ttft_reachable: prefill_ms <= ttft_ms,
+            max_batch,
             decode_batch: batch,
             decode_tokens_per_s: f64::from(batch) / (step_ms / 1000.0),
             itl_reachable: within(1),
@@ -129,12 +138,15 @@ impl Default for Correction {
 }
 
 impl Correction {
-    /// From an interval's observed mean TTFT and ITL, its mean prompt length and batch.
+    /// From an interval's observed mean TTFT and ITL, its mean prompt length and batch,
+    /// and the share of the time the decoding workers spent prefilling (0 for decode-only
+    /// workers).
     pub fn observed(
         model: &WorkerModel<'_>,
         isl: f64,
         osl: f64,
         running_per_worker: f64,
+        prefill_share: f64,
         ttft_ms: Option<f64>,
         itl_ms: Option<f64>,
     ) -> Correction {
@@ -152,27 +164,26 @@ impl Correction {
         }
         if let Some(itl) = itl_ms {
             let batch = running_per_worker.round().max(1.0) as u32;
-            let expected = model.decode_ms(batch, isl + osl / 2.0).max(1e-3);
+            let stretch = 1.0 - prefill_share.clamp(0.0, 0.9);
+            let expected = model.decode_ms(batch, isl + osl / 2.0).max(1e-3) / stretch;
             c.decode = clamp(itl / expected);
         }
         c
     }
 }
 
-/// Workers needed, fractional (the caller rounds up and applies the budget).
+/// Workers needed: fractional for the prefill and decode pools (the caller rounds up and
+/// applies the budget), whole for an aggregated fleet doing both.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Need {
     pub prefill: f64,
     pub decode: f64,
+    pub aggregated: f64,
     pub capacity: Capacity,
 }
 
-impl Need {
-    /// For an aggregated fleet: both on the same engines.
-    pub fn aggregated(&self) -> f64 {
-        self.prefill + self.decode
-    }
-}
+/// Most aggregated workers [`need`] considers.
+const MAX_AGGREGATED: u32 = 100_000;
 
 /// Workers needed for `demand` at the targets.
 pub fn need(
@@ -188,11 +199,70 @@ pub fn need(
     let prefill =
         demand.rate * uncached * correction.prefill / capacity.prefill_tokens_per_s.max(1e-9);
     let decode = demand.rate * demand.osl / capacity.decode_tokens_per_s.max(1e-9);
+    let aggregated = aggregated_workers(model, demand, prefill, itl_target, &capacity);
     Need {
         prefill: prefill.max(0.0),
         decode: decode.max(0.0),
+        aggregated: f64::from(aggregated),
         capacity,
     }
+}
+
+/// The fewest aggregated workers that carry `prefill_load` worker-seconds of prefill per
+/// second and decode the demand's output within the ITL target (see the module docs).
+fn aggregated_workers(
+    model: &WorkerModel<'_>,
+    demand: &Demand,
+    prefill_load: f64,
+    itl_target: f64,
+    capacity: &Capacity,
+) -> u32 {
+    let tokens = demand.rate * demand.osl;
+    if !(tokens > 0.0 || prefill_load > 0.0) {
+        return 0;
+    }
+    let context = demand.isl + demand.osl / 2.0;
+    let max_batch = capacity.max_batch.max(1);
+    // The decode tokens per second of one worker prefilling a share `f` of the time.
+    let decode_rate = |f: f64| -> f64 {
+        let budget = itl_target * (1.0 - f);
+        if model.decode_ms(1, context) > budget {
+            return 0.0;
+        }
+        let (mut lo, mut hi) = (1u32, max_batch);
+        if model.decode_ms(hi, context) <= budget {
+            lo = hi;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if model.decode_ms(mid, context) <= budget {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        f64::from(lo) / (model.decode_ms(lo, context).max(1e-3) / 1000.0) * (1.0 - f)
+    };
+    let feasible = |n: u32| {
+        let f = prefill_load / f64::from(n);
+        f < 0.95 && decode_rate(f) * f64::from(n) >= tokens
+    };
+    if !feasible(MAX_AGGREGATED) {
+        return MAX_AGGREGATED;
+    }
+    let (mut lo, mut hi) = (1u32, MAX_AGGREGATED);
+    if feasible(1) {
+        return 1;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if feasible(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
 }
 
 #[cfg(test)]
@@ -206,6 +276,7 @@ mod tests {
             perf: &POLY,
             capacity_blocks: 16_384,
             block_size: 64,
+            max_kv_usage: 1.0,
         }
     }
 
@@ -231,6 +302,12 @@ mod tests {
         // 100 blocks of 64 tokens hold 10 sequences of 640 tokens; the polynomial's step
         // time stays under 100 ms at any usage.
         assert_eq!(m.capacity(600.0, 80.0, 1000.0, 100.0).decode_batch, 10);
+        // Keeping a fifth of the cache for admissions: 8.
+        let kept = WorkerModel {
+            max_kv_usage: 0.8,
+            ..m
+        };
+        assert_eq!(kept.capacity(600.0, 80.0, 1000.0, 100.0).decode_batch, 8);
         let tight = model().capacity(600.0, 80.0, 1000.0, 1.0);
         assert!(!tight.itl_reachable);
         assert_eq!(tight.decode_batch, 1);
@@ -270,7 +347,50 @@ mod tests {
             &Correction::default(),
         );
         assert!((double.decode - 2.0 * n.decode).abs() < 1e-9);
-        assert!((n.aggregated() - n.prefill - n.decode).abs() < 1e-12);
+        // Aggregated workers share their time: at least the two needs together.
+        assert!(n.aggregated >= (n.prefill + n.decode).ceil(), "{n:?}");
+        assert!(double.aggregated > n.aggregated);
+    }
+
+    #[test]
+    fn aggregated_workers_leave_decode_time_for_the_itl_target() {
+        let m = model();
+        let demand = Demand {
+            rate: 4.0,
+            isl: 8000.0,
+            osl: 300.0,
+            hit_rate: 0.0,
+        };
+        let n = need(&m, &demand, 2000.0, 50.0, &Correction::default());
+        let workers = n.aggregated as u32;
+        // Checked by hand against the model: with `workers`, each prefills a share f of
+        // the time and a batch within 50 ms · (1 − f) decodes its share of the tokens;
+        // with one fewer it cannot.
+        let holds = |w: u32| {
+            let f = n.prefill / f64::from(w);
+            let budget = 50.0 * (1.0 - f);
+            (1..=n.capacity.max_batch)
+                .filter(|&b| m.decode_ms(b, 8150.0) <= budget)
+                .map(|b| f64::from(b) / (m.decode_ms(b, 8150.0) / 1000.0) * (1.0 - f))
+                .fold(0.0, f64::max)
+                * f64::from(w)
+                >= 4.0 * 300.0
+                && f < 0.95
+        };
+        assert!(holds(workers), "{n:?}");
+        assert!(workers == 1 || !holds(workers - 1), "{n:?}");
+        // No traffic, no workers.
+        let idle = need(
+            &m,
+            &Demand {
+                rate: 0.0,
+                ..demand
+            },
+            2000.0,
+            50.0,
+            &Correction::default(),
+        );
+        assert_eq!(idle.aggregated, 0.0);
     }
 
     #[test]
@@ -278,8 +398,12 @@ mod tests {
         let m = model();
         // Observed ITL twice the model's: the decode model is read at half the target.
         let expected_itl = m.decode_ms(8, 1100.0);
-        let c = Correction::observed(&m, 1000.0, 200.0, 8.0, None, Some(2.0 * expected_itl));
+        let c = Correction::observed(&m, 1000.0, 200.0, 8.0, 0.0, None, Some(2.0 * expected_itl));
         assert!((c.decode - 2.0).abs() < 1e-9);
+        // Workers prefilling half the time are expected to take twice as long per token.
+        let shared =
+            Correction::observed(&m, 1000.0, 200.0, 8.0, 0.5, None, Some(2.0 * expected_itl));
+        assert!((shared.decode - 1.0).abs() < 1e-9);
         assert_eq!(c.prefill, 1.0);
         let demand = Demand {
             rate: 5.0,
@@ -292,19 +416,20 @@ mod tests {
         assert!(corrected.decode > plain.decode);
         // Observed TTFT above the model (queueing) never raises the prefill need; below it
         // lowers it.
-        let slow = Correction::observed(&m, 1000.0, 200.0, 8.0, Some(10_000.0), None);
+        let slow = Correction::observed(&m, 1000.0, 200.0, 8.0, 0.0, Some(10_000.0), None);
         assert_eq!(slow.prefill, 1.0);
         let fast = Correction::observed(
             &m,
             1000.0,
             200.0,
             8.0,
+            0.0,
             Some(POLY.prefill_ms(1000) / 2.0),
             None,
         );
         assert!((fast.prefill - 0.5).abs() < 1e-9);
         // Absurd observations are clamped.
-        let absurd = Correction::observed(&m, 1000.0, 200.0, 8.0, Some(0.0), Some(1e12));
+        let absurd = Correction::observed(&m, 1000.0, 200.0, 8.0, 0.0, Some(0.0), Some(1e12));
         assert_eq!((absurd.prefill, absurd.decode), (0.25, 4.0));
     }
 }

@@ -242,13 +242,17 @@ fn a_prefill_queue_grows_the_prefill_pool_unless_its_trend_is_falling() {
     assert!(added.is_some_and(|i| i >= 1), "{added:?}");
 }
 
-/// The SLA planner sizes an aggregated fleet for the predicted traffic.
-fn sla_fleet(rate_per_interval: &[u64]) -> Vec<Decision> {
+/// The SLA planner sizes an aggregated fleet for the predicted traffic (at full
+/// utilization, shrinking as soon as it may: `tune` changes that).
+fn sla_fleet(rate_per_interval: &[u64], tune: impl Fn(&mut PlannerConfig)) -> Vec<Decision> {
     let mut c = config();
     c.mode = Mode::Sla;
     c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
     c.sla.correction = false;
+    c.sla.target_utilization = 1.0;
+    c.sla.scale_down_intervals = 1;
     c.budget.max_gpus = 1000;
+    tune(&mut c);
     let mut fleet = Fleet::new(c, &[(AGG, 1)]);
     rate_per_interval
         .iter()
@@ -268,7 +272,7 @@ fn sla_fleet(rate_per_interval: &[u64]) -> Vec<Decision> {
 
 #[test]
 fn the_sla_planner_scales_with_predicted_demand() {
-    let decisions = sla_fleet(&[100, 1000, 2000, 100, 0]);
+    let decisions = sla_fleet(&[100, 1000, 2000, 100, 0], |_| ());
     let after: Vec<u32> = decisions
         .iter()
         .map(|d| d.actions.first().map_or(d.replicas[&AGG], |a| a.replicas))
@@ -288,7 +292,37 @@ fn the_sla_planner_scales_with_predicted_demand() {
     assert!((p.rate - 100.0).abs() < 1e-9, "{p:?}");
     assert_eq!(p.isl, 3000.0);
     let need = d.need.unwrap();
-    assert_eq!(after[1], need.aggregated().ceil() as u32);
+    assert_eq!(after[1], need.aggregated as u32);
+}
+
+fn asked_over_time(decisions: &[Decision]) -> Vec<u32> {
+    decisions
+        .iter()
+        .map(|d| d.actions.first().map_or(d.replicas[&AGG], |a| a.replicas))
+        .collect()
+}
+
+#[test]
+fn sla_headroom_sizes_for_the_target_utilization() {
+    let full = asked_over_time(&sla_fleet(&[3000], |_| ()));
+    let headroom = asked_over_time(&sla_fleet(&[3000], |c| c.sla.target_utilization = 0.5));
+    assert!(full[0] >= 2, "{full:?}");
+    assert!(
+        headroom[0] >= 2 * full[0] - 1 && headroom[0] <= 2 * full[0],
+        "{full:?} vs {headroom:?}"
+    );
+}
+
+#[test]
+fn sla_removals_wait_for_consecutive_decisions_and_additions_do_not() {
+    let rates = [2000, 100, 100, 2000, 100, 100, 100, 100];
+    let asked = asked_over_time(&sla_fleet(&rates, |c| c.sla.scale_down_intervals = 3));
+    let peak = asked[0];
+    assert!(peak > 1);
+    // Two quiet intervals: held. Busy again: still the peak. Three quiet: down.
+    assert_eq!(&asked[..6], &[peak; 6], "{asked:?}");
+    assert!(asked[6] < peak, "{asked:?}");
+    assert_eq!(asked[6], asked[7], "{asked:?}");
 }
 
 #[test]
@@ -351,4 +385,39 @@ fn encoders_and_empty_plans_are_refused() {
         )
         .is_err()
     );
+}
+
+#[test]
+fn a_deep_queue_brings_the_sla_decision_forward() {
+    let run = |panic_queue: f64| {
+        let mut c = config();
+        c.mode = Mode::Sla;
+        c.sla.panic_queue = panic_queue;
+        c.budget.max_gpus = 100;
+        let mut fleet = Fleet::new(c, &[(AGG, 2)]);
+        fleet.waiting.insert(AGG, 6);
+        fleet.traffic = TrafficSample {
+            requests: 20,
+            input_tokens: 20 * 4000,
+            output_tokens: 20 * 200,
+            finished: 20,
+            ..TrafficSample::default()
+        };
+        let d = fleet.interval();
+        (fleet.now, d)
+    };
+    // A third of the 10 s interval in: the first pull allowed to decide early.
+    let (at, d) = run(4.0);
+    assert_eq!(at, Duration::from_secs(4), "{d:?}");
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.contains("early decision: 6.0 requests waiting"))
+    );
+    // Planned for at least the rate seen so far (20 requests a second), though the
+    // predictors have not seen an interval yet.
+    assert!((d.prediction.unwrap().rate - 20.0).abs() < 1e-9, "{d:?}");
+    assert!(d.actions[0].replicas > 2);
+    let (at, _) = run(0.0);
+    assert_eq!(at, Duration::from_secs(10));
 }

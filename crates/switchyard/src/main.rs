@@ -29,7 +29,7 @@ enum Command {
     /// requests over HTTP/2. SIGTERM drains it.
     Worker(cmd::distributed::WorkerArgs),
     /// Replay a trace through the router and a simulated fleet, in virtual time.
-    Sim(cmd::sim::SimArgs),
+    Sim(Box<cmd::sim::SimArgs>),
     /// Analyse a trace, or synthesise a new one with the same structure.
     Synth(cmd::synth::SynthArgs),
     /// Drive an OpenAI-compatible endpoint and measure it.
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
             cmd::distributed::run_frontend(args, &std::env::vars().collect())
         }
         Command::Worker(args) => cmd::distributed::run_worker(args, &std::env::vars().collect()),
-        Command::Sim(args) => cmd::sim::run(args),
+        Command::Sim(args) => cmd::sim::run(*args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),
     };

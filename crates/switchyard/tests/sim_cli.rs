@@ -128,3 +128,114 @@ fn faults_are_reported_and_bad_flags_are_named() {
         assert!(err.contains(message), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("planner.svg");
+    let log = dir.path().join("decisions.jsonl");
+    let config = dir.path().join("planner.toml");
+    std::fs::write(
+        &config,
+        "adjustment_interval = \"10s\"\n[sla]\ntarget_utilization = 0.7\n",
+    )
+    .unwrap();
+    let out = sim(&[
+        "--planner",
+        "load,sla",
+        "--planner-config",
+        config.to_str().unwrap(),
+        "--workers",
+        "1",
+        "--policy",
+        "kv",
+        "--ttft-target",
+        "3s",
+        "--itl-target",
+        "80ms",
+        "--max-gpus",
+        "8",
+        "--cold-start",
+        "5s",
+        "--decision-log",
+        log.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fleets = o["fleets"].as_array().unwrap();
+    let names: Vec<&str> = fleets
+        .iter()
+        .map(|f| f["fleet"].as_str().unwrap())
+        .collect();
+    // The smallest fixed fleet meeting the targets comes first, when one does.
+    match o["smallest_fixed"].as_u64() {
+        Some(n) => {
+            assert_eq!(names[0], format!("{n} fixed workers"));
+            assert!(fleets[0]["report"]["sla"]["share"].as_f64().unwrap() >= 0.95);
+            assert!(names[1..] == ["load planner", "sla planner"], "{names:?}");
+        }
+        None => assert_eq!(names, ["load planner", "sla planner"]),
+    }
+    for f in &fleets[fleets.len() - 2..] {
+        let r = &f["report"];
+        assert_eq!(r["completed"], 300, "{f}");
+        assert!(f["gpu_hours"].as_f64().unwrap() > 0.0);
+        assert!(!r["planner"]["decisions"].as_array().unwrap().is_empty());
+    }
+    assert_eq!(o["predictors"].as_array().unwrap().len(), 5);
+    // One line per decision of each planner, at the 10 s interval the file set.
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |p: &str| lines.iter().filter(|l| l["planner"] == p).count();
+    assert_eq!(
+        of("load planner"),
+        fleets[fleets.len() - 2]["report"]["planner"]["decisions"]
+            .as_array()
+            .unwrap()
+            .len()
+    );
+    assert!(of("sla planner") > 0);
+    let first_load = lines
+        .iter()
+        .find(|l| l["planner"] == "load planner")
+        .unwrap();
+    assert_eq!(first_load["at"], 10.0);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    for label in [
+        "Workers over time",
+        "sla planner",
+        "requests/s",
+        "mean TTFT",
+    ] {
+        assert!(svg.contains(label), "no {label:?} in the plot");
+    }
+    // Bad settings are named.
+    let out = sim(&["--planner", "sla", "--sla-share", "1.5"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--sla-share"));
+    std::fs::write(&config, "[load]\nkv_usage_down = 0.95\n").unwrap();
+    let out = sim(&[
+        "--planner",
+        "load",
+        "--planner-config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("planner.load.kv_usage_down"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sim(&["--planner", "sla", "--workers", "2,3"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--planner runs one fleet"));
+}

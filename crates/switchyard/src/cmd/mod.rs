@@ -5,4 +5,5 @@ pub mod distributed;
 pub mod flags;
 pub mod serve;
 pub mod sim;
+pub mod sim_planner;
 pub mod synth;

@@ -33,26 +33,26 @@ pub enum TraceFormat {
 pub struct SimArgs {
     /// The trace to replay.
     #[arg(long)]
-    trace: PathBuf,
+    pub(super) trace: PathBuf,
     /// Trace format; by default from the file extension (.csv is Azure).
     #[arg(long, value_enum)]
     format: Option<TraceFormat>,
     /// Tokens per hash id in a Mooncake trace.
     #[arg(long, default_value_t = 512)]
-    trace_block_size: u32,
+    pub(super) trace_block_size: u32,
     /// Arrivals come this many times faster than in the trace (comma separated: a sweep
     /// over load levels).
     #[arg(long, value_delimiter = ',', default_value = "1")]
-    speedup: Vec<f64>,
+    pub(super) speedup: Vec<f64>,
     /// Replay only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
     /// Engines in the fleet (comma separated: a sweep over fleet sizes).
     #[arg(long, value_delimiter = ',', default_value = "4")]
-    workers: Vec<u32>,
+    pub(super) workers: Vec<u32>,
     /// Policies to compare, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "latency,kv,round-robin")]
-    policy: Vec<PolicyKind>,
+    pub(super) policy: Vec<PolicyKind>,
     /// Weight of prefill against decode load in the kv policy.
     #[arg(long, default_value_t = 1.0)]
     overlap_weight: f64,
@@ -76,9 +76,9 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.0)]
     event_delay_ms: f64,
     #[arg(long, default_value_t = 16_384)]
-    num_gpu_blocks: u32,
+    pub(super) num_gpu_blocks: u32,
     #[arg(long, default_value_t = 16)]
-    block_size: u32,
+    pub(super) block_size: u32,
     #[arg(long, default_value_t = 256)]
     max_num_seqs: u32,
     #[arg(long, default_value_t = 8_192)]
@@ -148,10 +148,12 @@ pub struct SimArgs {
     /// With a sweep: an SVG plot of TTFT p90 against offered load per policy and fleet
     /// size.
     #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
+    pub(super) plot: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(super) json: bool,
+    #[command(flatten)]
+    pub(super) planning: super::sim_planner::PlanningArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -185,8 +187,11 @@ pub fn run(args: SimArgs) -> Result<()> {
         bail!("--speedup needs a value");
     }
     let sweep = args.sweep || args.workers.len() > 1 || args.speedup.len() > 1;
-    if args.plot.is_some() && !sweep {
-        bail!("--plot draws a sweep: give several --workers or --speedup values, or --sweep");
+    if args.plot.is_some() && !sweep && args.planning.planner.is_empty() {
+        bail!(
+            "--plot draws a sweep or a planned run: give several --workers or --speedup values, \
+             --sweep, or --planner"
+        );
     }
     if sweep && !(args.faults.is_empty() && args.mtbf.is_none()) {
         bail!("faults are played in single runs, not in a sweep");
@@ -320,6 +325,12 @@ pub fn run(args: SimArgs) -> Result<()> {
         sla_targets: None,
     };
 
+    if !args.planning.planner.is_empty() {
+        if sweep {
+            bail!("--planner runs one fleet at one load: give one --workers and one --speedup");
+        }
+        return super::sim_planner::run(&args, &requests, &config);
+    }
     if sweep {
         return run_sweep(&args, &requests, &config);
     }
@@ -354,11 +365,7 @@ fn run_policies(
     let mut reports = Vec::new();
     for &policy in &args.policy {
         let bar = progress_bar(workload.requests.len() as u64, policy, quiet);
-        let cache_view = match args.cache_view {
-            ViewArg::Natural if policy == PolicyKind::CacheAware => CacheViewMode::Approximate,
-            ViewArg::Natural | ViewArg::Events => CacheViewMode::Auto,
-            ViewArg::Approx => CacheViewMode::Approximate,
-        };
+        let cache_view = cache_view_for(args, policy);
         let mut config = config.clone();
         config.routing.cache_view = cache_view;
         let started = Instant::now();
@@ -374,6 +381,15 @@ fn run_policies(
         reports.push(report);
     }
     Ok(reports)
+}
+
+/// The router's view of the caches for `policy` under `--cache-view`.
+pub(super) fn cache_view_for(args: &SimArgs, policy: PolicyKind) -> CacheViewMode {
+    match args.cache_view {
+        ViewArg::Natural if policy == PolicyKind::CacheAware => CacheViewMode::Approximate,
+        ViewArg::Natural | ViewArg::Events => CacheViewMode::Auto,
+        ViewArg::Approx => CacheViewMode::Approximate,
+    }
 }
 
 /// One point of a sweep.

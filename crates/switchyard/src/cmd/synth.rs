@@ -71,6 +71,10 @@ struct GenerateArgs {
     /// The period of --burst-duty.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     burst_period: std::time::Duration,
+    /// Rate over time, `AT:MULTIPLIER,...` in the output's time (e.g. `10m:5,20m:1`: the
+    /// learned rate for 10 minutes, five times it for 10, then the learned rate again).
+    #[arg(long, value_delimiter = ',', value_name = "AT:MULTIPLIER")]
+    rate_profile: Vec<RatePoint>,
     /// Tokens per hash id, of the source and the output.
     #[arg(long, default_value_t = 512)]
     block_size: u32,
@@ -100,6 +104,29 @@ fn analyze(args: AnalyzeArgs) -> Result<()> {
     }
 }
 
+/// One point of `--rate-profile`.
+#[derive(Debug, Clone, Copy)]
+struct RatePoint {
+    at: std::time::Duration,
+    multiplier: f64,
+}
+
+impl std::str::FromStr for RatePoint {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (at, multiplier) = s
+            .split_once(':')
+            .ok_or_else(|| format!("`{s}` is not AT:MULTIPLIER (e.g. 10m:5)"))?;
+        Ok(RatePoint {
+            at: humantime::parse_duration(at).map_err(|e| format!("`{at}`: {e}"))?,
+            multiplier: multiplier
+                .parse()
+                .map_err(|_| format!("`{multiplier}` is not a number"))?,
+        })
+    }
+}
+
 fn generate(args: GenerateArgs) -> Result<()> {
     let config = SynthConfig {
         num_requests: args.num_requests,
@@ -111,6 +138,11 @@ fn generate(args: GenerateArgs) -> Result<()> {
         speedup_ratio: args.speedup_ratio,
         burst_period_ms: args.burst_period.as_secs_f64() * 1e3,
         burst_duty: args.burst_duty,
+        rate_profile: args
+            .rate_profile
+            .iter()
+            .map(|p| (p.at.as_secs_f64() * 1e3, p.multiplier))
+            .collect(),
         block_size: args.block_size,
         sampling: if args.independent_sampling {
             Sampling::Independent

@@ -28,6 +28,11 @@ pub struct SynthConfig {
     /// rate within a burst is 1 / `burst_duty` times it.
     pub burst_period_ms: f64,
     pub burst_duty: f64,
+    /// Rate over time: from each `(at_ms, multiplier)` on (in output time, sorted), the
+    /// request rate is `multiplier` times the learned one (1 before the first). The same
+    /// requests, their arrivals compressed or stretched: `[(600_000, 5), (1_200_000, 1)]`
+    /// is a 5× burst from the tenth to the twentieth minute.
+    pub rate_profile: Vec<(f64, f64)>,
     /// Tokens per hash id, of the source and of the output.
     pub block_size: u32,
     /// How every learned distribution is drawn from.
@@ -46,6 +51,7 @@ impl Default for SynthConfig {
             speedup_ratio: 1.0,
             burst_period_ms: 60_000.0,
             burst_duty: 1.0,
+            rate_profile: Vec::new(),
             block_size: MOONCAKE_BLOCK_SIZE,
             sampling: Sampling::Stratified,
         }
@@ -70,6 +76,24 @@ impl SynthConfig {
                     value: value.to_string(),
                 });
             }
+        }
+        let mut previous = 0.0;
+        for &(at, multiplier) in &self.rate_profile {
+            if !(at.is_finite() && at >= previous) {
+                return Err(SynthError::InvalidKnob {
+                    flag: "--rate-profile",
+                    requirement: "times from 0, in increasing order",
+                    value: format!("{at} ms"),
+                });
+            }
+            if !(multiplier.is_finite() && multiplier > 0.0) {
+                return Err(SynthError::InvalidKnob {
+                    flag: "--rate-profile",
+                    requirement: "multipliers above 0",
+                    value: multiplier.to_string(),
+                });
+            }
+            previous = at;
         }
         if !(self.burst_duty > 0.0 && self.burst_duty <= 1.0) {
             return Err(SynthError::InvalidKnob {

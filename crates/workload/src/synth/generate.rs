@@ -130,7 +130,7 @@ impl SynthModel {
             };
             let source_osl = outputs.draw(&mut rng).unwrap_or(0);
             out.push(MooncakeRecord {
-                timestamp: burst(clock_ms, config).round() as u64,
+                timestamp: warp(burst(clock_ms, config), &config.rate_profile).round() as u64,
                 input_length,
                 output_length: scale_tokens(source_osl, config.osl_multiplier),
                 hash_ids,
@@ -174,9 +174,49 @@ fn burst(ms: f64, config: &SynthConfig) -> f64 {
     start + (ms - start) * config.burst_duty
 }
 
+/// The arrival time `ms` of a trace at the learned rate, moved so that the rate follows
+/// `profile` (see [`SynthConfig::rate_profile`]): the output time τ at which the
+/// multiplier's integral reaches `ms`.
+fn warp(ms: f64, profile: &[(f64, f64)]) -> f64 {
+    let (mut start, mut multiplier, mut left) = (0.0, 1.0, ms);
+    for &(at, next) in profile {
+        let covered = (at - start) * multiplier;
+        if left <= covered {
+            break;
+        }
+        left -= covered;
+        start = at;
+        multiplier = next;
+    }
+    start + left / multiplier
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rate_profile_compresses_arrivals_where_the_rate_is_higher() {
+        // Learned rate 1/s. From 10 s, 5×; from 20 s, back to 1×.
+        let profile = [(10_000.0, 5.0), (20_000.0, 1.0)];
+        assert_eq!(warp(5_000.0, &profile), 5_000.0);
+        // 10 s in: the burst starts; 50 source seconds fit in its 10 s.
+        assert_eq!(warp(10_000.0, &profile), 10_000.0);
+        assert_eq!(warp(35_000.0, &profile), 15_000.0);
+        assert_eq!(warp(60_000.0, &profile), 20_000.0);
+        assert_eq!(warp(70_000.0, &profile), 30_000.0);
+        assert_eq!(warp(1_234.0, &[]), 1_234.0);
+        // Arrivals per second in each phase: 1, 5, 1.
+        let per_phase = |lo: f64, hi: f64| {
+            (0..100_000)
+                .map(|i| warp(f64::from(i), &profile))
+                .filter(|t| (lo..hi).contains(t))
+                .count()
+        };
+        assert_eq!(per_phase(0.0, 10_000.0), 10_000);
+        assert_eq!(per_phase(10_000.0, 20_000.0), 50_000);
+        assert_eq!(per_phase(20_000.0, 30_000.0), 10_000);
+    }
 
     #[test]
     fn stochastic_rounding_keeps_the_mean() {
