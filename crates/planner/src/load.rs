@@ -37,7 +37,12 @@ pub fn kv_vote(config: &LoadConfig, usage: f64, workers: u32, in_grace: bool) ->
     if usage > up {
         verdict(Vote::Up, format!("KV usage {usage:.2} > {up}"))
     } else if usage < down {
-        if in_grace {
+        if workers <= 1 {
+            verdict(
+                Vote::Hold,
+                format!("KV usage {usage:.2} < {down}, at one worker"),
+            )
+        } else if in_grace {
             verdict(
                 Vote::Hold,
                 format!("KV usage {usage:.2} < {down}, but a worker was added recently (grace)"),
@@ -100,7 +105,12 @@ pub fn queue_vote(config: &LoadConfig, history: &[f64], workers: u32) -> Verdict
             verdict(Vote::Up, format!("prefill queue {queue:.2} > {up}"))
         }
     } else if queue < down {
-        if would_oscillate(queue, workers, up) {
+        if workers <= 1 {
+            verdict(
+                Vote::Hold,
+                format!("prefill queue {queue:.2} < {down}, at one worker"),
+            )
+        } else if would_oscillate(queue, workers, up) {
             verdict(
                 Vote::Hold,
                 format!(

@@ -26,6 +26,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// A `switchyard worker` process.
     pub worker: WorkerProcessConfig,
+    /// `switchyard planner` (and the planner's settings in `switchyard sim`).
+    pub planner: switchyard_planner::PlannerConfig,
     pub log: LogConfig,
 }
 

@@ -34,6 +34,8 @@ enum Command {
     Synth(cmd::synth::SynthArgs),
     /// Drive an OpenAI-compatible endpoint and measure it.
     Bench(cmd::bench::BenchArgs),
+    /// Scale a running deployment's workers on its load or latency targets.
+    Planner(cmd::planner::PlannerArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => cmd::sim::run(*args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Planner(args) => cmd::planner::run(args, &std::env::vars().collect()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,560 @@
+//! `switchyard planner`: the planner against a running deployment. It watches the fleet
+//! through a frontend's admin listener (the workers' loads from `/v1/internal/workers`,
+//! the traffic from `/metrics`) at the metric interval, feeds the same [`Planner`] the
+//! simulator runs, and hands its replica counts to a connector:
+//!
+//! - `noop`: decides and logs, changes nothing;
+//! - `local`: starts `switchyard worker` processes (the arguments after `--`) and stops
+//!   them with SIGTERM, which drains them (nothing in flight is dropped). The processes
+//!   are listed in a state file, so a restarted planner adopts the workers it left.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+use switchyard_core::WorkerRole;
+use switchyard_core::load::LoadSnapshot;
+use switchyard_mocker::PerfModel;
+use switchyard_planner::{Observation, Planner, PlannerConfig, TrafficSample, WorkerSample};
+
+#[derive(Debug, Args)]
+pub struct PlannerArgs {
+    /// A frontend's admin listener (`http://HOST:PORT`), where the fleet is watched.
+    #[arg(long)]
+    frontend: String,
+    /// What carries out the decisions.
+    #[arg(long, value_enum, default_value_t = ConnectorArg::Noop)]
+    connector: ConnectorArg,
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
+    /// A TOML configuration file: its `[planner]` and `[log]` tables (see
+    /// docs/configuration.md); `SWITCHYARD_PLANNER__*` variables and these flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// How often metrics are pulled, and decisions taken.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    metric_interval: Option<Duration>,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    adjustment_interval: Option<Duration>,
+    /// Fewest and most workers (the GPU budget at one GPU per engine).
+    #[arg(long)]
+    min_workers: Option<u32>,
+    #[arg(long)]
+    max_workers: Option<u32>,
+    /// SLA mode: the engines' timing profile (JSON), else the polynomial model.
+    #[arg(long)]
+    perf_profile: Option<PathBuf>,
+    /// Local connector: where it lists the worker processes it runs (and their logs).
+    #[arg(long, default_value = "switchyard-planner.json")]
+    state_file: PathBuf,
+    /// Where to append every decision (JSON lines).
+    #[arg(long, value_name = "FILE.jsonl")]
+    decision_log: Option<PathBuf>,
+    /// Local connector: the arguments of every `switchyard worker` it starts (its planes,
+    /// model, engine settings).
+    #[arg(last = true)]
+    worker_args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ConnectorArg {
+    Noop,
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Load,
+    Sla,
+}
+
+impl PlannerArgs {
+    fn overlay(&self) -> super::flags::Overlay {
+        let mut o = super::flags::Overlay::default();
+        let duration = |d: Duration| humantime::format_duration(d).to_string();
+        o.set_some(
+            &["planner", "mode"],
+            self.mode.map(|m| match m {
+                ModeArg::Load => "load",
+                ModeArg::Sla => "sla",
+            }),
+        );
+        o.set_some(
+            &["planner", "metric_interval"],
+            self.metric_interval.map(duration),
+        );
+        o.set_some(
+            &["planner", "adjustment_interval"],
+            self.adjustment_interval.map(duration),
+        );
+        o.set_some(
+            &["planner", "budget", "min_replicas"],
+            self.min_workers.map(i64::from),
+        );
+        o.set_some(
+            &["planner", "budget", "min_gpus"],
+            self.min_workers.map(i64::from),
+        );
+        o.set_some(
+            &["planner", "budget", "max_gpus"],
+            self.max_workers.map(i64::from),
+        );
+        o
+    }
+}
+
+pub fn run(args: PlannerArgs, env: &BTreeMap<String, String>) -> Result<()> {
+    let tree = switchyard::config::load(args.config.as_deref(), env, args.overlay().0)?;
+    let _telemetry = crate::logging::init(&tree.log, "switchyard-planner")?;
+    let config = tree.planner;
+    config.validate()?;
+    if args.connector == ConnectorArg::Local && args.worker_args.is_empty() {
+        bail!(
+            "the local connector starts `switchyard worker` with the arguments after `--` \
+             (at least the planes: -- --discovery ... --event-plane ...)"
+        );
+    }
+    let perf = match &args.perf_profile {
+        Some(path) => switchyard_mocker::perf::load(path)
+            .with_context(|| format!("cannot read the profile {}", path.display()))?,
+        None => PerfModel::Polynomial,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    runtime.block_on(watch(args, config, perf))
+}
+
+async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Result<()> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let frontend = args.frontend.trim_end_matches('/').to_string();
+    let mut fleet = FleetView::new(&client, &frontend);
+    let mut connector = match args.connector {
+        ConnectorArg::Noop => Connector::Noop,
+        ConnectorArg::Local => Connector::Local(LocalWorkers::adopt(
+            &args.state_file,
+            args.worker_args.clone(),
+        )?),
+    };
+    // The planner starts from the workers there are (its minimum if none).
+    let seen = fleet.observe().await?;
+    let start = match &connector {
+        Connector::Noop => seen.count(WorkerRole::Aggregated),
+        Connector::Local(local) => local.count(),
+    }
+    .max(config.budget.min_replicas);
+    connector.scale_to(start)?;
+    let initial: BTreeMap<WorkerRole, u32> = [(WorkerRole::Aggregated, start)].into();
+    let began = Instant::now();
+    let mut planner = Planner::new(config.clone(), &initial, perf, Duration::ZERO)?;
+    let mut log = match &args.decision_log {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot write {}", path.display()))?,
+        ),
+        None => None,
+    };
+    tracing::info!(
+        workers = start,
+        mode = ?config.mode,
+        connector = ?args.connector,
+        "planner watching {frontend}"
+    );
+    println!("planner watching on {frontend} ({start} workers)");
+    let mut ticks = tokio::time::interval(config.metric_interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stop = crate::signals::terminated();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = &mut stop => break,
+        }
+        if let Connector::Local(local) = &mut connector {
+            local.reap();
+        }
+        let observation = match fleet.observe().await {
+            Ok(o) => o,
+            Err(e) => {
+                // A pull that fails is no observation (not an idle fleet).
+                tracing::warn!("cannot observe the fleet: {e:#}");
+                continue;
+            }
+        };
+        let tick = planner.tick(began.elapsed(), &observation);
+        for action in &tick.actions {
+            tracing::info!(role = %action.role, replicas = action.replicas, "scaling");
+            connector.scale_to(action.replicas)?;
+        }
+        if let Some(decision) = &tick.decision {
+            tracing::info!(reasons = ?decision.reasons, actions = decision.actions.len(), "decision");
+            if let Some(log) = &mut log {
+                serde_json::to_writer(&mut *log, decision)?;
+                log.write_all(b"\n")?;
+                log.flush()?;
+            }
+        }
+    }
+    // The workers stay: a restarted planner adopts them from the state file.
+    tracing::info!("planner stopped; its workers keep running");
+    Ok(())
+}
+
+/// Reads the fleet from a frontend.
+struct FleetView<'a> {
+    client: &'a reqwest::Client,
+    frontend: &'a str,
+    /// The traffic counters at the last pull.
+    last: Option<Counters>,
+}
+
+/// Cumulative traffic counters from `/metrics`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    requests: f64,
+    input_tokens: f64,
+    cached_tokens: f64,
+    output_tokens: f64,
+    finished: f64,
+    ttft_sum: f64,
+    ttft_count: f64,
+    itl_sum: f64,
+    itl_count: f64,
+    /// Requests waiting in the frontend's admission queue (a gauge).
+    queued: f64,
+}
+
+/// What `/v1/internal/workers` says of a worker (the fields the planner reads).
+#[derive(Debug, Deserialize)]
+struct ListedWorker {
+    status: String,
+    role: WorkerRole,
+    loads: Vec<(serde_json::Value, serde_json::Value, Option<LoadSnapshot>)>,
+}
+
+impl<'a> FleetView<'a> {
+    fn new(client: &'a reqwest::Client, frontend: &'a str) -> Self {
+        FleetView {
+            client,
+            frontend,
+            last: None,
+        }
+    }
+
+    async fn observe(&mut self) -> Result<Observation> {
+        let url = format!(
+            "{}{}",
+            self.frontend,
+            switchyard_frontend::http::WORKERS_PATH
+        );
+        let listed: Vec<ListedWorker> = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .with_context(|| format!("GET {url}"))?
+            .json()
+            .await
+            .with_context(|| format!("GET {url}: not a worker listing"))?;
+        let mut workers: Vec<WorkerSample> = listed
+            .iter()
+            .filter(|w| !matches!(w.status.as_str(), "draining" | "dead"))
+            .map(|w| {
+                let engines: Vec<LoadSnapshot> = w.loads.iter().filter_map(|l| l.2).collect();
+                let n = engines.len().max(1) as f64;
+                WorkerSample {
+                    role: w.role,
+                    kv_usage: engines.iter().map(LoadSnapshot::kv_usage).sum::<f64>() / n,
+                    waiting: engines.iter().map(|e| e.waiting).sum(),
+                    running: engines.iter().map(|e| e.running).sum(),
+                }
+            })
+            .collect();
+        let url = format!("{}/metrics", self.frontend);
+        let text = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .with_context(|| format!("GET {url}"))?
+            .text()
+            .await?;
+        let now = counters(&text)?;
+        // Requests the frontend holds back for want of a free engine wait as surely as
+        // those queued in the engines: spread over the workers that generate.
+        let generating = workers
+            .iter()
+            .filter(|w| w.role.serves_generation())
+            .count() as u32;
+        let queued = now.queued.round().max(0.0) as u32;
+        if let (Some(each), Some(extra)) = (
+            queued.checked_div(generating),
+            queued.checked_rem(generating),
+        ) {
+            for (i, w) in workers
+                .iter_mut()
+                .filter(|w| w.role.serves_generation())
+                .enumerate()
+            {
+                w.waiting += each + u32::from((i as u32) < extra);
+            }
+        }
+        let traffic = match self.last.replace(now) {
+            None => TrafficSample::default(),
+            Some(before) => {
+                let d = |a: f64, b: f64| (a - b).max(0.0);
+                TrafficSample {
+                    requests: d(now.requests, before.requests) as u64,
+                    input_tokens: d(now.input_tokens, before.input_tokens) as u64,
+                    cached_tokens: d(now.cached_tokens, before.cached_tokens) as u64,
+                    output_tokens: d(now.output_tokens, before.output_tokens) as u64,
+                    finished: d(now.finished, before.finished) as u64,
+                    ttft_ms_sum: d(now.ttft_sum, before.ttft_sum) * 1e3,
+                    ttft_count: d(now.ttft_count, before.ttft_count) as u64,
+                    itl_ms_sum: d(now.itl_sum, before.itl_sum) * 1e3,
+                    itl_count: d(now.itl_count, before.itl_count) as u64,
+                }
+            }
+        };
+        Ok(Observation { workers, traffic })
+    }
+}
+
+/// The counters the planner reads, from a Prometheus text exposition.
+fn counters(text: &str) -> Result<Counters> {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).context("the frontend's /metrics")?;
+    let sum = |name: &str, label: Option<(&str, &[&str])>| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .filter(|s| {
+                label.is_none_or(|(key, values)| {
+                    s.labels.get(key).is_some_and(|v| values.contains(&v))
+                })
+            })
+            .map(|s| match &s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => *v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    let histogram = |name: &str| -> (f64, f64) {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .find_map(|s| match &s.value {
+                prometheus_parse::Value::Histogram(h) => {
+                    let count = h.iter().map(|b| b.count).fold(0.0, f64::max);
+                    Some((count, 0.0))
+                }
+                _ => None,
+            })
+            .map_or_else(
+                || {
+                    (
+                        sum(&format!("{name}_count"), None),
+                        sum(&format!("{name}_sum"), None),
+                    )
+                },
+                |(count, _)| (count, sum(&format!("{name}_sum"), None)),
+            )
+    };
+    let generation: &[&str] = &["/v1/completions", "/v1/chat/completions"];
+    let (ttft_count, ttft_sum) = histogram("switchyard_time_to_first_token_seconds");
+    let (itl_count, itl_sum) = histogram("switchyard_inter_token_latency_seconds");
+    let (finished, _) = histogram("switchyard_request_duration_seconds");
+    Ok(Counters {
+        requests: sum(
+            "switchyard_http_requests_total",
+            Some(("route", generation)),
+        ),
+        input_tokens: sum("switchyard_input_tokens_total", None),
+        cached_tokens: sum("switchyard_cached_tokens_total", None),
+        output_tokens: sum("switchyard_output_tokens_total", None),
+        finished,
+        ttft_sum,
+        ttft_count,
+        itl_sum,
+        itl_count,
+        queued: sum("switchyard_requests_queued", None),
+    })
+}
+
+enum Connector {
+    Noop,
+    Local(LocalWorkers),
+}
+
+impl Connector {
+    fn scale_to(&mut self, replicas: u32) -> Result<()> {
+        match self {
+            Connector::Noop => Ok(()),
+            Connector::Local(local) => local.scale_to(replicas),
+        }
+    }
+}
+
+/// Worker processes this planner runs.
+struct LocalWorkers {
+    state_file: PathBuf,
+    args: Vec<String>,
+    /// Serving, oldest first: a child of this planner, or one adopted by pid.
+    running: Vec<LocalWorker>,
+    /// Told to stop, draining.
+    stopping: Vec<LocalWorker>,
+}
+
+struct LocalWorker {
+    pid: u32,
+    child: Option<Child>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    /// Process ids of the running workers, oldest first.
+    workers: Vec<u32>,
+}
+
+impl LocalWorkers {
+    /// Takes over the live workers a previous planner listed in `state_file`.
+    fn adopt(state_file: &Path, args: Vec<String>) -> Result<LocalWorkers> {
+        let state: State = match std::fs::read_to_string(state_file) {
+            Ok(text) => serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a planner state file", state_file.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) => return Err(e).context(format!("cannot read {}", state_file.display())),
+        };
+        let running = state
+            .workers
+            .into_iter()
+            .filter(|&pid| alive(pid))
+            .map(|pid| LocalWorker { pid, child: None })
+            .collect::<Vec<_>>();
+        if !running.is_empty() {
+            tracing::info!(
+                workers = running.len(),
+                "adopted workers from {}",
+                state_file.display()
+            );
+        }
+        let workers = LocalWorkers {
+            state_file: state_file.to_path_buf(),
+            args,
+            running,
+            stopping: Vec::new(),
+        };
+        workers.save()?;
+        Ok(workers)
+    }
+
+    fn count(&self) -> u32 {
+        self.running.len() as u32
+    }
+
+    fn scale_to(&mut self, replicas: u32) -> Result<()> {
+        // Adopted workers may have exited on their own since.
+        self.running.retain(|w| alive(w.pid));
+        while self.count() < replicas {
+            self.start()?;
+        }
+        while self.count() > replicas {
+            // The newest goes first (the oldest have the warmest caches).
+            if let Some(worker) = self.running.pop() {
+                terminate(worker.pid);
+                self.stopping.push(worker);
+            }
+        }
+        self.save()
+    }
+
+    fn start(&mut self) -> Result<()> {
+        let program = std::env::current_exe().context("cannot find the switchyard binary")?;
+        let dir = self
+            .state_file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let n = self.running.len() + self.stopping.len();
+        let log_path = dir.join(format!("worker-{}-{n}.log", std::process::id()));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot write {}", log_path.display()))?;
+        let child = Command::new(program)
+            .arg("worker")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("cannot start a worker")?;
+        tracing::info!(pid = child.id(), log = %log_path.display(), "worker started");
+        self.running.push(LocalWorker {
+            pid: child.id(),
+            child: Some(child),
+        });
+        Ok(())
+    }
+
+    /// Collects the exit of stopped workers.
+    fn reap(&mut self) {
+        self.stopping.retain_mut(|w| match &mut w.child {
+            Some(child) => !matches!(child.try_wait(), Ok(Some(_)) | Err(_)),
+            None => alive(w.pid),
+        });
+    }
+
+    fn save(&self) -> Result<()> {
+        let state = State {
+            workers: self.running.iter().map(|w| w.pid).collect(),
+        };
+        let tmp = self.state_file.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&state)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &self.state_file)
+            .with_context(|| format!("cannot write {}", self.state_file.display()))
+    }
+}
+
+/// Whether a process with this id runs (and is not a zombie).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Asks a worker to drain and exit.
+fn terminate(pid: u32) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let Ok(raw) = i32::try_from(pid) else {
+        return;
+    };
+    if let Err(e) = kill(Pid::from_raw(raw), Signal::SIGTERM) {
+        tracing::warn!(pid, "cannot stop the worker: {e}");
+    } else {
+        tracing::info!(pid, "worker told to drain and stop");
+    }
+}

@@ -1,0 +1,266 @@
+//! `switchyard planner --connector local` end to end: a frontend, the planner starting and
+//! stopping real worker processes under a load ramp up and down, and no request lost.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::client;
+use support::cluster::*;
+use support::process::Process;
+
+const MODEL: &str = "switchyard-mock";
+
+/// Kills the workers the planner left running (they are not this test's children).
+struct Leftovers(PathBuf);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for pid in listed(&self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+fn listed(state: &Path) -> Vec<u64> {
+    std::fs::read_to_string(state)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| {
+            v["workers"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        })
+        .unwrap_or_default()
+}
+
+fn planner(cluster: &Cluster, frontend: &Process, state: &Path, log: &Path) -> Process {
+    let admin = frontend.admin.clone().unwrap();
+    let mut args: Vec<String> = [
+        "planner",
+        "--frontend",
+        &format!("http://{admin}"),
+        "--connector",
+        "local",
+        "--mode",
+        "load",
+        "--metric-interval",
+        "500ms",
+        "--adjustment-interval",
+        "3s",
+        "--min-workers",
+        "1",
+        "--max-workers",
+        "3",
+        "--state-file",
+        state.to_str().unwrap(),
+        "--decision-log",
+        log.to_str().unwrap(),
+        "--",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    args.extend(cluster.planes());
+    args.extend(
+        [
+            "--lease-ttl",
+            "2s",
+            "--max-num-seqs",
+            "2",
+            "--speedup-ratio",
+            "1",
+        ]
+        .map(str::to_string),
+    );
+    Process::spawn("planner", &args, cluster.dir.path())
+}
+
+/// Clients asking for `max_tokens` each, back to back, until `stop`; every answer checked.
+fn clients(
+    frontend: &Process,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<(u32, Vec<String>)>> {
+    (0..n)
+        .map(|i| {
+            let url = frontend.url("/v1/completions");
+            let stop = Arc::clone(stop);
+            tokio::spawn(async move {
+                let (mut done, mut errors) = (0, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let body = json!({
+                        "model": MODEL,
+                        "prompt": format!("client {i} request {done}: tell me about planners"),
+                        "max_tokens": 40,
+                        "ignore_eos": true,
+                    });
+                    match client().post(&url).json(&body).send().await {
+                        Ok(r) => {
+                            let status = r.status();
+                            let v: Value = r.json().await.unwrap_or_default();
+                            if status != 200 || v["usage"]["completion_tokens"] != 40 {
+                                errors.push(format!("{status}: {v}"));
+                            }
+                        }
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                    done += 1;
+                }
+                (done, errors)
+            })
+        })
+        .collect()
+}
+
+async fn stop_clients(
+    stop: &Arc<AtomicBool>,
+    handles: Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>,
+) -> u32 {
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for h in handles {
+        let (done, errors) = h.await.unwrap();
+        assert!(errors.is_empty(), "requests failed: {errors:?}");
+        total += done;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_connector_follows_a_ramp_up_and_down_without_losing_a_request() {
+    let cluster = Cluster::start();
+    let frontend = cluster.frontend("frontend", 0);
+    let state = cluster.dir.path().join("planner-state.json");
+    let log = cluster.dir.path().join("decisions.jsonl");
+    let _leftovers = Leftovers(state.clone());
+    let mut first = planner(&cluster, &frontend, &state, &log);
+    // It starts its minimum: one worker.
+    wait_for_workers(&frontend, 1, Duration::from_secs(20)).await;
+
+    // Load: 8 clients on engines that run 2 requests at a time; the queues grow.
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = clients(&frontend, 8, &stop);
+    wait_for_workers(&frontend, 3, Duration::from_secs(60)).await;
+    assert_eq!(listed(&state).len(), 3);
+    // The budget holds: no fourth.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(workers_seen(&frontend).await, 3);
+    let served = stop_clients(&stop, busy).await;
+
+    // Light load while the fleet shrinks: every request of it completes, though the
+    // workers it runs on are drained away under it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let light = clients(&frontend, 1, &stop);
+    wait_for_workers(&frontend, 1, Duration::from_secs(90)).await;
+    let served_light = stop_clients(&stop, light).await;
+    assert!(served > 0 && served_light > 0);
+    assert_eq!(listed(&state).len(), 1);
+
+    let decisions: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let asked: Vec<u64> = decisions
+        .iter()
+        .flat_map(|d| d["actions"].as_array().unwrap().clone())
+        .map(|a| a["replicas"].as_u64().unwrap())
+        .collect();
+    // Up one at a time, then down one at a time.
+    assert!(asked.starts_with(&[2, 3]), "{asked:?}");
+    assert!(asked.ends_with(&[2, 1]), "{asked:?}");
+
+    // A planner restarted on the same state file adopts the worker left running.
+    first.sigterm();
+    assert!(first.wait(Duration::from_secs(10)).success());
+    let pid = listed(&state);
+    let second = planner(&cluster, &frontend, &state, &log);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(listed(&state), pid);
+    assert_eq!(workers_seen(&frontend).await, 1);
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_noop_connector_only_decides_and_bad_settings_are_named() {
+    let cluster = Cluster::start();
+    let _worker = cluster.worker(1, "10");
+    let frontend = cluster.frontend("frontend", 0);
+    wait_for_workers(&frontend, 1, Duration::from_secs(20)).await;
+    let log = cluster.dir.path().join("noop.jsonl");
+    let admin = frontend.admin.clone().unwrap();
+    let args: Vec<String> = [
+        "planner",
+        "--frontend",
+        &format!("http://{admin}"),
+        "--min-workers",
+        "2",
+        "--metric-interval",
+        "200ms",
+        "--adjustment-interval",
+        "1s",
+        "--decision-log",
+        log.to_str().unwrap(),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let mut noop = Process::spawn("planner-noop", &args, cluster.dir.path());
+    eventually(Duration::from_secs(15), "three decisions", || async {
+        let n = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        if n >= 3 { Ok(()) } else { Err(format!("{n}")) }
+    })
+    .await;
+    // It wants a second worker (its minimum) but starts nothing.
+    let first: Value = serde_json::from_str(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["replicas"]["aggregated"], 2, "{first}");
+    assert_eq!(workers_seen(&frontend).await, 1);
+    noop.sigterm();
+    assert!(noop.wait(Duration::from_secs(10)).success());
+
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .arg("planner")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let frontend_url = format!("http://{admin}");
+    let out = run(&["--frontend", &frontend_url, "--connector", "local"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("arguments after `--`"));
+    let out = run(&[
+        "--frontend",
+        &frontend_url,
+        "--min-workers",
+        "5",
+        "--max-workers",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("planner.budget.min_gpus"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["--frontend", "http://127.0.0.1:9"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/v1/internal/workers"));
+}
