@@ -766,6 +766,11 @@ impl<'a> Fleet<'a> {
         self.engines[slot] = engine;
         self.outputs[slot] = StepOutput::default();
         self.step_end[slot] = None;
+        self.register(slot);
+    }
+
+    /// The worker in `slot` joins the routing core, up, and queued requests may go to it.
+    fn register(&mut self, slot: usize) {
         self.slots[slot] = Slot::Up;
         if self
             .core
@@ -778,7 +783,7 @@ impl<'a> Fleet<'a> {
         {
             unreachable!("every simulated worker has the same block size");
         }
-        self.accepted[slot] = self.core.accepts_events(key.worker_id);
+        self.accepted[slot] = self.core.accepts_events(worker_key(slot as u32).worker_id);
         self.release_queued();
     }
 

@@ -9,7 +9,7 @@ use switchyard_core::WorkerRole;
 use switchyard_mocker::MockEngine;
 use switchyard_planner::{Decision, Observation, Planner, TrafficSample, WorkerSample};
 
-use super::{Event, Fleet, SimConfig, SimError, Slot, StepOutput, worker_key, worker_spec};
+use super::{Event, Fleet, SimConfig, SimError, Slot, StepOutput, worker_key};
 use crate::faults::FaultKind;
 use crate::scaling::{PlannerReport, PlannerSim};
 
@@ -182,23 +182,9 @@ impl Fleet<'_> {
     }
 
     pub(super) fn worker_ready(&mut self, slot: usize) {
-        if self.slots[slot] != Slot::Starting {
-            return;
+        if self.slots[slot] == Slot::Starting {
+            self.register(slot);
         }
-        if self
-            .core
-            .add_worker(worker_spec(
-                &self.config.engine,
-                self.config.perf_of(slot),
-                slot as u32,
-            ))
-            .is_err()
-        {
-            unreachable!("every simulated worker has the same block size");
-        }
-        self.slots[slot] = Slot::Up;
-        self.accepted[slot] = self.core.accepts_events(worker_key(slot as u32).worker_id);
-        self.release_queued();
     }
 
     /// Takes the worker out of routing; it leaves once its requests have finished.

@@ -252,22 +252,25 @@ impl<'a> FleetView<'a> {
         }
     }
 
-    async fn observe(&mut self) -> Result<Observation> {
-        let url = format!(
-            "{}{}",
-            self.frontend,
-            switchyard_frontend::http::WORKERS_PATH
-        );
-        let listed: Vec<ListedWorker> = self
-            .client
+    /// GET `path` from the frontend, a success or an error naming the URL.
+    async fn get(&self, path: &str) -> Result<reqwest::Response> {
+        let url = format!("{}{path}", self.frontend);
+        self.client
             .get(&url)
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)
-            .with_context(|| format!("GET {url}"))?
+            .with_context(|| format!("GET {url}"))
+    }
+
+    async fn observe(&mut self) -> Result<Observation> {
+        let path = switchyard_frontend::http::WORKERS_PATH;
+        let listed: Vec<ListedWorker> = self
+            .get(path)
+            .await?
             .json()
             .await
-            .with_context(|| format!("GET {url}: not a worker listing"))?;
+            .with_context(|| format!("GET {path}: not a worker listing"))?;
         let mut workers: Vec<WorkerSample> = listed
             .iter()
             .filter(|w| !matches!(w.status.as_str(), "draining" | "dead"))
@@ -282,16 +285,7 @@ impl<'a> FleetView<'a> {
                 }
             })
             .collect();
-        let url = format!("{}/metrics", self.frontend);
-        let text = self
-            .client
-            .get(&url)
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .with_context(|| format!("GET {url}"))?
-            .text()
-            .await?;
+        let text = self.get("/metrics").await?.text().await?;
         let now = counters(&text)?;
         // Requests the frontend holds back for want of a free engine wait as surely as
         // those queued in the engines: spread over the workers that generate.
