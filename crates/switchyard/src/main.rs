@@ -36,6 +36,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Scale a running deployment's workers on its load or latency targets.
     Planner(cmd::planner::PlannerArgs),
+    /// Measure an engine through its OpenAI API: a timing profile, a report and plots.
+    Profile(cmd::profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Planner(args) => cmd::planner::run(args, &std::env::vars().collect()),
+        Command::Profile(args) => cmd::profile::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,6 +13,7 @@ pub mod analyze;
 pub mod azure;
 pub mod bench;
 pub mod prefix;
+pub mod profile;
 pub mod stats;
 pub mod synth;
 pub mod trace_io;

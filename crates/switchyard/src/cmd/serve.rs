@@ -22,6 +22,10 @@ pub struct ServeArgs {
     /// Mocker time runs this many times faster than the timing model.
     #[arg(long)]
     speedup_ratio: Option<f64>,
+    /// The mocker's timing from a measured profile (JSON or NPZ; `switchyard profile`
+    /// writes one) instead of the polynomial model.
+    #[arg(long)]
+    perf_profile: Option<std::path::PathBuf>,
 }
 
 impl ServeArgs {
@@ -32,6 +36,10 @@ impl ServeArgs {
         o.set_some(&["workers", "count"], self.workers.map(i64::from));
         o.engine(self.engine);
         o.set_some(&["workers", "mocker", "speedup_ratio"], self.speedup_ratio);
+        o.set_some(
+            &["workers", "mocker", "perf_profile"],
+            self.perf_profile.as_ref().map(|p| p.display().to_string()),
+        );
         o.0
     }
 }

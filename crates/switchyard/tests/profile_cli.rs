@@ -1,0 +1,121 @@
+//! `switchyard profile` against `switchyard serve`: the profile it writes describes the
+//! engine it measured, and `serve` runs it.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::Value;
+use support::process::Process;
+use switchyard_mocker::PerfModel;
+
+fn profile(url: &str, out: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["profile", "--url", url, "--model", "switchyard-mock"])
+        .args(["--isl", "128,2048", "--samples", "2"])
+        .args(["--context", "256,1024", "--concurrency", "1,4"])
+        .args(["--output-tokens", "24", "--out", out.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four times slower than the model: its times, not the HTTP overhead, dominate.
+    let args = [
+        "serve",
+        "--port",
+        "0",
+        "--workers",
+        "1",
+        "--speedup-ratio",
+        "0.25",
+    ]
+    .map(str::to_string);
+    let serve = Process::spawn("serve", &args, dir.path());
+    let url = format!("http://{}", serve.address);
+    let out_dir = dir.path().join("profile");
+    let out = profile(&url, &out_dir, &["--ttft-target", "1s"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let model = switchyard_mocker::perf::load(&out_dir.join("profile.json")).unwrap();
+    let PerfModel::Interpolated(p) = &model else {
+        panic!("not a profile")
+    };
+    assert_eq!(p.prefill_isl.len(), 2);
+    assert_eq!(p.decode_context_length.len(), 2);
+    assert_eq!(p.decode_active_kv_tokens.len(), 4);
+    // The prefill it measured is the polynomial's, four times slower, plus the server's
+    // overhead (never less; how much more depends on the machine's load, so only the
+    // order of the two points is asserted beyond that).
+    let measured: Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("measurements.json")).unwrap()).unwrap();
+    let points: Vec<(f64, f64)> = measured["prefill"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["isl"].as_f64().unwrap(), p["ttft_ms"].as_f64().unwrap()))
+        .collect();
+    for &(isl, ttft) in &points {
+        let model_ms = 4.0 * PerfModel::Polynomial.prefill_ms(isl as u32);
+        assert!(
+            ttft >= 0.9 * model_ms,
+            "TTFT {ttft} ms at {isl} tokens, faster than the model's {model_ms}"
+        );
+    }
+    assert!(
+        points[0].0 < points[1].0 && points[0].1 < points[1].1,
+        "{points:?}"
+    );
+    let report = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(report.contains("## Prefill") && report.contains("## Decode"));
+    assert!(report.contains("Prompts up to 2048 tokens"), "{report}");
+    for plot in ["prefill.svg", "decode.svg"] {
+        let svg = std::fs::read_to_string(out_dir.join(plot)).unwrap();
+        assert!(svg.starts_with("<svg"), "{plot}");
+    }
+    drop(serve);
+
+    // The profile drives a mocker: `serve --perf-profile`.
+    let args = [
+        "serve",
+        "--port",
+        "0",
+        "--workers",
+        "1",
+        "--perf-profile",
+        out_dir.join("profile.json").to_str().unwrap(),
+    ]
+    .map(str::to_string);
+    let served = Process::spawn("serve-profiled", &args, dir.path());
+    let again = dir.path().join("again");
+    let out = profile(&format!("http://{}", served.address), &again, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Bad input is named.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "profile",
+            "--url",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--isl",
+            "128",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least two prompt lengths"));
+}
