@@ -2,5 +2,7 @@
 
 pub mod config;
 pub mod deploy;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 #[cfg(feature = "otel")]
 pub mod otel;

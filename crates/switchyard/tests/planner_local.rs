@@ -260,6 +260,14 @@ async fn the_noop_connector_only_decides_and_bad_settings_are_named() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let out = run(&["--frontend", &frontend_url, "--connector", "kubernetes"]);
+    assert!(!out.status.success());
+    let expected = if cfg!(feature = "kubernetes") {
+        "--k8s-deployment"
+    } else {
+        "built without the kubernetes connector"
+    };
+    assert!(String::from_utf8_lossy(&out.stderr).contains(expected));
     let out = run(&["--frontend", "http://127.0.0.1:9"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/v1/internal/workers"));

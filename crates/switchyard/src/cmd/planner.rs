@@ -6,7 +6,9 @@
 //! - `noop`: decides and logs, changes nothing;
 //! - `local`: starts `switchyard worker` processes (the arguments after `--`) and stops
 //!   them with SIGTERM, which drains them (nothing in flight is dropped). The processes
-//!   are listed in a state file, so a restarted planner adopts the workers it left.
+//!   are listed in a state file, so a restarted planner adopts the workers it left;
+//! - `kubernetes` (built with `--features kubernetes`): patches a Deployment's scale
+//!   subresource.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -49,6 +51,11 @@ pub struct PlannerArgs {
     /// SLA mode: the engines' timing profile (JSON), else the polynomial model.
     #[arg(long)]
     perf_profile: Option<PathBuf>,
+    /// Kubernetes connector: the Deployment of workers, and its namespace.
+    #[arg(long, value_name = "NAME")]
+    k8s_deployment: Option<String>,
+    #[arg(long, value_name = "NAMESPACE", default_value = "default")]
+    k8s_namespace: String,
     /// Local connector: where it lists the worker processes it runs (and their logs).
     #[arg(long, default_value = "switchyard-planner.json")]
     state_file: PathBuf,
@@ -65,6 +72,7 @@ pub struct PlannerArgs {
 enum ConnectorArg {
     Noop,
     Local,
+    Kubernetes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -143,15 +151,16 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
             &args.state_file,
             args.worker_args.clone(),
         )?),
+        ConnectorArg::Kubernetes => kubernetes(&args).await?,
     };
     // The planner starts from the workers there are (its minimum if none).
     let seen = fleet.observe().await?;
     let start = match &connector {
-        Connector::Noop => seen.count(WorkerRole::Aggregated),
         Connector::Local(local) => local.count(),
+        _ => seen.count(WorkerRole::Aggregated),
     }
     .max(config.budget.min_replicas);
-    connector.scale_to(start)?;
+    connector.scale_to(start).await?;
     let initial: BTreeMap<WorkerRole, u32> = [(WorkerRole::Aggregated, start)].into();
     let began = Instant::now();
     let mut planner = Planner::new(config.clone(), &initial, perf, Duration::ZERO)?;
@@ -195,7 +204,11 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
         let tick = planner.tick(began.elapsed(), &observation);
         for action in &tick.actions {
             tracing::info!(role = %action.role, replicas = action.replicas, "scaling");
-            connector.scale_to(action.replicas)?;
+            // A refused scaling (forbidden, conflict) is logged and the planner goes on:
+            // its action times out and the next decision tries again.
+            if let Err(e) = connector.scale_to(action.replicas).await {
+                tracing::error!("{e:#}");
+            }
         }
         if let Some(decision) = &tick.decision {
             tracing::info!(reasons = ?decision.reasons, actions = decision.actions.len(), "decision");
@@ -395,15 +408,38 @@ fn counters(text: &str) -> Result<Counters> {
 enum Connector {
     Noop,
     Local(LocalWorkers),
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(Box<switchyard::kubernetes::DeploymentScaler>),
 }
 
 impl Connector {
-    fn scale_to(&mut self, replicas: u32) -> Result<()> {
+    async fn scale_to(&mut self, replicas: u32) -> Result<()> {
         match self {
             Connector::Noop => Ok(()),
             Connector::Local(local) => local.scale_to(replicas),
+            #[cfg(feature = "kubernetes")]
+            Connector::Kubernetes(scaler) => Ok(scaler.scale_to(replicas).await?),
         }
     }
+}
+
+#[cfg(feature = "kubernetes")]
+async fn kubernetes(args: &PlannerArgs) -> Result<Connector> {
+    let Some(deployment) = &args.k8s_deployment else {
+        bail!("the kubernetes connector scales the Deployment named by --k8s-deployment");
+    };
+    let scaler =
+        switchyard::kubernetes::DeploymentScaler::from_environment(&args.k8s_namespace, deployment)
+            .await
+            .context("no Kubernetes credentials (in-cluster service account or kubeconfig)")?;
+    Ok(Connector::Kubernetes(Box::new(scaler)))
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn kubernetes(_: &PlannerArgs) -> Result<Connector> {
+    bail!(
+        "this switchyard was built without the kubernetes connector: cargo build --features kubernetes"
+    )
 }
 
 /// Worker processes this planner runs.
