@@ -64,6 +64,8 @@ fn planner(cluster: &Cluster, frontend: &Process, state: &Path, log: &Path) -> P
         state.to_str().unwrap(),
         "--decision-log",
         log.to_str().unwrap(),
+        "--metrics-port",
+        "0",
         "--",
     ]
     .map(str::to_string)
@@ -177,6 +179,27 @@ async fn the_local_connector_follows_a_ramp_up_and_down_without_losing_a_request
     // Up one at a time, then down one at a time.
     assert!(asked.starts_with(&[2, 3]), "{asked:?}");
     assert!(asked.ends_with(&[2, 1]), "{asked:?}");
+
+    // Its metrics say what it did.
+    let text = support::scrape(&first.url("/metrics")).await;
+    let value = |name: &str, label: Option<&str>| support::metric_value(&text, name, label);
+    assert_eq!(
+        value("switchyard_planner_replicas", Some("role=\"aggregated\"")),
+        1.0
+    );
+    assert!(
+        value(
+            "switchyard_planner_decisions_total",
+            Some("outcome=\"scale_up\"")
+        ) >= 2.0
+    );
+    assert!(
+        value(
+            "switchyard_planner_decisions_total",
+            Some("outcome=\"scale_down\"")
+        ) >= 2.0
+    );
+    assert_eq!(value("switchyard_planner_scaling_errors_total", None), 0.0);
 
     // A planner restarted on the same state file adopts the worker left running.
     first.sigterm();

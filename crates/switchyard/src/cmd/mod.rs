@@ -4,6 +4,7 @@ pub mod bench;
 pub mod distributed;
 pub mod flags;
 pub mod planner;
+pub mod planner_metrics;
 pub mod profile;
 pub mod serve;
 pub mod sim;

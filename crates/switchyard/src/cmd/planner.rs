@@ -59,6 +59,9 @@ pub struct PlannerArgs {
     /// Local connector: where it lists the worker processes it runs (and their logs).
     #[arg(long, default_value = "switchyard-planner.json")]
     state_file: PathBuf,
+    /// Serve the planner's Prometheus metrics on this port of 127.0.0.1 (0: any free port).
+    #[arg(long)]
+    metrics_port: Option<u16>,
     /// Where to append every decision (JSON lines).
     #[arg(long, value_name = "FILE.jsonl")]
     decision_log: Option<PathBuf>,
@@ -180,7 +183,22 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
         connector = ?args.connector,
         "planner watching {frontend}"
     );
-    println!("planner watching on {frontend} ({start} workers)");
+    let metrics = std::sync::Arc::new(super::planner_metrics::PlannerMetrics::default());
+    let stop_metrics = tokio_util::sync::CancellationToken::new();
+    let mut metrics_task = None;
+    let mut announce = format!("planner watching on {frontend} ({start} workers)");
+    if let Some(port) = args.metrics_port {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("cannot listen on 127.0.0.1:{port} for metrics"))?;
+        announce.push_str(&format!(", admin http://{}", listener.local_addr()?));
+        metrics_task = Some(tokio::spawn(super::planner_metrics::serve(
+            listener,
+            std::sync::Arc::clone(&metrics),
+            stop_metrics.clone(),
+        )));
+    }
+    println!("{announce}");
     let mut ticks = tokio::time::interval(config.metric_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stop = crate::signals::terminated();
@@ -207,10 +225,12 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
             // A refused scaling (forbidden, conflict) is logged and the planner goes on:
             // its action times out and the next decision tries again.
             if let Err(e) = connector.scale_to(action.replicas).await {
+                metrics.scaling_failed();
                 tracing::error!("{e:#}");
             }
         }
         if let Some(decision) = &tick.decision {
+            metrics.record(decision);
             tracing::info!(reasons = ?decision.reasons, actions = decision.actions.len(), "decision");
             if let Some(log) = &mut log {
                 serde_json::to_writer(&mut *log, decision)?;
@@ -218,6 +238,10 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
                 log.flush()?;
             }
         }
+    }
+    stop_metrics.cancel();
+    if let Some(task) = metrics_task {
+        let _ = task.await;
     }
     // The workers stay: a restarted planner adopts them from the state file.
     tracing::info!("planner stopped; its workers keep running");
