@@ -656,6 +656,17 @@ impl<'a> Fleet<'a> {
             detected: true,
             back_at,
         };
+        for id in self.unregister(slot) {
+            self.move_request(id.0 as u32, kind, since);
+        }
+        if let Some(at) = back_at {
+            self.schedule(at.max(self.now), Event::Recover(slot as u32));
+        }
+    }
+
+    /// The worker in `slot` leaves the routing core and the index; returns the requests
+    /// still bound to it, in order.
+    fn unregister(&mut self, slot: usize) -> Vec<RequestId> {
         let key = worker_key(slot as u32);
         let mut caught = self.core.remove_worker(key.worker_id);
         self.indexer.remove_worker(key);
@@ -665,12 +676,7 @@ impl<'a> Fleet<'a> {
             events.retain(|e| e.worker() != key);
         }
         caught.sort_unstable();
-        for id in caught {
-            self.move_request(id.0 as u32, kind, since);
-        }
-        if let Some(at) = back_at {
-            self.schedule(at.max(self.now), Event::Recover(slot as u32));
-        }
+        caught
     }
 
     /// Sends a request caught on a failed worker elsewhere: the prompt and the tokens

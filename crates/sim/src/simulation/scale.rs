@@ -201,17 +201,10 @@ impl Fleet<'_> {
     /// A drained worker leaves.
     pub(super) fn retire(&mut self, slot: usize) {
         self.account();
-        let key = worker_key(slot as u32);
         // Anything still bound to it (a request whose KV is on its way there) goes
         // elsewhere, as from a drained worker.
-        let mut caught = self.core.remove_worker(key.worker_id);
-        self.indexer.remove_worker(key);
-        self.accepted[slot] = false;
-        for events in &mut self.in_flight_events {
-            events.retain(|e| e.worker() != key);
-        }
+        let caught = self.unregister(slot);
         self.slots[slot] = Slot::Retired;
-        caught.sort_unstable();
         let now = self.now;
         for id in caught {
             self.move_request(id.0 as u32, FaultKind::Drain, now);
