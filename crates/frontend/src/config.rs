@@ -244,6 +244,7 @@ impl FrontendConfig {
             admission: self.admission,
             health: self.health,
             degradation: self.degradation,
+            disagg: switchyard_router::DisaggConfig::default(),
         }
     }
 }

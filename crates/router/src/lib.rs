@@ -38,4 +38,6 @@ pub use routing::admission::{Admission, AdmissionConfig, Rejection};
 pub use routing::registry::{
     CacheView, CacheViewMode, HealthState, JoinRefused, WorkerEntry, WorkerSpec,
 };
-pub use routing::{RouteQuery, RoutingConfig, RoutingCore, WorkerChanges};
+pub use routing::{
+    DisaggConfig, LocalReason, PairDecision, RouteQuery, RoutingConfig, RoutingCore, WorkerChanges,
+};

@@ -435,3 +435,154 @@ fn a_worker_computing_routed_prompts_is_predicted_busy_until_it_is_through() {
     // Unknown workers are never busy.
     assert_eq!(core.queued_prefill_time(WorkerId(9), T0), Duration::ZERO);
 }
+
+fn role_spec(id: u64, role: WorkerRole) -> WorkerSpec {
+    WorkerSpec {
+        role,
+        capacity_blocks: Some(1000),
+        max_num_seqs: Some(64),
+        ..WorkerSpec::new(WorkerId(id), 4)
+    }
+}
+
+fn pair(
+    core: &mut RoutingCore,
+    id: u64,
+    prompt: &TokenBlocks,
+    events: &OverlapScores,
+    exclude: &[WorkerId],
+) -> (
+    switchyard_router::PairDecision,
+    Option<switchyard_router::LocalReason>,
+) {
+    core.route_pair(
+        &RouteQuery {
+            id: RequestId(id),
+            blocks: prompt,
+            overrides: RoutingOverrides::default(),
+            exclude,
+        },
+        events,
+        T0,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_long_prompt_for_a_decode_worker_is_prefilled_on_a_prefill_worker() {
+    let mut core = RoutingCore::new(RoutingConfig {
+        router: RouterConfig {
+            policy: PolicyKind::Kv,
+            block_size: 4,
+            ..RouterConfig::default()
+        },
+        disagg: switchyard_router::DisaggConfig {
+            local_prefill_tokens: 16,
+            max_prefill_queue_tokens: 100,
+        },
+        ..RoutingConfig::default()
+    });
+    for (id, role) in [
+        (1, WorkerRole::Prefill),
+        (2, WorkerRole::Prefill),
+        (3, WorkerRole::Decode),
+    ] {
+        core.add_worker(role_spec(id, role)).unwrap();
+    }
+    assert_eq!(core.prefill_workers(), 2);
+    assert_eq!(
+        core.routable_workers(),
+        1,
+        "prefill workers generate nothing"
+    );
+    // Worker 2 holds the prompt's first 8 blocks: it computes the rest.
+    let long = blocks(&(0..40).collect::<Vec<_>>());
+    let mut indexer = Indexer::new(IndexerConfig::default());
+    indexer.apply(&stored(2, 1, &blocks(&(0..32).collect::<Vec<_>>())));
+    let (decision, local) = pair(
+        &mut core,
+        1,
+        &long,
+        &indexer.find_matches(long.local_hashes()),
+        &[],
+    );
+    assert_eq!(local, None);
+    assert_eq!(decision.decode.worker.worker_id, WorkerId(3));
+    let prefill = decision.prefill.expect("a remote prefill");
+    assert_eq!(prefill.worker.worker_id, WorkerId(2), "by its KV overlap");
+    assert_eq!(prefill.prefill_tokens, 8);
+    // The prefill worker counts it (as a prefill) until its first token; the decode
+    // worker holds its blocks with nothing to compute.
+    let p = core.load(prefill.worker);
+    let d = core.load(decision.decode.worker);
+    assert_eq!((p.requests, p.prefill_tokens), (1, 8));
+    assert_eq!((d.requests, d.prefill_tokens), (1, 0));
+    assert_eq!(core.prefill_finished(RequestId(1)), Some(prefill.worker));
+    assert_eq!(core.load(prefill.worker).requests, 0);
+    assert_eq!(core.load(decision.decode.worker).requests, 1);
+    assert_eq!(core.finish(RequestId(1)), Some(decision.decode.worker));
+    assert_eq!(core.prefill_finished(RequestId(1)), None, "only once");
+
+    // A short prompt stays on the decode worker.
+    let short = blocks(&(500..512).collect::<Vec<_>>());
+    let (decision, local) = pair(&mut core, 2, &short, &OverlapScores::default(), &[]);
+    assert_eq!(local, Some(switchyard_router::LocalReason::Short));
+    assert!(decision.prefill.is_none());
+    assert_eq!(core.load(decision.decode.worker).prefill_tokens, 12);
+    core.finish(RequestId(2));
+
+    // Excluded prefill workers are not chosen; with none left, the prefill is local.
+    let (decision, _) = pair(
+        &mut core,
+        3,
+        &long,
+        &OverlapScores::default(),
+        &[WorkerId(2)],
+    );
+    assert_eq!(decision.prefill.unwrap().worker.worker_id, WorkerId(1));
+    let (decision, local) = pair(
+        &mut core,
+        4,
+        &long,
+        &OverlapScores::default(),
+        &[WorkerId(1), WorkerId(2)],
+    );
+    assert_eq!(local, Some(switchyard_router::LocalReason::Saturated));
+    assert!(decision.prefill.is_none());
+    core.finish(RequestId(4));
+
+    // Saturation: 40-token prompts go remote while the chosen (least busy) prefill
+    // worker has under 100 tokens queued: three each (0, 40, 80 queued), request 3
+    // included; then the prefill is local.
+    let mut remote = 1;
+    let mut id = 5;
+    loop {
+        let (decision, local) = pair(&mut core, id, &long, &OverlapScores::default(), &[]);
+        id += 1;
+        match local {
+            None => remote += 1,
+            Some(reason) => {
+                assert_eq!(reason, switchyard_router::LocalReason::Saturated);
+                assert!(decision.prefill.is_none());
+                break;
+            }
+        }
+        assert!(remote <= 6, "past the queue limit");
+    }
+    assert_eq!(remote, 6);
+    for w in [1, 2] {
+        assert_eq!(core.load(WorkerKey::new(w, 0)).prefill_tokens, 120);
+    }
+}
+
+#[test]
+fn an_aggregated_fleet_routes_pairs_as_single_workers() {
+    let mut core = core(PolicyKind::Kv);
+    core.add_worker(spec(1)).unwrap();
+    core.add_worker(role_spec(2, WorkerRole::Prefill)).unwrap();
+    let long = blocks(&(0..400).collect::<Vec<_>>());
+    let (decision, local) = pair(&mut core, 1, &long, &OverlapScores::default(), &[]);
+    assert_eq!(decision.decode.worker.worker_id, WorkerId(1));
+    assert!(decision.prefill.is_none() && local.is_none());
+    assert_eq!(core.load(decision.decode.worker).prefill_tokens, 400);
+}

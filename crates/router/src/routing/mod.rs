@@ -52,6 +52,49 @@ pub struct RoutingConfig {
     pub admission: AdmissionConfig,
     pub health: HealthConfig,
     pub degradation: DegradationConfig,
+    pub disagg: DisaggConfig,
+}
+
+/// When a request served by a decode worker has its prompt computed on a prefill worker
+/// (conditional disaggregation, as Dynamo decides it): only when the part of the prompt the
+/// decode worker lacks is long enough to be worth a transfer, and the prefill pool is not
+/// saturated. Otherwise the decode worker prefills it itself.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DisaggConfig {
+    /// Uncached prompt tokens (on the decode worker) up to which it prefills locally.
+    pub local_prefill_tokens: u64,
+    /// The prefill pool is saturated when the chosen prefill worker already has this many
+    /// prompt tokens routed to it and not yet computed: then prefill locally.
+    pub max_prefill_queue_tokens: u64,
+}
+
+impl Default for DisaggConfig {
+    fn default() -> Self {
+        DisaggConfig {
+            local_prefill_tokens: 512,
+            max_prefill_queue_tokens: 32_768,
+        }
+    }
+}
+
+/// Where a request goes: its decode (or aggregated) worker, and the prefill worker that
+/// computes its prompt first, when it is disaggregated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairDecision {
+    /// The worker that generates the tokens (and prefills, when `prefill` is none).
+    pub decode: RouteDecision,
+    /// The remote prefill, tracked under [`RequestId::prefill_stage`] until
+    /// [`RoutingCore::prefill_finished`].
+    pub prefill: Option<RouteDecision>,
+}
+
+/// Why a request that could have been disaggregated was prefilled on its decode worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalReason {
+    /// The uncached part of the prompt is short.
+    Short,
+    /// Every prefill worker is busy past the queue limit (or none is available).
+    Saturated,
 }
 
 /// A request to route.
@@ -556,30 +599,6 @@ impl RoutingCore {
     ) -> Result<RouteDecision, RouteError> {
         self.tick(now);
         self.admission.settled(query.id);
-        // Suspicious workers are candidates for their weighted share of decisions (unless
-        // nothing else is left).
-        let weight = self.config.health.suspicious_weight;
-        let eligible: Vec<&WorkerEntry> = self
-            .registry
-            .iter()
-            .filter(|e| e.serving() && !query.exclude.contains(&e.spec.id))
-            .collect();
-        let mut chosen: Vec<&WorkerEntry> = Vec::with_capacity(eligible.len());
-        for &e in &eligible {
-            if e.health.state == HealthState::Healthy || self.rng.random::<f64>() < weight {
-                chosen.push(e);
-            }
-        }
-        if chosen.is_empty() {
-            chosen = eligible;
-        }
-        let candidates_keys: Vec<WorkerKey> = chosen.iter().flat_map(|e| e.spec.keys()).collect();
-        let request = RouteRequest {
-            id: query.id,
-            isl_tokens: query.blocks.total_tokens() as u64,
-            seq_hashes: query.blocks.sequence_hashes(),
-            overrides: query.overrides,
-        };
         let merged;
         let overlaps = if self.approx_workers > 0 {
             merged = self.merged_overlaps(query.blocks.local_hashes(), events, now);
@@ -587,11 +606,152 @@ impl RoutingCore {
         } else {
             events
         };
-        let candidates = self
-            .router
-            .candidates_among(&candidates_keys, &request, overlaps, now);
-        let decision = self.router.select(&request, &candidates)?;
+        let decision = self.choose(query, overlaps, now, |e| e.serving())?;
+        let request = RouteRequest {
+            id: query.id,
+            isl_tokens: query.blocks.total_tokens() as u64,
+            seq_hashes: query.blocks.sequence_hashes(),
+            overrides: query.overrides,
+        };
         self.router.record(&request, &decision, now)?;
+        self.record_approx(query, &decision, now);
+        Ok(decision)
+    }
+
+    /// Routes a request in a fleet that may have prefill and decode workers: picks the
+    /// worker that generates its tokens as [`RoutingCore::route`] does (among aggregated
+    /// and decode workers), then, when that is a decode worker, decides whether its prompt
+    /// is computed on a prefill worker (see [`DisaggConfig`]) and picks that worker by the
+    /// same policy (KV overlap and prefill queue) among the prefill workers. Both are
+    /// recorded: the decode worker with nothing to prefill when the prefill is remote, the
+    /// prefill worker under [`RequestId::prefill_stage`]. Returns why a request that could
+    /// have gone remote stayed local, if it did.
+    pub fn route_pair(
+        &mut self,
+        query: &RouteQuery<'_>,
+        events: &OverlapScores,
+        now: Duration,
+    ) -> Result<(PairDecision, Option<LocalReason>), RouteError> {
+        self.tick(now);
+        self.admission.settled(query.id);
+        let merged;
+        let overlaps = if self.approx_workers > 0 {
+            merged = self.merged_overlaps(query.blocks.local_hashes(), events, now);
+            &merged
+        } else {
+            events
+        };
+        let decode = self.choose(query, overlaps, now, |e| e.serving())?;
+        let request = RouteRequest {
+            id: query.id,
+            isl_tokens: query.blocks.total_tokens() as u64,
+            seq_hashes: query.blocks.sequence_hashes(),
+            overrides: query.overrides,
+        };
+        let disaggregated = self
+            .registry
+            .get(decode.worker.worker_id)
+            .is_some_and(|e| e.spec.role == switchyard_core::WorkerRole::Decode);
+        let mut local = None;
+        let mut prefill = None;
+        if disaggregated {
+            if decode.prefill_tokens <= self.config.disagg.local_prefill_tokens {
+                local = Some(LocalReason::Short);
+            } else {
+                let prefill_worker = |e: &WorkerEntry| {
+                    e.routable() && e.spec.role == switchyard_core::WorkerRole::Prefill
+                };
+                match self.choose(query, overlaps, now, prefill_worker).ok() {
+                    Some(p)
+                        if self.router.load(p.worker).prefill_tokens
+                            < self.config.disagg.max_prefill_queue_tokens =>
+                    {
+                        prefill = Some(p);
+                    }
+                    _ => local = Some(LocalReason::Saturated),
+                }
+            }
+        }
+        match prefill {
+            Some(p) => {
+                let stage = RouteRequest {
+                    id: query.id.prefill_stage(),
+                    ..request
+                };
+                self.router.record(&stage, &p, now)?;
+                let remote = RouteDecision {
+                    prefill_tokens: 0,
+                    ..decode
+                };
+                if let Err(e) = self.router.record(&request, &remote, now) {
+                    self.router.free(stage.id);
+                    return Err(e);
+                }
+                self.record_approx(query, &p, now);
+                self.record_approx(query, &decode, now);
+            }
+            None => {
+                self.router.record(&request, &decode, now)?;
+                self.record_approx(query, &decode, now);
+            }
+        }
+        Ok((PairDecision { decode, prefill }, local))
+    }
+
+    /// The remote prefill of `id` is over (its first token came back, or it failed): the
+    /// prefill worker no longer counts it. Returns the worker it was on.
+    pub fn prefill_finished(&mut self, id: RequestId) -> Option<WorkerKey> {
+        let worker = self.router.free(id.prefill_stage())?;
+        self.remove_if_drained(worker.worker_id);
+        Some(worker)
+    }
+
+    /// Prefill workers that may take requests.
+    pub fn prefill_workers(&self) -> usize {
+        self.registry
+            .iter()
+            .filter(|e| e.routable() && e.spec.role == switchyard_core::WorkerRole::Prefill)
+            .count()
+    }
+
+    /// Picks (without recording) among the workers `eligible` accepts and `query` does not
+    /// exclude, suspicious ones for their weighted share. `overlaps`: the cache views
+    /// already merged (see [`RoutingCore::merged_overlaps`]).
+    fn choose(
+        &mut self,
+        query: &RouteQuery<'_>,
+        overlaps: &OverlapScores,
+        now: Duration,
+        eligible: impl Fn(&WorkerEntry) -> bool,
+    ) -> Result<RouteDecision, RouteError> {
+        let weight = self.config.health.suspicious_weight;
+        let all: Vec<&WorkerEntry> = self
+            .registry
+            .iter()
+            .filter(|e| eligible(e) && !query.exclude.contains(&e.spec.id))
+            .collect();
+        let mut chosen: Vec<&WorkerEntry> = Vec::with_capacity(all.len());
+        for &e in &all {
+            if e.health.state == HealthState::Healthy || self.rng.random::<f64>() < weight {
+                chosen.push(e);
+            }
+        }
+        if chosen.is_empty() {
+            chosen = all;
+        }
+        let keys: Vec<WorkerKey> = chosen.iter().flat_map(|e| e.spec.keys()).collect();
+        let request = RouteRequest {
+            id: query.id,
+            isl_tokens: query.blocks.total_tokens() as u64,
+            seq_hashes: query.blocks.sequence_hashes(),
+            overrides: query.overrides,
+        };
+        let candidates = self.router.candidates_among(&keys, &request, overlaps, now);
+        self.router.select(&request, &candidates)
+    }
+
+    /// Records a routed request in the approximate view of a worker seen through it.
+    fn record_approx(&mut self, query: &RouteQuery<'_>, decision: &RouteDecision, now: Duration) {
         if self
             .registry
             .get(decision.worker.worker_id)
@@ -604,7 +764,6 @@ impl RoutingCore {
                 now,
             );
         }
-        Ok(decision)
     }
 
     /// Events for event-view workers, the approximate view for the others.

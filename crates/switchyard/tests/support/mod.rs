@@ -227,7 +227,10 @@ pub fn assert_completed(text: &str, completion_tokens: u32) {
         Some(u64::from(completion_tokens)),
         "{text}"
     );
-    assert!(streamed.done && text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(
+        streamed.done && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
 }
 
 pub fn chat(model: &str, content: &str, max_tokens: u32) -> Value {
