@@ -12,14 +12,17 @@
 //!   moving requests off failed workers (re-prefill or KV transfer).
 //! - [`scaling`]: the planner's virtual connector (workers added with a cold start,
 //!   removed by graceful drain) and what a planned run reports.
+//! - [`disagg`]: prefill and decode workers, and the KV moved between them.
 //! - [`report`]: latency distributions and fleet figures per run.
 
+pub mod disagg;
 pub mod faults;
 pub mod report;
 pub mod scaling;
 pub mod simulation;
 pub mod workload;
 
+pub use disagg::{DisaggReport, DisaggSim, Split};
 pub use faults::{FailureReport, FaultConfig, FaultKind, Link, ModelShape, ScheduledFault};
 pub use report::{RequestRecord, SimReport};
 pub use scaling::{PlannerReport, PlannerSim, SlaAttainment, SlaTargets};

@@ -155,6 +155,9 @@ pub struct SimReport {
     /// Requests within the latency targets, when targets were given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sla: Option<crate::scaling::SlaAttainment>,
+    /// Prefill and decode pools, when the fleet was disaggregated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<crate::disagg::DisaggReport>,
     /// What the planner did, when one scaled the fleet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub planner: Option<crate::scaling::PlannerReport>,

@@ -28,17 +28,18 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use switchyard_core::protocol::FinishReason;
-use switchyard_core::{KvEvent, RequestId, Token, TokenBlocks, WorkerId, WorkerKey};
+use switchyard_core::{KvEvent, RequestId, Token, TokenBlocks, WorkerId, WorkerKey, WorkerRole};
 use switchyard_mocker::config::InvalidArgs;
 use switchyard_mocker::tokens::token_at;
 use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
 use switchyard_router::routing::health::Failure;
 use switchyard_router::{
-    Admission, Indexer, IndexerConfig, PolicyKind, Rejection, RouteQuery, RoutingConfig,
-    RoutingCore, RoutingOverrides, WorkerSpec, WorkerTiming,
+    Admission, Indexer, IndexerConfig, LocalReason, PairDecision, PolicyKind, Rejection,
+    RouteQuery, RoutingConfig, RoutingCore, RoutingOverrides, WorkerSpec, WorkerTiming,
 };
 use thiserror::Error;
 
+use crate::disagg::{DisaggReport, DisaggSim};
 use crate::faults::{FailureReport, FaultConfig, FaultKind, ScheduledFault};
 use crate::report::{LatencyRecorder, LoadSpread, RequestRecord, SimReport, Throughput};
 use crate::scaling::{PlannerSim, SlaAttainment, SlaTargets};
@@ -79,6 +80,8 @@ pub struct SimConfig {
     pub planner: Option<PlannerSim>,
     /// Count the requests that meet these latency targets.
     pub sla_targets: Option<SlaTargets>,
+    /// Split the fleet into prefill and decode workers (the first `prefill` slots prefill).
+    pub disagg: Option<DisaggSim>,
 }
 
 impl SimConfig {
@@ -103,6 +106,12 @@ pub enum SimError {
     BlockSize { workload: u32, engine: u32 },
     #[error("invalid planner settings: {0}")]
     Planner(#[from] switchyard_planner::InvalidConfig),
+    #[error(
+        "a disaggregated fleet needs at least one prefill and one decode worker, got {prefill} of {workers}"
+    )]
+    DisaggSplit { prefill: u32, workers: u32 },
+    #[error("the planner does not scale disaggregated fleets yet")]
+    DisaggPlanner,
 }
 
 /// A timed event other than engine steps and KV event deliveries (which have their own
@@ -159,6 +168,11 @@ struct RequestState {
     interrupted_at: Option<Duration>,
     /// Moved: the router still counts its prompt as being computed on the new worker.
     prefilling_again: bool,
+    /// Being prefilled on the prefill worker in this slot (disaggregated), for the
+    /// decode worker in the other.
+    remote_prefill: Option<(usize, usize)>,
+    /// Its KV is being pulled from the prefill worker in this slot.
+    pulling_from: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -212,6 +226,10 @@ struct Fleet<'a> {
     untouched_e2e: LatencyRecorder,
     /// The planner and its connector, when the fleet is planned.
     scaling: Option<scale::Scaling>,
+    /// Remote prefills by the id the core tracks them under, to their request.
+    prefill_ids: HashMap<RequestId, u32>,
+    disagg: DisaggReport,
+    transfer_time: LatencyRecorder,
 }
 
 /// Runs the workload through the fleet with one policy. `progress` is told how many
@@ -230,6 +248,17 @@ pub fn simulate(
             workload: workload.block_size,
             engine: config.engine.block_size,
         });
+    }
+    if let Some(disagg) = &config.disagg {
+        if disagg.prefill == 0 || disagg.prefill >= config.workers {
+            return Err(SimError::DisaggSplit {
+                prefill: disagg.prefill,
+                workers: config.workers,
+            });
+        }
+        if config.planner.is_some() {
+            return Err(SimError::DisaggPlanner);
+        }
     }
     let mut fleet = Fleet::new(config, workload, policy)?;
     fleet.run(progress);
@@ -252,10 +281,7 @@ impl<'a> Fleet<'a> {
         for slot in 0..config.workers {
             let key = worker_key(slot);
             let args = config.engine;
-            if core
-                .add_worker(worker_spec(&args, config.perf_of(slot as usize), slot))
-                .is_err()
-            {
+            if core.add_worker(worker_spec(config, slot)).is_err() {
                 unreachable!("every simulated worker has the same block size");
             }
             engines.push(MockEngine::new(
@@ -307,6 +333,9 @@ impl<'a> Fleet<'a> {
             moved_e2e: LatencyRecorder::default(),
             untouched_e2e: LatencyRecorder::default(),
             scaling: None,
+            prefill_ids: HashMap::new(),
+            disagg: DisaggReport::default(),
+            transfer_time: LatencyRecorder::default(),
         };
         for i in 0..fleet.plan.len() {
             fleet.schedule(fleet.plan[i].at, Event::Fault(i as u32));
@@ -335,7 +364,9 @@ impl<'a> Fleet<'a> {
                 (Some(a), Some(t)) => Some(a.min(t)),
                 (a, t) => a.or(t),
             };
-            if self.config.lazy_engines && self.core.queued() == 0 {
+            // A disaggregated fleet's engines interact through KV transfers too (a prefill
+            // ending schedules its transfer): every step in global order.
+            if self.config.lazy_engines && self.config.disagg.is_none() && self.core.queued() == 0 {
                 self.advance_engines_until(barrier);
                 self.deliver_until(barrier);
             } else if let Some(at) = self.next_internal(barrier) {
@@ -514,10 +545,48 @@ impl<'a> Fleet<'a> {
                 overrides: RoutingOverrides::default(),
                 exclude: &exclude,
             };
-            let Ok(decision) = self.core.route(&query, &overlaps, self.now) else {
+            let pair = if self.config.disagg.is_some() && generated == 0 {
+                self.core.route_pair(&query, &overlaps, self.now)
+            } else {
+                self.core.route(&query, &overlaps, self.now).map(|decode| {
+                    (
+                        PairDecision {
+                            decode,
+                            prefill: None,
+                        },
+                        None,
+                    )
+                })
+            };
+            let Ok((
+                PairDecision {
+                    decode: decision,
+                    prefill,
+                },
+                local,
+            )) = pair
+            else {
                 self.fail(index);
                 return;
             };
+            if let Some(prefill) = prefill {
+                match self.start_remote_prefill(index, &mut mock, decision.worker, prefill.worker) {
+                    Ok(()) => return,
+                    Err(crashed) => {
+                        exclude.push(crashed);
+                        if exclude.len() >= MAX_DISPATCH_ATTEMPTS {
+                            self.fail(index);
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
+            match local {
+                Some(LocalReason::Short) => self.disagg.local_short += 1,
+                Some(LocalReason::Saturated) => self.disagg.local_saturated += 1,
+                None => {}
+            }
             let slot = slot_of(decision.worker);
             match self.slots[slot] {
                 // A crashed worker refuses the connection: counted against it at once.
@@ -602,6 +671,123 @@ impl<'a> Fleet<'a> {
         self.report.failed += 1;
     }
 
+    // ---- disaggregation ----
+
+    /// Hands a request's prompt to its prefill worker (for one token), the routing core
+    /// having recorded both workers. A crashed worker of the pair refuses it: both records
+    /// go, the failure is counted against it, and it is returned to be excluded.
+    fn start_remote_prefill(
+        &mut self,
+        index: u32,
+        mock: &mut MockRequest,
+        decode: WorkerKey,
+        prefill: WorkerKey,
+    ) -> Result<(), WorkerId> {
+        let id = RequestId(u64::from(index));
+        for worker in [prefill, decode] {
+            if let Slot::Failed {
+                kind: FaultKind::Crash,
+                ..
+            } = self.slots[slot_of(worker)]
+            {
+                self.core.finish(id);
+                self.core.prefill_finished(id);
+                self.core
+                    .observe_failure(worker.worker_id, Failure::Unreachable, self.now);
+                return Err(worker.worker_id);
+            }
+        }
+        let (pslot, dslot) = (slot_of(prefill), slot_of(decode));
+        let state = &mut self.requests[index as usize];
+        state.worker = Some(decode);
+        state.remote_prefill = Some((pslot, dslot));
+        self.per_worker_requests[dslot] += 1;
+        self.prefill_ids.insert(id.prefill_stage(), index);
+        self.disagg.remote_prefills += 1;
+        if matches!(self.slots[pslot], Slot::Failed { .. }) {
+            // Hung: it takes the prompt and does nothing, until the hang is found.
+            return Ok(());
+        }
+        let prompt = MockRequest {
+            max_output_tokens: 1,
+            ..mock.clone()
+        };
+        if self.engines[pslot].add_request(prompt).is_err() {
+            // Too large for any engine of the fleet (they share their arguments).
+            self.requests[index as usize].remote_prefill = None;
+            self.prefill_ids.remove(&id.prefill_stage());
+            self.core.prefill_finished(id);
+            self.core.finish(id);
+            self.fail(index);
+            return Ok(());
+        }
+        if self.step_end[pslot].is_none() {
+            self.start_step(pslot, self.now);
+        }
+        Ok(())
+    }
+
+    /// A remote prefill produced the request's first token: unless that ends it, its
+    /// decode worker pulls the KV blocks it lacks and then generates the rest.
+    fn remote_prefill_done(&mut self, index: u32, token: Token, pslot: usize, dslot: usize) {
+        let id = RequestId(u64::from(index));
+        self.core.prefill_finished(id);
+        self.prefill_ids.remove(&id.prefill_stage());
+        let request = &self.workload.requests[index as usize];
+        let mut prompt = request.prompt.clone();
+        let prompt_tokens = prompt.total_tokens() as u32;
+        let Some(disagg) = self.config.disagg else {
+            return;
+        };
+        let block_size = self.config.engine.block_size;
+        let held = self.engines[dslot]
+            .block_manager()
+            .cached_prefix(prompt.sequence_hashes()) as u32
+            * block_size;
+        let held = held.min(prompt_tokens);
+        let bytes = u64::from(prompt_tokens - held) * disagg.kv_bytes_per_token;
+        let transfer = disagg.link.transfer_time(bytes);
+        self.disagg.transferred_bytes += bytes;
+        self.disagg.reused_tokens += u64::from(held);
+        self.transfer_time.record(micros(transfer));
+        prompt.extend(&[token]);
+        let mock = MockRequest {
+            id,
+            prompt,
+            max_output_tokens: request.output_tokens - 1,
+            generated: 1,
+            stream_key: id.0,
+            stop_token_ids: self.config.eos_token_ids.clone(),
+            banned_token_ids: Vec::new(),
+            imported_tokens: prompt_tokens,
+        };
+        let state = &mut self.requests[index as usize];
+        state.remote_prefill = None;
+        state.pulling_from = Some(pslot);
+        state.prefilling_again = true;
+        let moves = state.moves;
+        self.transfers.insert(index, (moves, dslot, mock));
+        self.schedule(self.now + transfer, Event::TransferDone(index, moves));
+    }
+
+    /// The prefill worker in `slot` failed: the decode workers pulling KV from it find it
+    /// gone, and those requests are prefilled again elsewhere.
+    fn transfers_lost(&mut self, slot: usize) {
+        let mut caught: Vec<u32> = self
+            .transfers
+            .keys()
+            .copied()
+            .filter(|&i| self.requests[i as usize].pulling_from == Some(slot))
+            .collect();
+        caught.sort_unstable();
+        for index in caught {
+            self.disagg.lost_transfers += 1;
+            self.requests[index as usize].pulling_from = None;
+            self.core.finish(RequestId(u64::from(index)));
+            self.move_request(index, FaultKind::Crash, self.now);
+        }
+    }
+
     // ---- faults ----
 
     /// The fault at `i` of the plan strikes its worker.
@@ -625,6 +811,9 @@ impl<'a> Fleet<'a> {
             detected: false,
             back_at: fault.down_for.map(|d| self.now + d),
         };
+        if self.config.disagg.is_some() {
+            self.transfers_lost(slot);
+        }
         let worker = worker_key(slot as u32).worker_id;
         let noticed = match fault.kind {
             FaultKind::Crash => self.config.faults.crash_detection,
@@ -657,7 +846,8 @@ impl<'a> Fleet<'a> {
             back_at,
         };
         for id in self.unregister(slot) {
-            self.move_request(id.0 as u32, kind, since);
+            let index = self.prefill_ids.remove(&id).unwrap_or(id.0 as u32);
+            self.move_request(index, kind, since);
         }
         if let Some(at) = back_at {
             self.schedule(at.max(self.now), Event::Recover(slot as u32));
@@ -683,6 +873,15 @@ impl<'a> Fleet<'a> {
     /// streamed so far, for the rest of its output.
     fn move_request(&mut self, index: u32, kind: FaultKind, since: Duration) {
         self.transfers.remove(&index);
+        let id = RequestId(u64::from(index));
+        if let Some((pslot, _)) = self.requests[index as usize].remote_prefill.take() {
+            // Caught mid-prefill (on either worker of its pair): both let it go.
+            self.engines[pslot].cancel(id);
+            self.core.prefill_finished(id);
+            self.core.finish(id);
+            self.prefill_ids.remove(&id.prefill_stage());
+        }
+        self.requests[index as usize].pulling_from = None;
         let state = &mut self.requests[index as usize];
         if state.outcome != Outcome::Pending {
             return;
@@ -737,6 +936,7 @@ impl<'a> Fleet<'a> {
         let Some((_, _, mock)) = self.transfers.remove(&index) else {
             return;
         };
+        self.requests[index as usize].pulling_from = None;
         if !matches!(self.slots[slot], Slot::Up | Slot::Draining) {
             // Hung: it sits there until the hang is found and it moves again.
             return;
@@ -780,11 +980,7 @@ impl<'a> Fleet<'a> {
         self.slots[slot] = Slot::Up;
         if self
             .core
-            .add_worker(worker_spec(
-                &self.config.engine,
-                self.config.perf_of(slot),
-                slot as u32,
-            ))
+            .add_worker(worker_spec(self.config, slot as u32))
             .is_err()
         {
             unreachable!("every simulated worker has the same block size");
@@ -817,6 +1013,28 @@ impl<'a> Fleet<'a> {
         let mut freed = false;
         for token in &out.tokens {
             let index = token.request.0 as usize;
+            let remote = self.requests[index]
+                .remote_prefill
+                .filter(|&(pslot, _)| pslot == slot);
+            // A remote prefill's token: the request's first; it ends there only on a stop
+            // token or a one-token answer.
+            let finish = match remote {
+                Some(_) if token.finish == Some(FinishReason::Stop) => token.finish,
+                Some(_) if self.workload.requests[index].output_tokens <= 1 => {
+                    Some(FinishReason::Length)
+                }
+                Some(_) => None,
+                None => token.finish,
+            };
+            if let Some((pslot, dslot)) = remote {
+                if finish.is_some() {
+                    self.requests[index].remote_prefill = None;
+                    self.core.prefill_finished(token.request);
+                    self.prefill_ids.remove(&token.request.prefill_stage());
+                } else {
+                    self.remote_prefill_done(index as u32, token.token, pslot, dslot);
+                }
+            }
             let state = &mut self.requests[index];
             if let Some(since) = state.interrupted_at.take() {
                 self.stall.record(micros(now - since));
@@ -850,7 +1068,7 @@ impl<'a> Fleet<'a> {
             state.last_token = now;
             state.output_tokens += 1;
             self.report.output_tokens += 1;
-            if let Some(reason) = token.finish {
+            if let Some(reason) = finish {
                 let arrival = self.workload.requests[index].arrival;
                 self.e2e.record(micros(now - arrival));
                 if state.moves > 0 {
@@ -950,6 +1168,13 @@ impl<'a> Fleet<'a> {
         if let Some(targets) = self.config.sla_targets {
             r.sla = Some(attainment(targets, &self.requests, &self.workload.requests));
         }
+        if let Some(disagg) = &self.config.disagg {
+            let mut report = std::mem::take(&mut self.disagg);
+            report.prefill_workers = disagg.prefill;
+            report.decode_workers = self.config.workers - disagg.prefill;
+            report.transfer_ms = self.transfer_time.distribution();
+            self.report.disagg = Some(report);
+        }
         if self.scaling.is_some() {
             let report = self.planner_report(end);
             self.report.planner = Some(report);
@@ -1006,8 +1231,16 @@ pub fn worker_key(slot: u32) -> WorkerKey {
 }
 
 /// What the simulated worker in `slot` announces (as the worker crate's `Mocker` does).
-fn worker_spec(args: &EngineArgs, perf: &PerfModel, slot: u32) -> WorkerSpec {
+fn worker_spec(config: &SimConfig, slot: u32) -> WorkerSpec {
+    let args = &config.engine;
+    let perf = config.perf_of(slot as usize);
+    let role = match &config.disagg {
+        Some(d) if slot < d.prefill => WorkerRole::Prefill,
+        Some(_) => WorkerRole::Decode,
+        None => WorkerRole::Aggregated,
+    };
     WorkerSpec {
+        role,
         capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
         max_num_seqs: Some(args.max_num_seqs),
         kv_events: args.enable_prefix_caching,

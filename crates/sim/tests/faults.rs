@@ -40,6 +40,7 @@ fn config(faults: FaultConfig) -> SimConfig {
         faults,
         planner: None,
         sla_targets: None,
+        disagg: None,
     }
 }
 

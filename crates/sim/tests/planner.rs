@@ -53,6 +53,7 @@ fn config(workers: u32, planner: Option<PlannerSim>) -> SimConfig {
             ttft: Duration::from_secs(2),
             itl: Duration::from_millis(60),
         }),
+        disagg: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn config(workers: u32) -> SimConfig {
         faults: Default::default(),
         planner: None,
         sla_targets: None,
+        disagg: None,
     }
 }
 

@@ -232,6 +232,7 @@ fn sim(
         faults: Default::default(),
         planner: None,
         sla_targets: None,
+        disagg: None,
     };
     let report = simulate(&sim_config, &workload, config.router.policy, &mut |_| {}).unwrap();
     let outcomes = report

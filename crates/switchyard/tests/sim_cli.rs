@@ -239,3 +239,54 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
     let out = sim(&["--planner", "sla", "--workers", "2,3"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--planner runs one fleet"));
 }
+
+#[test]
+fn disaggregated_splits_are_compared_with_the_aggregated_fleet_of_their_size() {
+    let out = sim(&["--disagg", "1:2,2:1", "--policy", "kv", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fleets = json["fleets"].as_array().unwrap();
+    let names: Vec<&str> = fleets
+        .iter()
+        .map(|f| f["fleet"].as_str().unwrap())
+        .collect();
+    // One aggregated fleet of 3 for both splits of 3.
+    assert_eq!(names, ["aggregated 3", "disagg 1:2", "disagg 2:1"]);
+    for f in fleets {
+        let r = &f["report"];
+        let settled = ["completed", "rejected", "failed"]
+            .iter()
+            .map(|k| r[k].as_u64().unwrap())
+            .sum::<u64>();
+        assert_eq!(settled, 300, "{f}");
+        assert!(r["completed"].as_u64().unwrap() > 100, "{f}");
+        assert_eq!(r["workers"].as_u64(), Some(3));
+        assert_eq!(r["cache_view"].as_str(), Some("events"));
+    }
+    assert!(fleets[0]["report"].get("disagg").is_none());
+    let d = &fleets[1]["report"]["disagg"];
+    assert_eq!(d["prefill_workers"].as_u64(), Some(1));
+    assert_eq!(d["decode_workers"].as_u64(), Some(2));
+    assert!(d["remote_prefills"].as_u64().unwrap() > 0, "{d}");
+
+    // The table names the fleets; bad splits are named.
+    let out = sim(&["--disagg", "1:2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("aggregated 3") && text.contains("disagg 1:2"),
+        "{text}"
+    );
+    for (bad, says) in [("0:3", "PREFILL:DECODE"), ("3", "PREFILL:DECODE")] {
+        let out = sim(&["--disagg", bad]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+    let out = sim(&["--disagg", "1:2", "--sweep"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--disagg"));
+}

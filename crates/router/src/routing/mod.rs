@@ -72,7 +72,7 @@ impl Default for DisaggConfig {
     fn default() -> Self {
         DisaggConfig {
             local_prefill_tokens: 512,
-            max_prefill_queue_tokens: 32_768,
+            max_prefill_queue_tokens: 131_072,
         }
     }
 }

@@ -8,5 +8,6 @@ pub mod planner_metrics;
 pub mod profile;
 pub mod serve;
 pub mod sim;
+pub mod sim_disagg;
 pub mod sim_planner;
 pub mod synth;

@@ -140,7 +140,7 @@ pub struct SimArgs {
     /// The model's KV shape, for the bytes a token's KV takes: llama-3-8b, llama-3-70b or
     /// LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES.
     #[arg(long, default_value = "llama-3-8b")]
-    model_shape: ModelShape,
+    pub(super) model_shape: ModelShape,
     /// One row per policy × fleet size × load level (implied by several --workers or
     /// --speedup values).
     #[arg(long)]
@@ -154,6 +154,8 @@ pub struct SimArgs {
     pub(super) json: bool,
     #[command(flatten)]
     pub(super) planning: super::sim_planner::PlanningArgs,
+    #[command(flatten)]
+    pub(super) disagg: super::sim_disagg::DisaggArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -323,8 +325,21 @@ pub fn run(args: SimArgs) -> Result<()> {
         },
         planner: None,
         sla_targets: None,
+        disagg: None,
     };
 
+    if !args.disagg.disagg.is_empty() {
+        if sweep || args.workers.len() > 1 {
+            bail!("--disagg sets the fleet sizes itself: give one --speedup and no --sweep");
+        }
+        let workload = PreparedWorkload::prepare(
+            &requests,
+            args.trace_block_size,
+            args.block_size,
+            args.speedup[0],
+        );
+        return super::sim_disagg::run(&args, &workload, &config);
+    }
     if !args.planning.planner.is_empty() {
         if sweep {
             bail!("--planner runs one fleet at one load: give one --workers and one --speedup");
@@ -590,7 +605,7 @@ fn progress_bar(len: u64, policy: PolicyKind, quiet: bool) -> ProgressBar {
 }
 
 /// Writes the output; a reader that went away (`| head`) is not an error.
-fn write_stdout(text: &str) -> Result<()> {
+pub(super) fn write_stdout(text: &str) -> Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),

@@ -1,0 +1,186 @@
+//! `switchyard sim --disagg P:D`: the trace on disaggregated fleets (P prefill and D decode
+//! workers), each against the aggregated fleet of the same size, side by side.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use serde::Serialize;
+use switchyard_router::DisaggConfig;
+use switchyard_sim::{DisaggSim, Link, PreparedWorkload, SimConfig, SimReport, Split, simulate};
+
+use super::sim::{SimArgs, cache_view_for};
+
+#[derive(Debug, Args)]
+pub struct DisaggArgs {
+    /// Run disaggregated fleets of P prefill and D decode workers (comma separated, e.g.
+    /// `2:6,4:4`), each compared with the aggregated fleet of P+D workers; the first
+    /// --policy routes.
+    #[arg(long, value_delimiter = ',', value_name = "P:D")]
+    pub disagg: Vec<Split>,
+    /// The link KV moves over from prefill to decode workers: nvlink, pcie5, ib or GB/s.
+    #[arg(long, default_value = "ib")]
+    disagg_link: Link,
+    /// Uncached prompt tokens up to which a decode worker prefills a request itself.
+    #[arg(long, default_value_t = DisaggConfig::default().local_prefill_tokens)]
+    local_prefill_tokens: u64,
+    /// Prompt tokens queued on the chosen prefill worker from which the prefill pool
+    /// counts as saturated (and the decode worker prefills itself).
+    #[arg(long, default_value_t = DisaggConfig::default().max_prefill_queue_tokens)]
+    max_prefill_queue_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct Row {
+    fleet: String,
+    report: SimReport,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    trace: String,
+    policy: &'a str,
+    fleets: &'a [Row],
+}
+
+pub(super) fn run(args: &SimArgs, workload: &PreparedWorkload, base: &SimConfig) -> Result<()> {
+    let d = &args.disagg;
+    if base.planner.is_some() || !args.planning.planner.is_empty() {
+        bail!("--disagg and --planner cannot be combined yet");
+    }
+    if d.max_prefill_queue_tokens == 0 {
+        bail!("--max-prefill-queue-tokens must be at least 1");
+    }
+    let Some(&policy) = args.policy.first() else {
+        bail!("--policy needs a value");
+    };
+    let mut base = base.clone();
+    base.routing.cache_view = cache_view_for(args, policy);
+    base.routing.disagg = DisaggConfig {
+        local_prefill_tokens: d.local_prefill_tokens,
+        max_prefill_queue_tokens: d.max_prefill_queue_tokens,
+    };
+    let kv_bytes_per_token = args.model_shape.kv_bytes_per_token();
+    let mut rows: Vec<Row> = Vec::new();
+    for split in &d.disagg {
+        let workers = split.prefill + split.decode;
+        let aggregated = format!("aggregated {workers}");
+        if !rows.iter().any(|r| r.fleet == aggregated) {
+            let config = SimConfig {
+                workers,
+                disagg: None,
+                ..base.clone()
+            };
+            rows.push(Row {
+                report: run_one(&config, workload, policy, &aggregated, args.json)?,
+                fleet: aggregated,
+            });
+        }
+        let config = SimConfig {
+            workers,
+            disagg: Some(DisaggSim {
+                prefill: split.prefill,
+                link: d.disagg_link,
+                kv_bytes_per_token,
+            }),
+            ..base.clone()
+        };
+        let name = format!("disagg {split}");
+        rows.push(Row {
+            report: run_one(&config, workload, policy, &name, args.json)?,
+            fleet: name,
+        });
+    }
+    let text = if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&Output {
+                trace: args.trace.display().to_string(),
+                policy: policy.name(),
+                fleets: &rows,
+            })?
+        )
+    } else {
+        table(args, workload.requests.len(), policy.name(), &rows)
+    };
+    super::sim::write_stdout(&text)
+}
+
+fn run_one(
+    config: &SimConfig,
+    workload: &PreparedWorkload,
+    policy: switchyard_router::PolicyKind,
+    name: &str,
+    quiet: bool,
+) -> Result<SimReport> {
+    if !quiet {
+        eprintln!("simulating {name} ...");
+    }
+    let started = Instant::now();
+    let mut report = simulate(config, workload, policy, &mut |_| {})?;
+    report.cache_view = match config.routing.cache_view {
+        switchyard_router::CacheViewMode::Auto => "events",
+        switchyard_router::CacheViewMode::Approximate => "approx",
+    };
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn table(args: &SimArgs, requests: usize, policy: &str, rows: &[Row]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{requests} requests from {} (policy {policy}, KV link {:.0} GB/s, {} bytes/token)",
+        args.trace.display(),
+        args.disagg.disagg_link.bandwidth / 1e9,
+        args.model_shape.kv_bytes_per_token()
+    );
+    let _ = writeln!(
+        s,
+        "{:<14} {:>20} {:>20} {:>9} {:>8} {:>8} {:>15} {:>9} {:>11}",
+        "fleet",
+        "TTFT p50/p90/p99 ms",
+        "ITL p50/p90/p99 ms",
+        "E2E p50",
+        "tok/s",
+        "req/s",
+        "remote/short/sat",
+        "KV moved",
+        "xfer p50 ms"
+    );
+    for r in rows {
+        let rep = &r.report;
+        let (split, moved, xfer) = match &rep.disagg {
+            Some(d) => (
+                format!(
+                    "{}/{}/{}",
+                    d.remote_prefills, d.local_short, d.local_saturated
+                ),
+                format!("{:.1} GB", d.transferred_bytes as f64 / 1e9),
+                format!("{:.2}", d.transfer_ms.p50),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            s,
+            "{:<14} {:>20} {:>20} {:>9.0} {:>8.0} {:>8.2} {:>15} {:>9} {:>11}",
+            r.fleet,
+            format!(
+                "{:.0}/{:.0}/{:.0}",
+                rep.ttft_ms.p50, rep.ttft_ms.p90, rep.ttft_ms.p99
+            ),
+            format!(
+                "{:.1}/{:.1}/{:.1}",
+                rep.itl_ms.p50, rep.itl_ms.p90, rep.itl_ms.p99
+            ),
+            rep.e2e_ms.p50,
+            rep.throughput.output_tokens_per_sec,
+            rep.throughput.requests_per_sec,
+            split,
+            moved,
+            xfer
+        );
+    }
+    s
+}
