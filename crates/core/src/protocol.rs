@@ -134,6 +134,10 @@ pub struct KvHandle {
     pub blocks: Vec<SequenceHash>,
     /// Tokens the blocks hold.
     pub tokens: u32,
+    /// The source's request-plane address, for network request planes (the frontend
+    /// fills it in from discovery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 /// What part of the work a request asks for.
@@ -271,6 +275,10 @@ pub enum EngineError {
     /// but another might.
     #[error("the worker cannot serve this request: {0}")]
     Unsupported(String),
+    /// The KV a decode request was to start from is gone (its prefill worker failed or
+    /// evicted it): the request must be prefilled again; not this worker's fault.
+    #[error("the KV to decode from is gone: {0}")]
+    KvLost(String),
     /// The request is invalid for any worker (a 400 for the client).
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -316,6 +324,8 @@ mod tests {
         assert_eq!(faults.len(), 3);
         assert!(!EngineError::Overloaded("x".into()).is_worker_fault());
         assert!(!EngineError::Unsupported("x".into()).is_worker_fault());
+        let lost = EngineError::KvLost("x".into());
+        assert!(lost.retry_elsewhere() && !lost.is_worker_fault());
     }
 
     #[test]
@@ -334,6 +344,7 @@ mod tests {
                 request: RequestId(6),
                 blocks: vec![SequenceHash(9)],
                 tokens: 16,
+                address: Some("10.0.0.7:7001".into()),
             },
         };
         // Named encoding, as on the request plane: optional fields may be left out.

@@ -45,6 +45,8 @@ pub struct FrontendConfig {
     pub health: HealthConfig,
     pub degradation: DegradationConfig,
     pub migration: MigrationConfig,
+    /// When a request for a decode worker is prefilled on a prefill worker.
+    pub disagg: switchyard_router::DisaggConfig,
 }
 
 /// `frontend.admin`: where `/metrics` and `/v1/internal/*` are served. Without a port, the
@@ -175,6 +177,7 @@ impl Default for FrontendConfig {
             health: HealthConfig::default(),
             degradation: DegradationConfig::default(),
             migration: MigrationConfig::default(),
+            disagg: switchyard_router::DisaggConfig::default(),
         }
     }
 }
@@ -244,7 +247,7 @@ impl FrontendConfig {
             admission: self.admission,
             health: self.health,
             degradation: self.degradation,
-            disagg: switchyard_router::DisaggConfig::default(),
+            disagg: self.disagg,
         }
     }
 }

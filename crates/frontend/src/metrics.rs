@@ -32,6 +32,12 @@ pub struct WorkerStateLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerRoleLabels {
+    pub worker: String,
+    pub role: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabels {
     pub worker: String,
     pub kind: &'static str,
@@ -93,12 +99,17 @@ pub struct Metrics {
     pub dispatch_failures: Family<WorkerLabels, Counter>,
     pub rejected: Family<RejectionLabels, Counter>,
     pub worker_health: Family<WorkerStateLabels, Gauge>,
+    pub worker_role: Family<WorkerRoleLabels, Gauge>,
     pub worker_breaker: Family<WorkerStateLabels, Gauge>,
     pub worker_failures: Family<FailureLabels, Counter>,
     pub degradation_level: Gauge,
     pub migrations: Family<OutcomeLabels, Counter>,
     pub migration_latency: Histogram,
     pub canaries: Family<OutcomeLabels, Counter>,
+    /// Where requests for decode workers were prefilled.
+    pub disagg_prefills: Family<OutcomeLabels, Counter>,
+    /// From a remote prefill's first token to the decode worker's first (the KV transfer).
+    pub disagg_handoff: Histogram,
     /// Workers with per-worker counter series, so those of departed workers can be removed.
     counted_workers: parking_lot::Mutex<std::collections::HashSet<switchyard_core::WorkerKey>>,
     failed_workers: parking_lot::Mutex<std::collections::HashSet<switchyard_core::WorkerId>>,
@@ -292,6 +303,12 @@ impl Metrics {
             "1 for each worker's health state (healthy, suspicious, unhealthy, draining, dead)",
             worker_health.clone(),
         );
+        let worker_role = Family::<WorkerRoleLabels, Gauge>::default();
+        registry.register(
+            "worker_role",
+            "1 for each worker's role (aggregated, prefill, decode)",
+            worker_role.clone(),
+        );
         let worker_breaker = Family::<WorkerStateLabels, Gauge>::default();
         registry.register(
             "worker_breaker",
@@ -309,6 +326,18 @@ impl Metrics {
             "degradation_level",
             "0 normal, 1 smaller batches, 2 best-effort shed, 3 latency targets relaxed, 4 new requests refused",
             degradation_level.clone(),
+        );
+        let disagg_prefills = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "disagg_prefills",
+            "Requests for decode workers by where their prompt was computed: remote (a prefill worker), local_short (the uncached part was short), local_saturated (the prefill pool was full), failed (the prefill worker failed it)",
+            disagg_prefills.clone(),
+        );
+        let disagg_handoff = Histogram::new(exponential(0.0005, 1.25, 43));
+        registry.register(
+            "disagg_handoff_seconds",
+            "From a remote prefill's first token to the decode worker's next token (KV transfer and the first decode step)",
+            disagg_handoff.clone(),
         );
         let migrations = Family::<OutcomeLabels, Counter>::default();
         registry.register(
@@ -361,12 +390,15 @@ impl Metrics {
             dispatch_failures,
             rejected,
             worker_health,
+            worker_role,
             worker_breaker,
             worker_failures,
             degradation_level,
             migrations,
             migration_latency,
             canaries,
+            disagg_prefills,
+            disagg_handoff,
             counted_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
             failed_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
@@ -422,6 +454,12 @@ impl Metrics {
 
     pub fn count_migration(&self, outcome: &'static str) {
         self.migrations
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub fn count_prefill(&self, outcome: &'static str) {
+        self.disagg_prefills
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }
@@ -486,8 +524,15 @@ impl Metrics {
         });
         self.worker_health.clear();
         self.worker_breaker.clear();
+        self.worker_role.clear();
         for w in &workers {
             let worker = w.worker_id.to_string();
+            self.worker_role
+                .get_or_create(&WorkerRoleLabels {
+                    worker: worker.clone(),
+                    role: w.entry.spec.role.name(),
+                })
+                .set(1);
             self.worker_health
                 .get_or_create(&WorkerStateLabels {
                     worker: worker.clone(),

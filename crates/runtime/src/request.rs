@@ -7,6 +7,7 @@
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
+use switchyard_core::SequenceHash;
 pub use switchyard_core::protocol::EngineError;
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest};
 
@@ -23,10 +24,33 @@ pub trait RequestPlane: Send + Sync + std::fmt::Debug {
         worker: &WorkerInstance,
         request: GenerateRequest,
     ) -> Result<ResponseStream, EngineError>;
+
+    /// How many of `blocks`, from the first, `worker` holds in its KV cache (what a decode
+    /// worker asks a prefill worker before pulling a request's KV).
+    async fn held_blocks(
+        &self,
+        worker: &WorkerInstance,
+        blocks: Vec<SequenceHash>,
+    ) -> Result<u32, EngineError> {
+        let _ = blocks;
+        Err(EngineError::Unsupported(format!(
+            "this request plane cannot ask worker {} for KV blocks",
+            worker.worker_id
+        )))
+    }
 }
 
 /// The worker side: what serves requests.
 #[async_trait]
 pub trait EngineService: Send + Sync + std::fmt::Debug {
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError>;
+
+    /// How many of `blocks`, from the first, the engine holds in its KV cache; engines
+    /// that cannot tell refuse.
+    async fn held_blocks(&self, blocks: &[SequenceHash]) -> Result<u32, EngineError> {
+        let _ = blocks;
+        Err(EngineError::Unsupported(
+            "this engine does not share its KV blocks".into(),
+        ))
+    }
 }

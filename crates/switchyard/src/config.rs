@@ -128,11 +128,14 @@ pub struct WorkerProcessConfig {
     pub drain_timeout: Duration,
     /// Fault injection: a schedule, and the admin endpoint's token (tests and demos only).
     pub faults: switchyard_worker::faults::FaultSettings,
+    /// Its part of the work: aggregated (prefill and decode), prefill or decode.
+    pub role: switchyard_core::WorkerRole,
 }
 
 impl Default for WorkerProcessConfig {
     fn default() -> Self {
         WorkerProcessConfig {
+            role: switchyard_core::WorkerRole::Aggregated,
             listen: "127.0.0.1:0".into(),
             advertise: None,
             id: None,
@@ -164,6 +167,9 @@ impl EngineKind {
 #[serde(default, deny_unknown_fields)]
 pub struct WorkersConfig {
     pub count: u32,
+    /// Disaggregated serving: the first `prefill` of the `count` workers compute prompts,
+    /// the others decode (0: every worker does both).
+    pub prefill: u32,
     pub engine: EngineKind,
     pub mocker: MockerConfig,
     pub echo: EchoConfig,
@@ -173,6 +179,7 @@ impl Default for WorkersConfig {
     fn default() -> Self {
         WorkersConfig {
             count: 4,
+            prefill: 0,
             engine: EngineKind::Mocker,
             mocker: MockerConfig::default(),
             echo: EchoConfig::default(),
@@ -307,6 +314,33 @@ impl Config {
             .args
             .validate()
             .map_err(|e| ConfigError::Check(format!("workers.mocker: {e}")))?;
+        if self.workers.prefill > 0 && self.workers.prefill >= self.workers.count {
+            return Err(ConfigError::Check(format!(
+                "workers.prefill ({}) must leave at least one of the workers.count ({}) to decode",
+                self.workers.prefill, self.workers.count
+            )));
+        }
+        self.workers
+            .mocker
+            .kv_transfer
+            .validate()
+            .map_err(|e| ConfigError::Check(format!("workers.mocker.{e}")))?;
+        if self.frontend.disagg.max_prefill_queue_tokens == 0 {
+            return Err(ConfigError::Check(
+                "frontend.disagg.max_prefill_queue_tokens must be at least 1".into(),
+            ));
+        }
+        if !matches!(
+            self.worker.role,
+            switchyard_core::WorkerRole::Aggregated
+                | switchyard_core::WorkerRole::Prefill
+                | switchyard_core::WorkerRole::Decode
+        ) {
+            return Err(ConfigError::Check(format!(
+                "worker.role must be aggregated, prefill or decode, got {}",
+                self.worker.role
+            )));
+        }
         if self.workers.echo.block_size == 0 {
             return Err(ConfigError::Check(
                 "workers.echo.block_size must be at least 1".into(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use switchyard_core::WorkerId;
+use switchyard_core::{WorkerId, WorkerRole};
 use switchyard_frontend::auth::KeyTable;
 use switchyard_frontend::config::{BuiltinTokenizer, DEFAULT_CONTEXT_LENGTH};
 use switchyard_frontend::preprocess::{PreprocessError, Preprocessor};
@@ -173,10 +173,18 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
     );
     let mut workers = Vec::new();
     for i in 0..config.workers.count {
+        let role = match config.workers.prefill {
+            0 => WorkerRole::Aggregated,
+            p if i < p => WorkerRole::Prefill,
+            _ => WorkerRole::Decode,
+        };
         workers.push(
             Worker::start(
                 WorkerId(u64::from(i) + 1),
-                &worker_config,
+                &WorkerConfig {
+                    role,
+                    ..worker_config.clone()
+                },
                 &planes,
                 Serving::Local {
                     requests: requests.clone(),
@@ -248,6 +256,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
     };
     WorkerConfig {
         model: config.frontend.model.clone(),
+        role: config.worker.role,
         engine,
         faults: config.worker.faults.clone(),
     }

@@ -126,6 +126,7 @@ async fn serve(
     let planes = WorkerPlanes { discovery, events };
     let worker_config = WorkerConfig {
         model: config.model.clone(),
+        role: Default::default(),
         engine: EngineConfig::Mocker(MockerConfig {
             args,
             seed: 0,

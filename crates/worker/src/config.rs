@@ -12,6 +12,9 @@ use switchyard_mocker::EngineArgs;
 pub struct WorkerConfig {
     /// The model name it serves.
     pub model: String,
+    /// What part of the work it takes: aggregated (prefill and decode), prefill or decode.
+    #[serde(default)]
+    pub role: switchyard_core::WorkerRole,
     pub engine: EngineConfig,
     /// Fault injection (tests, chaos runs, demos).
     #[serde(default)]
@@ -50,6 +53,8 @@ pub struct MockerConfig {
     /// Shortest interval between two load reports on the event plane.
     #[serde(with = "humantime_serde")]
     pub load_report_interval: Duration,
+    /// How KV moves to this worker when it decodes a request prefilled elsewhere.
+    pub kv_transfer: KvTransferConfig,
 }
 
 impl Default for MockerConfig {
@@ -59,7 +64,70 @@ impl Default for MockerConfig {
             seed: 0,
             perf_profile: None,
             load_report_interval: Duration::from_millis(100),
+            kv_transfer: KvTransferConfig::default(),
         }
+    }
+}
+
+/// The timing of a KV transfer between workers (disaggregated serving): the bytes of a
+/// token's KV, from the model's shape, over a link's bandwidth, plus a fixed latency.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvTransferConfig {
+    /// The link's bandwidth, in GB/s (InfiniBand NDR: 50; NVLink: 900).
+    pub bandwidth_gbps: f64,
+    /// Fixed cost of one transfer (connection, registration, metadata).
+    #[serde(with = "humantime_serde")]
+    pub latency: Duration,
+    /// The model's shape: layers, KV heads, head dimension, bytes per value (Llama 3 8B
+    /// in bf16 by default).
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub dtype_bytes: u32,
+}
+
+impl Default for KvTransferConfig {
+    fn default() -> Self {
+        KvTransferConfig {
+            bandwidth_gbps: 50.0,
+            latency: Duration::from_millis(1),
+            layers: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            dtype_bytes: 2,
+        }
+    }
+}
+
+impl KvTransferConfig {
+    /// A key and a value per layer and KV head.
+    pub fn bytes_per_token(&self) -> u64 {
+        2 * u64::from(self.layers)
+            * u64::from(self.kv_heads)
+            * u64::from(self.head_dim)
+            * u64::from(self.dtype_bytes)
+    }
+
+    /// How long moving the KV of `tokens` tokens takes (in model time).
+    pub fn time(&self, tokens: u32) -> Duration {
+        let bytes = u64::from(tokens) * self.bytes_per_token();
+        self.latency + Duration::from_secs_f64(bytes as f64 / (self.bandwidth_gbps * 1e9))
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps > 0.0) {
+            return Err(format!(
+                "kv_transfer.bandwidth_gbps must be a positive number, got {}",
+                self.bandwidth_gbps
+            ));
+        }
+        if [self.layers, self.kv_heads, self.head_dim, self.dtype_bytes].contains(&0) {
+            return Err(
+                "kv_transfer: layers, kv_heads, head_dim and dtype_bytes must be at least 1".into(),
+            );
+        }
+        Ok(())
     }
 }
 

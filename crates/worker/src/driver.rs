@@ -24,7 +24,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use rustc_hash::FxHashMap;
 use switchyard_core::protocol::{EngineError, GenerateRequest, TokenOutput};
-use switchyard_core::{KvEvent, LoadSnapshot, RequestId};
+use switchyard_core::{KvEvent, LoadSnapshot, RequestId, SequenceHash};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,6 +54,12 @@ pub trait StepEngine: Send + 'static {
     ) -> Duration;
     /// The engine's load now.
     fn load(&self) -> LoadSnapshot;
+    /// How many of `blocks`, from the first, its KV cache holds (engines without a
+    /// prefix cache hold none).
+    fn held_prefix(&self, blocks: &[SequenceHash]) -> u32 {
+        let _ = blocks;
+        0
+    }
 }
 
 enum Command {
@@ -63,6 +69,8 @@ enum Command {
         ack: oneshot::Sender<Result<(), EngineError>>,
     },
     Cancel(RequestId),
+    /// How many of these blocks the cache holds.
+    Held(Vec<SequenceHash>, oneshot::Sender<u32>),
     /// Stops a threaded driver (which cannot wait on the cancellation token).
     Stop,
 }
@@ -103,6 +111,7 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Add { request, .. } => write!(f, "Add({})", request.id),
             Command::Cancel(id) => write!(f, "Cancel({id})"),
+            Command::Held(blocks, _) => write!(f, "Held({} blocks)", blocks.len()),
             Command::Stop => write!(f, "Stop"),
         }
     }
@@ -128,6 +137,16 @@ impl DriverHandle {
             tokens,
             commands: self.commands.clone(),
         })
+    }
+
+    /// How many of `blocks`, from the first, the engine's cache holds now.
+    pub async fn held_prefix(&self, blocks: Vec<SequenceHash>) -> Result<u32, EngineError> {
+        let (reply, held) = oneshot::channel();
+        self.commands
+            .send(Command::Held(blocks, reply))
+            .await
+            .map_err(|_| EngineError::Stopping)?;
+        held.await.map_err(|_| EngineError::Stopping)
     }
 
     /// The load after the engine's last step.
@@ -199,6 +218,9 @@ impl<E: StepEngine> Core<E> {
             Command::Cancel(id) => {
                 self.engine.cancel(id);
                 self.streams.remove(&id);
+            }
+            Command::Held(blocks, reply) => {
+                let _ = reply.send(self.engine.held_prefix(&blocks));
             }
             Command::Stop => return false,
         }

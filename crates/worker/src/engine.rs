@@ -17,7 +17,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest};
-use switchyard_core::{KvEvent, LoadSnapshot, WorkerRole};
+use switchyard_core::{KvEvent, LoadSnapshot, SequenceHash, WorkerRole};
 use switchyard_runtime::{EngineService, ResponseStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -63,6 +63,14 @@ pub trait Engine: Send + std::fmt::Debug {
         None
     }
 
+    /// How long moving the KV of `tokens` tokens to this worker takes, for engines that
+    /// serve disaggregated requests (prefill-only, and decode from KV computed elsewhere);
+    /// none for engines that cannot.
+    fn kv_transfer_time(&self, tokens: u32) -> Option<std::time::Duration> {
+        let _ = tokens;
+        None
+    }
+
     /// The factor on its step times, for engines that can be slowed down (fault
     /// injection's `slow`).
     fn pace(&self) -> Option<crate::faults::Pace> {
@@ -99,6 +107,10 @@ enum State {
 
 #[async_trait]
 impl EngineService for StepService {
+    async fn held_blocks(&self, blocks: &[SequenceHash]) -> Result<u32, EngineError> {
+        self.engine.held_prefix(blocks.to_vec()).await
+    }
+
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
         let tokens = self.engine.submit(request).await?;
         let stream =

@@ -411,6 +411,18 @@ fn corrupt(output: &mut GenerateOutput) {
 
 #[async_trait]
 impl EngineService for FaultyService {
+    async fn held_blocks(
+        &self,
+        blocks: &[switchyard_core::SequenceHash],
+    ) -> Result<u32, EngineError> {
+        if self.faults.flags() & (CRASHED | REFUSING | HUNG) != 0 {
+            return Err(EngineError::Unreachable(
+                "connection refused (injected fault)".into(),
+            ));
+        }
+        self.inner.held_blocks(blocks).await
+    }
+
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
         let faults = &self.faults;
         if faults.flags() & (CRASHED | REFUSING) != 0 {

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use switchyard_core::{KvEvent, LoadSnapshot, WorkerId, WorkerKey};
+use switchyard_core::{KvEvent, LoadSnapshot, WorkerId, WorkerKey, WorkerRole};
 use switchyard_runtime::local::{LocalKvSnapshots, LocalRequestPlane};
+use switchyard_runtime::net::http::HttpRequestPlane;
 use switchyard_runtime::{
-    Discovery, EngineService, EventPlane, Lease, WorkerEvent, WorkerInstance,
+    Discovery, EngineService, EventPlane, Lease, RequestPlane, WorkerEvent, WorkerInstance,
 };
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{EngineConfig, WorkerConfig};
+use crate::disagg::{DisaggService, TransferTiming};
 use crate::echo::Echo;
 use crate::engine::{Engine, EngineCapabilities};
 use crate::faults::{self, CrashMode, FaultSettings, Faults, FaultyService};
@@ -104,6 +106,7 @@ impl Worker {
         Self::start_engine(
             worker_id,
             &config.model,
+            config.role,
             engine,
             config.engine.load_report_interval(),
             &config.faults,
@@ -122,6 +125,7 @@ impl Worker {
     pub async fn start_engine(
         worker_id: WorkerId,
         model: &str,
+        role: WorkerRole,
         engine: Box<dyn Engine>,
         load_interval: Duration,
         fault_settings: &FaultSettings,
@@ -137,6 +141,21 @@ impl Worker {
         let stop_on_error = stop.clone().drop_guard();
         let capabilities = engine.capabilities();
         let timing = engine.timing();
+        // Prefill-only and decode requests: engines with a transfer model and blocks.
+        let transfer = TransferTiming::of(engine.as_ref()).zip(capabilities.block_size);
+        if role != WorkerRole::Aggregated && transfer.is_none() {
+            return Err(WorkerError::Start(format!(
+                "this engine cannot serve as a {role} worker (it cannot hand over or take KV blocks)"
+            )));
+        }
+        if !matches!(
+            role,
+            WorkerRole::Aggregated | WorkerRole::Prefill | WorkerRole::Decode
+        ) {
+            return Err(WorkerError::Start(format!(
+                "an LLM engine cannot serve as a {role} worker"
+            )));
+        }
         let crash = if fault_settings.crash_exits {
             CrashMode::Exit
         } else {
@@ -156,10 +175,21 @@ impl Worker {
                 stop.clone(),
             ));
         }
-        let service: Arc<dyn EngineService> =
-            Arc::new(FaultyService::new(running.service, faults.clone()));
+        let mut service = running.service;
+        if let Some((timing, block_size)) = transfer {
+            let peers: Arc<dyn RequestPlane> = match &serving {
+                Serving::Local { requests, .. } => Arc::new(requests.clone()),
+                Serving::Network { secret, .. } => Arc::new(
+                    HttpRequestPlane::with_secret(secret.as_deref())
+                        .map_err(|e| WorkerError::Start(e.to_string()))?,
+                ),
+            };
+            service = Arc::new(DisaggService::new(service, key, block_size, peers, timing));
+        }
+        let service: Arc<dyn EngineService> = Arc::new(FaultyService::new(service, faults.clone()));
         faults.schedule(&fault_settings.schedule, tracker, &stop);
         let mut instance = instance(worker_id, model, &capabilities, timing);
+        instance.role = role;
         // In-process: register first, so a duplicate id cannot take over the registered
         // worker's requests. (Until it serves, a frontend gets `Unreachable` and tries
         // another.) Over the network: listen first, so it is reachable once listed.

@@ -6,6 +6,8 @@
 //! - [`driver`]: the step driver for engines that work in batches, timed (simulated engines,
 //!   on tokio's clock) or on their own thread (engines that compute for real).
 //! - [`mocker`], [`echo`]: the engines available today.
+//! - [`disagg`]: prefill-only and decode requests (disaggregated serving), around an
+//!   engine's service.
 //! - [`faults`]: fault injection (crash, hang, slow, corrupt, refuse), on a schedule or
 //!   on command.
 //! - [`config`]: what engine to run and as which model.
@@ -13,6 +15,7 @@
 //! - [`kv_state`]: the worker's record of its cache, served for resynchronisation.
 
 pub mod config;
+pub mod disagg;
 pub mod driver;
 pub mod echo;
 pub mod engine;

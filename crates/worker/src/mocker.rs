@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_core::protocol::{EngineError, GenerateRequest, Phase, TokenOutput};
-use switchyard_core::{KvEvent, LoadSnapshot, RequestId, WorkerKey, WorkerRole, blocks_for};
+use switchyard_core::{
+    KvEvent, LoadSnapshot, RequestId, SequenceHash, WorkerKey, WorkerRole, blocks_for,
+};
 use switchyard_mocker::{MockEngine, MockRequest, PerfModel, Rejected, StepOutput};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::MockerConfig;
+use crate::config::{KvTransferConfig, MockerConfig};
 use crate::driver::{self, EVENT_CAPACITY, StepEngine};
 use crate::engine::{Engine, EngineCapabilities, RunningEngine, StepService};
 use crate::faults::Pace;
@@ -22,6 +24,7 @@ use crate::host::WorkerError;
 pub struct Mocker {
     engine: MockEngine,
     pace: Pace,
+    transfer: KvTransferConfig,
 }
 
 impl Mocker {
@@ -32,9 +35,11 @@ impl Mocker {
             Some(path) => switchyard_mocker::perf::load(path)?,
             None => PerfModel::Polynomial,
         };
+        config.kv_transfer.validate().map_err(WorkerError::Start)?;
         Ok(Mocker {
             engine: MockEngine::new(worker, config.args, perf, config.seed)?,
             pace: Pace::default(),
+            transfer: config.kv_transfer,
         })
     }
 }
@@ -61,6 +66,11 @@ impl Engine for Mocker {
 
     fn pace(&self) -> Option<Pace> {
         Some(self.pace.clone())
+    }
+
+    fn kv_transfer_time(&self, tokens: u32) -> Option<Duration> {
+        let model = self.transfer.time(tokens);
+        Some(model.div_f64(self.engine.args().speedup_ratio))
     }
 
     async fn start(
@@ -116,23 +126,35 @@ fn engine_error(rejected: Rejected) -> EngineError {
 
 impl StepEngine for SteppedMocker {
     fn add(&mut self, request: GenerateRequest) -> Result<(), EngineError> {
-        if request.phase != Phase::Aggregated {
-            return Err(EngineError::Unsupported(
-                "this mocker serves aggregated requests only (no prefill-only or remote-KV decode)"
-                    .into(),
-            ));
-        }
         let prompt = blocks_for(&request.prompt, self.engine.args().block_size)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let (max_output_tokens, imported_tokens) = match &request.phase {
+            Phase::Aggregated => (request.max_tokens, 0),
+            // The prompt, for its first token only; the blocks stay cached for the decode
+            // worker to pull.
+            Phase::PrefillOnly => (1, 0),
+            // The KV of the first `kv.tokens` tokens came over (pulled before the request
+            // reached the engine): only what follows is computed.
+            Phase::Decode { kv } => {
+                if kv.tokens as usize >= request.prompt.len() {
+                    return Err(EngineError::Invalid(format!(
+                        "the transferred KV covers {} tokens but the prompt has {}: nothing to decode from",
+                        kv.tokens,
+                        request.prompt.len()
+                    )));
+                }
+                (request.max_tokens, kv.tokens)
+            }
+        };
         let mock = MockRequest {
             id: request.id,
             prompt,
-            max_output_tokens: request.max_tokens,
+            max_output_tokens,
             generated: request.generated(),
             stream_key: request.stream_key(),
             banned_token_ids: request.sampling.banned_tokens().collect(),
             stop_token_ids: request.sampling.stop_token_ids,
-            imported_tokens: 0,
+            imported_tokens,
         };
         self.engine.add_request(mock).map_err(engine_error)
     }
@@ -162,5 +184,9 @@ impl StepEngine for SteppedMocker {
 
     fn load(&self) -> LoadSnapshot {
         self.engine.load()
+    }
+
+    fn held_prefix(&self, blocks: &[SequenceHash]) -> u32 {
+        self.engine.block_manager().cached_prefix(blocks) as u32
     }
 }

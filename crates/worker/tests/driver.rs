@@ -142,11 +142,20 @@ async fn a_dropped_stream_cancels_the_request_and_refusals_are_typed() {
         .unwrap();
     assert!(matches!(err, EngineError::Invalid(_)), "{err:?}");
     assert!(!err.retry_elsewhere());
-    // So far the mocker serves only aggregated requests.
-    let mut prefill = request(4, 16, 4);
-    prefill.phase = Phase::PrefillOnly;
-    let err = running.service.generate(prefill).await.err().unwrap();
-    assert!(matches!(err, EngineError::Unsupported(_)), "{err:?}");
+    // A decode request whose transferred KV covers the whole prompt has nothing to
+    // compute from.
+    let mut decode = request(4, 16, 4);
+    decode.phase = Phase::Decode {
+        kv: switchyard_core::protocol::KvHandle {
+            source: WorkerKey::new(9, 0),
+            request: RequestId(4),
+            blocks: Vec::new(),
+            tokens: 16,
+            address: None,
+        },
+    };
+    let err = running.service.generate(decode).await.err().unwrap();
+    assert!(matches!(err, EngineError::Invalid(_)), "{err:?}");
 
     cancel.cancel();
     tracker.close();

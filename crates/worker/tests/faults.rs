@@ -37,6 +37,7 @@ async fn setup(faults: FaultSettings) -> Setup {
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
     let config = WorkerConfig {
         model: "m".into(),
+        role: Default::default(),
         engine: EngineConfig::Mocker(MockerConfig {
             args: EngineArgs {
                 speedup_ratio: 1.0,

@@ -31,6 +31,7 @@ async fn a_worker_registers_serves_and_publishes() {
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
     let config = WorkerConfig {
         model: "m".into(),
+        role: Default::default(),
         engine: EngineConfig::Mocker(MockerConfig {
             args: EngineArgs {
                 speedup_ratio: 10.0,
@@ -129,11 +130,13 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
     let echo = WorkerConfig {
         model: "m".into(),
+        role: Default::default(),
         engine: EngineConfig::Echo(EchoConfig::default()),
         faults: Default::default(),
     };
     let mocker = WorkerConfig {
         model: "m".into(),
+        role: Default::default(),
         engine: EngineConfig::Mocker(MockerConfig::default()),
         faults: Default::default(),
     };

@@ -5,14 +5,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use rand::Rng;
 use switchyard_core::protocol::{
-    EngineError, GenerateRequest, Phase, Prompt, Resume, SamplingParams,
+    EngineError, FinishReason, GenerateOutput, GenerateRequest, KvHandle, Phase, Prompt, Resume,
+    SamplingParams,
 };
 use switchyard_core::{RequestId, Token, WorkerId, WorkerKey};
 use switchyard_router::routing::health::Failure;
-use switchyard_router::{Rejection, RoutingOverrides};
-use switchyard_runtime::ResponseStream;
+use switchyard_router::{LocalReason, Rejection, RoutingOverrides};
+use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -28,6 +30,9 @@ pub(super) struct Attempt {
     pub(super) outage: watch::Receiver<u64>,
     /// Where its tokens mark the worker's progress.
     pub(super) progress: Progress,
+    /// Its first token came from a remote prefill: the decode worker's first one follows
+    /// a KV transfer, and is waited for as a first token, not as the next one.
+    pub(super) handoff: bool,
 }
 
 /// Why a request leaves a worker.
@@ -41,6 +46,9 @@ pub(super) enum Leave {
     Outage,
     /// The worker gave the request up (it is stopping).
     Cancelled,
+    /// The KV the worker was to decode from is gone (its prefill worker failed): the
+    /// request is prefilled again; the worker itself is not to blame.
+    KvLost,
 }
 
 impl Leave {
@@ -49,6 +57,7 @@ impl Leave {
             Leave::Failed(f) | Leave::Counted(f) => f.name(),
             Leave::Outage => "outage",
             Leave::Cancelled => "cancelled",
+            Leave::KvLost => "kv_lost",
         }
     }
 }
@@ -194,6 +203,63 @@ impl RequestRun {
             }
             let worker = routed.decision.worker;
             let generated = self.generated.len() as u32;
+            match routed.local {
+                Some(LocalReason::Short) => frontend.metrics.count_prefill("local_short"),
+                Some(LocalReason::Saturated) => frontend.metrics.count_prefill("local_saturated"),
+                None => {}
+            }
+            if let Some((prefill_instance, prefill)) = &routed.prefill {
+                let done = self
+                    .remote_prefill(prefill_instance, prefill.worker, &prompt, generated)
+                    .await;
+                frontend.routing.prefill_finished(self.id);
+                match done {
+                    Ok((first_token, mut kv, cached_tokens)) => {
+                        frontend.metrics.count_prefill("remote");
+                        frontend.metrics.count_dispatch(prefill.worker, true);
+                        kv.address = prefill_instance.address.clone();
+                        let outage = frontend.routing.outages(worker.worker_id);
+                        let stream = self.decode_stream(
+                            &routed.instance,
+                            worker,
+                            prompt,
+                            (first_token, kv, cached_tokens),
+                        );
+                        return Ok(Attempt {
+                            worker,
+                            stream,
+                            outage,
+                            progress: frontend.routing.progress(worker.worker_id),
+                            handoff: true,
+                        });
+                    }
+                    Err(EngineError::Invalid(message)) => {
+                        frontend.routing.finish(self.id);
+                        return Err(ApiError::invalid(format!(
+                            "The engine refused the request: {message}"
+                        )));
+                    }
+                    Err(error) => {
+                        // The prefill worker failed it: counted against that worker, which
+                        // is not tried again; the pair is chosen afresh.
+                        frontend.routing.finish(self.id);
+                        frontend.metrics.count_prefill("failed");
+                        frontend.metrics.count_dispatch(prefill.worker, false);
+                        tracing::warn!(worker = %prefill.worker.worker_id, %error, "the prefill worker failed the request");
+                        if let Some(failure) = failure_of(&error) {
+                            frontend.report_failure(prefill.worker.worker_id, failure);
+                        }
+                        self.failed.push(prefill.worker.worker_id);
+                        if tries >= config.max_dispatch_attempts {
+                            return Err(ApiError::unavailable(
+                                format!("No worker could take the request: {error}"),
+                                retry_after,
+                            ));
+                        }
+                        continue;
+                    }
+                }
+            }
             let request = GenerateRequest {
                 id: self.id,
                 prompt,
@@ -233,6 +299,7 @@ impl RequestRun {
                         stream,
                         outage,
                         progress: frontend.routing.progress(worker.worker_id),
+                        handoff: false,
                     });
                 }
                 Ok(Err(EngineError::Invalid(message))) => {
@@ -273,6 +340,129 @@ impl RequestRun {
         }
     }
 
+    /// Has the prompt computed on a prefill worker: its first token, the handle to its KV,
+    /// and the prompt tokens it found cached.
+    async fn remote_prefill(
+        &self,
+        instance: &WorkerInstance,
+        worker: WorkerKey,
+        prompt: &Prompt,
+        generated: u32,
+    ) -> Result<(Token, KvHandle, u32), EngineError> {
+        let frontend = &self.frontend;
+        let request = GenerateRequest {
+            id: self.id,
+            prompt: prompt.clone(),
+            max_tokens: 1,
+            sampling: self.sampling.clone(),
+            dp_rank: worker.dp_rank,
+            resume: (generated > 0).then_some(Resume { generated }),
+            phase: Phase::PrefillOnly,
+        };
+        let span = tracing::info_span!(
+            parent: &self.span,
+            "prefill",
+            worker = %worker.worker_id,
+        );
+        let work = async {
+            let mut stream = frontend.requests.generate(instance, request).await?;
+            match stream.next().await {
+                Some(Ok(GenerateOutput::PrefillDone {
+                    first_token,
+                    kv,
+                    cached_tokens,
+                })) => Ok((first_token, kv, cached_tokens)),
+                Some(Ok(other)) => Err(EngineError::Internal(format!(
+                    "the prefill worker answered with {other:?}"
+                ))),
+                Some(Err(e)) => Err(e),
+                None => Err(EngineError::Disconnected),
+            }
+        };
+        let limit =
+            frontend.config.migration.dispatch_timeout + frontend.routing.first_token_timeout();
+        let mut outage = frontend.routing.outages(worker.worker_id);
+        tokio::select! {
+            done = tokio::time::timeout(limit, tracing::Instrument::instrument(work, span)) => {
+                done.unwrap_or_else(|_| {
+                    Err(EngineError::Unreachable(format!("no prefill within {limit:?}")))
+                })
+            }
+            Ok(()) = outage.changed() => Err(EngineError::Unreachable(
+                "the prefill worker was found unhealthy".into(),
+            )),
+        }
+    }
+
+    /// The stream of a disaggregated request: the first token, from its prefill, at once;
+    /// then what the decode worker generates once it has pulled the KV. A request whose
+    /// first token ends it goes no further.
+    fn decode_stream(
+        &self,
+        instance: &WorkerInstance,
+        worker: WorkerKey,
+        mut prompt: Prompt,
+        (first_token, kv, cached_tokens): (Token, KvHandle, u32),
+    ) -> ResponseStream {
+        let generated = self.generated.len() as u32;
+        let left = self.max_tokens.saturating_sub(generated).max(1);
+        let first = GenerateOutput::Tokens {
+            token_ids: vec![first_token],
+            cached_tokens: Some(cached_tokens),
+        };
+        let stops = self.sampling.stop_token_ids.contains(&first_token);
+        if left <= 1 || stops {
+            let reason = if stops {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            };
+            let finished = GenerateOutput::Finished {
+                reason,
+                completion_tokens: 1,
+            };
+            return futures::stream::iter([Ok(first), Ok(finished)]).boxed();
+        }
+        prompt.token_ids.push(first_token);
+        let request = GenerateRequest {
+            id: self.id,
+            prompt,
+            max_tokens: left - 1,
+            sampling: self.sampling.clone(),
+            dp_rank: worker.dp_rank,
+            resume: Some(Resume {
+                generated: generated + 1,
+            }),
+            phase: Phase::Decode { kv },
+        };
+        let frontend = Arc::clone(&self.frontend);
+        let instance = instance.clone();
+        let handed_over = Instant::now();
+        let rest = futures::stream::once(async move {
+            let opened = frontend.requests.generate(&instance, request).await;
+            (opened, frontend)
+        })
+        .flat_map(move |(opened, frontend)| match opened {
+            Ok(stream) => {
+                let mut first = true;
+                stream
+                    .inspect(move |_| {
+                        if std::mem::take(&mut first) {
+                            frontend
+                                .metrics
+                                .disagg_handoff
+                                .observe(handed_over.elapsed().as_secs_f64());
+                        }
+                    })
+                    .boxed()
+            }
+            Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
+        });
+        futures::stream::once(futures::future::ready(Ok(first)))
+            .chain(rest)
+            .boxed()
+    }
+
     /// Gives the request up on `worker` and counts the move (or refuses it: the request's
     /// own limit, or the fleet's budget). The caller dispatches again.
     pub(super) fn leave(&mut self, worker: WorkerKey, why: Leave) -> Result<(), ApiError> {
@@ -281,7 +471,9 @@ impl RequestRun {
         if let Leave::Failed(failure) = why {
             frontend.report_failure(worker.worker_id, failure);
         }
-        self.failed.push(worker.worker_id);
+        if !matches!(why, Leave::KvLost) {
+            self.failed.push(worker.worker_id);
+        }
         if self.moves >= frontend.config.migration.max_migrations {
             frontend.metrics.count_migration("limit");
             return Err(ApiError::interrupted(format!(

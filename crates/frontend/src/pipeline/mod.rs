@@ -128,6 +128,7 @@ pub(crate) fn failure_of(error: &EngineError) -> Option<Failure> {
         EngineError::Stopping
         | EngineError::Overloaded(_)
         | EngineError::Unsupported(_)
+        | EngineError::KvLost(_)
         | EngineError::Invalid(_) => None,
     }
 }

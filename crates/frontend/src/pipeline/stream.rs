@@ -56,6 +56,9 @@ pub(super) struct Streaming {
     last_token: Option<Instant>,
     out: VecDeque<Result<Piece, ApiError>>,
     ended: bool,
+    /// The attempt's first token came from a remote prefill and its second, from the
+    /// decode worker, is still to come (after the KV transfer).
+    handoff: bool,
 }
 
 impl Streaming {
@@ -84,6 +87,7 @@ impl Streaming {
             last_token: None,
             out: VecDeque::new(),
             ended: false,
+            handoff: false,
         };
         streaming.start(attempt);
         streaming
@@ -100,6 +104,7 @@ impl Streaming {
         let timeout = self.run.frontend.routing.first_token_timeout();
         self.deadline.as_mut().reset(Instant::now() + timeout);
         self.stall = timeout;
+        self.handoff = attempt.handoff;
         self.attempt = Some(attempt);
         self.outage_open = true;
         self.attempt_tokens = 0;
@@ -154,6 +159,8 @@ impl Streaming {
                 ))) => self.fail(ApiError::internal(
                     "The worker answered with output this frontend does not expect.",
                 )),
+                // The KV it was to decode from is gone: prefilled again (here or elsewhere).
+                Woken::Item(Some(Err(EngineError::KvLost(_)))) => self.move_on(Leave::KvLost),
                 Woken::Item(Some(Err(error))) if !error.retry_elsewhere() => self.fail(
                     ApiError::interrupted(format!("The worker refused to go on: {error}")),
                 ),
@@ -286,7 +293,13 @@ impl Streaming {
         }
         self.attempt_tokens += tokens.len() as u32;
         self.attempt_items += 1;
-        self.deadline.as_mut().reset(now + self.stall);
+        if std::mem::take(&mut self.handoff) {
+            // The decode worker pulls the KV before its first token: a first token's wait.
+            let first = frontend.routing.first_token_timeout();
+            self.deadline.as_mut().reset(now + first);
+        } else {
+            self.deadline.as_mut().reset(now + self.stall);
+        }
         self.last_token = Some(now);
         self.run.generated.extend_from_slice(tokens);
         metrics.output_tokens.inc_by(tokens.len() as u64);

@@ -24,8 +24,8 @@ use switchyard_router::indexer::shared::SharedIndexer;
 use switchyard_router::routing::degradation::DegradationState;
 use switchyard_router::routing::health::{Failure, HealthChange};
 use switchyard_router::{
-    Admission, Indexer, IndexerConfig, Rejection, RouteDecision, RouteError, RouteQuery,
-    RoutingConfig, RoutingCore, RoutingOverrides, WorkerEntry, WorkerLoad,
+    Admission, Indexer, IndexerConfig, LocalReason, Rejection, RouteDecision, RouteError,
+    RouteQuery, RoutingConfig, RoutingCore, RoutingOverrides, WorkerEntry, WorkerLoad,
 };
 use switchyard_runtime::{IndexView, KvSnapshotSource, WorkerInstance};
 use tokio::sync::{oneshot, watch};
@@ -44,6 +44,11 @@ pub use sync::{expire_requests, follow_discovery, follow_events};
 pub struct Routed {
     pub instance: WorkerInstance,
     pub decision: RouteDecision,
+    /// The prefill worker computing the prompt first, when the request is disaggregated
+    /// (tracked until [`RoutingService::prefill_finished`]).
+    pub prefill: Option<(WorkerInstance, RouteDecision)>,
+    /// Why a request for a decode worker was prefilled there, if it was.
+    pub local: Option<LocalReason>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -429,23 +434,42 @@ impl RoutingService {
                 overrides,
                 exclude,
             };
-            let decision = core.route(&query, &overlaps, now).map_err(|e| match e {
-                RouteError::NoWorkers => RouteFailure::NoWorkers,
-                RouteError::Active(e) => RouteFailure::Internal(e.to_string()),
-            })?;
+            let (pair, local) = core
+                .route_pair(&query, &overlaps, now)
+                .map_err(|e| match e {
+                    RouteError::NoWorkers => RouteFailure::NoWorkers,
+                    RouteError::Active(e) => RouteFailure::Internal(e.to_string()),
+                })?;
+            let decision = pair.decode;
             // Under the core's lock: the other frontends see events in the order it took them.
             if let Some(replicas) = &self.replicas {
                 replicas.routed(id, &decision, blocks.sequence_hashes());
+                if let Some(prefill) = &pair.prefill {
+                    replicas.routed(id.prefill_stage(), prefill, blocks.sequence_hashes());
+                }
             }
-            let instance = self
-                .instances
-                .read()
-                .get(&decision.worker.worker_id)
-                .cloned();
-            return match instance {
-                Some(instance) => Ok(Routed { instance, decision }),
-                None => {
+            let instances = self.instances.read();
+            let instance = instances.get(&decision.worker.worker_id).cloned();
+            let prefill = pair
+                .prefill
+                .map(|p| (instances.get(&p.worker.worker_id).cloned(), p));
+            drop(instances);
+            return match (instance, prefill) {
+                (Some(instance), None) => Ok(Routed {
+                    instance,
+                    decision,
+                    prefill: None,
+                    local,
+                }),
+                (Some(instance), Some((Some(prefill), p))) => Ok(Routed {
+                    instance,
+                    decision,
+                    prefill: Some((prefill, p)),
+                    local,
+                }),
+                _ => {
                     core.finish(id);
+                    core.prefill_finished(id);
                     Err(RouteFailure::NoWorkers)
                 }
             };
@@ -471,6 +495,26 @@ impl RoutingService {
                 && let Some(replicas) = &self.replicas
             {
                 replicas.finished(id);
+            }
+            // A remote prefill still open (its request given up mid-prefill).
+            if core.prefill_finished(id).is_some()
+                && let Some(replicas) = &self.replicas
+            {
+                replicas.finished(id.prefill_stage());
+            }
+        }
+        self.pump();
+    }
+
+    /// The request's remote prefill is over (its first token came back, or it failed):
+    /// its prefill worker no longer counts it.
+    pub fn prefill_finished(&self, id: RequestId) {
+        {
+            let mut core = self.core.lock();
+            if core.prefill_finished(id).is_some()
+                && let Some(replicas) = &self.replicas
+            {
+                replicas.finished(id.prefill_stage());
             }
         }
         self.pump();

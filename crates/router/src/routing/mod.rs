@@ -59,7 +59,8 @@ pub struct RoutingConfig {
 /// (conditional disaggregation, as Dynamo decides it): only when the part of the prompt the
 /// decode worker lacks is long enough to be worth a transfer, and the prefill pool is not
 /// saturated. Otherwise the decode worker prefills it itself.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DisaggConfig {
     /// Uncached prompt tokens (on the decode worker) up to which it prefills locally.
     pub local_prefill_tokens: u64,

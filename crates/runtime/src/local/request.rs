@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use parking_lot::RwLock;
-use switchyard_core::WorkerId;
 use switchyard_core::protocol::GenerateRequest;
+use switchyard_core::{SequenceHash, WorkerId};
 
 use crate::discovery::WorkerInstance;
 use crate::request::{EngineError, EngineService, RequestPlane, ResponseStream};
@@ -29,6 +29,16 @@ impl LocalRequestPlane {
     pub fn remove(&self, worker: WorkerId) {
         self.services.write().remove(&worker);
     }
+
+    fn service(&self, worker: &WorkerInstance) -> Result<Arc<dyn EngineService>, EngineError> {
+        self.services
+            .read()
+            .get(&worker.worker_id)
+            .cloned()
+            .ok_or_else(|| {
+                EngineError::Unreachable(format!("worker {} is not served here", worker.worker_id))
+            })
+    }
 }
 
 #[async_trait]
@@ -38,14 +48,16 @@ impl RequestPlane for LocalRequestPlane {
         worker: &WorkerInstance,
         request: GenerateRequest,
     ) -> Result<ResponseStream, EngineError> {
-        let service = self
-            .services
-            .read()
-            .get(&worker.worker_id)
-            .cloned()
-            .ok_or_else(|| {
-                EngineError::Unreachable(format!("worker {} is not served here", worker.worker_id))
-            })?;
+        let service = self.service(worker)?;
         service.generate(request).await
+    }
+
+    async fn held_blocks(
+        &self,
+        worker: &WorkerInstance,
+        blocks: Vec<SequenceHash>,
+    ) -> Result<u32, EngineError> {
+        let service = self.service(worker)?;
+        service.held_blocks(&blocks).await
     }
 }

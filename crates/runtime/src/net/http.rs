@@ -28,12 +28,16 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Buf, BufMut, BytesMut};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use switchyard_core::SequenceHash;
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest};
 
 use crate::discovery::WorkerInstance;
 use crate::request::{EngineError, EngineService, RequestPlane, ResponseStream};
 
 pub const GENERATE_PATH: &str = "/v1/internal/generate";
+/// Which of a list of KV blocks the worker holds: a MessagePack list of sequence hashes
+/// in, the number held from the first out.
+pub const HELD_BLOCKS_PATH: &str = "/v1/internal/kv/held";
 /// Largest generate request a worker accepts (a prompt of several million tokens).
 pub const MAX_REQUEST_BYTES: usize = 64 << 20;
 /// Largest response frame a frontend accepts.
@@ -51,6 +55,7 @@ fn status_of(error: &EngineError) -> StatusCode {
     match error {
         EngineError::Invalid(_) => StatusCode::BAD_REQUEST,
         EngineError::Unsupported(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        EngineError::KvLost(_) => StatusCode::GONE,
         EngineError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
         EngineError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
         EngineError::Unreachable(_) | EngineError::Disconnected | EngineError::Internal(_) => {
@@ -99,6 +104,7 @@ fn encode(frame: &Frame) -> Bytes {
 pub fn routes(service: Arc<dyn EngineService>) -> Router {
     Router::new()
         .route(GENERATE_PATH, axum::routing::post(generate))
+        .route(HELD_BLOCKS_PATH, axum::routing::post(held_blocks))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(service)
 }
@@ -137,6 +143,21 @@ async fn generate(
             });
             Body::from_stream(frames).into_response()
         }
+        Err(error) => refusal(&error),
+    }
+}
+
+async fn held_blocks(State(service): State<Arc<dyn EngineService>>, body: Bytes) -> Response {
+    let blocks: Vec<SequenceHash> = match rmp_serde::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return refusal(&EngineError::Invalid(format!(
+                "undecodable block list: {e}"
+            )));
+        }
+    };
+    match service.held_blocks(&blocks).await {
+        Ok(held) => rmp_serde::to_vec(&held).unwrap_or_default().into_response(),
         Err(error) => refusal(&error),
     }
 }
@@ -299,5 +320,34 @@ impl RequestPlane for HttpRequestPlane {
             done: false,
         };
         Ok(futures::stream::unfold(decoder, Decoder::next).boxed())
+    }
+
+    async fn held_blocks(
+        &self,
+        worker: &WorkerInstance,
+        blocks: Vec<SequenceHash>,
+    ) -> Result<u32, EngineError> {
+        let address = worker.address.as_deref().ok_or_else(|| {
+            EngineError::Unreachable(format!("{} has no request-plane address", worker.worker_id))
+        })?;
+        let body = rmp_serde::to_vec(&blocks)
+            .map_err(|e| EngineError::Invalid(format!("cannot encode the block list: {e}")))?;
+        let response = self
+            .client
+            .post(format!("http://{address}{HELD_BLOCKS_PATH}"))
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;
+        if status != StatusCode::OK {
+            return Err(error_of(status, &body, address));
+        }
+        rmp_serde::from_slice(&body)
+            .map_err(|e| EngineError::Internal(format!("{address}: undecodable answer: {e}")))
     }
 }

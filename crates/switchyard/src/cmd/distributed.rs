@@ -66,6 +66,12 @@ pub struct WorkerArgs {
     /// The engine it runs.
     #[arg(long, value_enum)]
     engine: Option<EngineKind>,
+    /// Its part of the work: aggregated, prefill or decode.
+    #[arg(long)]
+    role: Option<switchyard_core::WorkerRole>,
+    /// Mocker: the KV link's bandwidth in GB/s (for the KV a decode worker pulls).
+    #[arg(long)]
+    kv_bandwidth_gbps: Option<f64>,
     /// Where its request plane listens (HOST:PORT; port 0: any free port).
     #[arg(long)]
     listen: Option<String>,
@@ -114,6 +120,11 @@ impl WorkerArgs {
         self.log.apply(&mut o);
         o.engine(self.engine);
         o.set_some(&["worker", "listen"], self.listen.clone());
+        o.set_some(&["worker", "role"], self.role.map(|r| r.name().to_string()));
+        o.set_some(
+            &["workers", "mocker", "kv_transfer", "bandwidth_gbps"],
+            self.kv_bandwidth_gbps,
+        );
         o.set_some(&["worker", "advertise"], self.advertise.clone());
         // TOML integers are signed; larger ids go as strings, which the loader refuses
         // with a precise message.

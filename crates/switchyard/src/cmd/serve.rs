@@ -16,6 +16,9 @@ pub struct ServeArgs {
     /// Number of in-process workers.
     #[arg(long)]
     workers: Option<u32>,
+    /// Disaggregated serving: this many of the workers compute prompts, the others decode.
+    #[arg(long)]
+    prefill_workers: Option<u32>,
     /// The engine the workers run.
     #[arg(long, value_enum)]
     engine: Option<EngineKind>,
@@ -34,6 +37,7 @@ impl ServeArgs {
         let mut o = Overlay::default();
         self.frontend.apply(&mut o);
         o.set_some(&["workers", "count"], self.workers.map(i64::from));
+        o.set_some(&["workers", "prefill"], self.prefill_workers.map(i64::from));
         o.engine(self.engine);
         o.set_some(&["workers", "mocker", "speedup_ratio"], self.speedup_ratio);
         o.set_some(
@@ -50,8 +54,15 @@ pub fn run(args: ServeArgs, env: &BTreeMap<String, String>) -> Result<()> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
         let deployment = deploy::start_local(config.clone()).await?;
         let address = deployment.address;
+        let split = match config.workers.prefill {
+            0 => String::new(),
+            p => format!(
+                " ({p} prefill, {} decode)",
+                config.workers.count - p
+            ),
+        };
         println!(
-            "Switchyard is serving `{}` on http://{address} with {} {:?} workers.{}",
+            "Switchyard is serving `{}` on http://{address} with {} {:?} workers{split}.{}",
             config.frontend.model,
             config.workers.count,
             config.workers.engine,
