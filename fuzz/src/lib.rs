@@ -269,6 +269,7 @@ pub mod samples {
             request: RequestId(6),
             blocks: vec![SequenceHash(9), SequenceHash(10)],
             tokens: 32,
+            address: Some("127.0.0.1:7001".into()),
         }
     }
 
@@ -302,6 +303,7 @@ pub mod samples {
             EngineError::Stopping,
             EngineError::Overloaded("busy".into()),
             EngineError::Unsupported("too long".into()),
+            EngineError::KvLost("source gone".into()),
             EngineError::Invalid("bad".into()),
             EngineError::Internal("oops".into()),
         ]

@@ -110,8 +110,6 @@ pub enum SimError {
         "a disaggregated fleet needs at least one prefill and one decode worker, got {prefill} of {workers}"
     )]
     DisaggSplit { prefill: u32, workers: u32 },
-    #[error("the planner does not scale disaggregated fleets yet")]
-    DisaggPlanner,
 }
 
 /// A timed event other than engine steps and KV event deliveries (which have their own
@@ -226,6 +224,8 @@ struct Fleet<'a> {
     untouched_e2e: LatencyRecorder,
     /// The planner and its connector, when the fleet is planned.
     scaling: Option<scale::Scaling>,
+    /// Each slot's role.
+    roles: Vec<WorkerRole>,
     /// Remote prefills by the id the core tracks them under, to their request.
     prefill_ids: HashMap<RequestId, u32>,
     disagg: DisaggReport,
@@ -256,9 +256,6 @@ pub fn simulate(
                 workers: config.workers,
             });
         }
-        if config.planner.is_some() {
-            return Err(SimError::DisaggPlanner);
-        }
     }
     let mut fleet = Fleet::new(config, workload, policy)?;
     fleet.run(progress);
@@ -281,7 +278,10 @@ impl<'a> Fleet<'a> {
         for slot in 0..config.workers {
             let key = worker_key(slot);
             let args = config.engine;
-            if core.add_worker(worker_spec(config, slot)).is_err() {
+            if core
+                .add_worker(worker_spec(config, slot, role_of(config, slot)))
+                .is_err()
+            {
                 unreachable!("every simulated worker has the same block size");
             }
             engines.push(MockEngine::new(
@@ -333,6 +333,7 @@ impl<'a> Fleet<'a> {
             moved_e2e: LatencyRecorder::default(),
             untouched_e2e: LatencyRecorder::default(),
             scaling: None,
+            roles: (0..config.workers).map(|s| role_of(config, s)).collect(),
             prefill_ids: HashMap::new(),
             disagg: DisaggReport::default(),
             transfer_time: LatencyRecorder::default(),
@@ -980,7 +981,7 @@ impl<'a> Fleet<'a> {
         self.slots[slot] = Slot::Up;
         if self
             .core
-            .add_worker(worker_spec(self.config, slot as u32))
+            .add_worker(worker_spec(self.config, slot as u32, self.roles[slot]))
             .is_err()
         {
             unreachable!("every simulated worker has the same block size");
@@ -1231,14 +1232,9 @@ pub fn worker_key(slot: u32) -> WorkerKey {
 }
 
 /// What the simulated worker in `slot` announces (as the worker crate's `Mocker` does).
-fn worker_spec(config: &SimConfig, slot: u32) -> WorkerSpec {
+fn worker_spec(config: &SimConfig, slot: u32, role: WorkerRole) -> WorkerSpec {
     let args = &config.engine;
     let perf = config.perf_of(slot as usize);
-    let role = match &config.disagg {
-        Some(d) if slot < d.prefill => WorkerRole::Prefill,
-        Some(_) => WorkerRole::Decode,
-        None => WorkerRole::Aggregated,
-    };
     WorkerSpec {
         role,
         capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
@@ -1250,6 +1246,16 @@ fn worker_spec(config: &SimConfig, slot: u32) -> WorkerSpec {
             capacity_blocks: u64::from(args.num_gpu_blocks),
         }),
         ..WorkerSpec::new(worker_key(slot).worker_id, args.block_size)
+    }
+}
+
+/// The role of a worker the fleet starts with: the first `prefill` prefill, the others
+/// decode, in a disaggregated fleet.
+fn role_of(config: &SimConfig, slot: u32) -> WorkerRole {
+    match &config.disagg {
+        Some(d) if slot < d.prefill => WorkerRole::Prefill,
+        Some(_) => WorkerRole::Decode,
+        None => WorkerRole::Aggregated,
     }
 }
 

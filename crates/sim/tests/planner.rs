@@ -173,3 +173,88 @@ fn a_planned_run_is_the_same_stepping_engines_lazily_or_in_global_order() {
         (pb.peak_workers, pb.workers_added, pb.workers_removed)
     );
 }
+
+#[test]
+fn a_disaggregated_fleet_is_planned_pool_by_pool() {
+    use switchyard_core::WorkerRole;
+    // Prompts past the local-prefill threshold (the prefill pool works) and long answers
+    // (the decode pool's cache fills during the burst).
+    let mut trace = Vec::new();
+    let mut t = 0.0;
+    while t < 900.0 {
+        trace.push(TraceRequest {
+            arrival: Duration::from_secs_f64(t),
+            input_tokens: 2000,
+            output_tokens: 1200,
+            hash_ids: Vec::new(),
+        });
+        t += if (200.0..500.0).contains(&t) {
+            0.25
+        } else {
+            2.0
+        };
+    }
+    let workload = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
+    for mode in [Mode::Load, Mode::Sla] {
+        let mut plan = planner(mode);
+        plan.config.budget.gpus_per_engine.prefill = 2;
+        let config = SimConfig {
+            workers: 2,
+            disagg: Some(switchyard_sim::DisaggSim {
+                prefill: 1,
+                link: "ib".parse().unwrap(),
+                kv_bytes_per_token: 131_072,
+            }),
+            ..config(2, Some(plan))
+        };
+        let report = run(&config, &workload);
+        // Nothing lost to scaling (removals drain); a few requests of the burst's first
+        // minute time out in the queue while the pools grow one worker per interval.
+        assert_eq!(report.failed, 0, "{mode:?}");
+        assert!(
+            report.completed * 10 >= report.requests * 9,
+            "{mode:?}: {} of {}",
+            report.completed,
+            report.requests
+        );
+        let p = report.planner.as_ref().unwrap();
+        // Each pool is asked for on its own, and the burst grows the fleet.
+        let roles: std::collections::BTreeSet<WorkerRole> = p
+            .decisions
+            .iter()
+            .flat_map(|d| d.replicas.keys().copied())
+            .collect();
+        assert_eq!(
+            roles,
+            [WorkerRole::Prefill, WorkerRole::Decode]
+                .into_iter()
+                .collect(),
+            "{mode:?}"
+        );
+        assert!(p.peak_workers > 2, "{mode:?}: {p:?}");
+        let grown: std::collections::BTreeSet<WorkerRole> = p
+            .decisions
+            .iter()
+            .flat_map(|d| d.actions.iter())
+            .filter(|a| a.replicas > 1)
+            .map(|a| a.role)
+            .collect();
+        // The load planner grows both (the prefill queue and the decode cache both pass
+        // their thresholds); the SLA planner's model finds one prefill worker enough for
+        // these prompts and grows the decode pool.
+        let expected = match mode {
+            Mode::Load => roles.clone(),
+            Mode::Sla => [WorkerRole::Decode].into_iter().collect(),
+        };
+        assert_eq!(grown, expected, "{mode:?}");
+        // GPU time counts each role's GPUs: at least the two workers it started with
+        // (a prefill worker costs two GPUs here) all along.
+        let span_hours = report.simulated_seconds / 3600.0;
+        assert!(
+            p.gpu_hours >= 3.0 * span_hours * 0.99,
+            "{mode:?}: {}",
+            p.gpu_hours
+        );
+        assert!(report.disagg.as_ref().unwrap().remote_prefills > 0);
+    }
+}

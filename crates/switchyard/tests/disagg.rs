@@ -75,17 +75,9 @@ async fn disaggregated_serve_answers_as_aggregated_and_keeps_short_prompts_local
             "{series}"
         );
     }
-    let listing: Value = client()
-        .get(url(&split, "/v1/internal/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let roles: Vec<&str> = listing["workers"]
+    let listing = get_json(&url(&split, "/v1/internal/workers")).await;
+    let roles: Vec<&str> = listing
         .as_array()
-        .or_else(|| listing.as_array())
         .unwrap()
         .iter()
         .map(|w| w["role"].as_str().unwrap())
@@ -142,18 +134,8 @@ async fn a_prefill_worker_killed_mid_transfer_costs_a_prefill_not_the_request() 
     eventually(Duration::from_secs(10), "both workers listed", || {
         let listing = listing.clone();
         async move {
-            let listed: Value = client()
-                .get(&listing)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .json()
-                .await
-                .map_err(|e| e.to_string())?;
-            let n = listed["workers"]
-                .as_array()
-                .or_else(|| listed.as_array())
-                .map_or(0, Vec::len);
+            let listed = get_json(&listing).await;
+            let n = listed.as_array().map_or(0, Vec::len);
             if n == 2 {
                 Ok(())
             } else {

@@ -110,6 +110,16 @@ pub struct RouteQuery<'a> {
     pub exclude: &'a [WorkerId],
 }
 
+/// The router's view of a query.
+fn route_request<'q>(query: &RouteQuery<'q>) -> RouteRequest<'q> {
+    RouteRequest {
+        id: query.id,
+        isl_tokens: query.blocks.total_tokens() as u64,
+        seq_hashes: query.blocks.sequence_hashes(),
+        overrides: query.overrides,
+    }
+}
+
 /// How the registry changed to match discovery.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerChanges {
@@ -600,20 +610,10 @@ impl RoutingCore {
     ) -> Result<RouteDecision, RouteError> {
         self.tick(now);
         self.admission.settled(query.id);
-        let merged;
-        let overlaps = if self.approx_workers > 0 {
-            merged = self.merged_overlaps(query.blocks.local_hashes(), events, now);
-            &merged
-        } else {
-            events
-        };
+        let overlaps = self.overlaps(query, events, now);
+        let overlaps = overlaps.as_ref();
         let decision = self.choose(query, overlaps, now, |e| e.serving())?;
-        let request = RouteRequest {
-            id: query.id,
-            isl_tokens: query.blocks.total_tokens() as u64,
-            seq_hashes: query.blocks.sequence_hashes(),
-            overrides: query.overrides,
-        };
+        let request = route_request(query);
         self.router.record(&request, &decision, now)?;
         self.record_approx(query, &decision, now);
         Ok(decision)
@@ -635,20 +635,10 @@ impl RoutingCore {
     ) -> Result<(PairDecision, Option<LocalReason>), RouteError> {
         self.tick(now);
         self.admission.settled(query.id);
-        let merged;
-        let overlaps = if self.approx_workers > 0 {
-            merged = self.merged_overlaps(query.blocks.local_hashes(), events, now);
-            &merged
-        } else {
-            events
-        };
+        let overlaps = self.overlaps(query, events, now);
+        let overlaps = overlaps.as_ref();
         let decode = self.choose(query, overlaps, now, |e| e.serving())?;
-        let request = RouteRequest {
-            id: query.id,
-            isl_tokens: query.blocks.total_tokens() as u64,
-            seq_hashes: query.blocks.sequence_hashes(),
-            overrides: query.overrides,
-        };
+        let request = route_request(query);
         let disaggregated = self
             .registry
             .get(decode.worker.worker_id)
@@ -741,12 +731,7 @@ impl RoutingCore {
             chosen = all;
         }
         let keys: Vec<WorkerKey> = chosen.iter().flat_map(|e| e.spec.keys()).collect();
-        let request = RouteRequest {
-            id: query.id,
-            isl_tokens: query.blocks.total_tokens() as u64,
-            seq_hashes: query.blocks.sequence_hashes(),
-            overrides: query.overrides,
-        };
+        let request = route_request(query);
         let candidates = self.router.candidates_among(&keys, &request, overlaps, now);
         self.router.select(&request, &candidates)
     }
@@ -764,6 +749,21 @@ impl RoutingCore {
                 query.blocks.sequence_hashes(),
                 now,
             );
+        }
+    }
+
+    /// The cache views to route by: the caller's events, merged with the approximate view
+    /// when some workers are seen through it.
+    fn overlaps<'e>(
+        &mut self,
+        query: &RouteQuery<'_>,
+        events: &'e OverlapScores,
+        now: Duration,
+    ) -> std::borrow::Cow<'e, OverlapScores> {
+        if self.approx_workers > 0 {
+            std::borrow::Cow::Owned(self.merged_overlaps(query.blocks.local_hashes(), events, now))
+        } else {
+            std::borrow::Cow::Borrowed(events)
         }
     }
 

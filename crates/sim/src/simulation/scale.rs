@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use switchyard_core::WorkerRole;
 use switchyard_mocker::MockEngine;
+use switchyard_planner::config::GpusPerEngine;
 use switchyard_planner::{Decision, Observation, Planner, TrafficSample, WorkerSample};
 
 use super::{Event, Fleet, SimConfig, SimError, Slot, StepOutput, worker_key};
@@ -19,11 +20,12 @@ pub(super) struct Scaling {
     planner: Planner,
     cold_start: Duration,
     metric_interval: Duration,
-    gpus_per_engine: f64,
+    gpus_per_engine: GpusPerEngine,
     /// Traffic since the last pull.
     pub(super) traffic: TrafficSample,
     decisions: Vec<Decision>,
     worker_seconds: f64,
+    gpu_seconds: f64,
     accounted_at: Duration,
     peak: u32,
     added: u32,
@@ -32,9 +34,17 @@ pub(super) struct Scaling {
 
 impl Scaling {
     pub(super) fn new(sim: &PlannerSim, config: &SimConfig) -> Result<Scaling, SimError> {
-        let initial: BTreeMap<WorkerRole, u32> = [(WorkerRole::Aggregated, config.workers)]
+        let initial: BTreeMap<WorkerRole, u32> = match &config.disagg {
+            Some(d) => [
+                (WorkerRole::Prefill, d.prefill),
+                (WorkerRole::Decode, config.workers - d.prefill),
+            ]
             .into_iter()
-            .collect();
+            .collect(),
+            None => [(WorkerRole::Aggregated, config.workers)]
+                .into_iter()
+                .collect(),
+        };
         let planner = Planner::new(
             sim.config.clone(),
             &initial,
@@ -45,10 +55,11 @@ impl Scaling {
             planner,
             cold_start: sim.cold_start,
             metric_interval: sim.config.metric_interval,
-            gpus_per_engine: f64::from(sim.config.budget.gpus_per_engine.aggregated),
+            gpus_per_engine: sim.config.budget.gpus_per_engine,
             traffic: TrafficSample::default(),
             decisions: Vec::new(),
             worker_seconds: 0.0,
+            gpu_seconds: 0.0,
             accounted_at: Duration::ZERO,
             peak: config.workers,
             added: 0,
@@ -69,7 +80,16 @@ impl Fleet<'_> {
         let live = self.live_workers();
         let now = self.now;
         if let Some(s) = &mut self.scaling {
-            s.worker_seconds += f64::from(live) * now.saturating_sub(s.accounted_at).as_secs_f64();
+            let gpus: u32 = self
+                .slots
+                .iter()
+                .zip(&self.roles)
+                .filter(|(slot, _)| **slot != Slot::Retired)
+                .map(|(_, &role)| s.gpus_per_engine.of(role))
+                .sum();
+            let elapsed = now.saturating_sub(s.accounted_at).as_secs_f64();
+            s.worker_seconds += f64::from(live) * elapsed;
+            s.gpu_seconds += f64::from(gpus) * elapsed;
             s.accounted_at = now;
             s.peak = s.peak.max(live);
         }
@@ -90,11 +110,12 @@ impl Fleet<'_> {
             .slots
             .iter()
             .zip(&self.engines)
-            .filter(|(slot, _)| **slot == Slot::Up)
-            .map(|(_, engine)| {
+            .zip(&self.roles)
+            .filter(|((slot, _), _)| **slot == Slot::Up)
+            .map(|((_, engine), &role)| {
                 let load = engine.load();
                 WorkerSample {
-                    role: WorkerRole::Aggregated,
+                    role,
                     kv_usage: load.kv_usage(),
                     waiting: load.waiting,
                     running: load.running,
@@ -108,32 +129,41 @@ impl Fleet<'_> {
         }
         let next = self.now + scaling.metric_interval;
         for action in tick.actions {
-            self.scale_to(action.replicas);
+            self.scale_to(action.role, action.replicas);
         }
         if self.work_remains() {
             self.schedule(next, Event::PlannerPull);
         }
     }
 
-    /// Starts or drains workers until `target` are up or starting.
-    fn scale_to(&mut self, target: u32) {
+    /// Slots of workers of `role` in a state `wanted` accepts.
+    fn slots_of(&self, role: WorkerRole, wanted: impl Fn(Slot) -> bool) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.roles[i] == role && wanted(self.slots[i]))
+            .collect()
+    }
+
+    /// Starts or drains workers of `role` until `target` are up or starting.
+    fn scale_to(&mut self, role: WorkerRole, target: u32) {
         self.account();
-        let counted = |s: &Slot| matches!(s, Slot::Starting | Slot::Up);
-        let mut current = self.slots.iter().filter(|s| counted(s)).count() as u32;
+        let mut current = self
+            .slots_of(role, |s| matches!(s, Slot::Starting | Slot::Up))
+            .len() as u32;
         while current < target {
-            self.start_worker();
+            self.start_worker(role);
             current += 1;
         }
         while current > target {
             // A worker still starting goes first (the newest); else the least busy one.
-            let victim = if let Some(slot) = self.slots.iter().rposition(|s| *s == Slot::Starting) {
+            let starting = self.slots_of(role, |s| s == Slot::Starting);
+            let victim = if let Some(&slot) = starting.last() {
                 self.slots[slot] = Slot::Retired;
                 self.scaled_down();
                 current -= 1;
                 continue;
             } else {
-                (0..self.slots.len())
-                    .filter(|&i| self.slots[i] == Slot::Up)
+                self.slots_of(role, |s| s == Slot::Up)
+                    .into_iter()
                     .min_by_key(|&i| {
                         let load = self.engines[i].load();
                         (load.running + load.waiting, std::cmp::Reverse(i))
@@ -153,8 +183,9 @@ impl Fleet<'_> {
         }
     }
 
-    fn start_worker(&mut self) {
+    fn start_worker(&mut self, role: WorkerRole) {
         let slot = self.engines.len();
+        self.roles.push(role);
         let key = worker_key(slot as u32);
         let Ok(engine) = MockEngine::new(
             key,
@@ -224,7 +255,7 @@ impl Fleet<'_> {
         };
         let span = end.as_secs_f64().max(f64::MIN_POSITIVE);
         PlannerReport {
-            gpu_hours: s.worker_seconds * s.gpus_per_engine / 3600.0,
+            gpu_hours: s.gpu_seconds / 3600.0,
             mean_workers: s.worker_seconds / span,
             peak_workers: s.peak,
             final_workers,
