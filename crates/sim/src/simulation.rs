@@ -249,13 +249,13 @@ pub fn simulate(
             engine: config.engine.block_size,
         });
     }
-    if let Some(disagg) = &config.disagg {
-        if disagg.prefill == 0 || disagg.prefill >= config.workers {
-            return Err(SimError::DisaggSplit {
-                prefill: disagg.prefill,
-                workers: config.workers,
-            });
-        }
+    if let Some(disagg) = &config.disagg
+        && (disagg.prefill == 0 || disagg.prefill >= config.workers)
+    {
+        return Err(SimError::DisaggSplit {
+            prefill: disagg.prefill,
+            workers: config.workers,
+        });
     }
     let mut fleet = Fleet::new(config, workload, policy)?;
     fleet.run(progress);
