@@ -295,3 +295,141 @@ async fn the_noop_connector_only_decides_and_bad_settings_are_named() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/v1/internal/workers"));
 }
+
+/// The state file's process ids of one pool (`workers`, `prefill`, `decode`).
+fn listed_pool(state: &Path, pool: &str) -> Vec<u64> {
+    std::fs::read_to_string(state)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| {
+            v[pool]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_fleet_is_planned_and_started_pool_by_pool() {
+    let cluster = Cluster::start();
+    let frontend = cluster.frontend("frontend", 0);
+    let state = cluster.dir.path().join("disagg.json");
+    let log = cluster.dir.path().join("disagg.jsonl");
+    // Whatever happens, the workers it started go with the test.
+    struct Pools(PathBuf);
+    impl Drop for Pools {
+        fn drop(&mut self) {
+            for pool in ["prefill", "decode"] {
+                for pid in listed_pool(&self.0, pool) {
+                    let _ = std::process::Command::new("kill")
+                        .args(["-9", &pid.to_string()])
+                        .status();
+                }
+            }
+        }
+    }
+    let _pools = Pools(state.clone());
+    let admin = frontend.admin.clone().unwrap();
+    let mut args: Vec<String> = [
+        "planner",
+        "--frontend",
+        &format!("http://{admin}"),
+        "--connector",
+        "local",
+        "--disagg",
+        "--mode",
+        "load",
+        "--metric-interval",
+        "500ms",
+        "--adjustment-interval",
+        "2s",
+        "--min-workers",
+        "1",
+        "--max-workers",
+        "4",
+        "--state-file",
+        state.to_str().unwrap(),
+        "--decision-log",
+        log.to_str().unwrap(),
+        "--",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    args.extend(cluster.planes());
+    args.extend(["--lease-ttl", "2s", "--speedup-ratio", "20"].map(str::to_string));
+    let mut planner = Process::spawn("planner", &args, cluster.dir.path());
+
+    // One worker of each pool, started with its role, listed by the frontend as such.
+    let listing = frontend.url("/v1/internal/workers");
+    eventually(
+        Duration::from_secs(20),
+        "a prefill and a decode worker",
+        || {
+            let listing = listing.clone();
+            async move {
+                let listed = get_json(&listing).await;
+                let mut roles: Vec<String> = listed
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|w| w["role"].as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                roles.sort();
+                if roles == ["decode", "prefill"] {
+                    Ok(())
+                } else {
+                    Err(format!("{roles:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(listed_pool(&state, "prefill").len(), 1);
+    assert_eq!(listed_pool(&state, "decode").len(), 1);
+    assert!(listed_pool(&state, "workers").is_empty());
+
+    // A long prompt goes through the pair.
+    let body = json!({
+        "model": MODEL,
+        "prompt": "A long prompt for the planned pools to share between them. ".repeat(80),
+        "max_tokens": 8,
+        "ignore_eos": true,
+    });
+    let response = client()
+        .post(frontend.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let metrics = support::scrape(&frontend.url("/metrics")).await;
+    assert_eq!(
+        support::metric_value(
+            &metrics,
+            "switchyard_disagg_prefills",
+            Some("outcome=\"remote\"")
+        ),
+        1.0,
+        "{metrics}"
+    );
+    // Its decisions name both pools.
+    eventually(Duration::from_secs(15), "a decision", || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        match text.lines().next() {
+            Some(line) => {
+                let d: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+                if d["replicas"]["prefill"] == 1 && d["replicas"]["decode"] == 1 {
+                    Ok(())
+                } else {
+                    Err(d.to_string())
+                }
+            }
+            None => Err("none yet".into()),
+        }
+    })
+    .await;
+    planner.sigterm();
+    assert!(planner.wait(Duration::from_secs(10)).success());
+}

@@ -51,9 +51,18 @@ pub struct PlannerArgs {
     /// SLA mode: the engines' timing profile (JSON), else the polynomial model.
     #[arg(long)]
     perf_profile: Option<PathBuf>,
+    /// Plan a disaggregated fleet: prefill and decode workers, each pool on its own (the
+    /// local connector starts workers with `--role prefill` / `--role decode`).
+    #[arg(long)]
+    disagg: bool,
     /// Kubernetes connector: the Deployment of workers, and its namespace.
     #[arg(long, value_name = "NAME")]
     k8s_deployment: Option<String>,
+    /// Kubernetes connector with --disagg: the Deployments of prefill and decode workers.
+    #[arg(long, value_name = "NAME")]
+    k8s_prefill_deployment: Option<String>,
+    #[arg(long, value_name = "NAME")]
+    k8s_decode_deployment: Option<String>,
     #[arg(long, value_name = "NAMESPACE", default_value = "default")]
     k8s_namespace: String,
     /// Local connector: where it lists the worker processes it runs (and their logs).
@@ -156,15 +165,24 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
         )?),
         ConnectorArg::Kubernetes => kubernetes(&args).await?,
     };
-    // The planner starts from the workers there are (its minimum if none).
+    // The planner starts from the workers there are (its minimum if none), per pool.
     let seen = fleet.observe().await?;
-    let start = match &connector {
-        Connector::Local(local) => local.count(),
-        _ => seen.count(WorkerRole::Aggregated),
+    let roles: &[WorkerRole] = if args.disagg {
+        &[WorkerRole::Prefill, WorkerRole::Decode]
+    } else {
+        &[WorkerRole::Aggregated]
+    };
+    let mut initial: BTreeMap<WorkerRole, u32> = BTreeMap::new();
+    for &role in roles {
+        let there = match &connector {
+            Connector::Local(local) => local.count(role),
+            _ => seen.count(role),
+        };
+        let start = there.max(config.budget.min_replicas);
+        connector.scale_to(role, start).await?;
+        initial.insert(role, start);
     }
-    .max(config.budget.min_replicas);
-    connector.scale_to(start).await?;
-    let initial: BTreeMap<WorkerRole, u32> = [(WorkerRole::Aggregated, start)].into();
+    let start: u32 = initial.values().sum();
     let began = Instant::now();
     let mut planner = Planner::new(config.clone(), &initial, perf, Duration::ZERO)?;
     let mut log = match &args.decision_log {
@@ -224,7 +242,7 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
             tracing::info!(role = %action.role, replicas = action.replicas, "scaling");
             // A refused scaling (forbidden, conflict) is logged and the planner goes on:
             // its action times out and the next decision tries again.
-            if let Err(e) = connector.scale_to(action.replicas).await {
+            if let Err(e) = connector.scale_to(action.role, action.replicas).await {
                 metrics.scaling_failed();
                 tracing::error!("{e:#}");
             }
@@ -432,31 +450,52 @@ fn counters(text: &str) -> Result<Counters> {
 enum Connector {
     Noop,
     Local(LocalWorkers),
+    /// A Deployment per role.
     #[cfg(feature = "kubernetes")]
-    Kubernetes(Box<switchyard::kubernetes::DeploymentScaler>),
+    Kubernetes(BTreeMap<WorkerRole, switchyard::kubernetes::DeploymentScaler>),
 }
 
 impl Connector {
-    async fn scale_to(&mut self, replicas: u32) -> Result<()> {
+    async fn scale_to(&mut self, role: WorkerRole, replicas: u32) -> Result<()> {
         match self {
             Connector::Noop => Ok(()),
-            Connector::Local(local) => local.scale_to(replicas),
+            Connector::Local(local) => local.scale_to(role, replicas),
             #[cfg(feature = "kubernetes")]
-            Connector::Kubernetes(scaler) => Ok(scaler.scale_to(replicas).await?),
+            Connector::Kubernetes(scalers) => match scalers.get_mut(&role) {
+                Some(scaler) => Ok(scaler.scale_to(replicas).await?),
+                None => bail!("no Deployment of {role} workers to scale"),
+            },
         }
     }
 }
 
 #[cfg(feature = "kubernetes")]
 async fn kubernetes(args: &PlannerArgs) -> Result<Connector> {
-    let Some(deployment) = &args.k8s_deployment else {
-        bail!("the kubernetes connector scales the Deployment named by --k8s-deployment");
+    let deployments: Vec<(WorkerRole, &String)> = if args.disagg {
+        match (&args.k8s_prefill_deployment, &args.k8s_decode_deployment) {
+            (Some(p), Some(d)) => vec![(WorkerRole::Prefill, p), (WorkerRole::Decode, d)],
+            _ => bail!(
+                "with --disagg the kubernetes connector scales the Deployments named by \
+                 --k8s-prefill-deployment and --k8s-decode-deployment"
+            ),
+        }
+    } else {
+        let Some(deployment) = &args.k8s_deployment else {
+            bail!("the kubernetes connector scales the Deployment named by --k8s-deployment");
+        };
+        vec![(WorkerRole::Aggregated, deployment)]
     };
-    let scaler =
-        switchyard::kubernetes::DeploymentScaler::from_environment(&args.k8s_namespace, deployment)
-            .await
-            .context("no Kubernetes credentials (in-cluster service account or kubeconfig)")?;
-    Ok(Connector::Kubernetes(Box::new(scaler)))
+    let mut scalers = BTreeMap::new();
+    for (role, deployment) in deployments {
+        let scaler = switchyard::kubernetes::DeploymentScaler::from_environment(
+            &args.k8s_namespace,
+            deployment,
+        )
+        .await
+        .context("no Kubernetes credentials (in-cluster service account or kubeconfig)")?;
+        scalers.insert(role, scaler);
+    }
+    Ok(Connector::Kubernetes(scalers))
 }
 
 #[cfg(not(feature = "kubernetes"))]
@@ -478,13 +517,19 @@ struct LocalWorkers {
 
 struct LocalWorker {
     pid: u32,
+    role: WorkerRole,
     child: Option<Child>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct State {
-    /// Process ids of the running workers, oldest first.
+    /// Process ids of the running (aggregated) workers, oldest first.
     workers: Vec<u32>,
+    /// Those of a disaggregated fleet's pools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    prefill: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    decode: Vec<u32>,
 }
 
 impl LocalWorkers {
@@ -496,12 +541,20 @@ impl LocalWorkers {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
             Err(e) => return Err(e).context(format!("cannot read {}", state_file.display())),
         };
-        let running = state
-            .workers
-            .into_iter()
-            .filter(|&pid| alive(pid))
-            .map(|pid| LocalWorker { pid, child: None })
-            .collect::<Vec<_>>();
+        let running = [
+            (WorkerRole::Aggregated, state.workers),
+            (WorkerRole::Prefill, state.prefill),
+            (WorkerRole::Decode, state.decode),
+        ]
+        .into_iter()
+        .flat_map(|(role, pids)| pids.into_iter().map(move |pid| (role, pid)))
+        .filter(|&(_, pid)| alive(pid))
+        .map(|(role, pid)| LocalWorker {
+            pid,
+            role,
+            child: None,
+        })
+        .collect::<Vec<_>>();
         if !running.is_empty() {
             tracing::info!(
                 workers = running.len(),
@@ -519,19 +572,20 @@ impl LocalWorkers {
         Ok(workers)
     }
 
-    fn count(&self) -> u32 {
-        self.running.len() as u32
+    fn count(&self, role: WorkerRole) -> u32 {
+        self.running.iter().filter(|w| w.role == role).count() as u32
     }
 
-    fn scale_to(&mut self, replicas: u32) -> Result<()> {
+    fn scale_to(&mut self, role: WorkerRole, replicas: u32) -> Result<()> {
         // Adopted workers may have exited on their own since.
         self.running.retain(|w| alive(w.pid));
-        while self.count() < replicas {
-            self.start()?;
+        while self.count(role) < replicas {
+            self.start(role)?;
         }
-        while self.count() > replicas {
+        while self.count(role) > replicas {
             // The newest goes first (the oldest have the warmest caches).
-            if let Some(worker) = self.running.pop() {
+            if let Some(i) = self.running.iter().rposition(|w| w.role == role) {
+                let worker = self.running.remove(i);
                 terminate(worker.pid);
                 self.stopping.push(worker);
             }
@@ -539,7 +593,7 @@ impl LocalWorkers {
         self.save()
     }
 
-    fn start(&mut self) -> Result<()> {
+    fn start(&mut self, role: WorkerRole) -> Result<()> {
         let program = std::env::current_exe().context("cannot find the switchyard binary")?;
         let dir = self
             .state_file
@@ -551,17 +605,21 @@ impl LocalWorkers {
         let log_path = dir.join(format!("worker-{}-{n}.log", std::process::id()));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot write {}", log_path.display()))?;
-        let child = Command::new(program)
-            .arg("worker")
-            .args(&self.args)
+        let mut command = Command::new(program);
+        command.arg("worker").args(&self.args);
+        if role != WorkerRole::Aggregated {
+            command.args(["--role", role.name()]);
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .context("cannot start a worker")?;
-        tracing::info!(pid = child.id(), log = %log_path.display(), "worker started");
+        tracing::info!(pid = child.id(), %role, log = %log_path.display(), "worker started");
         self.running.push(LocalWorker {
             pid: child.id(),
+            role,
             child: Some(child),
         });
         Ok(())
@@ -576,8 +634,17 @@ impl LocalWorkers {
     }
 
     fn save(&self) -> Result<()> {
+        let pids = |role: WorkerRole| -> Vec<u32> {
+            self.running
+                .iter()
+                .filter(|w| w.role == role)
+                .map(|w| w.pid)
+                .collect()
+        };
         let state = State {
-            workers: self.running.iter().map(|w| w.pid).collect(),
+            workers: pids(WorkerRole::Aggregated),
+            prefill: pids(WorkerRole::Prefill),
+            decode: pids(WorkerRole::Decode),
         };
         let tmp = self.state_file.with_extension("tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(&state)?)
