@@ -11,14 +11,16 @@ pub struct RequestId(pub u64);
 
 impl RequestId {
     /// The id a request's remote prefill is tracked under, apart from the request itself
-    /// (which is tracked on its decode worker): a 64-bit mix of the id, so it collides with
-    /// another request's as rarely as random ids do.
+    /// (which is tracked on its decode worker): a 63-bit mix of the id, so it collides with
+    /// another request's as rarely as random ids do. The top bit stays clear, as in every
+    /// id a frontend gives its own requests (a frontend marks other frontends' requests
+    /// with it).
     pub fn prefill_stage(self) -> RequestId {
         // splitmix64's finaliser over the id and a constant of this use.
         let mut x = self.0 ^ 0x7072_6566_696c_6c21;
         x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        RequestId(x ^ (x >> 31))
+        RequestId((x ^ (x >> 31)) >> 1)
     }
 }
 

@@ -547,7 +547,7 @@ fn a_long_prompt_for_a_decode_worker_is_prefilled_on_a_prefill_worker() {
         &OverlapScores::default(),
         &[WorkerId(1), WorkerId(2)],
     );
-    assert_eq!(local, Some(switchyard_router::LocalReason::Saturated));
+    assert_eq!(local, Some(switchyard_router::LocalReason::Unavailable));
     assert!(decision.prefill.is_none());
     core.finish(RequestId(4));
 

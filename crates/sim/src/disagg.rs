@@ -65,6 +65,8 @@ pub struct DisaggReport {
     pub local_short: u64,
     /// Prefilled on the decode worker: the prefill pool was saturated.
     pub local_saturated: u64,
+    /// Prefilled on the decode worker: no prefill worker could take it (failed, excluded).
+    pub local_unavailable: u64,
     /// KV moved from prefill to decode workers.
     pub transferred_bytes: u64,
     /// Prompt tokens the decode workers already held (not moved).

@@ -171,6 +171,9 @@ struct RequestState {
     remote_prefill: Option<(usize, usize)>,
     /// Its KV is being pulled from the prefill worker in this slot.
     pulling_from: Option<usize>,
+    /// When it was last handed to an engine: tokens of an engine step that began before
+    /// are from an earlier placement (cancelled, moved) and are dropped.
+    placed_at: Duration,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -586,6 +589,7 @@ impl<'a> Fleet<'a> {
             match local {
                 Some(LocalReason::Short) => self.disagg.local_short += 1,
                 Some(LocalReason::Saturated) => self.disagg.local_saturated += 1,
+                Some(LocalReason::Unavailable) => self.disagg.local_unavailable += 1,
                 None => {}
             }
             let slot = slot_of(decision.worker);
@@ -650,6 +654,7 @@ impl<'a> Fleet<'a> {
             }
             match self.engines[slot].add_request(mock) {
                 Ok(()) => {
+                    self.requests[index as usize].placed_at = self.now;
                     self.requests[index as usize].worker = Some(decision.worker);
                     self.per_worker_requests[slot] += 1;
                     if self.step_end[slot].is_none() {
@@ -713,6 +718,7 @@ impl<'a> Fleet<'a> {
             max_output_tokens: 1,
             ..mock.clone()
         };
+        self.requests[index as usize].placed_at = self.now;
         if self.engines[pslot].add_request(prompt).is_err() {
             // Too large for any engine of the fleet (they share their arguments).
             self.requests[index as usize].remote_prefill = None;
@@ -812,7 +818,7 @@ impl<'a> Fleet<'a> {
             detected: false,
             back_at: fault.down_for.map(|d| self.now + d),
         };
-        if self.config.disagg.is_some() {
+        if self.config.disagg.is_some() && !fault.kind.kv_survives() {
             self.transfers_lost(slot);
         }
         let worker = worker_key(slot as u32).worker_id;
@@ -942,6 +948,7 @@ impl<'a> Fleet<'a> {
             // Hung: it sits there until the hang is found and it moves again.
             return;
         }
+        self.requests[index as usize].placed_at = self.now;
         if self.engines[slot].add_request(mock).is_err() {
             self.core.finish(RequestId(u64::from(index)));
             self.failures.failed += 1;
@@ -1014,6 +1021,12 @@ impl<'a> Fleet<'a> {
         let mut freed = false;
         for token in &out.tokens {
             let index = token.request.0 as usize;
+            // A token of a placement since given up (the request was cancelled here and
+            // moved, or is done): not the request's any more.
+            let current = &self.requests[index];
+            if current.outcome != Outcome::Pending || out.started_at < current.placed_at {
+                continue;
+            }
             let remote = self.requests[index]
                 .remote_prefill
                 .filter(|&(pslot, _)| pslot == slot);
@@ -1114,7 +1127,10 @@ impl<'a> Fleet<'a> {
             self.start_step(slot, now);
         } else {
             self.step_end[slot] = None;
-            if self.slots[slot] == Slot::Draining {
+            // A draining worker leaves once nothing is bound to it (requests prefilling
+            // elsewhere for it, or with their KV on its way, still are).
+            let bound = self.core.load(worker_key(slot as u32)).requests > 0;
+            if self.slots[slot] == Slot::Draining && !bound {
                 self.retire(slot);
             }
         }

@@ -82,7 +82,7 @@ fn long_prompts_are_prefilled_remotely_and_their_kv_moves_to_the_decode_workers(
     let d = report.disagg.clone().unwrap();
     assert_eq!((d.prefill_workers, d.decode_workers), (2, 4));
     assert_eq!(
-        d.remote_prefills + d.local_short + d.local_saturated,
+        d.remote_prefills + d.local_short + d.local_saturated + d.local_unavailable,
         report.requests,
         "every request is either prefilled remotely or locally, once: {d:?}"
     );
@@ -169,5 +169,25 @@ fn a_fleet_needs_both_pools() {
                 workers: 6
             }
         );
+    }
+}
+
+#[test]
+fn decode_workers_failing_while_their_requests_prefill_elsewhere_lose_nothing() {
+    // Found by a sweep of fault times: a crash at 5 s catches a request whose prefill
+    // finished in the very step its decode worker's failure cancelled it (without care,
+    // that stale token completed it early, and its second placement completed it again).
+    let w = workload(400);
+    for fault in ["4:crash@5s+20s", "4:crash@71s+20s", "3:hang@25s+10s"] {
+        let mut cfg = config(Some(2), "ib", DisaggConfig::default());
+        cfg.faults = FaultConfig {
+            schedule: vec![fault.parse().unwrap()],
+            ..FaultConfig::default()
+        };
+        let report = run(&cfg, &w);
+        // Every request once, with its whole output, each token counted once (a token
+        // of a prefill given up when its decode worker failed is not delivered).
+        all_complete(&report, &w);
+        assert_eq!(report.failures.unwrap().faults, 1, "{fault}");
     }
 }

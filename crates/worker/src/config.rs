@@ -112,13 +112,16 @@ impl KvTransferConfig {
     /// How long moving the KV of `tokens` tokens takes (in model time).
     pub fn time(&self, tokens: u32) -> Duration {
         let bytes = u64::from(tokens) * self.bytes_per_token();
-        self.latency + Duration::from_secs_f64(bytes as f64 / (self.bandwidth_gbps * 1e9))
+        let seconds = bytes as f64 / (self.bandwidth_gbps * 1e9);
+        self.latency
+            .saturating_add(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps > 0.0) {
+        // 1 kB/s at the least: slower is a typo, and would overflow the transfer times.
+        if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps >= 1e-6) {
             return Err(format!(
-                "kv_transfer.bandwidth_gbps must be a positive number, got {}",
+                "kv_transfer.bandwidth_gbps must be a number of GB/s of at least 0.000001, got {}",
                 self.bandwidth_gbps
             ));
         }

@@ -43,7 +43,9 @@ impl TransferTiming {
     }
 
     pub fn time(&self, tokens: u32) -> Duration {
-        self.latency + self.per_million_tokens.mul_f64(f64::from(tokens) / 1e6)
+        let seconds = self.per_million_tokens.as_secs_f64() * f64::from(tokens) / 1e6;
+        self.latency
+            .saturating_add(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
     }
 }
 

@@ -69,8 +69,9 @@ impl Engine for Mocker {
     }
 
     fn kv_transfer_time(&self, tokens: u32) -> Option<Duration> {
-        let model = self.transfer.time(tokens);
-        Some(model.div_f64(self.engine.args().speedup_ratio))
+        let model = self.transfer.time(tokens).as_secs_f64();
+        let real = model / self.engine.args().speedup_ratio;
+        Some(Duration::try_from_secs_f64(real).unwrap_or(Duration::MAX))
     }
 
     async fn start(

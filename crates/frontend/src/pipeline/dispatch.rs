@@ -206,6 +206,9 @@ impl RequestRun {
             match routed.local {
                 Some(LocalReason::Short) => frontend.metrics.count_prefill("local_short"),
                 Some(LocalReason::Saturated) => frontend.metrics.count_prefill("local_saturated"),
+                Some(LocalReason::Unavailable) => {
+                    frontend.metrics.count_prefill("local_unavailable")
+                }
                 None => {}
             }
             if let Some((prefill_instance, prefill)) = &routed.prefill {
@@ -217,6 +220,7 @@ impl RequestRun {
                     Ok((first_token, mut kv, cached_tokens)) => {
                         frontend.metrics.count_prefill("remote");
                         frontend.metrics.count_dispatch(prefill.worker, true);
+                        frontend.metrics.count_dispatch(worker, true);
                         kv.address = prefill_instance.address.clone();
                         let outage = frontend.routing.outages(worker.worker_id);
                         let stream = self.decode_stream(

@@ -468,8 +468,16 @@ impl RoutingService {
                     local,
                 }),
                 _ => {
-                    core.finish(id);
-                    core.prefill_finished(id);
+                    let decode = core.finish(id);
+                    let prefill = core.prefill_finished(id);
+                    if let Some(replicas) = &self.replicas {
+                        if decode.is_some() {
+                            replicas.finished(id);
+                        }
+                        if prefill.is_some() {
+                            replicas.finished(id.prefill_stage());
+                        }
+                    }
                     Err(RouteFailure::NoWorkers)
                 }
             };

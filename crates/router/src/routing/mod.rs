@@ -82,7 +82,8 @@ impl Default for DisaggConfig {
 /// computes its prompt first, when it is disaggregated.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairDecision {
-    /// The worker that generates the tokens (and prefills, when `prefill` is none).
+    /// The worker that generates the tokens (and prefills, when `prefill` is none), as
+    /// recorded: with a remote prefill it computes none of the prompt.
     pub decode: RouteDecision,
     /// The remote prefill, tracked under [`RequestId::prefill_stage`] until
     /// [`RoutingCore::prefill_finished`].
@@ -94,8 +95,10 @@ pub struct PairDecision {
 pub enum LocalReason {
     /// The uncached part of the prompt is short.
     Short,
-    /// Every prefill worker is busy past the queue limit (or none is available).
+    /// The chosen prefill worker is busy past the queue limit.
     Saturated,
+    /// No prefill worker may take it (none is routable, or all failed it).
+    Unavailable,
 }
 
 /// A request to route.
@@ -645,6 +648,7 @@ impl RoutingCore {
             .is_some_and(|e| e.spec.role == switchyard_core::WorkerRole::Decode);
         let mut local = None;
         let mut prefill = None;
+        let mut decode = decode;
         if disaggregated {
             if decode.prefill_tokens <= self.config.disagg.local_prefill_tokens {
                 local = Some(LocalReason::Short);
@@ -659,7 +663,8 @@ impl RoutingCore {
                     {
                         prefill = Some(p);
                     }
-                    _ => local = Some(LocalReason::Saturated),
+                    Some(_) => local = Some(LocalReason::Saturated),
+                    None => local = Some(LocalReason::Unavailable),
                 }
             }
         }
@@ -670,11 +675,9 @@ impl RoutingCore {
                     ..request
                 };
                 self.router.record(&stage, &p, now)?;
-                let remote = RouteDecision {
-                    prefill_tokens: 0,
-                    ..decode
-                };
-                if let Err(e) = self.router.record(&request, &remote, now) {
+                // The decode worker computes none of the prompt.
+                decode.prefill_tokens = 0;
+                if let Err(e) = self.router.record(&request, &decode, now) {
                     self.router.free(stage.id);
                     return Err(e);
                 }

@@ -224,7 +224,11 @@ impl Fleet<'_> {
             .set_draining(worker_key(slot as u32).worker_id, true);
         self.slots[slot] = Slot::Draining;
         self.scaled_down();
-        if self.step_end[slot].is_none() && !self.engines[slot].has_work() {
+        // Requests bound to it that its engine does not hold yet (prefilling on a prefill
+        // worker, or their KV on its way) are work too: it retires after them.
+        let key = worker_key(slot as u32);
+        let bound = self.core.load(key).requests > 0;
+        if self.step_end[slot].is_none() && !self.engines[slot].has_work() && !bound {
             self.retire(slot);
         }
     }
@@ -238,7 +242,8 @@ impl Fleet<'_> {
         self.slots[slot] = Slot::Retired;
         let now = self.now;
         for id in caught {
-            self.move_request(id.0 as u32, FaultKind::Drain, now);
+            let index = self.prefill_ids.remove(&id).unwrap_or(id.0 as u32);
+            self.move_request(index, FaultKind::Drain, now);
         }
     }
 

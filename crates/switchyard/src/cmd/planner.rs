@@ -133,6 +133,16 @@ pub fn run(args: PlannerArgs, env: &BTreeMap<String, String>) -> Result<()> {
     let _telemetry = crate::logging::init(&tree.log, "switchyard-planner")?;
     let config = tree.planner;
     config.validate()?;
+    if args.disagg
+        && args
+            .worker_args
+            .iter()
+            .any(|a| a == "--role" || a.starts_with("--role="))
+    {
+        bail!(
+            "with --disagg the planner gives each worker its --role; leave it out of the worker arguments"
+        );
+    }
     if args.connector == ConnectorArg::Local && args.worker_args.is_empty() {
         bail!(
             "the local connector starts `switchyard worker` with the arguments after `--` \
@@ -172,6 +182,11 @@ async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Res
     } else {
         &[WorkerRole::Aggregated]
     };
+    if let Connector::Local(local) = &mut connector {
+        // Workers adopted from a run that planned other pools would serve outside the
+        // budget, unplanned: they drain and stop.
+        local.stop_roles_except(roles)?;
+    }
     let mut initial: BTreeMap<WorkerRole, u32> = BTreeMap::new();
     for &role in roles {
         let there = match &connector {
@@ -570,6 +585,20 @@ impl LocalWorkers {
         };
         workers.save()?;
         Ok(workers)
+    }
+
+    /// Stops the workers of roles not in `planned`.
+    fn stop_roles_except(&mut self, planned: &[WorkerRole]) -> Result<()> {
+        let (keep, stop): (Vec<LocalWorker>, Vec<LocalWorker>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|w| planned.contains(&w.role));
+        self.running = keep;
+        for worker in stop {
+            tracing::warn!(pid = worker.pid, role = %worker.role, "stopping an adopted worker of a pool this planner does not plan");
+            terminate(worker.pid);
+            self.stopping.push(worker);
+        }
+        self.save()
     }
 
     fn count(&self, role: WorkerRole) -> u32 {

@@ -63,7 +63,9 @@ pub(super) fn run(args: &SimArgs, workload: &PreparedWorkload, base: &SimConfig)
     let kv_bytes_per_token = args.model_shape.kv_bytes_per_token();
     let mut rows: Vec<Row> = Vec::new();
     for split in &d.disagg {
-        let workers = split.prefill + split.decode;
+        let Some(workers) = split.prefill.checked_add(split.decode) else {
+            bail!("--disagg {split}: too many workers");
+        };
         let aggregated = format!("aggregated {workers}");
         if !rows.iter().any(|r| r.fleet == aggregated) {
             let config = SimConfig {
