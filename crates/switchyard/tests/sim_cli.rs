@@ -289,4 +289,52 @@ fn disaggregated_splits_are_compared_with_the_aggregated_fleet_of_their_size() {
     let out = sim(&["--disagg", "1:2", "--sweep"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--disagg"));
+
+    // A planned disaggregated fleet, against the smallest fixed fleet of the same split.
+    let out = sim(&[
+        "--disagg",
+        "1:1",
+        "--planner",
+        "load",
+        "--policy",
+        "kv",
+        "--ttft-target",
+        "3s",
+        "--itl-target",
+        "80ms",
+        "--max-gpus",
+        "6",
+        "--adjustment-interval",
+        "10s",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fleets = o["fleets"].as_array().unwrap();
+    let planned = fleets
+        .iter()
+        .find(|f| f["fleet"] == "load planner")
+        .unwrap_or_else(|| panic!("{o}"));
+    let first = &planned["report"]["planner"]["decisions"][0];
+    assert_eq!(first["replicas"]["prefill"], 1, "{first}");
+    assert_eq!(first["replicas"]["decode"], 1, "{first}");
+    assert!(
+        planned["report"]["disagg"]["remote_prefills"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    if let Some(n) = o["smallest_fixed"].as_u64() {
+        let fixed = fleets[0]["fleet"].as_str().unwrap();
+        assert!(fixed.starts_with("fixed "), "{fixed}");
+        let (p, d) = fixed["fixed ".len()..].split_once(':').unwrap();
+        assert_eq!(p.parse::<u64>().unwrap() + d.parse::<u64>().unwrap(), n);
+    }
+    let out = sim(&["--disagg", "1:1,2:2", "--planner", "load"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("one P:D split"));
 }

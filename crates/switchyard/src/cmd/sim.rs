@@ -328,6 +328,17 @@ pub fn run(args: SimArgs) -> Result<()> {
         disagg: None,
     };
 
+    if !args.disagg.disagg.is_empty() && !args.planning.planner.is_empty() {
+        // A planned disaggregated fleet, starting from the split.
+        let [split] = args.disagg.disagg[..] else {
+            bail!("--planner with --disagg plans one fleet: give one P:D split");
+        };
+        if sweep {
+            bail!("--planner runs one fleet at one load: give one --speedup");
+        }
+        let config = super::sim_disagg::with_split(&args, config, split)?;
+        return super::sim_planner::run(&args, &requests, &config);
+    }
     if !args.disagg.disagg.is_empty() {
         if sweep || args.workers.len() > 1 {
             bail!("--disagg sets the fleet sizes itself: give one --speedup and no --sweep");

@@ -43,50 +43,52 @@ struct Output<'a> {
     fleets: &'a [Row],
 }
 
-pub(super) fn run(args: &SimArgs, workload: &PreparedWorkload, base: &SimConfig) -> Result<()> {
+/// `base` as a disaggregated fleet of `split` (its link, model shape and thresholds from
+/// the flags).
+pub(super) fn with_split(args: &SimArgs, base: SimConfig, split: Split) -> Result<SimConfig> {
     let d = &args.disagg;
-    if base.planner.is_some() || !args.planning.planner.is_empty() {
-        bail!("--disagg and --planner cannot be combined yet");
-    }
     if d.max_prefill_queue_tokens == 0 {
         bail!("--max-prefill-queue-tokens must be at least 1");
     }
+    let Some(workers) = split.prefill.checked_add(split.decode) else {
+        bail!("--disagg {split}: too many workers");
+    };
+    let mut config = SimConfig {
+        workers,
+        disagg: Some(DisaggSim {
+            prefill: split.prefill,
+            link: d.disagg_link,
+            kv_bytes_per_token: args.model_shape.kv_bytes_per_token(),
+        }),
+        ..base
+    };
+    config.routing.disagg = DisaggConfig {
+        local_prefill_tokens: d.local_prefill_tokens,
+        max_prefill_queue_tokens: d.max_prefill_queue_tokens,
+    };
+    Ok(config)
+}
+
+pub(super) fn run(args: &SimArgs, workload: &PreparedWorkload, base: &SimConfig) -> Result<()> {
     let Some(&policy) = args.policy.first() else {
         bail!("--policy needs a value");
     };
     let mut base = base.clone();
     base.routing.cache_view = cache_view_for(args, policy);
-    base.routing.disagg = DisaggConfig {
-        local_prefill_tokens: d.local_prefill_tokens,
-        max_prefill_queue_tokens: d.max_prefill_queue_tokens,
-    };
-    let kv_bytes_per_token = args.model_shape.kv_bytes_per_token();
     let mut rows: Vec<Row> = Vec::new();
-    for split in &d.disagg {
-        let Some(workers) = split.prefill.checked_add(split.decode) else {
-            bail!("--disagg {split}: too many workers");
-        };
-        let aggregated = format!("aggregated {workers}");
+    for &split in &args.disagg.disagg {
+        let config = with_split(args, base.clone(), split)?;
+        let aggregated = format!("aggregated {}", config.workers);
         if !rows.iter().any(|r| r.fleet == aggregated) {
-            let config = SimConfig {
-                workers,
+            let plain = SimConfig {
                 disagg: None,
-                ..base.clone()
+                ..config.clone()
             };
             rows.push(Row {
-                report: run_one(&config, workload, policy, &aggregated, args.json)?,
+                report: run_one(&plain, workload, policy, &aggregated, args.json)?,
                 fleet: aggregated,
             });
         }
-        let config = SimConfig {
-            workers,
-            disagg: Some(DisaggSim {
-                prefill: split.prefill,
-                link: d.disagg_link,
-                kv_bytes_per_token,
-            }),
-            ..base.clone()
-        };
         let name = format!("disagg {split}");
         rows.push(Row {
             report: run_one(&config, workload, policy, &name, args.json)?,

@@ -12,6 +12,7 @@ use switchyard_planner::{Mode, PlannerConfig, PredictorConfig, evaluate};
 use switchyard_sim::{PlannerSim, PreparedWorkload, SimConfig, SimReport, SlaTargets, simulate};
 
 use super::sim::{SimArgs, cache_view_for};
+use switchyard_core::WorkerRole;
 use switchyard_sim::TraceRequest;
 
 #[derive(Debug, Args)]
@@ -161,7 +162,10 @@ pub fn run(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Resul
     );
     let policy = args.policy[0];
     let mut base = base.clone();
-    base.workers = args.workers[0];
+    // A disaggregated fleet's size comes with its split.
+    if base.disagg.is_none() {
+        base.workers = args.workers[0];
+    }
     base.routing.cache_view = cache_view_for(args, policy);
     base.sla_targets = Some(targets);
     let run_one = |config: &SimConfig, what: &str| -> Result<SimReport> {
@@ -204,21 +208,50 @@ pub fn run(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Resul
         });
     }
 
-    // The smallest fixed fleet within the targets: the share grows with the fleet.
-    let gpus = f64::from(planner_config.budget.gpus_per_engine.aggregated);
-    let most =
-        (planner_config.budget.max_gpus / planner_config.budget.gpus_per_engine.aggregated).max(1);
+    // The smallest fixed fleet within the targets: the share grows with the fleet. A
+    // disaggregated one keeps the split's share of prefill workers (at least one of each).
+    let per_engine = planner_config.budget.gpus_per_engine;
+    let ratio = base
+        .disagg
+        .map(|d| f64::from(d.prefill) / f64::from(base.workers));
+    let prefill_of = |n: u32| {
+        ratio.map(|r| ((f64::from(n) * r).round() as u32).clamp(1, n.saturating_sub(1).max(1)))
+    };
+    let gpus_of = |n: u32| -> f64 {
+        match prefill_of(n) {
+            Some(p) => f64::from(
+                p * per_engine.of(WorkerRole::Prefill)
+                    + (n - p) * per_engine.of(WorkerRole::Decode),
+            ),
+            None => f64::from(n * per_engine.aggregated),
+        }
+    };
+    let widest = match ratio {
+        Some(_) => per_engine.prefill.max(per_engine.decode),
+        None => per_engine.aggregated,
+    };
+    let least = if ratio.is_some() { 2 } else { 1 };
+    let most = (planner_config.budget.max_gpus / widest.max(1)).max(least);
     let fixed = |n: u32| -> Result<SimReport> {
+        let disagg = base.disagg.map(|d| switchyard_sim::DisaggSim {
+            prefill: prefill_of(n).unwrap_or(d.prefill),
+            ..d
+        });
+        let name = match &disagg {
+            Some(d) => format!("fixed {}:{}", d.prefill, n - d.prefill),
+            None => format!("{n} fixed workers"),
+        };
         run_one(
             &SimConfig {
                 workers: n,
+                disagg,
                 ..base.clone()
             },
-            &format!("{n} fixed workers"),
+            &name,
         )
     };
     let share = |r: &SimReport| r.sla.map_or(0.0, |s| s.share);
-    let (mut lo, mut hi) = (1u32, most);
+    let (mut lo, mut hi) = (least, most);
     let mut best: Option<(u32, SimReport)> = None;
     let top = fixed(most)?;
     if share(&top) >= planning.sla_share {
@@ -236,11 +269,15 @@ pub fn run(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Resul
     }
     let smallest_fixed = best.as_ref().map(|(n, _)| *n);
     if let Some((n, report)) = best {
-        let hours = f64::from(n) * gpus * report.simulated_seconds / 3600.0;
+        let hours = gpus_of(n) * report.simulated_seconds / 3600.0;
+        let fleet = match prefill_of(n) {
+            Some(p) => format!("fixed {p}:{}", n - p),
+            None => format!("{n} fixed workers"),
+        };
         rows.insert(
             0,
             Row {
-                fleet: format!("{n} fixed workers"),
+                fleet,
                 gpu_hours: hours,
                 report,
             },
