@@ -61,6 +61,31 @@ impl Observation {
     pub fn count(&self, role: WorkerRole) -> u32 {
         self.workers.iter().filter(|w| w.role == role).count() as u32
     }
+
+    /// Adds requests waiting in front of the workers (a frontend's admission queue) to
+    /// the waiting requests of the workers that generate, spread evenly: they wait for a
+    /// free engine as surely as those queued in the engines.
+    pub fn add_queued(&mut self, queued: u32) {
+        let generating = self
+            .workers
+            .iter()
+            .filter(|w| w.role.serves_generation())
+            .count() as u32;
+        let (Some(each), Some(extra)) = (
+            queued.checked_div(generating),
+            queued.checked_rem(generating),
+        ) else {
+            return;
+        };
+        for (i, w) in self
+            .workers
+            .iter_mut()
+            .filter(|w| w.role.serves_generation())
+            .enumerate()
+        {
+            w.waiting += each + u32::from((i as u32) < extra);
+        }
+    }
 }
 
 /// One role over an adjustment interval.
@@ -201,6 +226,29 @@ mod tests {
             waiting,
             running: 2,
         }
+    }
+
+    #[test]
+    fn the_admission_queue_is_spread_over_the_generating_workers() {
+        let mut o = Observation {
+            workers: vec![
+                worker(WorkerRole::Prefill, 0.0, 1),
+                worker(WorkerRole::Decode, 0.5, 0),
+                worker(WorkerRole::Decode, 0.5, 2),
+                worker(WorkerRole::Decode, 0.5, 0),
+            ],
+            traffic: TrafficSample::default(),
+        };
+        o.add_queued(7);
+        let waiting: Vec<u32> = o.workers.iter().map(|w| w.waiting).collect();
+        // 7 over three decode workers: 3, 2, 2; the prefill worker's queue is its own.
+        assert_eq!(waiting, [1, 3, 4, 2]);
+        let mut prefill_only = Observation {
+            workers: vec![worker(WorkerRole::Prefill, 0.0, 1)],
+            traffic: TrafficSample::default(),
+        };
+        prefill_only.add_queued(5);
+        assert_eq!(prefill_only.workers[0].waiting, 1, "nobody to give it to");
     }
 
     #[test]

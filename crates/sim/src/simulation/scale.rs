@@ -122,7 +122,9 @@ impl Fleet<'_> {
                 }
             })
             .collect();
-        let observation = Observation { workers, traffic };
+        let mut observation = Observation { workers, traffic };
+        // The admission queue, as `switchyard planner` reads it from a frontend.
+        observation.add_queued(u32::try_from(self.core.queued()).unwrap_or(u32::MAX));
         let tick = scaling.planner.tick(self.now, &observation);
         if let Some(decision) = tick.decision {
             scaling.decisions.push(decision);

@@ -341,7 +341,7 @@ impl<'a> FleetView<'a> {
             .json()
             .await
             .with_context(|| format!("GET {path}: not a worker listing"))?;
-        let mut workers: Vec<WorkerSample> = listed
+        let workers: Vec<WorkerSample> = listed
             .iter()
             .filter(|w| !matches!(w.status.as_str(), "draining" | "dead"))
             .map(|w| {
@@ -357,25 +357,7 @@ impl<'a> FleetView<'a> {
             .collect();
         let text = self.get("/metrics").await?.text().await?;
         let now = counters(&text)?;
-        // Requests the frontend holds back for want of a free engine wait as surely as
-        // those queued in the engines: spread over the workers that generate.
-        let generating = workers
-            .iter()
-            .filter(|w| w.role.serves_generation())
-            .count() as u32;
         let queued = now.queued.round().max(0.0) as u32;
-        if let (Some(each), Some(extra)) = (
-            queued.checked_div(generating),
-            queued.checked_rem(generating),
-        ) {
-            for (i, w) in workers
-                .iter_mut()
-                .filter(|w| w.role.serves_generation())
-                .enumerate()
-            {
-                w.waiting += each + u32::from((i as u32) < extra);
-            }
-        }
         let traffic = match self.last.replace(now) {
             None => TrafficSample::default(),
             Some(before) => {
@@ -393,7 +375,10 @@ impl<'a> FleetView<'a> {
                 }
             }
         };
-        Ok(Observation { workers, traffic })
+        let mut observation = Observation { workers, traffic };
+        // Requests the frontend holds back for want of a free engine.
+        observation.add_queued(queued);
+        Ok(observation)
     }
 }
 
