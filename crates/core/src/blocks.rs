@@ -327,6 +327,7 @@ mod tests {
             token_ids: tokens,
             media,
             lora: None,
+            text: None,
         }
     }
 

@@ -62,6 +62,10 @@ pub struct Prompt {
     /// The LoRA adapter serving the request; its name seeds the block hashes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<String>,
+    /// The prompt as text, special tokens included, for engines that take text (an
+    /// OpenAI-compatible upstream); frontends fill it in for workers that ask for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 impl Prompt {
@@ -71,6 +75,7 @@ impl Prompt {
             token_ids,
             media: Vec::new(),
             lora: None,
+            text: None,
         }
     }
 

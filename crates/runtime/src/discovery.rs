@@ -47,6 +47,10 @@ pub struct WorkerInstance {
     /// Tokens one step computes at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_batched_tokens: Option<u32>,
+    /// Its engine takes the prompt as text (an OpenAI-compatible upstream): requests to it
+    /// carry the rendered prompt along with its tokens.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompt_text: bool,
 }
 
 fn yes() -> bool {
@@ -69,6 +73,7 @@ impl WorkerInstance {
             incarnation: 0,
             perf: None,
             max_batched_tokens: None,
+            prompt_text: false,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod snapshot;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace_context;
+pub mod vllm;
 
 pub use discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
 pub use events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};

@@ -326,3 +326,140 @@ impl PrometheusServer {
         std::fs::read_to_string(&self.server.log).unwrap_or_default()
     }
 }
+
+/// A KV event publisher speaking vLLM's ZMQ protocol (PUB and replay ROUTER sockets on
+/// loopback), run by pyzmq from the test virtualenv (`tests/python/vllm_publisher.py`),
+/// driven over its stdin; killed when dropped.
+pub struct VllmPublisher {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    pub pub_port: u16,
+    pub replay_port: u16,
+}
+
+impl VllmPublisher {
+    pub fn start() -> VllmPublisher {
+        let python = std::env::var("SWITCHYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+        let probe = Command::new(&python).args(["-c", "import zmq"]).output();
+        assert!(
+            probe.is_ok_and(|o| o.status.success()),
+            "pyzmq is not importable with {python}; run scripts/test (it installs it into the virtualenv) or set SWITCHYARD_PYTHON"
+        );
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/python/vllm_publisher.py"
+        );
+        let (pub_port, replay_port) = (free_port(), free_port());
+        let mut child = Command::new(python)
+            .args([script, &pub_port.to_string(), &replay_port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the ZMQ publisher: {e}"));
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        VllmPublisher {
+            child,
+            stdin,
+            stdout,
+            pub_port,
+            replay_port,
+        }
+    }
+
+    /// `zmq://127.0.0.1:PORT` of the PUB socket (the replay socket is the next argument's).
+    pub fn url(&self) -> String {
+        format!("zmq://127.0.0.1:{}", self.pub_port)
+    }
+
+    pub fn replay_url(&self) -> String {
+        format!("zmq://127.0.0.1:{}", self.replay_port)
+    }
+
+    /// Sends one command (see the script) and waits for its "ok".
+    pub fn command(&mut self, command: serde_json::Value) {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "{command}").expect("the publisher's stdin");
+        self.stdin.flush().expect("the publisher's stdin");
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("the publisher's stdout");
+        assert_eq!(line.trim(), "ok", "the publisher answered {line:?}");
+    }
+
+    /// Holds batch `seq` for replay and publishes it, unless `send` is false (a message
+    /// lost on the way).
+    pub fn publish(&mut self, seq: u64, payload: &[u8], send: bool) {
+        use base64::Engine as _;
+        let payload = base64::engine::general_purpose::STANDARD.encode(payload);
+        self.command(
+            serde_json::json!({"op": "publish", "seq": seq, "payload": payload, "send": send}),
+        );
+    }
+
+    /// Drops every held batch: gaps can no longer be replayed.
+    pub fn forget(&mut self) {
+        self.command(serde_json::json!({"op": "forget"}));
+    }
+
+    /// Closes and binds both sockets again, holding nothing (an engine restart).
+    pub fn restart(&mut self) {
+        self.command(serde_json::json!({"op": "restart"}));
+    }
+}
+
+impl std::fmt::Debug for VllmPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VllmPublisher")
+            .field("pub_port", &self.pub_port)
+            .field("replay_port", &self.replay_port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for VllmPublisher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A vLLM batch (array-encoded, as vLLM's msgspec structs are) storing a chain of blocks
+/// with engine hashes `hashes` under `parent`, holding `tokens` (`block_size` per block).
+pub fn vllm_stored_batch(
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    block_size: u32,
+) -> Vec<u8> {
+    use rmpv::Value;
+    let event = Value::Array(vec![
+        Value::from("BlockStored"),
+        Value::Array(hashes.iter().map(|&h| Value::from(h)).collect()),
+        parent.map_or(Value::Nil, Value::from),
+        Value::Array(tokens.iter().map(|&t| Value::from(t)).collect()),
+        Value::from(block_size),
+        Value::Nil,
+        Value::from("GPU"),
+    ]);
+    vllm_batch(event)
+}
+
+/// A vLLM batch removing the blocks with engine hashes `hashes`.
+pub fn vllm_removed_batch(hashes: &[u64]) -> Vec<u8> {
+    use rmpv::Value;
+    vllm_batch(Value::Array(vec![
+        Value::from("BlockRemoved"),
+        Value::Array(hashes.iter().map(|&h| Value::from(h)).collect()),
+        Value::from("GPU"),
+    ]))
+}
+
+fn vllm_batch(event: rmpv::Value) -> Vec<u8> {
+    let batch = rmpv::Value::Array(vec![rmpv::Value::F64(0.0), rmpv::Value::Array(vec![event])]);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &batch).expect("encoding to memory");
+    out
+}

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_frontend::FrontendConfig;
+use switchyard_worker::openai::OpenAiConfig;
 use switchyard_worker::{EchoConfig, MockerConfig};
 use thiserror::Error;
 
@@ -150,6 +151,8 @@ impl Default for WorkerProcessConfig {
 pub enum EngineKind {
     Mocker,
     Echo,
+    /// A stock OpenAI-compatible server (llama.cpp, vLLM, SGLang): `workers.openai`.
+    Openai,
 }
 
 impl EngineKind {
@@ -158,6 +161,7 @@ impl EngineKind {
         match self {
             EngineKind::Mocker => "mocker",
             EngineKind::Echo => "echo",
+            EngineKind::Openai => "openai",
         }
     }
 }
@@ -173,6 +177,8 @@ pub struct WorkersConfig {
     pub engine: EngineKind,
     pub mocker: MockerConfig,
     pub echo: EchoConfig,
+    /// The upstream server of `engine = "openai"` workers.
+    pub openai: OpenAiConfig,
 }
 
 impl Default for WorkersConfig {
@@ -183,6 +189,7 @@ impl Default for WorkersConfig {
             engine: EngineKind::Mocker,
             mocker: MockerConfig::default(),
             echo: EchoConfig::default(),
+            openai: OpenAiConfig::default(),
         }
     }
 }
@@ -340,6 +347,17 @@ impl Config {
                 "worker.role must be aggregated, prefill or decode, got {}",
                 self.worker.role
             )));
+        }
+        if self.workers.engine == EngineKind::Openai {
+            self.workers
+                .openai
+                .validate()
+                .map_err(|e| ConfigError::Check(format!("workers.openai: {e}")))?;
+            if self.worker.role != switchyard_core::WorkerRole::Aggregated {
+                return Err(ConfigError::Check(
+                    "an openai worker serves aggregated requests only (worker.role)".into(),
+                ));
+            }
         }
         if self.workers.echo.block_size == 0 {
             return Err(ConfigError::Check(

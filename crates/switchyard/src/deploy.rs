@@ -253,6 +253,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
     let engine = match config.workers.engine {
         EngineKind::Mocker => EngineConfig::Mocker(config.workers.mocker.clone()),
         EngineKind::Echo => EngineConfig::Echo(config.workers.echo.clone()),
+        EngineKind::Openai => EngineConfig::Openai(config.workers.openai.clone()),
     };
     WorkerConfig {
         model: config.frontend.model.clone(),

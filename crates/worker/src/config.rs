@@ -27,6 +27,8 @@ pub struct WorkerConfig {
 pub enum EngineConfig {
     Mocker(MockerConfig),
     Echo(EchoConfig),
+    /// A stock OpenAI-compatible server (llama.cpp, vLLM, SGLang).
+    Openai(crate::openai::OpenAiConfig),
 }
 
 impl EngineConfig {
@@ -35,6 +37,7 @@ impl EngineConfig {
         match self {
             EngineConfig::Mocker(mocker) => mocker.load_report_interval,
             EngineConfig::Echo(_) => MockerConfig::default().load_report_interval,
+            EngineConfig::Openai(openai) => openai.metrics_interval,
         }
     }
 }

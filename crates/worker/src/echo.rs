@@ -40,6 +40,7 @@ impl Engine for Echo {
             capacity_blocks: None,
             max_num_seqs: None,
             dp_size: 1,
+            prompt_text: false,
         }
     }
 

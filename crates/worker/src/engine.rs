@@ -40,6 +40,9 @@ pub struct EngineCapabilities {
     pub max_num_seqs: Option<u32>,
     /// Data-parallel ranks.
     pub dp_size: u32,
+    /// It takes the prompt as text (an OpenAI-compatible upstream): frontends send it
+    /// rendered along with the tokens.
+    pub prompt_text: bool,
 }
 
 /// A started engine, as the host uses it.

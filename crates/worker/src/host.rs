@@ -69,10 +69,16 @@ pub enum WorkerError {
 pub fn engine_from_config(
     config: &EngineConfig,
     worker: WorkerKey,
+    model: &str,
 ) -> Result<Box<dyn Engine>, WorkerError> {
     Ok(match config {
         EngineConfig::Mocker(mocker) => Box::new(Mocker::new(worker, mocker)?),
         EngineConfig::Echo(echo) => Box::new(Echo::new(echo.clone())),
+        EngineConfig::Openai(openai) => Box::new(crate::openai::OpenAiUpstream::new(
+            worker,
+            model,
+            openai.clone(),
+        )?),
     })
 }
 
@@ -102,7 +108,7 @@ impl Worker {
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Result<Worker, WorkerError> {
-        let engine = engine_from_config(&config.engine, WorkerKey::from(worker_id))?;
+        let engine = engine_from_config(&config.engine, WorkerKey::from(worker_id), &config.model)?;
         Self::start_engine(
             worker_id,
             &config.model,
@@ -310,6 +316,7 @@ fn instance(
         capacity_blocks: capabilities.capacity_blocks,
         max_num_seqs: capabilities.max_num_seqs,
         kv_events: capabilities.kv_events,
+        prompt_text: capabilities.prompt_text,
         dp_size: capabilities.dp_size.max(1),
         // Random per start: a worker restarted under the same id is told apart.
         incarnation: rand::random::<u64>(),

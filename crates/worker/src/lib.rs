@@ -5,7 +5,8 @@
 //!   its event and load streams.
 //! - [`driver`]: the step driver for engines that work in batches, timed (simulated engines,
 //!   on tokio's clock) or on their own thread (engines that compute for real).
-//! - [`mocker`], [`echo`]: the engines available today.
+//! - [`mocker`], [`echo`], [`openai`]: the engines: simulated, echoing, and a stock
+//!   OpenAI-compatible server (llama.cpp, vLLM, SGLang) with its metrics and KV events.
 //! - [`disagg`]: prefill-only and decode requests (disaggregated serving), around an
 //!   engine's service.
 //! - [`faults`]: fault injection (crash, hang, slow, corrupt, refuse), on a schedule or
@@ -23,6 +24,7 @@ pub mod faults;
 pub mod host;
 pub mod kv_state;
 pub mod mocker;
+pub mod openai;
 
 pub use config::{EchoConfig, EngineConfig, MockerConfig, WorkerConfig};
 pub use engine::{Engine, EngineCapabilities, RunningEngine, StepService};

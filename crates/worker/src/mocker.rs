@@ -56,6 +56,7 @@ impl Engine for Mocker {
             capacity_blocks: Some(u64::from(args.num_gpu_blocks)),
             max_num_seqs: Some(args.max_num_seqs),
             dp_size: 1,
+            prompt_text: false,
         }
     }
 

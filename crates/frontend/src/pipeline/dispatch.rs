@@ -264,6 +264,19 @@ impl RequestRun {
                     }
                 }
             }
+            let mut prompt = prompt;
+            if routed.instance.prompt_text {
+                // Its engine takes text: the prompt as rendered, special tokens included.
+                match frontend.preprocessor.render_tokens(&prompt.token_ids) {
+                    Ok(text) => prompt.text = Some(text),
+                    Err(e) => {
+                        frontend.routing.finish(self.id);
+                        return Err(ApiError::internal(format!(
+                            "Cannot render the prompt as text: {e}"
+                        )));
+                    }
+                }
+            }
             let request = GenerateRequest {
                 id: self.id,
                 prompt,

@@ -134,7 +134,19 @@ impl Streaming {
                 Woken::Item(Some(Ok(GenerateOutput::Tokens {
                     token_ids,
                     cached_tokens,
-                }))) => self.on_tokens(&token_ids, cached_tokens),
+                }))) => self.on_tokens(&token_ids, cached_tokens, None),
+                // An engine that streams text (an OpenAI-compatible upstream): its tokens
+                // are counted (and kept, for a move to another worker) by tokenizing it.
+                Woken::Item(Some(Ok(GenerateOutput::Text {
+                    text,
+                    cached_tokens,
+                    ..
+                }))) => match self.run.frontend.preprocessor.encode(&text) {
+                    Ok(token_ids) => self.on_tokens(&token_ids, cached_tokens, Some(&text)),
+                    Err(e) => self.fail(ApiError::internal(format!(
+                        "Cannot tokenize the worker's output: {e}"
+                    ))),
+                },
                 Woken::Item(Some(Ok(GenerateOutput::Finished { reason, .. }))) => match reason {
                     FinishReason::Length | FinishReason::Stop => {
                         self.run.succeeded(worker);
@@ -154,11 +166,11 @@ impl Streaming {
                     // is never reported as complete; it goes on elsewhere.
                     FinishReason::Cancelled => self.move_on(Leave::Cancelled),
                 },
-                Woken::Item(Some(Ok(
-                    GenerateOutput::Text { .. } | GenerateOutput::PrefillDone { .. },
-                ))) => self.fail(ApiError::internal(
-                    "The worker answered with output this frontend does not expect.",
-                )),
+                Woken::Item(Some(Ok(GenerateOutput::PrefillDone { .. }))) => {
+                    self.fail(ApiError::internal(
+                        "The worker answered with output this frontend does not expect.",
+                    ))
+                }
                 // The KV it was to decode from is gone: prefilled again (here or elsewhere).
                 Woken::Item(Some(Err(EngineError::KvLost(_)))) => self.move_on(Leave::KvLost),
                 Woken::Item(Some(Err(error))) if !error.retry_elsewhere() => self.fail(
@@ -253,7 +265,9 @@ impl Streaming {
         }
     }
 
-    fn on_tokens(&mut self, tokens: &[Token], cached: Option<u32>) {
+    /// New output: its tokens, and its text when the engine sent text (else it is decoded
+    /// from the tokens).
+    fn on_tokens(&mut self, tokens: &[Token], cached: Option<u32>, text: Option<&str>) {
         let frontend = std::sync::Arc::clone(&self.run.frontend);
         let metrics = &frontend.metrics;
         let now = Instant::now();
@@ -303,6 +317,9 @@ impl Streaming {
         self.last_token = Some(now);
         self.run.generated.extend_from_slice(tokens);
         metrics.output_tokens.inc_by(tokens.len() as u64);
+        if let Some(text) = text {
+            return self.emit(text);
+        }
         let mut text = String::new();
         for &token in tokens {
             match self.decoder.push(token) {

@@ -177,6 +177,16 @@ impl HfTokenizer {
     }
 
     /// Decodes ids already checked with [`Self::check_id`].
+    /// Decodes a sequence keeping its special tokens (`<|im_start|>`, ...) as text.
+    pub(crate) fn decode_with_special(&self, tokens: &[u32]) -> Result<String, PreprocessError> {
+        for &id in tokens {
+            self.check_id(id)?;
+        }
+        self.tokenizer
+            .decode(tokens, false)
+            .map_err(|error| PreprocessError::Decode(error.to_string()))
+    }
+
     pub(crate) fn decode_known(&self, tokens: &[u32]) -> Result<String, PreprocessError> {
         self.tokenizer
             .decode(tokens, true)

@@ -142,6 +142,15 @@ impl Preprocessor {
         }
     }
 
+    /// Renders tokens back to the text they came from, special tokens included (for
+    /// engines that take a prompt as text).
+    pub fn render_tokens(&self, tokens: &[u32]) -> Result<String, PreprocessError> {
+        match &self.tokenizer {
+            Tokenizer::Builtin(tokenizer) => tokenizer.decode(tokens),
+            Tokenizer::Hf(tokenizer) => tokenizer.decode_with_special(tokens),
+        }
+    }
+
     /// A fresh incremental decoder for one response stream.
     pub fn decoder(&self) -> IncrementalDecoder {
         match &self.tokenizer {

@@ -102,6 +102,23 @@ pub struct WorkerArgs {
     /// Mocker: a timing profile (JSON or NPZ) instead of the polynomial model.
     #[arg(long)]
     perf_profile: Option<PathBuf>,
+    /// OpenAI engine: the upstream server's URL (http://HOST:PORT).
+    #[arg(long)]
+    upstream: Option<String>,
+    /// OpenAI engine: the model name upstream (default: --model).
+    #[arg(long)]
+    upstream_model: Option<String>,
+    /// OpenAI engine: send the prompt as `text` (any server) or `token-ids` (vLLM,
+    /// SGLang, llama.cpp's server: exact).
+    #[arg(long, value_parser = ["text", "token-ids"])]
+    upstream_prompt: Option<String>,
+    /// OpenAI engine: the engine's KV event publisher (zmq://HOST:PORT, vLLM's format).
+    #[arg(long)]
+    kv_events: Option<String>,
+    /// OpenAI engine: the publisher's replay socket (zmq://HOST:PORT, or `none`; default:
+    /// the next port).
+    #[arg(long)]
+    kv_events_replay: Option<String>,
     /// Inject a fault, as KIND[:ARG][@AT][+FOR]: crash@30s, hang@10s+5s, slow:4@20s,
     /// corrupt@15s, refuse+10s (tests and demos; repeatable).
     #[arg(long = "fault", value_name = "SPEC")]
@@ -147,6 +164,21 @@ impl WorkerArgs {
             self.block_size.map(i64::from),
         );
         o.set_some(&mocker("max_num_seqs"), self.max_num_seqs.map(i64::from));
+        let openai = |key| ["workers", "openai", key];
+        o.set_some(&openai("upstream"), self.upstream.clone());
+        o.set_some(&openai("upstream_model"), self.upstream_model.clone());
+        o.set_some(
+            &openai("prompt"),
+            self.upstream_prompt.as_deref().map(|p| p.replace('-', "_")),
+        );
+        o.set_some(&openai("kv_events"), self.kv_events.clone());
+        o.set_some(&openai("kv_events_replay"), self.kv_events_replay.clone());
+        o.set_some(&openai("block_size"), self.block_size.map(i64::from));
+        o.set_some(&openai("max_num_seqs"), self.max_num_seqs.map(i64::from));
+        o.set_some(
+            &openai("capacity_blocks"),
+            self.num_gpu_blocks.map(i64::from),
+        );
         o.set_some(
             &mocker("max_num_batched_tokens"),
             self.max_num_batched_tokens.map(i64::from),
