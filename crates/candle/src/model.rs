@@ -1,0 +1,579 @@
+//! A Llama-architecture model from a GGUF file, computed with candle on the CPU, for many
+//! sequences at once.
+//!
+//! One [`Model::forward`] call computes a step: the new tokens of every sequence in it
+//! (a chunk of a prompt, or one decoded token) go through the projections and the MLP as one
+//! matrix, so the weights are read once per step whatever the batch; attention runs per
+//! sequence over its own keys and values ([`SeqKv`]). Logits are computed only for the last
+//! token of the sequences that need them.
+//!
+//! Weights stay quantized. Those of a type candle has no fast x86 kernel for (Q4_1, Q5_x)
+//! are converted to Q8_0 at load time, whose matrix products use AVX2/AVX-512 kernels
+//! chosen at run time.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::Path;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
+use candle_core::{DType, Device, Module, Tensor};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("cannot read the model file {path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error("{path} is not a GGUF file (it starts with {magic:02x?}, not \"GGUF\")")]
+    NotGguf { path: String, magic: Vec<u8> },
+    #[error("{path} is not a usable GGUF model: {message}")]
+    Invalid { path: String, message: String },
+    #[error("the model failed: {0}")]
+    Compute(#[from] candle_core::Error),
+}
+
+/// The model's shape, from the GGUF metadata.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelShape {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub context_length: usize,
+    pub rope_base: f32,
+    pub rms_eps: f64,
+}
+
+impl ModelShape {
+    /// Bytes of keys and values one token takes in the cache (f32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.layers * self.kv_heads * self.head_dim * 4
+    }
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    q: QMatMul,
+    k: QMatMul,
+    v: QMatMul,
+    o: QMatMul,
+    ffn_norm: Tensor,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+}
+
+/// The model, loaded.
+pub struct Model {
+    pub shape: ModelShape,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    head: QMatMul,
+    cos: Tensor,
+    sin: Tensor,
+    device: Device,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("shape", &self.shape)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a GGUF file holds besides the weights: its metadata, for the tokenizer and chat
+/// template.
+pub struct Gguf {
+    pub content: gguf_file::Content,
+    reader: BufReader<File>,
+    path: String,
+}
+
+impl std::fmt::Debug for Gguf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gguf")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gguf {
+    /// Opens a GGUF file and reads its header; a missing, truncated or foreign file is a
+    /// clear error.
+    pub fn open(path: &Path) -> Result<Gguf, ModelError> {
+        let name = path.display().to_string();
+        let io = |error| ModelError::Io {
+            path: name.clone(),
+            error,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let mut magic = [0u8; 4];
+        let read = file.read(&mut magic).map_err(io)?;
+        if read < 4 || &magic != b"GGUF" {
+            return Err(ModelError::NotGguf {
+                path: name,
+                magic: magic[..read].to_vec(),
+            });
+        }
+        let mut reader = BufReader::new(File::open(path).map_err(io)?);
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| ModelError::Invalid {
+            path: name.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(Gguf {
+            content,
+            reader,
+            path: name,
+        })
+    }
+
+    fn invalid(&self, message: impl Into<String>) -> ModelError {
+        ModelError::Invalid {
+            path: self.path.clone(),
+            message: message.into(),
+        }
+    }
+
+    pub fn metadata(&self, key: &str) -> Option<&gguf_file::Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn number(&self, key: &str) -> Result<f64, ModelError> {
+        use gguf_file::Value as V;
+        match self.metadata(key) {
+            Some(V::U8(v)) => Ok(f64::from(*v)),
+            Some(V::U16(v)) => Ok(f64::from(*v)),
+            Some(V::U32(v)) => Ok(f64::from(*v)),
+            Some(V::U64(v)) => Ok(*v as f64),
+            Some(V::I32(v)) => Ok(f64::from(*v)),
+            Some(V::I64(v)) => Ok(*v as f64),
+            Some(V::F32(v)) => Ok(f64::from(*v)),
+            Some(V::F64(v)) => Ok(*v),
+            Some(_) => Err(self.invalid(format!("metadata {key} is not a number"))),
+            None => Err(self.invalid(format!("metadata {key} is missing"))),
+        }
+    }
+
+    pub fn string(&self, key: &str) -> Option<&str> {
+        match self.metadata(key) {
+            Some(gguf_file::Value::String(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The shape of a Llama-architecture model.
+    pub fn shape(&self) -> Result<ModelShape, ModelError> {
+        let arch = self.string("general.architecture").unwrap_or("llama");
+        if arch != "llama" {
+            return Err(self.invalid(format!(
+                "its architecture is {arch:?}; this engine runs llama-architecture models"
+            )));
+        }
+        let n = |key: &str| -> Result<usize, ModelError> {
+            let v = self.number(&format!("llama.{key}"))?;
+            if v < 1.0 || v.fract() != 0.0 {
+                return Err(self.invalid(format!("llama.{key} is {v}")));
+            }
+            Ok(v as usize)
+        };
+        let hidden = n("embedding_length")?;
+        let heads = n("attention.head_count")?;
+        let kv_heads = n("attention.head_count_kv").unwrap_or(heads);
+        if hidden % heads != 0 || heads % kv_heads != 0 {
+            return Err(self.invalid(format!(
+                "{hidden} hidden over {heads} heads and {kv_heads} KV heads does not divide"
+            )));
+        }
+        let vocab = match self.content.tensor_infos.get("token_embd.weight") {
+            Some(info) => info.shape.dims()[0],
+            None => return Err(self.invalid("it has no token_embd.weight")),
+        };
+        Ok(ModelShape {
+            layers: n("block_count")?,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim: hidden / heads,
+            vocab,
+            context_length: n("context_length").unwrap_or(4096),
+            rope_base: self.number("llama.rope.freq_base").unwrap_or(10_000.0) as f32,
+            rms_eps: self
+                .number("llama.attention.layer_norm_rms_epsilon")
+                .unwrap_or(1e-5),
+        })
+    }
+
+    fn tensor(&mut self, name: &str) -> Result<QTensor, ModelError> {
+        if !self.content.tensor_infos.contains_key(name) {
+            return Err(self.invalid(format!("it has no tensor {name}")));
+        }
+        let path = self.path.clone();
+        self.content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| ModelError::Invalid {
+                path,
+                message: format!("tensor {name}: {e}"),
+            })
+    }
+
+    /// A weight matrix, in a type with fast CPU kernels.
+    fn matrix(&mut self, name: &str) -> Result<QMatMul, ModelError> {
+        let tensor = self.tensor(name)?;
+        let tensor = match tensor.dtype() {
+            GgmlDType::Q4_0
+            | GgmlDType::Q4_1
+            | GgmlDType::Q5_0
+            | GgmlDType::Q5_1
+            | GgmlDType::Q8_1 => {
+                let dense = tensor.dequantize(&Device::Cpu)?;
+                QTensor::quantize(&dense, GgmlDType::Q8_0)?
+            }
+            _ => tensor,
+        };
+        Ok(QMatMul::from_qtensor(tensor)?)
+    }
+
+    fn vector(&mut self, name: &str) -> Result<Tensor, ModelError> {
+        Ok(self.tensor(name)?.dequantize(&Device::Cpu)?)
+    }
+}
+
+impl Model {
+    /// Loads the weights of an opened GGUF file.
+    pub fn load(gguf: &mut Gguf) -> Result<Model, ModelError> {
+        let shape = gguf.shape()?;
+        let embed_q = gguf.tensor("token_embd.weight")?;
+        let embed = embed_q.dequantize(&Device::Cpu)?;
+        let head = if gguf.content.tensor_infos.contains_key("output.weight") {
+            gguf.matrix("output.weight")?
+        } else {
+            // Tied embeddings.
+            QMatMul::from_qtensor(embed_q)?
+        };
+        let mut layers = Vec::with_capacity(shape.layers);
+        for i in 0..shape.layers {
+            let p = format!("blk.{i}");
+            layers.push(Layer {
+                attn_norm: gguf.vector(&format!("{p}.attn_norm.weight"))?,
+                q: gguf.matrix(&format!("{p}.attn_q.weight"))?,
+                k: gguf.matrix(&format!("{p}.attn_k.weight"))?,
+                v: gguf.matrix(&format!("{p}.attn_v.weight"))?,
+                o: gguf.matrix(&format!("{p}.attn_output.weight"))?,
+                ffn_norm: gguf.vector(&format!("{p}.ffn_norm.weight"))?,
+                gate: gguf.matrix(&format!("{p}.ffn_gate.weight"))?,
+                up: gguf.matrix(&format!("{p}.ffn_up.weight"))?,
+                down: gguf.matrix(&format!("{p}.ffn_down.weight"))?,
+            });
+        }
+        let norm = gguf.vector("output_norm.weight")?;
+        let (cos, sin) = rope_tables(&shape)?;
+        Ok(Model {
+            shape,
+            embed,
+            layers,
+            norm,
+            head,
+            cos,
+            sin,
+            device: Device::Cpu,
+        })
+    }
+
+    /// Computes one step. Each input's tokens are appended to its keys and values, at the
+    /// positions after what they already hold. Returns the logits (f32, one per vocabulary
+    /// entry) of the last token of each input that asks for them.
+    pub fn forward(
+        &self,
+        inputs: &mut [StepInput<'_>],
+    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        let s = self.shape;
+        let total: usize = inputs.iter().map(|i| i.tokens.len()).sum();
+        if total == 0 {
+            return Ok(inputs.iter().map(|_| None).collect());
+        }
+        let mut ids = Vec::with_capacity(total);
+        let mut positions = Vec::with_capacity(total);
+        for input in inputs.iter() {
+            let start = input.kv.len();
+            if start + input.tokens.len() > s.context_length {
+                return Err(ModelError::Compute(candle_core::Error::Msg(format!(
+                    "{} tokens exceed the model's context of {}",
+                    start + input.tokens.len(),
+                    s.context_length
+                ))));
+            }
+            ids.extend_from_slice(input.tokens);
+            positions.extend((start..start + input.tokens.len()).map(|p| p as u32));
+        }
+        let ids = Tensor::new(ids.as_slice(), &self.device)?;
+        let positions = Tensor::new(positions.as_slice(), &self.device)?;
+        let cos = self.cos.index_select(&positions, 0)?;
+        let sin = self.sin.index_select(&positions, 0)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, s.rms_eps as f32)?;
+            let q = rotate(&layer.q.forward(&h)?, s.heads, s.head_dim, &cos, &sin)?;
+            let k = rotate(&layer.k.forward(&h)?, s.kv_heads, s.head_dim, &cos, &sin)?;
+            let v = layer
+                .v
+                .forward(&h)?
+                .reshape((total, s.kv_heads, s.head_dim))?
+                .transpose(0, 1)?
+                .contiguous()?;
+            // q: [heads, total, d]; k, v: [kv_heads, total, d].
+            let mut outputs = Vec::with_capacity(inputs.len());
+            let mut offset = 0;
+            for input in inputs.iter_mut() {
+                let n = input.tokens.len();
+                if n == 0 {
+                    continue;
+                }
+                let q = q.narrow(1, offset, n)?;
+                let k = k.narrow(1, offset, n)?;
+                let v = v.narrow(1, offset, n)?;
+                offset += n;
+                let (keys, values) = input.kv.append(l, &k, &v)?;
+                outputs.push(self.attend(&q, &keys, &values, input.kv.len())?);
+            }
+            let attn = Tensor::cat(&outputs, 0)?;
+            x = (x + layer.o.forward(&attn)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, s.rms_eps as f32)?;
+            let gate = candle_nn::ops::silu(&layer.gate.forward(&h)?)?;
+            let mlp = layer.down.forward(&(gate * layer.up.forward(&h)?)?)?;
+            x = (x + mlp)?;
+        }
+        for input in inputs.iter_mut() {
+            input.kv.commit(input.tokens.len());
+        }
+        // The last token of each input that wants logits.
+        let mut rows = Vec::new();
+        let mut end = 0;
+        for input in inputs.iter() {
+            end += input.tokens.len();
+            if input.logits && !input.tokens.is_empty() {
+                rows.push((end - 1) as u32);
+            }
+        }
+        let mut out = Vec::with_capacity(inputs.len());
+        if rows.is_empty() {
+            out.extend(inputs.iter().map(|_| None));
+            return Ok(out);
+        }
+        let rows_t = Tensor::new(rows.as_slice(), &self.device)?;
+        let last = x.index_select(&rows_t, 0)?;
+        let last = candle_nn::ops::rms_norm(&last, &self.norm, s.rms_eps as f32)?;
+        let logits = self
+            .head
+            .forward(&last)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        let mut logits = logits.into_iter();
+        for input in inputs.iter() {
+            out.push(if input.logits && !input.tokens.is_empty() {
+                logits.next()
+            } else {
+                None
+            });
+        }
+        Ok(out)
+    }
+
+    /// Attention of `n` new queries ([heads, n, d]) over `keys`/`values` ([kv_heads, T, d],
+    /// the new ones last), causal: query i sees positions up to `past + i`. Returns
+    /// [n, heads·d].
+    fn attend(
+        &self,
+        q: &Tensor,
+        keys: &Tensor,
+        values: &Tensor,
+        past: usize,
+    ) -> Result<Tensor, ModelError> {
+        let s = self.shape;
+        let group = s.heads / s.kv_heads;
+        let n = q.dim(1)?;
+        let t = keys.dim(1)?;
+        // Heads sharing a KV head are consecutive: [kv_heads, group·n, d].
+        let q = q.reshape((s.kv_heads, group * n, s.head_dim))?;
+        let scale = 1.0 / (s.head_dim as f64).sqrt();
+        let scores = (q.matmul(&keys.t()?)? * scale)?;
+        let scores = if n > 1 {
+            let mask: Vec<f32> = (0..n)
+                .flat_map(|i| {
+                    (0..t).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 })
+                })
+                .collect();
+            let mask = Tensor::from_vec(mask, (1, 1, n, t), &self.device)?;
+            scores
+                .reshape((s.kv_heads, group, n, t))?
+                .broadcast_add(&mask)?
+                .reshape((s.kv_heads, group * n, t))?
+        } else {
+            scores
+        };
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs.matmul(values)?; // [kv_heads, group·n, d]
+        let out = out
+            .reshape((s.heads, n, s.head_dim))?
+            .transpose(0, 1)?
+            .reshape((n, s.heads * s.head_dim))?;
+        Ok(out)
+    }
+}
+
+/// Projections [total, heads·d] to rotated [heads, total, d] (GGUF's Llama weights are laid
+/// out for the interleaved rotation).
+fn rotate(
+    x: &Tensor,
+    heads: usize,
+    d: usize,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let total = x.dim(0)?;
+    let x = x
+        .reshape((1, total, heads, d))?
+        .transpose(1, 2)?
+        .contiguous()?;
+    candle_nn::rotary_emb::rope_i(&x, cos, sin)?.squeeze(0)
+}
+
+fn rope_tables(s: &ModelShape) -> candle_core::Result<(Tensor, Tensor)> {
+    let half = s.head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / s.rope_base.powf(2.0 * i as f32 / s.head_dim as f32))
+        .collect();
+    let inv = Tensor::from_vec(inv, (1, half), &Device::Cpu)?;
+    let pos = Tensor::arange(0u32, s.context_length as u32, &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .reshape((s.context_length, 1))?;
+    let freqs = pos.broadcast_mul(&inv)?;
+    Ok((freqs.cos()?, freqs.sin()?))
+}
+
+/// One sequence's part of a step.
+#[derive(Debug)]
+pub struct StepInput<'a> {
+    pub tokens: &'a [u32],
+    pub kv: &'a mut SeqKv,
+    /// Whether the last token's logits are needed (the end of a prompt, or a decode).
+    pub logits: bool,
+}
+
+/// A sequence's keys and values, per layer, contiguous and grown by doubling.
+pub struct SeqKv {
+    layers: Vec<(Tensor, Tensor)>,
+    /// Tokens held (committed after a step).
+    len: usize,
+    capacity: usize,
+    n_layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl std::fmt::Debug for SeqKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeqKv")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+impl SeqKv {
+    pub fn new(shape: &ModelShape) -> SeqKv {
+        SeqKv {
+            layers: Vec::new(),
+            len: 0,
+            capacity: 0,
+            n_layers: shape.layers,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.layers.len() * 2 * self.kv_heads * self.capacity * self.head_dim * 4
+    }
+
+    /// Room for `needed` tokens in every layer, keeping what is held.
+    fn ensure(&mut self, needed: usize) -> candle_core::Result<()> {
+        if needed <= self.capacity {
+            return Ok(());
+        }
+        let capacity = needed.next_power_of_two().max(64);
+        let mut grown = Vec::with_capacity(self.n_layers);
+        for l in 0..self.n_layers {
+            let k = Tensor::zeros(
+                (self.kv_heads, capacity, self.head_dim),
+                DType::F32,
+                &Device::Cpu,
+            )?;
+            let v = k.zeros_like()?;
+            if let Some((old_k, old_v)) = self.layers.get(l)
+                && self.len > 0
+            {
+                k.slice_set(&old_k.narrow(1, 0, self.len)?, 1, 0)?;
+                v.slice_set(&old_v.narrow(1, 0, self.len)?, 1, 0)?;
+            }
+            grown.push((k, v));
+        }
+        self.layers = grown;
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// Writes layer `l`'s new keys and values after what is held; returns all of that
+    /// layer's so far (views).
+    fn append(
+        &mut self,
+        l: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let n = k.dim(1)?;
+        self.ensure(self.len + n)?;
+        let (keys, values) = &self.layers[l];
+        keys.slice_set(&k.contiguous()?, 1, self.len)?;
+        values.slice_set(&v.contiguous()?, 1, self.len)?;
+        Ok((
+            keys.narrow(1, 0, self.len + n)?,
+            values.narrow(1, 0, self.len + n)?,
+        ))
+    }
+
+    fn commit(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// Keys and values of positions `from..from + n` of every layer, copied (a block for
+    /// the prefix cache).
+    pub fn slice(&self, from: usize, n: usize) -> candle_core::Result<Vec<(Tensor, Tensor)>> {
+        self.layers
+            .iter()
+            .map(|(k, v)| Ok((k.narrow(1, from, n)?.copy()?, v.narrow(1, from, n)?.copy()?)))
+            .collect()
+    }
+
+    /// Appends a cached block's keys and values (every layer, `n` tokens) after what is held.
+    pub fn extend_from(&mut self, block: &[(Tensor, Tensor)], n: usize) -> candle_core::Result<()> {
+        self.ensure(self.len + n)?;
+        for (l, (k, v)) in block.iter().enumerate() {
+            self.layers[l].0.slice_set(k, 1, self.len)?;
+            self.layers[l].1.slice_set(v, 1, self.len)?;
+        }
+        self.len += n;
+        Ok(())
+    }
+}
