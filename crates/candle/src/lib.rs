@@ -1,5 +1,85 @@
 //! An engine that runs a real GGUF model on the CPU with candle.
 //!
 //! - [`model`]: a Llama-architecture model computed for many sequences per step.
+//! - [`engine`]: continuous batching, chunked prefill, the paged prefix cache and its KV
+//!   events, sampling: a step engine for the worker's threaded driver.
+//!
+//! [`CandleWorker`] is the `Engine` a worker hosts: `worker --engine candle --model
+//! PATH.gguf` (with the `candle` feature of the `switchyard` binary).
 
+pub mod engine;
 pub mod model;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use switchyard_core::{WorkerKey, WorkerRole};
+use switchyard_worker::driver::{self, EVENT_CAPACITY};
+use switchyard_worker::{Engine, EngineCapabilities, RunningEngine, StepService, WorkerError};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use engine::{CandleConfig, CandleEngine};
+pub use model::{Gguf, Model, ModelError, ModelShape};
+
+/// A loaded model, ready to be hosted by a worker.
+#[derive(Debug)]
+pub struct CandleWorker {
+    engine: CandleEngine,
+    config: CandleConfig,
+}
+
+impl CandleWorker {
+    /// Loads the model the configuration names (a clear error for a missing, truncated or
+    /// foreign file).
+    pub fn load(config: &CandleConfig, worker: WorkerKey) -> Result<CandleWorker, ModelError> {
+        config.validate().map_err(|message| ModelError::Invalid {
+            path: config.model.display().to_string(),
+            message,
+        })?;
+        let mut gguf = Gguf::open(&config.model)?;
+        let model = Model::load(&mut gguf)?;
+        tracing::info!(model = %config.model.display(), shape = ?model.shape, "model loaded");
+        Ok(CandleWorker {
+            engine: CandleEngine::new(model, config.clone(), worker),
+            config: config.clone(),
+        })
+    }
+
+    pub fn shape(&self) -> ModelShape {
+        self.engine.model().shape
+    }
+}
+
+#[async_trait]
+impl Engine for CandleWorker {
+    fn capabilities(&self) -> EngineCapabilities {
+        EngineCapabilities {
+            role: WorkerRole::Aggregated,
+            kv_events: true,
+            reports_load: true,
+            block_size: Some(self.config.block_size),
+            capacity_blocks: Some(self.engine.capacity_blocks()),
+            max_num_seqs: Some(self.config.max_num_seqs),
+            dp_size: 1,
+            prompt_text: false,
+        }
+    }
+
+    async fn start(
+        self: Box<Self>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<RunningEngine, WorkerError> {
+        let (events_tx, events) = mpsc::channel(EVENT_CAPACITY);
+        let (handle, _task) =
+            driver::spawn_threaded(self.engine, Some(events_tx), tracker, cancel)?;
+        let load = handle.watch_load();
+        Ok(RunningEngine {
+            service: Arc::new(StepService::new(handle)),
+            events: Some(events),
+            load: Some(load),
+        })
+    }
+}

@@ -524,8 +524,8 @@ impl SeqKv {
             if let Some((old_k, old_v)) = self.layers.get(l)
                 && self.len > 0
             {
-                k.slice_set(&old_k.narrow(1, 0, self.len)?, 1, 0)?;
-                v.slice_set(&old_v.narrow(1, 0, self.len)?, 1, 0)?;
+                k.slice_set(&old_k.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
+                v.slice_set(&old_v.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
             }
             grown.push((k, v));
         }
@@ -562,7 +562,12 @@ impl SeqKv {
     pub fn slice(&self, from: usize, n: usize) -> candle_core::Result<Vec<(Tensor, Tensor)>> {
         self.layers
             .iter()
-            .map(|(k, v)| Ok((k.narrow(1, from, n)?.copy()?, v.narrow(1, from, n)?.copy()?)))
+            .map(|(k, v)| {
+                Ok((
+                    owned(&k.narrow(1, from, n)?)?,
+                    owned(&v.narrow(1, from, n)?)?,
+                ))
+            })
             .collect()
     }
 
@@ -570,10 +575,19 @@ impl SeqKv {
     pub fn extend_from(&mut self, block: &[(Tensor, Tensor)], n: usize) -> candle_core::Result<()> {
         self.ensure(self.len + n)?;
         for (l, (k, v)) in block.iter().enumerate() {
-            self.layers[l].0.slice_set(k, 1, self.len)?;
-            self.layers[l].1.slice_set(v, 1, self.len)?;
+            self.layers[l].0.slice_set(&k.contiguous()?, 1, self.len)?;
+            self.layers[l].1.slice_set(&v.contiguous()?, 1, self.len)?;
         }
         self.len += n;
         Ok(())
+    }
+}
+
+/// A contiguous copy that shares no storage with `t`.
+fn owned(t: &Tensor) -> candle_core::Result<Tensor> {
+    if t.is_contiguous() {
+        t.copy()
+    } else {
+        t.contiguous()
     }
 }

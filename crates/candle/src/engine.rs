@@ -1,0 +1,613 @@
+//! The step engine around the model: continuous batching, chunked prefill, a paged prefix
+//! cache with LRU eviction under a memory budget, KV events, sampling.
+//!
+//! Every step decodes one token for each running sequence that has finished its prompt and
+//! computes the next chunk of the prompts still being prefilled, within a token budget
+//! (`max_batched_tokens`), in one forward pass. Admission takes waiting requests while
+//! fewer than `max_num_seqs` run.
+//!
+//! The prefix cache keeps the keys and values of every full block of `block_size` tokens a
+//! sequence computed (prompt and output), keyed by the block hashes every component uses
+//! (`switchyard_core::blocks_for`); a request whose first blocks are cached copies them
+//! instead of computing them (all but the last prompt token, whose logits are needed).
+//! Stores and evictions are published as KV events, so KV-aware routing sees the real
+//! cache. The cache holds copies: evicting a block never touches a running sequence.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+
+use candle_core::Tensor;
+use hashlink::LinkedHashMap;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use switchyard_core::protocol::{
+    EngineError, FinishReason, GenerateRequest, Phase, SamplingParams, TokenOutput,
+};
+use switchyard_core::{
+    KvEvent, KvEventData, LoadSnapshot, RequestId, SequenceHash, StorageTier, StoredBlock,
+    TokenBlocks, WorkerKey, blocks_for,
+};
+use switchyard_worker::driver::StepEngine;
+
+use crate::model::{Model, SeqKv, StepInput};
+
+/// The engine's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CandleConfig {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// Tokens per cached KV block.
+    pub block_size: u32,
+    /// Memory for the prefix cache, in MiB.
+    pub cache_mib: u64,
+    /// Sequences running at once.
+    pub max_num_seqs: u32,
+    /// Tokens one step computes at most (prompt chunks plus one per decoding sequence).
+    pub max_batched_tokens: u32,
+}
+
+impl Default for CandleConfig {
+    fn default() -> Self {
+        CandleConfig {
+            model: PathBuf::new(),
+            block_size: 16,
+            cache_mib: 1024,
+            max_num_seqs: 16,
+            max_batched_tokens: 512,
+        }
+    }
+}
+
+impl CandleConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.model.as_os_str().is_empty() {
+            return Err("the candle engine needs a model file (--model PATH.gguf)".into());
+        }
+        if self.block_size == 0 || self.max_num_seqs == 0 {
+            return Err("block_size and max_num_seqs must be at least 1".into());
+        }
+        if self.max_batched_tokens < self.max_num_seqs {
+            return Err(format!(
+                "max_batched_tokens ({}) must be at least max_num_seqs ({}): every running sequence decodes a token per step",
+                self.max_batched_tokens, self.max_num_seqs
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A cached block: its keys and values for every layer, and its place in the chain.
+struct CachedBlock {
+    kv: Vec<(Tensor, Tensor)>,
+}
+
+/// The prefix cache: blocks by sequence hash, least recently used first.
+struct PrefixCache {
+    blocks: LinkedHashMap<SequenceHash, CachedBlock>,
+    budget_blocks: usize,
+}
+
+impl PrefixCache {
+    fn touch(&mut self, hash: SequenceHash) -> Option<&CachedBlock> {
+        let block = self.blocks.remove(&hash)?;
+        self.blocks.insert(hash, block);
+        self.blocks.get(&hash)
+    }
+
+    /// Inserts a block (a no-op for one already held); returns the hashes evicted to make
+    /// room.
+    fn insert(&mut self, hash: SequenceHash, block: CachedBlock) -> Vec<SequenceHash> {
+        if self.blocks.contains_key(&hash) || self.budget_blocks == 0 {
+            return Vec::new();
+        }
+        let mut evicted = Vec::new();
+        while self.blocks.len() >= self.budget_blocks {
+            match self.blocks.pop_front() {
+                Some((old, _)) => evicted.push(old),
+                None => break,
+            }
+        }
+        self.blocks.insert(hash, block);
+        evicted
+    }
+}
+
+struct Sequence {
+    request: GenerateRequest,
+    /// Prompt then output.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    kv: SeqKv,
+    /// The sequence's blocks as everyone hashes them, extended as it grows.
+    blocks: TokenBlocks,
+    /// Full blocks already offered to the cache.
+    offered: usize,
+    cached_tokens: u32,
+    /// Output tokens so far, counting those before a resume.
+    generated: u32,
+    admitted: bool,
+}
+
+impl Sequence {
+    /// Whether more than the last token is still to compute (else it decodes).
+    fn prefilling(&self) -> bool {
+        self.kv.len() + 1 < self.tokens.len()
+    }
+}
+
+/// The engine.
+pub struct CandleEngine {
+    model: Model,
+    config: CandleConfig,
+    worker: WorkerKey,
+    cache: PrefixCache,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    next_event: u64,
+    vocab: usize,
+}
+
+impl std::fmt::Debug for CandleEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CandleEngine")
+            .field("model", &self.model)
+            .field("waiting", &self.waiting.len())
+            .field("running", &self.running.len())
+            .field("cached_blocks", &self.cache.blocks.len())
+            .finish()
+    }
+}
+
+impl CandleEngine {
+    pub fn new(model: Model, config: CandleConfig, worker: WorkerKey) -> Self {
+        let block_bytes = model.shape.kv_bytes_per_token() * config.block_size as usize;
+        let budget_blocks = (config.cache_mib as usize * 1024 * 1024) / block_bytes.max(1);
+        let vocab = model.shape.vocab;
+        CandleEngine {
+            model,
+            cache: PrefixCache {
+                blocks: LinkedHashMap::new(),
+                budget_blocks,
+            },
+            config,
+            worker,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_event: 0,
+            vocab,
+        }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Blocks the cache holds at most.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.cache.budget_blocks as u64
+    }
+
+    fn event(&mut self, data: KvEventData) -> KvEvent {
+        self.next_event += 1;
+        KvEvent {
+            worker_id: self.worker.worker_id,
+            dp_rank: self.worker.dp_rank,
+            event_id: self.next_event,
+            tier: StorageTier::Device,
+            data,
+        }
+    }
+
+    /// Starts a waiting sequence: copies its cached prefix blocks.
+    fn admit(&mut self, mut seq: Sequence) -> Result<Sequence, candle_core::Error> {
+        let size = self.config.block_size as usize;
+        // The last prompt token is always computed: its logits give the first output.
+        let usable = (seq.prompt_len - 1) / size;
+        let hashes: Vec<SequenceHash> =
+            seq.blocks.sequence_hashes()[..usable.min(seq.blocks.full_blocks())].to_vec();
+        for hash in hashes {
+            let Some(block) = self.cache.touch(hash) else {
+                break;
+            };
+            seq.kv.extend_from(&block.kv, size)?;
+        }
+        seq.cached_tokens = seq.kv.len() as u32;
+        seq.admitted = true;
+        Ok(seq)
+    }
+
+    /// Offers a sequence's newly filled blocks to the cache.
+    fn offer_blocks(&mut self, index: usize, events: &mut Vec<KvEvent>) {
+        let size = self.config.block_size as usize;
+        let seq = &self.running[index];
+        let full = (seq.kv.len() / size).min(seq.blocks.full_blocks());
+        if full <= seq.offered {
+            return;
+        }
+        let from = seq.offered;
+        let hashes = seq.blocks.sequence_hashes()[from..full].to_vec();
+        let locals = seq.blocks.local_hashes()[from..full].to_vec();
+        let parent = from.checked_sub(1).map(|p| seq.blocks.sequence_hashes()[p]);
+        let mut stored = Vec::new();
+        let mut evicted = Vec::new();
+        for (i, (&hash, &local)) in hashes.iter().zip(&locals).enumerate() {
+            if self.cache.blocks.contains_key(&hash) {
+                self.cache.touch(hash);
+                continue;
+            }
+            let kv = match self.running[index].kv.slice((from + i) * size, size) {
+                Ok(kv) => kv,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot copy a block into the prefix cache");
+                    break;
+                }
+            };
+            evicted.extend(self.cache.insert(hash, CachedBlock { kv }));
+            stored.push((
+                from + i,
+                StoredBlock {
+                    seq_hash: hash,
+                    local_hash: local,
+                },
+            ));
+        }
+        self.running[index].offered = full;
+        if !evicted.is_empty() {
+            let event = self.event(KvEventData::Removed {
+                seq_hashes: evicted,
+            });
+            events.push(event);
+        }
+        // Stored blocks as chains: a run of consecutive blocks is one event.
+        let all = self.running[index].blocks.sequence_hashes().to_vec();
+        let mut run: Vec<StoredBlock> = Vec::new();
+        let mut run_parent = parent;
+        let mut last: Option<usize> = None;
+        for (position, block) in stored {
+            if last.is_some_and(|l| l + 1 != position) && !run.is_empty() {
+                let event = self.event(KvEventData::Stored {
+                    parent: run_parent,
+                    blocks: std::mem::take(&mut run),
+                });
+                events.push(event);
+            }
+            if run.is_empty() {
+                run_parent = position.checked_sub(1).map(|p| all[p]);
+            }
+            run.push(block);
+            last = Some(position);
+        }
+        if !run.is_empty() {
+            let event = self.event(KvEventData::Stored {
+                parent: run_parent,
+                blocks: run,
+            });
+            events.push(event);
+        }
+    }
+
+    fn prefill_tokens_left(&self) -> u64 {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|s| s.tokens.len().saturating_sub(s.kv.len()) as u64)
+            .sum()
+    }
+}
+
+/// Samples the next token from logits, as the request's sampling options say. The random
+/// draw depends on the request's stream key and the output position only, so a resumed
+/// request continues the same sequence.
+pub fn sample(
+    logits: &mut [f32],
+    sampling: &SamplingParams,
+    history: &[u32],
+    key: u64,
+    position: u32,
+) -> u32 {
+    for &(token, bias) in &sampling.logit_bias {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l += bias;
+        }
+    }
+    for token in sampling.banned_tokens() {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    let frequency = sampling.frequency_penalty.unwrap_or(0.0);
+    let presence = sampling.presence_penalty.unwrap_or(0.0);
+    if frequency != 0.0 || presence != 0.0 {
+        let mut counts: rustc_hash::FxHashMap<u32, u32> = Default::default();
+        for &t in history {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, n) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= frequency * n as f32 + presence;
+            }
+        }
+    }
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i as u32)
+    };
+    let temperature = sampling.temperature.unwrap_or(1.0);
+    if temperature <= 0.0 || sampling.top_k == Some(1) {
+        return argmax();
+    }
+    let mut candidates: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l / temperature))
+        .collect();
+    if candidates.is_empty() {
+        return argmax();
+    }
+    candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+    if let Some(k) = sampling.top_k.filter(|&k| k > 0) {
+        candidates.truncate(k as usize);
+    }
+    let max = candidates[0].1;
+    let mut probs: Vec<f32> = candidates.iter().map(|(_, l)| (l - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    if let Some(top_p) = sampling.top_p.filter(|&p| p < 1.0) {
+        let mut mass = 0.0;
+        let keep = probs
+            .iter()
+            .position(|&p| {
+                mass += p;
+                mass >= top_p
+            })
+            .map_or(probs.len(), |i| i + 1);
+        probs.truncate(keep);
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+    }
+    let mut rng =
+        SmallRng::seed_from_u64(key ^ u64::from(position).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let draw: f32 = rng.random();
+    let mut mass = 0.0;
+    for (i, p) in probs.iter().enumerate() {
+        mass += p;
+        if draw < mass {
+            return candidates[i].0;
+        }
+    }
+    candidates[probs.len() - 1].0
+}
+
+impl StepEngine for CandleEngine {
+    fn add(&mut self, request: GenerateRequest) -> Result<(), EngineError> {
+        if !matches!(request.phase, Phase::Aggregated) {
+            return Err(EngineError::Unsupported(
+                "the candle engine serves aggregated requests only".into(),
+            ));
+        }
+        if !request.prompt.media.is_empty() {
+            return Err(EngineError::Unsupported(
+                "the candle engine serves text prompts only".into(),
+            ));
+        }
+        if request.prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty".into()));
+        }
+        if request.max_tokens == 0 {
+            return Err(EngineError::Invalid("max_tokens must be at least 1".into()));
+        }
+        if let Some(&bad) = request
+            .prompt
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.vocab)
+        {
+            return Err(EngineError::Invalid(format!(
+                "token {bad} is outside the model's vocabulary of {}",
+                self.vocab
+            )));
+        }
+        let context = self.model.shape.context_length;
+        if request.prompt.len() >= context {
+            return Err(EngineError::Invalid(format!(
+                "the prompt has {} tokens; the model's context is {context}",
+                request.prompt.len()
+            )));
+        }
+        if self
+            .running
+            .iter()
+            .chain(&self.waiting)
+            .any(|s| s.request.id == request.id)
+        {
+            return Err(EngineError::Invalid(format!(
+                "request {} is already here",
+                request.id
+            )));
+        }
+        let blocks = blocks_for(&request.prompt, self.config.block_size)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let tokens = request.prompt.token_ids.clone();
+        self.waiting.push_back(Sequence {
+            prompt_len: tokens.len(),
+            tokens,
+            kv: SeqKv::new(&self.model.shape),
+            blocks,
+            offered: 0,
+            cached_tokens: 0,
+            generated: request.generated(),
+            admitted: false,
+            request,
+        });
+        Ok(())
+    }
+
+    fn cancel(&mut self, id: RequestId) -> bool {
+        let before = self.running.len() + self.waiting.len();
+        self.running.retain(|s| s.request.id != id);
+        self.waiting.retain(|s| s.request.id != id);
+        before != self.running.len() + self.waiting.len()
+    }
+
+    fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    fn step(
+        &mut self,
+        _now: std::time::Duration,
+        tokens: &mut Vec<TokenOutput>,
+        events: &mut Vec<KvEvent>,
+    ) -> std::time::Duration {
+        while self.running.len() < self.config.max_num_seqs as usize {
+            let Some(seq) = self.waiting.pop_front() else {
+                break;
+            };
+            match self.admit(seq) {
+                Ok(seq) => self.running.push(seq),
+                Err(e) => tracing::error!(error = %e, "cannot start a request"),
+            }
+        }
+        // Decodes first (one token each), then prompt chunks in arrival order.
+        let mut budget = self.config.max_batched_tokens as usize;
+        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (index, from, to)
+        for (i, seq) in self.running.iter().enumerate() {
+            if !seq.prefilling() && budget > 0 {
+                let from = seq.kv.len();
+                plan.push((i, from, from + 1));
+                budget -= 1;
+            }
+        }
+        for (i, seq) in self.running.iter().enumerate() {
+            if seq.prefilling() && budget > 0 {
+                let from = seq.kv.len();
+                let to = (from + budget).min(seq.tokens.len());
+                budget -= to - from;
+                plan.push((i, from, to));
+            }
+        }
+        plan.sort_unstable_by_key(|&(i, _, _)| i);
+        if plan.is_empty() {
+            return std::time::Duration::ZERO;
+        }
+        let owned: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|&(i, from, to)| self.running[i].tokens[from..to].to_vec())
+            .collect();
+        let wants: Vec<bool> = plan
+            .iter()
+            .map(|&(i, _, to)| to == self.running[i].tokens.len())
+            .collect();
+        let logits = {
+            let mut kvs: Vec<(usize, &mut Sequence)> = self
+                .running
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| plan.iter().any(|p| p.0 == *i))
+                .collect();
+            let mut inputs: Vec<StepInput<'_>> = kvs
+                .iter_mut()
+                .zip(owned.iter().zip(&wants))
+                .map(|((_, seq), (tokens, &logits))| StepInput {
+                    tokens,
+                    kv: &mut seq.kv,
+                    logits,
+                })
+                .collect();
+            self.model.forward(&mut inputs)
+        };
+        let logits = match logits {
+            Ok(logits) => logits,
+            Err(e) => {
+                // Nothing to do but fail what was in the step.
+                tracing::error!(error = %e, "the model failed a step; its requests end");
+                let failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                for &i in failed.iter().rev() {
+                    let seq = self.running.remove(i);
+                    tokens.push(TokenOutput {
+                        request: seq.request.id,
+                        token: 0,
+                        index: seq.generated,
+                        cached_tokens: seq.cached_tokens,
+                        finish: Some(FinishReason::Cancelled),
+                    });
+                }
+                return std::time::Duration::ZERO;
+            }
+        };
+        let context = self.model.shape.context_length;
+        let mut finished = Vec::new();
+        for (&(i, _, _), logits) in plan.iter().zip(logits) {
+            let Some(mut logits) = logits else {
+                continue;
+            };
+            let seq = &mut self.running[i];
+            let history = &seq.tokens[seq.prompt_len..];
+            let token = sample(
+                &mut logits,
+                &seq.request.sampling,
+                history,
+                seq.request.stream_key(),
+                seq.generated,
+            );
+            let index = seq.generated;
+            seq.generated += 1;
+            seq.tokens.push(token);
+            seq.blocks.extend(&[token]);
+            let produced = seq.generated - seq.request.generated();
+            let finish = if seq.request.sampling.stop_token_ids.contains(&token) {
+                Some(FinishReason::Stop)
+            } else if produced >= seq.request.max_tokens || seq.tokens.len() >= context {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            tokens.push(TokenOutput {
+                request: seq.request.id,
+                token,
+                index,
+                cached_tokens: seq.cached_tokens,
+                finish,
+            });
+            if finish.is_some() {
+                finished.push(i);
+            }
+        }
+        for i in 0..self.running.len() {
+            self.offer_blocks(i, events);
+        }
+        for &i in finished.iter().rev() {
+            self.running.remove(i);
+        }
+        std::time::Duration::ZERO
+    }
+
+    fn load(&self) -> LoadSnapshot {
+        let size = self.config.block_size as usize;
+        LoadSnapshot {
+            waiting: self.waiting.len() as u32,
+            running: self.running.len() as u32,
+            active_blocks: self
+                .running
+                .iter()
+                .map(|s| s.kv.len().div_ceil(size) as u64)
+                .sum(),
+            cached_blocks: self.cache.blocks.len() as u64,
+            capacity_blocks: self.cache.budget_blocks as u64,
+            active_prefill_tokens: self.prefill_tokens_left(),
+        }
+    }
+
+    fn held_prefix(&self, blocks: &[SequenceHash]) -> u32 {
+        blocks
+            .iter()
+            .take_while(|h| self.cache.blocks.contains_key(h))
+            .count() as u32
+    }
+}

@@ -1,0 +1,233 @@
+//! The CPU engine on the real SmolLM2-135M GGUF (`SWITCHYARD_SMOLLM2_GGUF`, fetched by
+//! `scripts/test`): greedy output as llama.cpp computes it, batching that changes nothing,
+//! the prefix cache (skipped prefill, events, eviction), seeded sampling, stop tokens, and
+//! clear errors for bad model files and prompts.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+
+use switchyard_candle::{CandleConfig, CandleEngine, CandleWorker, Gguf, Model};
+use switchyard_core::protocol::{EngineError, FinishReason, GenerateRequest, TokenOutput};
+use switchyard_core::{KvEvent, KvEventData, Prompt, RequestId, WorkerKey, blocks_for};
+use switchyard_worker::driver::StepEngine;
+
+fn model_path() -> PathBuf {
+    let path = std::env::var("SWITCHYARD_SMOLLM2_GGUF").unwrap_or_default();
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "SWITCHYARD_SMOLLM2_GGUF must name the SmolLM2-135M-Instruct Q4_1 GGUF (got {path:?}); run scripts/test, which fetches it"
+    );
+    path
+}
+
+/// An engine over a fresh load of the model.
+fn engine(config: CandleConfig) -> CandleEngine {
+    let mut gguf = Gguf::open(&model_path()).unwrap();
+    let model = Model::load(&mut gguf).unwrap();
+    CandleEngine::new(model, config, WorkerKey::new(3, 0))
+}
+
+fn config() -> CandleConfig {
+    CandleConfig {
+        model: model_path(),
+        ..CandleConfig::default()
+    }
+}
+
+/// "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n".
+const FRANCE: [u32; 16] = [
+    1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
+];
+/// llama.cpp's greedy continuation of it (llama-cpp-python 0.3.16, same file): "The
+/// capital of France is Paris." and on.
+const FRANCE_GREEDY: [u32; 24] = [
+    504, 3575, 282, 4649, 314, 7042, 30, 2, 198, 2, 1, 9690, 198, 2, 198, 1, 4093, 198, 57, 5248,
+    3946, 288, 7198, 253,
+];
+
+fn greedy(id: u64, prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
+    let mut r = GenerateRequest::text(RequestId(id), prompt, max_tokens);
+    r.sampling.temperature = Some(0.0);
+    r
+}
+
+/// Steps until idle; every token and event, in order.
+fn run(engine: &mut CandleEngine) -> (Vec<TokenOutput>, Vec<KvEvent>) {
+    let (mut tokens, mut events) = (Vec::new(), Vec::new());
+    let mut steps = 0;
+    while engine.has_work() {
+        engine.step(std::time::Duration::ZERO, &mut tokens, &mut events);
+        steps += 1;
+        assert!(steps < 10_000, "the engine never finishes");
+    }
+    (tokens, events)
+}
+
+fn of(tokens: &[TokenOutput], id: u64) -> Vec<u32> {
+    tokens
+        .iter()
+        .filter(|t| t.request == RequestId(id))
+        .map(|t| t.token)
+        .collect()
+}
+
+/// A prompt of `n` tokens of ordinary text-like ids.
+fn long_prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 300 + (i * 7 + salt * 13) % 20_000)
+        .collect()
+}
+
+#[test]
+fn greedy_decoding_matches_llama_cpp_and_batching_changes_nothing() {
+    let mut alone = engine(config());
+    alone.add(greedy(1, FRANCE.to_vec(), 24)).unwrap();
+    let (tokens, _) = run(&mut alone);
+    assert_eq!(of(&tokens, 1), FRANCE_GREEDY);
+    let last = tokens.last().unwrap();
+    assert_eq!(last.finish, Some(FinishReason::Length));
+    assert_eq!(
+        tokens.iter().map(|t| t.index).collect::<Vec<_>>(),
+        (0..24).collect::<Vec<_>>()
+    );
+
+    // The same request among others, with prompts prefilled in chunks of 32 tokens over
+    // several steps while others decode.
+    let mut batched = engine(CandleConfig {
+        max_batched_tokens: 32,
+        max_num_seqs: 3,
+        ..config()
+    });
+    batched.add(greedy(10, long_prompt(90, 1), 12)).unwrap();
+    batched.add(greedy(11, FRANCE.to_vec(), 24)).unwrap();
+    batched.add(greedy(12, long_prompt(50, 2), 30)).unwrap();
+    batched.add(greedy(13, long_prompt(70, 3), 5)).unwrap();
+    let (tokens, _) = run(&mut batched);
+    assert_eq!(of(&tokens, 11), FRANCE_GREEDY);
+    for (id, n) in [(10, 12), (12, 30), (13, 5)] {
+        assert_eq!(of(&tokens, id).len(), n, "request {id}");
+    }
+    // Each of them alone gives what it gave in the batch.
+    let mut single = engine(config());
+    single.add(greedy(20, long_prompt(70, 3), 5)).unwrap();
+    let (alone_tokens, _) = run(&mut single);
+    assert_eq!(of(&alone_tokens, 20), of(&tokens, 13));
+}
+
+#[test]
+fn the_prefix_cache_skips_prefill_publishes_events_and_evicts() {
+    let mut e = engine(config());
+    let prompt = long_prompt(100, 5);
+    e.add(greedy(1, prompt.clone(), 8)).unwrap();
+    let (first, events) = run(&mut e);
+    assert_eq!(first[0].cached_tokens, 0);
+    // Its full blocks were stored, as the router hashes them.
+    let expected = blocks_for(&Prompt::tokens(prompt.clone()), 16).unwrap();
+    let stored: Vec<_> = events
+        .iter()
+        .flat_map(|e| match &e.data {
+            KvEventData::Stored { blocks, .. } => blocks.clone(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert!(stored.len() >= expected.full_blocks(), "{stored:?}");
+    for (i, block) in stored.iter().take(expected.full_blocks()).enumerate() {
+        assert_eq!(block.seq_hash, expected.sequence_hashes()[i]);
+        assert_eq!(block.local_hash, expected.local_hashes()[i]);
+    }
+    let ids: Vec<u64> = events.iter().map(|e| e.event_id).collect();
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+    assert_eq!(e.held_prefix(expected.sequence_hashes()), 6);
+
+    // Again: 96 of its 100 tokens come from the cache, and the output is the same.
+    e.add(greedy(2, prompt.clone(), 8)).unwrap();
+    let (second, _) = run(&mut e);
+    assert_eq!(second[0].cached_tokens, 96);
+    assert_eq!(of(&second, 2), of(&first, 1));
+
+    // A cache of two blocks: storing more evicts the oldest, and says so.
+    let tiny_mib = 1; // SmolLM2-135M: 46 KiB a token, 720 KiB a block of 16: one block.
+    let mut small = engine(CandleConfig {
+        cache_mib: tiny_mib,
+        ..config()
+    });
+    small.add(greedy(3, long_prompt(64, 7), 1)).unwrap();
+    let (_, events) = run(&mut small);
+    let removed: usize = events
+        .iter()
+        .map(|e| match &e.data {
+            KvEventData::Removed { seq_hashes } => seq_hashes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(small.capacity_blocks(), 1);
+    assert_eq!(removed, 3, "four blocks through a cache of one: {events:?}");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_stop_tokens_stop() {
+    let sampled = |seed: u64| {
+        let mut e = engine(config());
+        let mut r = GenerateRequest::text(RequestId(1), FRANCE.to_vec(), 16);
+        r.sampling.temperature = Some(1.0);
+        r.sampling.top_p = Some(0.95);
+        r.sampling.top_k = Some(50);
+        r.sampling.seed = Some(seed);
+        e.add(r).unwrap();
+        of(&run(&mut e).0, 1)
+    };
+    let a = sampled(7);
+    assert_eq!(a, sampled(7));
+    assert_ne!(a, sampled(8));
+
+    let mut e = engine(config());
+    let mut r = greedy(2, FRANCE.to_vec(), 24);
+    r.sampling.stop_token_ids = vec![FRANCE_GREEDY[3]];
+    e.add(r).unwrap();
+    let (tokens, _) = run(&mut e);
+    assert_eq!(of(&tokens, 2), FRANCE_GREEDY[..4]);
+    assert_eq!(tokens.last().unwrap().finish, Some(FinishReason::Stop));
+}
+
+#[test]
+fn bad_models_and_prompts_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |path: PathBuf| {
+        CandleWorker::load(
+            &CandleConfig {
+                model: path,
+                ..CandleConfig::default()
+            },
+            WorkerKey::new(1, 0),
+        )
+        .err()
+        .unwrap()
+        .to_string()
+    };
+    let missing = load(dir.path().join("none.gguf"));
+    assert!(missing.contains("cannot read the model file"), "{missing}");
+    std::fs::write(dir.path().join("text.gguf"), b"hello, not a model").unwrap();
+    let foreign = load(dir.path().join("text.gguf"));
+    assert!(foreign.contains("is not a GGUF file"), "{foreign}");
+    let bytes = std::fs::read(model_path()).unwrap();
+    std::fs::write(dir.path().join("cut.gguf"), &bytes[..bytes.len() / 3]).unwrap();
+    let truncated = load(dir.path().join("cut.gguf"));
+    assert!(truncated.contains("not a usable GGUF model"), "{truncated}");
+    let none = CandleWorker::load(&CandleConfig::default(), WorkerKey::new(1, 0))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(none.contains("needs a model file"), "{none}");
+
+    let mut e = engine(config());
+    let err = e.add(greedy(1, vec![1; 9000], 4)).err().unwrap();
+    assert!(
+        matches!(&err, EngineError::Invalid(m) if m.contains("context is 8192")),
+        "{err}"
+    );
+    let err = e.add(greedy(2, vec![60_000], 4)).err().unwrap();
+    assert!(matches!(err, EngineError::Invalid(_)), "{err}");
+    assert!(!e.has_work());
+}
