@@ -14,13 +14,11 @@
 //! cache. The cache holds copies: evicting a block never touches a running sequence.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 
 use candle_core::Tensor;
 use hashlink::LinkedHashMap;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 use switchyard_core::protocol::{
     EngineError, FinishReason, GenerateRequest, Phase, SamplingParams, TokenOutput,
 };
@@ -32,51 +30,7 @@ use switchyard_worker::driver::StepEngine;
 
 use crate::model::{Model, SeqKv, StepInput};
 
-/// The engine's settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CandleConfig {
-    /// The GGUF model file.
-    pub model: PathBuf,
-    /// Tokens per cached KV block.
-    pub block_size: u32,
-    /// Memory for the prefix cache, in MiB.
-    pub cache_mib: u64,
-    /// Sequences running at once.
-    pub max_num_seqs: u32,
-    /// Tokens one step computes at most (prompt chunks plus one per decoding sequence).
-    pub max_batched_tokens: u32,
-}
-
-impl Default for CandleConfig {
-    fn default() -> Self {
-        CandleConfig {
-            model: PathBuf::new(),
-            block_size: 16,
-            cache_mib: 1024,
-            max_num_seqs: 16,
-            max_batched_tokens: 512,
-        }
-    }
-}
-
-impl CandleConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.model.as_os_str().is_empty() {
-            return Err("the candle engine needs a model file (--model PATH.gguf)".into());
-        }
-        if self.block_size == 0 || self.max_num_seqs == 0 {
-            return Err("block_size and max_num_seqs must be at least 1".into());
-        }
-        if self.max_batched_tokens < self.max_num_seqs {
-            return Err(format!(
-                "max_batched_tokens ({}) must be at least max_num_seqs ({}): every running sequence decodes a token per step",
-                self.max_batched_tokens, self.max_num_seqs
-            ));
-        }
-        Ok(())
-    }
-}
+pub use switchyard_worker::config::CandleConfig;
 
 /// A cached block: its keys and values for every layer, and its place in the chain.
 struct CachedBlock {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_frontend::FrontendConfig;
 use switchyard_worker::openai::OpenAiConfig;
-use switchyard_worker::{EchoConfig, MockerConfig};
+use switchyard_worker::{CandleConfig, EchoConfig, MockerConfig};
 use thiserror::Error;
 
 /// Everything `switchyard serve`, `frontend` and `worker` run.
@@ -153,6 +153,8 @@ pub enum EngineKind {
     Echo,
     /// A stock OpenAI-compatible server (llama.cpp, vLLM, SGLang): `workers.openai`.
     Openai,
+    /// A GGUF model computed on the CPU (builds with the `candle` feature): `workers.candle`.
+    Candle,
 }
 
 impl EngineKind {
@@ -162,6 +164,7 @@ impl EngineKind {
             EngineKind::Mocker => "mocker",
             EngineKind::Echo => "echo",
             EngineKind::Openai => "openai",
+            EngineKind::Candle => "candle",
         }
     }
 }
@@ -179,6 +182,8 @@ pub struct WorkersConfig {
     pub echo: EchoConfig,
     /// The upstream server of `engine = "openai"` workers.
     pub openai: OpenAiConfig,
+    /// The model of `engine = "candle"` workers.
+    pub candle: CandleConfig,
 }
 
 impl Default for WorkersConfig {
@@ -190,6 +195,7 @@ impl Default for WorkersConfig {
             mocker: MockerConfig::default(),
             echo: EchoConfig::default(),
             openai: OpenAiConfig::default(),
+            candle: CandleConfig::default(),
         }
     }
 }
@@ -356,6 +362,19 @@ impl Config {
             if self.worker.role != switchyard_core::WorkerRole::Aggregated {
                 return Err(ConfigError::Check(
                     "an openai worker serves aggregated requests only (worker.role)".into(),
+                ));
+            }
+        }
+        if self.workers.engine == EngineKind::Candle {
+            self.workers
+                .candle
+                .validate()
+                .map_err(|e| ConfigError::Check(format!("workers.candle: {e}")))?;
+            if self.worker.role != switchyard_core::WorkerRole::Aggregated
+                || self.workers.prefill > 0
+            {
+                return Err(ConfigError::Check(
+                    "a candle worker serves aggregated requests only".into(),
                 ));
             }
         }

@@ -179,7 +179,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
             _ => WorkerRole::Decode,
         };
         workers.push(
-            Worker::start(
+            start_worker(
                 WorkerId(u64::from(i) + 1),
                 &WorkerConfig {
                     role,
@@ -254,6 +254,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
         EngineKind::Mocker => EngineConfig::Mocker(config.workers.mocker.clone()),
         EngineKind::Echo => EngineConfig::Echo(config.workers.echo.clone()),
         EngineKind::Openai => EngineConfig::Openai(config.workers.openai.clone()),
+        EngineKind::Candle => EngineConfig::Candle(config.workers.candle.clone()),
     };
     WorkerConfig {
         model: config.frontend.model.clone(),
@@ -361,7 +362,7 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
     let mut worker_config = worker_config(&config);
     // A crash (fault injection) ends this process, as a real one would.
     worker_config.faults.crash_exits = true;
-    let worker = Worker::start(
+    let worker = start_worker(
         WorkerId(id),
         &worker_config,
         &WorkerPlanes {
@@ -409,4 +410,48 @@ pub fn preprocessor(config: &FrontendConfig) -> Result<Preprocessor> {
             Preprocessor::builtin(context_length.unwrap_or(DEFAULT_CONTEXT_LENGTH))
         }
     })
+}
+
+/// Starts a worker on the engine its configuration names; the CPU engine is built here
+/// (its model loaded off the async threads), the others by the worker crate.
+async fn start_worker(
+    worker_id: WorkerId,
+    config: &WorkerConfig,
+    planes: &WorkerPlanes,
+    serving: Serving,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) -> Result<Worker> {
+    let EngineConfig::Candle(candle) = &config.engine else {
+        return Ok(Worker::start(worker_id, config, planes, serving, tracker, cancel).await?);
+    };
+    #[cfg(feature = "candle")]
+    {
+        let settings = candle.clone();
+        let key = switchyard_core::WorkerKey::from(worker_id);
+        let engine = tokio::task::spawn_blocking(move || {
+            switchyard_candle::CandleWorker::load(&settings, key)
+        })
+        .await??;
+        Ok(Worker::start_engine(
+            worker_id,
+            &config.model,
+            config.role,
+            Box::new(engine),
+            config.engine.load_report_interval(),
+            &config.faults,
+            planes,
+            serving,
+            tracker,
+            cancel,
+        )
+        .await?)
+    }
+    #[cfg(not(feature = "candle"))]
+    {
+        let _ = (candle, planes, serving, tracker, cancel);
+        anyhow::bail!(
+            "this build has no candle engine: build with `--features candle` (cargo run --release --features candle -- serve --engine candle --model PATH.gguf)"
+        )
+    }
 }

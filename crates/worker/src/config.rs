@@ -29,6 +29,9 @@ pub enum EngineConfig {
     Echo(EchoConfig),
     /// A stock OpenAI-compatible server (llama.cpp, vLLM, SGLang).
     Openai(crate::openai::OpenAiConfig),
+    /// A GGUF model on the CPU: built by the binary (its `candle` feature), which hands the
+    /// engine to [`crate::Worker::start_engine`].
+    Candle(CandleConfig),
 }
 
 impl EngineConfig {
@@ -38,6 +41,7 @@ impl EngineConfig {
             EngineConfig::Mocker(mocker) => mocker.load_report_interval,
             EngineConfig::Echo(_) => MockerConfig::default().load_report_interval,
             EngineConfig::Openai(openai) => openai.metrics_interval,
+            EngineConfig::Candle(_) => MockerConfig::default().load_report_interval,
         }
     }
 }
@@ -158,5 +162,52 @@ impl Default for EchoConfig {
             first_token_delay: Duration::ZERO,
             token_delay: Duration::ZERO,
         }
+    }
+}
+
+/// The CPU engine (`switchyard-candle`, built with the binary's `candle` feature): a GGUF
+/// model computed with candle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CandleConfig {
+    /// The GGUF model file.
+    pub model: PathBuf,
+    /// Tokens per cached KV block.
+    pub block_size: u32,
+    /// Memory for the prefix cache, in MiB.
+    pub cache_mib: u64,
+    /// Sequences running at once.
+    pub max_num_seqs: u32,
+    /// Tokens one step computes at most (prompt chunks plus one per decoding sequence).
+    pub max_batched_tokens: u32,
+}
+
+impl Default for CandleConfig {
+    fn default() -> Self {
+        CandleConfig {
+            model: PathBuf::new(),
+            block_size: 16,
+            cache_mib: 1024,
+            max_num_seqs: 16,
+            max_batched_tokens: 512,
+        }
+    }
+}
+
+impl CandleConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.model.as_os_str().is_empty() {
+            return Err("the candle engine needs a model file (--model PATH.gguf)".into());
+        }
+        if self.block_size == 0 || self.max_num_seqs == 0 {
+            return Err("block_size and max_num_seqs must be at least 1".into());
+        }
+        if self.max_batched_tokens < self.max_num_seqs {
+            return Err(format!(
+                "max_batched_tokens ({}) must be at least max_num_seqs ({}): every running sequence decodes a token per step",
+                self.max_batched_tokens, self.max_num_seqs
+            ));
+        }
+        Ok(())
     }
 }

@@ -79,6 +79,12 @@ pub fn engine_from_config(
             model,
             openai.clone(),
         )?),
+        EngineConfig::Candle(_) => {
+            return Err(WorkerError::Start(
+                "the candle engine is built by the switchyard binary (feature `candle`), not here"
+                    .into(),
+            ));
+        }
     })
 }
 

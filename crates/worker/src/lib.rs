@@ -26,6 +26,6 @@ pub mod kv_state;
 pub mod mocker;
 pub mod openai;
 
-pub use config::{EchoConfig, EngineConfig, MockerConfig, WorkerConfig};
+pub use config::{CandleConfig, EchoConfig, EngineConfig, MockerConfig, WorkerConfig};
 pub use engine::{Engine, EngineCapabilities, RunningEngine, StepService};
 pub use host::{Serving, Worker, WorkerError, WorkerPlanes, engine_from_config};

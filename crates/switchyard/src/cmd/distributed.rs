@@ -56,7 +56,8 @@ pub struct WorkerArgs {
     /// A TOML configuration file (see docs/configuration.md).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// The model name served.
+    /// The model name served (with `--engine candle`: the GGUF file, served under its
+    /// file name).
     #[arg(long)]
     model: Option<String>,
     #[command(flatten)]
@@ -136,6 +137,7 @@ impl WorkerArgs {
         self.planes.apply(&mut o);
         self.log.apply(&mut o);
         o.engine(self.engine);
+        o.candle_model(self.engine, self.model.as_deref());
         o.set_some(&["worker", "listen"], self.listen.clone());
         o.set_some(&["worker", "role"], self.role.map(|r| r.name().to_string()));
         o.set_some(
@@ -175,6 +177,13 @@ impl WorkerArgs {
         o.set_some(&openai("kv_events_replay"), self.kv_events_replay.clone());
         o.set_some(&openai("block_size"), self.block_size.map(i64::from));
         o.set_some(&openai("max_num_seqs"), self.max_num_seqs.map(i64::from));
+        let candle = |key| ["workers", "candle", key];
+        o.set_some(&candle("block_size"), self.block_size.map(i64::from));
+        o.set_some(&candle("max_num_seqs"), self.max_num_seqs.map(i64::from));
+        o.set_some(
+            &candle("max_batched_tokens"),
+            self.max_num_batched_tokens.map(i64::from),
+        );
         o.set_some(
             &openai("capacity_blocks"),
             self.num_gpu_blocks.map(i64::from),

@@ -26,6 +26,19 @@ impl Overlay {
     pub fn engine(&mut self, engine: Option<EngineKind>) {
         self.set_some(&["workers", "engine"], engine.map(EngineKind::name));
     }
+
+    /// `--engine candle --model PATH.gguf`: the model file, served under its file name.
+    pub fn candle_model(&mut self, engine: Option<EngineKind>, model: Option<&str>) {
+        let (Some(EngineKind::Candle), Some(path)) = (engine, model) else {
+            return;
+        };
+        self.set(&["workers", "candle", "model"], path);
+        let name = std::path::Path::new(path)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.to_owned());
+        self.set(&["frontend", "model"], name);
+    }
 }
 
 /// The frontend's own flags (`serve` and `frontend`).
@@ -82,6 +95,11 @@ impl LogFlags {
 }
 
 impl FrontendFlags {
+    /// The `--model` given.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
     pub fn apply(&self, o: &mut Overlay) {
         o.set_some(&["frontend", "host"], self.host.clone());
         o.set_some(&["frontend", "port"], self.port.map(i64::from));

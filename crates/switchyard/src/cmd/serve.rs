@@ -39,6 +39,7 @@ impl ServeArgs {
         o.set_some(&["workers", "count"], self.workers.map(i64::from));
         o.set_some(&["workers", "prefill"], self.prefill_workers.map(i64::from));
         o.engine(self.engine);
+        o.candle_model(self.engine, self.frontend.model());
         o.set_some(&["workers", "mocker", "speedup_ratio"], self.speedup_ratio);
         o.set_some(
             &["workers", "mocker", "perf_profile"],
