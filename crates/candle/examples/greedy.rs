@@ -11,7 +11,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut gguf = Gguf::open(std::path::Path::new(&args[1])).unwrap();
     let start = Instant::now();
-    let model = Model::load(&mut gguf).unwrap();
+    let model = Model::load(&mut gguf, true).unwrap();
     eprintln!("loaded in {:?}: {:?}", start.elapsed(), model.shape);
     let prompt: Vec<u32> = args[2].split(',').map(|t| t.parse().unwrap()).collect();
     let n: usize = args[3].parse().unwrap();

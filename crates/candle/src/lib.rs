@@ -39,7 +39,7 @@ impl CandleWorker {
             message,
         })?;
         let mut gguf = Gguf::open(&config.model)?;
-        let model = Model::load(&mut gguf)?;
+        let model = Model::load(&mut gguf, config.dense_weights)?;
         tracing::info!(model = %config.model.display(), shape = ?model.shape, "model loaded");
         Ok(CandleWorker {
             engine: CandleEngine::new(model, config.clone(), worker),

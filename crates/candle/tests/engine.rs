@@ -25,7 +25,7 @@ fn model_path() -> PathBuf {
 /// An engine over a fresh load of the model.
 fn engine(config: CandleConfig) -> CandleEngine {
     let mut gguf = Gguf::open(&model_path()).unwrap();
-    let model = Model::load(&mut gguf).unwrap();
+    let model = Model::load(&mut gguf, config.dense_weights).unwrap();
     CandleEngine::new(model, config, WorkerKey::new(3, 0))
 }
 

@@ -180,6 +180,10 @@ pub struct CandleConfig {
     pub max_num_seqs: u32,
     /// Tokens one step computes at most (prompt chunks plus one per decoding sequence).
     pub max_batched_tokens: u32,
+    /// Keep an f32 copy of the weights (4 bytes a parameter) for steps of many tokens:
+    /// prompt chunks and large batches run several times faster than on the quantized
+    /// weights, which single-token steps keep using.
+    pub dense_weights: bool,
 }
 
 impl Default for CandleConfig {
@@ -190,6 +194,7 @@ impl Default for CandleConfig {
             cache_mib: 1024,
             max_num_seqs: 16,
             max_batched_tokens: 512,
+            dense_weights: true,
         }
     }
 }
