@@ -231,3 +231,38 @@ fn bad_models_and_prompts_are_clear_errors() {
     assert!(matches!(err, EngineError::Invalid(_)), "{err}");
     assert!(!e.has_work());
 }
+
+#[test]
+fn the_gguf_files_tokenizer_and_template_serve_a_frontend() {
+    use switchyard_frontend::preprocess::{ChatMessage, Preprocessor};
+    let gguf = Gguf::open(&model_path()).unwrap();
+    let files = gguf.tokenizer_files().unwrap();
+    let from_gguf = Preprocessor::from_files(
+        "gguf",
+        &files.tokenizer,
+        &files.tokenizer_config,
+        &files.config,
+        None,
+    )
+    .unwrap();
+    // SmolLM2's own tokenizer.json, built into the frontend, is the reference.
+    let reference = Preprocessor::smollm2(None).unwrap();
+    assert_eq!(from_gguf.context_length(), 8192);
+    assert_eq!(from_gguf.eos_token_ids(), reference.eos_token_ids());
+    let messages = [ChatMessage::new("user", "What is the capital of France?")];
+    let rendered = from_gguf.render_chat(&messages).unwrap();
+    assert_eq!(rendered, reference.render_chat(&messages).unwrap());
+    for text in [
+        rendered.as_str(),
+        "Freight yards sort railway cars onto tracks by destination.",
+        "Prices rose 12.5% in 2026; see https://example.com/a_b?c=1 for more!",
+        "  indented\n\n\tcode() {}  ",
+        "naïve café, 東京, emoji 🚂",
+    ] {
+        assert_eq!(
+            from_gguf.encode(text).unwrap(),
+            reference.encode(text).unwrap(),
+            "{text:?}"
+        );
+    }
+}

@@ -151,8 +151,13 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
     // worker, or events lost while the frontend fell behind).
     let snapshots = LocalKvSnapshots::new();
 
+    // The CPU engine's model file holds the tokenizer and chat template the frontend needs.
+    let mut frontend_config = config.frontend.clone();
+    if config.workers.engine == EngineKind::Candle && frontend_config.tokenizer.is_none() {
+        frontend_config.tokenizer = Some(config.workers.candle.model.clone());
+    }
     let (frontend, listener) = start_frontend(
-        &config.frontend,
+        &frontend_config,
         discovery.as_ref(),
         events.as_ref(),
         Arc::new(requests.clone()),
@@ -390,6 +395,9 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
 /// A directory whose files declare no context length gets the default one, with a warning.
 pub fn preprocessor(config: &FrontendConfig) -> Result<Preprocessor> {
     let context_length = config.context_length;
+    if let Some(path) = config.tokenizer.as_deref().filter(|p| is_gguf(p)) {
+        return gguf_preprocessor(path, context_length);
+    }
     Ok(match (&config.tokenizer, config.builtin_tokenizer) {
         (Some(dir), _) => match Preprocessor::from_dir(dir, context_length) {
             Err(PreprocessError::UnknownContextLength { dir, keys }) => {
@@ -410,6 +418,42 @@ pub fn preprocessor(config: &FrontendConfig) -> Result<Preprocessor> {
             Preprocessor::builtin(context_length.unwrap_or(DEFAULT_CONTEXT_LENGTH))
         }
     })
+}
+
+/// Whether a tokenizer path names a GGUF file (by its magic bytes).
+fn is_gguf(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
+
+/// The tokenizer and chat template of a GGUF model file (`--tokenizer PATH.gguf`, or the
+/// CPU engine's model).
+fn gguf_preprocessor(path: &std::path::Path, context_length: Option<u32>) -> Result<Preprocessor> {
+    #[cfg(feature = "candle")]
+    {
+        let gguf = switchyard_candle::Gguf::open(path)?;
+        let files = gguf.tokenizer_files()?;
+        Ok(Preprocessor::from_files(
+            &path.display().to_string(),
+            &files.tokenizer,
+            &files.tokenizer_config,
+            &files.config,
+            context_length,
+        )?)
+    }
+    #[cfg(not(feature = "candle"))]
+    {
+        let _ = context_length;
+        anyhow::bail!(
+            "{} is a GGUF file: reading its tokenizer needs a build with `--features candle`",
+            path.display()
+        )
+    }
 }
 
 /// Starts a worker on the engine its configuration names; the CPU engine is built here

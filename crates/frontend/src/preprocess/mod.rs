@@ -40,7 +40,7 @@ use template::ChatTemplate;
 
 /// SmolLM2-135M-Instruct's tokenizer files (from its GGUF's metadata, see
 /// `assets/smollm2/README.md`).
-const SMOLLM2: model_dir::EmbeddedModel = model_dir::EmbeddedModel {
+const SMOLLM2: model_dir::EmbeddedModel<'static> = model_dir::EmbeddedModel {
     label: "<built-in smollm2>",
     tokenizer: include_str!("../../assets/smollm2/tokenizer.json"),
     tokenizer_config: include_str!("../../assets/smollm2/tokenizer_config.json"),
@@ -80,6 +80,33 @@ impl Preprocessor {
     /// no model files. `context_length` overrides the model's 8,192.
     pub fn smollm2(context_length: Option<u32>) -> Result<Self, PreprocessError> {
         let files = model_dir::load_embedded(&SMOLLM2, context_length)?;
+        Ok(Self {
+            tokenizer: Tokenizer::Hf(Arc::new(files.tokenizer)),
+            template: files.template,
+            eos_token_ids: files.eos_token_ids,
+            context_length: files.context_length,
+        })
+    }
+
+    /// A model's files given as text (`tokenizer.json`, `tokenizer_config.json` with its
+    /// chat template, `config.json`), as read from elsewhere than a directory (a GGUF
+    /// file's metadata); `label` names their source in errors.
+    pub fn from_files(
+        label: &str,
+        tokenizer: &str,
+        tokenizer_config: &str,
+        config: &str,
+        context_length: Option<u32>,
+    ) -> Result<Self, PreprocessError> {
+        let files = model_dir::load_embedded(
+            &model_dir::EmbeddedModel {
+                label,
+                tokenizer,
+                tokenizer_config,
+                config,
+            },
+            context_length,
+        )?;
         Ok(Self {
             tokenizer: Tokenizer::Hf(Arc::new(files.tokenizer)),
             template: files.template,

@@ -69,15 +69,15 @@ pub(crate) fn load(dir: &Path, context_length: Option<u32>) -> Result<ModelFiles
 /// chat template included) and `config.json`, under a label that stands for their directory
 /// in errors.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct EmbeddedModel {
-    pub(crate) label: &'static str,
-    pub(crate) tokenizer: &'static str,
-    pub(crate) tokenizer_config: &'static str,
-    pub(crate) config: &'static str,
+pub(crate) struct EmbeddedModel<'a> {
+    pub(crate) label: &'a str,
+    pub(crate) tokenizer: &'a str,
+    pub(crate) tokenizer_config: &'a str,
+    pub(crate) config: &'a str,
 }
 
 pub(crate) fn load_embedded(
-    model: &EmbeddedModel,
+    model: &EmbeddedModel<'_>,
     context_length: Option<u32>,
 ) -> Result<ModelFiles, PreprocessError> {
     if context_length == Some(0) {
