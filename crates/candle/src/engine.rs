@@ -161,12 +161,20 @@ impl CandleEngine {
         let usable = (seq.prompt_len - 1) / size;
         let hashes: Vec<SequenceHash> =
             seq.blocks.sequence_hashes()[..usable.min(seq.blocks.full_blocks())].to_vec();
-        for hash in hashes {
-            let Some(block) = self.cache.touch(hash) else {
+        let mut held = 0;
+        for &hash in &hashes {
+            if self.cache.touch(hash).is_none() {
                 break;
-            };
-            seq.kv.extend_from(&block.kv, size)?;
+            }
+            held += 1;
         }
+        // Room for the prompt and its first output at once; the output grows it by doubling.
+        seq.kv.reserve(seq.prompt_len + 1)?;
+        let blocks: Vec<&[(Tensor, Tensor)]> = hashes[..held]
+            .iter()
+            .filter_map(|h| self.cache.blocks.get(h).map(|b| b.kv.as_slice()))
+            .collect();
+        seq.kv.extend_from(&blocks, size)?;
         seq.cached_tokens = seq.kv.len() as u32;
         seq.admitted = true;
         Ok(seq)

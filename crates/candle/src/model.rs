@@ -606,12 +606,33 @@ impl SeqKv {
             .collect()
     }
 
-    /// Appends a cached block's keys and values (every layer, `n` tokens) after what is held.
-    pub fn extend_from(&mut self, block: &[(Tensor, Tensor)], n: usize) -> candle_core::Result<()> {
+    /// Makes room for `tokens` tokens at once (a request's prompt and output), so the
+    /// buffers are not grown step by step.
+    pub fn reserve(&mut self, tokens: usize) -> candle_core::Result<()> {
+        self.ensure(tokens)
+    }
+
+    /// Appends cached blocks' keys and values (every layer, `size` tokens each) after what
+    /// is held: one copy per layer for all of them.
+    pub fn extend_from(
+        &mut self,
+        blocks: &[&[(Tensor, Tensor)]],
+        size: usize,
+    ) -> candle_core::Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let n = blocks.len() * size;
         self.ensure(self.len + n)?;
-        for (l, (k, v)) in block.iter().enumerate() {
-            self.layers[l].0.slice_set(&k.contiguous()?, 1, self.len)?;
-            self.layers[l].1.slice_set(&v.contiguous()?, 1, self.len)?;
+        for l in 0..self.n_layers {
+            let keys: Vec<&Tensor> = blocks.iter().map(|b| &b[l].0).collect();
+            let values: Vec<&Tensor> = blocks.iter().map(|b| &b[l].1).collect();
+            self.layers[l]
+                .0
+                .slice_set(&Tensor::cat(&keys, 1)?, 1, self.len)?;
+            self.layers[l]
+                .1
+                .slice_set(&Tensor::cat(&values, 1)?, 1, self.len)?;
         }
         self.len += n;
         Ok(())
