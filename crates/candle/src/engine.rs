@@ -101,6 +101,9 @@ pub struct CandleEngine {
     running: Vec<Sequence>,
     next_event: u64,
     vocab: usize,
+    /// Seconds a step takes per token it computes (a moving average), to size prompt chunks
+    /// so a step stays within `step_target`.
+    per_token: Option<f64>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -131,6 +134,7 @@ impl CandleEngine {
             running: Vec::new(),
             next_event: 0,
             vocab,
+            per_token: None,
         }
     }
 
@@ -436,8 +440,16 @@ impl StepEngine for CandleEngine {
                 Err(e) => tracing::error!(error = %e, "cannot start a request"),
             }
         }
-        // Decodes first (one token each), then prompt chunks in arrival order.
+        // Decodes first (one token each), then prompt chunks in arrival order, within the
+        // token budget and, once the pace is known, within the step time target: a long
+        // prompt must not hold the running streams' next tokens for seconds (their clients,
+        // and the frontend's stall detection, wait on them).
         let mut budget = self.config.max_batched_tokens as usize;
+        if let Some(per_token) = self.per_token {
+            let target = self.config.step_target.as_secs_f64();
+            let paced = (target / per_token) as usize;
+            budget = budget.min(paced.max(self.running.len() + 16));
+        }
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (index, from, to)
         for (i, seq) in self.running.iter().enumerate() {
             if !seq.prefilling() && budget > 0 {
@@ -482,7 +494,19 @@ impl StepEngine for CandleEngine {
                     logits,
                 })
                 .collect();
-            self.model.forward(&mut inputs)
+            let started = std::time::Instant::now();
+            let computed: usize = inputs.iter().map(|i| i.tokens.len()).sum();
+            let out = self.model.forward(&mut inputs);
+            // Only steps of many tokens say what a token costs (a decode step is mostly the
+            // fixed cost of reading the weights).
+            if computed >= 32 {
+                let sample = started.elapsed().as_secs_f64() / computed as f64;
+                self.per_token = Some(match self.per_token {
+                    Some(avg) => 0.7 * avg + 0.3 * sample,
+                    None => sample,
+                });
+            }
+            out
         };
         let logits = match logits {
             Ok(logits) => logits,

@@ -184,6 +184,10 @@ pub struct CandleConfig {
     /// prompt chunks and large batches run several times faster than on the quantized
     /// weights, which single-token steps keep using.
     pub dense_weights: bool,
+    /// Longest a step should take: prompt chunks are sized from the measured cost of a
+    /// token so that running streams get their next token at least this often.
+    #[serde(with = "humantime_serde")]
+    pub step_target: Duration,
 }
 
 impl Default for CandleConfig {
@@ -195,6 +199,7 @@ impl Default for CandleConfig {
             max_num_seqs: 16,
             max_batched_tokens: 512,
             dense_weights: true,
+            step_target: Duration::from_millis(250),
         }
     }
 }
@@ -206,6 +211,9 @@ impl CandleConfig {
         }
         if self.block_size == 0 || self.max_num_seqs == 0 {
             return Err("block_size and max_num_seqs must be at least 1".into());
+        }
+        if self.step_target.is_zero() {
+            return Err("step_target must be more than 0".into());
         }
         if self.max_batched_tokens < self.max_num_seqs {
             return Err(format!(
