@@ -81,7 +81,6 @@ struct Sequence {
     cached_tokens: u32,
     /// Output tokens so far, counting those before a resume.
     generated: u32,
-    admitted: bool,
 }
 
 impl Sequence {
@@ -180,7 +179,6 @@ impl CandleEngine {
             .collect();
         seq.kv.extend_from(&blocks, size)?;
         seq.cached_tokens = seq.kv.len() as u32;
-        seq.admitted = true;
         Ok(seq)
     }
 
@@ -408,7 +406,6 @@ impl StepEngine for CandleEngine {
             offered: 0,
             cached_tokens: 0,
             generated: request.generated(),
-            admitted: false,
             request,
         });
         Ok(())
