@@ -35,22 +35,8 @@ async fn serve(workers: &str) -> switchyard::deploy::Deployment {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_a_real_model_to_the_openai_client() {
-    let python = std::env::var("SWITCHYARD_PYTHON").unwrap_or_else(|_| "python3".into());
     let d = serve("1").await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/python/candle_e2e.py"
-    );
-    let base = format!("http://{}/v1", d.address);
-    let output = tokio::process::Command::new(&python)
-        .args([script, &base, "smollm2"])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    support::python_checks(&d, "candle_e2e.py", "smollm2").await;
 
     // A prompt longer than the model's context is the client's error.
     let long = "train ".repeat(9000);
@@ -91,12 +77,34 @@ async fn a_repeated_long_prompt_goes_to_the_worker_holding_its_cache() {
         if i > 0 {
             assert!(
                 cached >= 256,
-                "request {i} computed its prompt again: {body}"
+                "request {i} (on worker {worker}, the first on {:?}) computed its prompt again: {body}",
+                routed.get(&0)
             );
         }
         routed.insert(i, worker);
-        // The worker's KV events reach the router before the next request.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if i == 0 {
+            // The worker's KV events reach the router before the next request (a fixed
+            // wait was too short when the machine is busy).
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let index =
+                    support::cluster::get_json(&support::url(&d, "/v1/internal/kv/index")).await;
+                let blocks: usize = index["streams"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|s| s["blocks"].as_array().map_or(0, Vec::len))
+                    .sum();
+                if blocks >= 16 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the prompt's blocks never reached the index: {index}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
     let first = &routed[&0];
     assert!(routed.values().all(|w| w == first), "{routed:?}");

@@ -297,3 +297,28 @@ pub fn seeded_completion(model: &str, prompt: &str, seed: u64, max_tokens: u32) 
         "ignore_eos": true,
     })
 }
+
+/// Runs a client script of `tests/python` with the test virtualenv's Python
+/// (`SWITCHYARD_PYTHON`, made by `scripts/test`) against a deployment's `/v1` and `model`;
+/// fails unless the script passes every check (its output says "all checks passed").
+pub async fn python_checks(d: &Deployment, script: &str, model: &str) {
+    let python = std::env::var("SWITCHYARD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = std::process::Command::new(&python)
+        .args(["-c", "import openai"])
+        .output();
+    assert!(
+        probe.as_ref().is_ok_and(|o| o.status.success()),
+        "the `openai` package is not importable with {python}; run scripts/test (it creates the virtualenv) or set SWITCHYARD_PYTHON"
+    );
+    let script = format!("{}/../../tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let base = format!("http://{}/v1", d.address);
+    let output = tokio::process::Command::new(&python)
+        .args([script.as_str(), &base, model])
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
