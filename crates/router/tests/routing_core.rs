@@ -344,6 +344,34 @@ fn failures_take_a_worker_out_of_rotation_and_a_canary_brings_it_back() {
 }
 
 #[test]
+fn requests_queue_while_every_worker_is_out_and_start_when_one_joins() {
+    use switchyard_router::routing::health::Failure;
+    let mut core = core(PolicyKind::RoundRobin);
+    core.add_worker(spec(1)).unwrap();
+    let s = Duration::from_secs(1);
+    for n in 1..=3 {
+        core.observe_failure(WorkerId(1), Failure::Disconnected, n * s);
+    }
+    assert_eq!(core.routable_workers(), 0);
+    // The worker is registered but out of rotation: a new request waits, it is not refused.
+    assert_eq!(
+        core.admit(RequestId(1), Priority::Standard, 4 * s),
+        Admission::Queued
+    );
+    assert_eq!(core.next_admitted(4 * s), None, "nobody to take it yet");
+    // A replacement joins: the request starts.
+    core.add_worker(spec(2)).unwrap();
+    assert_eq!(core.next_admitted(5 * s), Some(RequestId(1)));
+    // A fleet that has gone altogether refuses at once.
+    core.worker_left(WorkerId(1));
+    core.worker_left(WorkerId(2));
+    assert_eq!(
+        core.admit(RequestId(2), Priority::Premium, 6 * s),
+        Admission::Rejected(Rejection::NoWorkers)
+    );
+}
+
+#[test]
 fn a_worker_answering_canaries_unlike_the_fleet_is_taken_out_at_once() {
     let mut core = core(PolicyKind::RoundRobin);
     for id in 1..=3 {

@@ -535,9 +535,14 @@ impl RoutingCore {
         })
     }
 
-    /// Offers a new request for admission.
+    /// Offers a new request for admission. With no worker registered it is refused at
+    /// once; while every registered worker is out of rotation (unhealthy: its breaker may
+    /// half-open, or a replacement join) it queues like a request meeting a busy fleet.
     pub fn admit(&mut self, id: RequestId, priority: Priority, now: Duration) -> Admission {
-        let any = self.routable_workers() > 0;
+        let any = self
+            .registry
+            .iter()
+            .any(|e| !e.draining && !e.departed && e.spec.role.serves_generation());
         let level = if any { self.degradation_level(now) } else { 0 };
         if let Some(rejection) = degradation::refuse(
             level,
