@@ -376,3 +376,110 @@ async fn losing_three_of_four_workers_sheds_best_effort_and_keeps_premium() {
     }
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
+
+/// A worker whose timing model says this prompt's prefill takes 1.5 s (25 ms a token) is not
+/// taken for hung by a first-token timeout of 1 s: the deadline runs from when its first
+/// token is predicted (a slow engine with prompts queued, such as the CPU engine, is not a
+/// failed one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_predicted_late_by_the_workers_timing_is_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("slow.json");
+    std::fs::write(
+        &profile,
+        json!({
+            "prefill_isl": [1.0, 1000.0],
+            "prefill_ttft_ms": [25.0, 25000.0],
+            "decode_active_kv_tokens": [1.0, 100000.0],
+            "decode_context_length": [1.0, 100000.0],
+            "decode_itl": [[5.0, 5.0], [5.0, 5.0]],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__MOCKER__PERF_PROFILE", profile.to_str().unwrap()),
+        ("FRONTEND__HEALTH__FIRST_TOKEN_TIMEOUT", "1s"),
+    ])
+    .await;
+    let started = Instant::now();
+    let (status, _, body) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": prompt(1), "max_tokens": 3, "stream": true,
+                "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    let streamed = parse_stream(body.as_str().unwrap());
+    assert!(streamed.errors.is_empty(), "{:?}", streamed.errors);
+    assert_eq!(streamed.completion_tokens, Some(3));
+    assert!(took >= Duration::from_millis(1500), "{took:?}");
+    let text = scrape(&url(&d, "/metrics")).await;
+    for kind in ["stalled", "hung"] {
+        assert_eq!(
+            metric_value(&text, "switchyard_worker_failures_total", Some(kind)),
+            0.0,
+            "{kind}: {text}"
+        );
+    }
+    assert_eq!(status_of(&d, d.workers[0].worker_id()).await, "healthy");
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
+/// Streams whose only worker hung do not fail for want of another: they wait for a worker
+/// (as a queued request would), and once it recovers (a canary passes) they go on there
+/// and arrive whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_with_no_worker_left_wait_for_one_and_arrive_whole() {
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "2"),
+        ("FRONTEND__HEALTH__RECOVERY_TIMEOUT", "1s"),
+        ("FRONTEND__HEALTH__RECOVERY_JITTER", "0"),
+    ])
+    .await;
+    let worker = d.workers[0].worker_id();
+    let reference = stream_all(&d, 4, 100, || {}).await;
+    let faults = d.workers[0].faults().clone();
+    let workers_url = url(&d, switchyard_frontend::http::WORKERS_PATH);
+    let mut healer = None;
+    let got = stream_all(&d, 4, 100, || {
+        inject(&d, worker, Fault::Hang);
+        // Cleared once the frontend has found it unhealthy (every stream has left it).
+        healer = Some(tokio::spawn(async move {
+            let started = Instant::now();
+            loop {
+                let workers: Vec<Value> = client()
+                    .get(&workers_url)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if workers[0]["status"] == "unhealthy" {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "never found hung"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            faults.clear();
+        }));
+    })
+    .await;
+    healer.unwrap().await.unwrap();
+    assert_whole(&got, &reference, 100);
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(
+        metric_value(&text, "switchyard_worker_failures_total", Some("hung")) > 0.0,
+        "{text}"
+    );
+    assert_eq!(status_of(&d, worker).await, "healthy");
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}

@@ -98,6 +98,10 @@ impl Drop for RequestRun {
     }
 }
 
+/// How often a request under way that no worker can take looks again, between changes of
+/// the fleet.
+const NO_WORKER_POLL: Duration = Duration::from_millis(500);
+
 impl RequestRun {
     pub(super) fn new(
         frontend: Arc<Frontend>,
@@ -156,6 +160,7 @@ impl RequestRun {
         let config = frontend.config.migration;
         let retry_after = frontend.config.admission.retry_after;
         let mut tries = 0u32;
+        let mut found_unhealthy = 0u32;
         // While every worker tried said it cannot serve this request (too large for its
         // cache, a feature it lacks): what the last one said.
         let mut unservable: Option<String> = None;
@@ -171,28 +176,59 @@ impl RequestRun {
             }
             tries += 1;
             let prompt = self.current_prompt();
-            let decided = std::time::Instant::now();
             let route_span = tracing::info_span!(parent: &self.span, "route", attempt = tries);
-            let routed = route_span
-                .in_scope(|| {
-                    frontend
-                        .routing
-                        .route(self.id, &prompt, self.overrides, &self.failed)
-                })
-                .map_err(|e| match e {
-                    RouteFailure::NoWorkers if self.failed.is_empty() => {
-                        ApiError::unavailable(Rejection::NoWorkers.message(), retry_after)
+            let waiting_since = std::time::Instant::now();
+            let mut waiting = false;
+            let (routed, decided) = loop {
+                let changed = frontend.routing.fleet_changed();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let decided = std::time::Instant::now();
+                let routed = route_span.in_scope(|| {
+                    let routing = &frontend.routing;
+                    match routing.route(self.id, &prompt, self.overrides, &self.failed) {
+                        // Every worker left is one this request failed on: one of them that
+                        // is healthy again takes it rather than losing its work.
+                        Err(RouteFailure::NoWorkers)
+                            if !self.failed.is_empty() && unservable.is_none() =>
+                        {
+                            routing.route(self.id, &prompt, self.overrides, &[])
+                        }
+                        routed => routed,
                     }
-                    RouteFailure::NoWorkers => give_up(
-                        &unservable,
-                        ApiError::unavailable(
-                            "No other worker can take the request now.",
-                            retry_after,
-                        ),
-                    ),
-                    RouteFailure::InvalidPrompt(message) => ApiError::invalid(message),
-                    RouteFailure::Internal(message) => ApiError::internal(message),
-                })?;
+                });
+                // A request under way (it was on a worker that failed) waits for a worker to
+                // join or recover, as long as a queued request would, looking again at every
+                // change of the fleet (and twice a second, for breakers that half-open).
+                let left = frontend
+                    .config
+                    .admission
+                    .queue_timeout
+                    .saturating_sub(waiting_since.elapsed());
+                match routed {
+                    Err(RouteFailure::NoWorkers)
+                        if !self.failed.is_empty() && unservable.is_none() && !left.is_zero() =>
+                    {
+                        if !waiting {
+                            waiting = true;
+                            tracing::info!(request = %self.id, "no worker can take the request now: waiting for one");
+                        }
+                        let _ = tokio::time::timeout(left.min(NO_WORKER_POLL), changed).await;
+                    }
+                    routed => break (routed, decided),
+                }
+            };
+            let routed = routed.map_err(|e| match e {
+                RouteFailure::NoWorkers if self.failed.is_empty() => {
+                    ApiError::unavailable(Rejection::NoWorkers.message(), retry_after)
+                }
+                RouteFailure::NoWorkers => give_up(
+                    &unservable,
+                    ApiError::unavailable("No other worker can take the request now.", retry_after),
+                ),
+                RouteFailure::InvalidPrompt(message) => ApiError::invalid(message),
+                RouteFailure::Internal(message) => ApiError::internal(message),
+            })?;
             frontend
                 .metrics
                 .routing_decision
@@ -304,9 +340,12 @@ impl RequestRun {
                     ),
                 ) => sent,
                 // The worker was found unhealthy meanwhile: do not wait on it.
-                Ok(()) = outage.changed() => Ok(Err(EngineError::Unreachable(
-                    "the worker was found unhealthy".into(),
-                ))),
+                Ok(()) = outage.changed() => {
+                    found_unhealthy += 1;
+                    Ok(Err(EngineError::Unreachable(
+                        "the worker was found unhealthy".into(),
+                    )))
+                }
             };
             let error = match sent {
                 Ok(Ok(stream)) => {
@@ -345,7 +384,10 @@ impl RequestRun {
                 _ => None,
             };
             self.failed.push(worker.worker_id);
-            if tries >= config.max_dispatch_attempts {
+            // A worker found unhealthy by others while this request was on its way (in a
+            // fleet losing workers) says nothing about this request: it is not tried again,
+            // but the attempt does not count; running out of workers ends the tries.
+            if tries.saturating_sub(found_unhealthy) >= config.max_dispatch_attempts {
                 return Err(give_up(
                     &unservable,
                     ApiError::unavailable(

@@ -101,7 +101,16 @@ impl Streaming {
                 worker = %attempt.worker.worker_id,
             ));
         }
-        let timeout = self.run.frontend.routing.first_token_timeout();
+        // The first token is late once the timeout has passed beyond when the worker's
+        // timing model predicts it (the prefill queued there, this request's included): a
+        // slow engine with prompts queued is not a hung one. The extension is at most the
+        // timeout again, so a wrong model cannot hide a hang for long.
+        let routing = &self.run.frontend.routing;
+        let timeout = routing.first_token_timeout();
+        let timeout = timeout
+            + routing
+                .queued_prefill_time(attempt.worker.worker_id)
+                .min(timeout);
         self.deadline.as_mut().reset(Instant::now() + timeout);
         self.stall = timeout;
         self.handoff = attempt.handoff;

@@ -71,6 +71,11 @@ pub struct WorkerStatus {
     #[serde(flatten)]
     pub entry: WorkerEntry,
     pub address: Option<String>,
+    /// The timing model it announced (`polynomial` or `profile`), which routing and stall
+    /// detection predict it with; none when it announced none.
+    pub timing: Option<&'static str>,
+    /// Its step's token budget, announced with its timing.
+    pub max_batched_tokens: Option<u32>,
     pub loads: Vec<(WorkerKey, WorkerLoad, Option<LoadSnapshot>)>,
 }
 
@@ -91,6 +96,9 @@ pub struct RoutingService {
     /// then `core`.
     syncing: Mutex<HashMap<WorkerId, Vec<switchyard_core::KvEvent>>>,
     resyncs: std::sync::atomic::AtomicU64,
+    /// Woken whenever the fleet changes (a worker joined, left or changed health):
+    /// requests waiting for a worker look again.
+    fleet_changed: tokio::sync::Notify,
     /// Sharing routing state with the model's other frontends.
     replicas: Option<Replicas>,
     /// Per worker, bumped each time it becomes unhealthy: its streams move elsewhere.
@@ -113,6 +121,7 @@ impl RoutingService {
             resync: None,
             syncing: Mutex::new(HashMap::new()),
             resyncs: std::sync::atomic::AtomicU64::new(0),
+            fleet_changed: tokio::sync::Notify::new(),
             replicas: None,
             outages: Mutex::new(HashMap::new()),
             progress: Mutex::new(HashMap::new()),
@@ -248,16 +257,17 @@ impl RoutingService {
             HealthState::Healthy => tracing::info!(%worker, "worker healthy again"),
         }
         // A worker coming back may free capacity for queued requests.
+        self.fleet_changed.notify_waiters();
         self.pump();
     }
 
-    /// How long a stream on `worker` may go without a token.
     /// How much longer `worker` is predicted to be busy with the prefill routed to it.
     pub fn queued_prefill_time(&self, worker: WorkerId) -> Duration {
         let now = self.now();
         self.core.lock().queued_prefill_time(worker, now)
     }
 
+    /// How long a stream on `worker` may go without a token.
     pub fn stall_timeout(&self, worker: WorkerId) -> Duration {
         self.core.lock().stall_timeout(worker)
     }
@@ -361,6 +371,12 @@ impl RoutingService {
                 _ => Err((Rejection::TimedOut, None)),
             },
         }
+    }
+
+    /// A future that completes at the fleet's next change (see [`Self::pump`]); create it
+    /// before looking, so a change in between is not missed.
+    pub fn fleet_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.fleet_changed.notified()
     }
 
     /// Releases queued requests while the core allows.
@@ -550,19 +566,27 @@ impl RoutingService {
         let engine = self.engine_loads.read();
         core.registry()
             .iter()
-            .map(|entry| WorkerStatus {
-                worker_id: entry.spec.id,
-                status: entry.status(),
-                role: entry.spec.role,
-                entry: entry.clone(),
-                address: instances
-                    .get(&entry.spec.id)
-                    .and_then(|i| i.address.clone()),
-                loads: entry
-                    .spec
-                    .keys()
-                    .map(|k| (k, core.load(k), engine.get(&k).copied()))
-                    .collect(),
+            .map(|entry| {
+                let instance = instances.get(&entry.spec.id);
+                WorkerStatus {
+                    worker_id: entry.spec.id,
+                    status: entry.status(),
+                    role: entry.spec.role,
+                    entry: entry.clone(),
+                    address: instance.and_then(|i| i.address.clone()),
+                    timing: instance
+                        .and_then(|i| i.perf.as_ref())
+                        .map(|perf| match perf {
+                            switchyard_core::perf::PerfModel::Polynomial => "polynomial",
+                            switchyard_core::perf::PerfModel::Interpolated(_) => "profile",
+                        }),
+                    max_batched_tokens: instance.and_then(|i| i.max_batched_tokens),
+                    loads: entry
+                        .spec
+                        .keys()
+                        .map(|k| (k, core.load(k), engine.get(&k).copied()))
+                        .collect(),
+                }
             })
             .collect()
     }

@@ -106,6 +106,7 @@ impl RoutingService {
             }
         }
         drop(syncing);
+        self.fleet_changed.notify_waiters();
         self.pump();
     }
 

@@ -133,6 +133,13 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // SWITCHYARD_TEST_LOGS=DIR keeps every process's whole log there, to read a
+        // failure the printed excerpt does not explain.
+        if let Some(dir) = std::env::var_os("SWITCHYARD_TEST_LOGS") {
+            let dir = PathBuf::from(dir);
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::copy(&self.log, dir.join(format!("{}.log", self.name)));
+        }
         if std::thread::panicking() {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             // A panic, error or change of degradation level early in a long run would
@@ -144,6 +151,16 @@ impl Drop for Process {
                 .collect();
             let levels: Vec<&str> = text.lines().filter(|l| l.contains("degradation")).collect();
             alarms.extend(&levels[levels.len().saturating_sub(20)..]);
+            // And the last changes of workers' health (a cascade of workers found unhealthy).
+            let health: Vec<&str> = text
+                .lines()
+                .filter(|l| {
+                    l.contains("worker unhealthy")
+                        || l.contains("worker suspicious")
+                        || l.contains("worker healthy again")
+                })
+                .collect();
+            alarms.extend(&health[health.len().saturating_sub(30)..]);
             if !alarms.is_empty() {
                 eprintln!("--- {} (panics and errors) ---", self.name);
                 for line in alarms {
