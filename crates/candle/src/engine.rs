@@ -19,6 +19,7 @@ use candle_core::Tensor;
 use hashlink::LinkedHashMap;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use switchyard_core::perf::PerfModel;
 use switchyard_core::protocol::{
     EngineError, FinishReason, GenerateRequest, Phase, SamplingParams, TokenOutput,
 };
@@ -103,6 +104,10 @@ pub struct CandleEngine {
     /// Seconds a step takes per token it computes (a moving average), to size prompt chunks
     /// so a step stays within `step_target`.
     per_token: Option<f64>,
+    /// The timing profile given, and the step's token budget it sets (replacing the
+    /// running measurement, so the same work is chunked the same way every time, as the
+    /// mocker replaying the profile chunks it).
+    timing: Option<(PerfModel, u32)>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -134,7 +139,26 @@ impl CandleEngine {
             next_event: 0,
             vocab,
             per_token: None,
+            timing: None,
         }
+    }
+
+    /// Takes a timing profile of this engine: its step budget becomes the most tokens whose
+    /// predicted prefill fits `step_target` (at most `max_batched_tokens`).
+    pub fn with_timing(mut self, perf: PerfModel) -> Self {
+        let tokens = step_tokens(
+            &perf,
+            self.config.step_target,
+            self.config.max_batched_tokens,
+        );
+        tracing::info!(step_tokens = tokens, "step budget from the timing profile");
+        self.timing = Some((perf, tokens));
+        self
+    }
+
+    /// The timing profile and step budget, when one was given.
+    pub fn timing(&self) -> Option<(PerfModel, u32)> {
+        self.timing.clone()
     }
 
     pub fn model(&self) -> &Model {
@@ -259,6 +283,16 @@ impl CandleEngine {
             .map(|s| s.tokens.len().saturating_sub(s.kv.len()) as u64)
             .sum()
     }
+}
+
+/// The most tokens (from 1 to `max`) whose predicted prefill fits `target`; 1 when none
+/// does.
+pub fn step_tokens(perf: &PerfModel, target: std::time::Duration, max: u32) -> u32 {
+    let target_ms = target.as_secs_f64() * 1e3;
+    (1..=max.max(1))
+        .rev()
+        .find(|&t| perf.prefill_ms(t) <= target_ms)
+        .unwrap_or(1)
 }
 
 /// Samples the next token from logits, as the request's sampling options say. The random
@@ -442,9 +476,14 @@ impl StepEngine for CandleEngine {
         // prompt must not hold the running streams' next tokens for seconds (their clients,
         // and the frontend's stall detection, wait on them).
         let mut budget = self.config.max_batched_tokens as usize;
-        if let Some(per_token) = self.per_token {
-            let target = self.config.step_target.as_secs_f64();
-            let paced = (target / per_token) as usize;
+        let paced = match (&self.timing, self.per_token) {
+            (Some((_, tokens)), _) => Some(*tokens as usize),
+            (None, Some(per_token)) => {
+                Some((self.config.step_target.as_secs_f64() / per_token) as usize)
+            }
+            (None, None) => None,
+        };
+        if let Some(paced) = paced {
             budget = budget.min(paced.max(self.running.len() + 16));
         }
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (index, from, to)
@@ -592,5 +631,35 @@ impl StepEngine for CandleEngine {
             .iter()
             .take_while(|h| self.cache.blocks.contains_key(h))
             .count() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use switchyard_core::perf::Profile;
+
+    use super::*;
+
+    #[test]
+    fn the_step_budget_is_the_most_tokens_that_fit_the_target() {
+        // 10 ms plus 2 ms a token.
+        let perf = PerfModel::from_profile(Profile {
+            prefill_isl: vec![1.0, 1001.0],
+            prefill_ttft_ms: vec![12.0, 2012.0],
+            decode_active_kv_tokens: vec![1.0, 100.0],
+            decode_context_length: vec![1.0, 100.0],
+            decode_itl: vec![vec![5.0, 5.0], vec![5.0, 5.0]],
+        })
+        .unwrap();
+        assert_eq!(step_tokens(&perf, Duration::from_millis(110), 512), 50);
+        assert_eq!(step_tokens(&perf, Duration::from_millis(111), 512), 50);
+        assert_eq!(step_tokens(&perf, Duration::from_millis(112), 512), 51);
+        // Nothing fits: a token a step still moves.
+        assert_eq!(step_tokens(&perf, Duration::from_millis(5), 512), 1);
+        // Everything fits: the configured most.
+        assert_eq!(step_tokens(&perf, Duration::from_secs(10), 512), 512);
+        assert_eq!(step_tokens(&perf, Duration::from_secs(10), 0), 1);
     }
 }

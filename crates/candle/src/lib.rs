@@ -38,11 +38,20 @@ impl CandleWorker {
             path: config.model.display().to_string(),
             message,
         })?;
+        // A bad profile fails before the model takes seconds to load.
+        let perf = match &config.perf_profile {
+            Some(path) => Some(switchyard_mocker::perf::load(path)?),
+            None => None,
+        };
         let mut gguf = Gguf::open(&config.model)?;
         let model = Model::load(&mut gguf, config.dense_weights)?;
         tracing::info!(model = %config.model.display(), shape = ?model.shape, "model loaded");
+        let mut engine = CandleEngine::new(model, config.clone(), worker);
+        if let Some(perf) = perf {
+            engine = engine.with_timing(perf);
+        }
         Ok(CandleWorker {
-            engine: CandleEngine::new(model, config.clone(), worker),
+            engine,
             config: config.clone(),
         })
     }
@@ -65,6 +74,10 @@ impl Engine for CandleWorker {
             dp_size: 1,
             prompt_text: false,
         }
+    }
+
+    fn timing(&self) -> Option<(switchyard_core::perf::PerfModel, u32)> {
+        self.engine.timing()
     }
 
     async fn start(

@@ -29,6 +29,8 @@ pub enum ModelError {
     Invalid { path: String, message: String },
     #[error("the model failed: {0}")]
     Compute(#[from] candle_core::Error),
+    #[error(transparent)]
+    Profile(#[from] switchyard_mocker::perf::ProfileError),
 }
 
 /// The model's shape, from the GGUF metadata.

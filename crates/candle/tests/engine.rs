@@ -266,3 +266,74 @@ fn the_gguf_files_tokenizer_and_template_serve_a_frontend() {
         );
     }
 }
+
+/// A profile of 1 ms a prompt token.
+fn linear_profile(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("profile.json");
+    let profile = serde_json::json!({
+        "prefill_isl": [10.0, 1000.0],
+        "prefill_ttft_ms": [10.0, 1000.0],
+        "decode_active_kv_tokens": [1.0, 10000.0],
+        "decode_context_length": [1.0, 10000.0],
+        "decode_itl": [[20.0, 20.0], [40.0, 40.0]],
+    });
+    std::fs::write(&path, profile.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn a_timing_profile_is_announced_and_sizes_every_prompt_chunk() {
+    use switchyard_worker::Engine;
+
+    let dir = tempfile::tempdir().unwrap();
+    let profile = linear_profile(dir.path());
+    let settings = CandleConfig {
+        perf_profile: Some(profile.clone()),
+        step_target: std::time::Duration::from_millis(100),
+        ..config()
+    };
+    let worker = CandleWorker::load(&settings, WorkerKey::new(1, 0)).unwrap();
+    let (perf, tokens) = worker.timing().expect("announced");
+    assert_eq!(perf, switchyard_mocker::perf::load(&profile).unwrap());
+    assert_eq!(tokens, 100, "1 ms a token within a 100 ms step");
+    let without = CandleWorker::load(&config(), WorkerKey::new(1, 0)).unwrap();
+    assert!(without.timing().is_none());
+
+    // A 250-token prompt is computed in chunks of 100, 100 and 50 tokens: its first token
+    // comes out of the third step, whatever the steps measured.
+    let mut e = engine(settings.clone()).with_timing(perf);
+    e.add(greedy(1, long_prompt(250, 7), 2)).unwrap();
+    let (mut out, mut events) = (Vec::new(), Vec::new());
+    let mut steps = 0;
+    while out.is_empty() {
+        e.step(std::time::Duration::ZERO, &mut out, &mut events);
+        steps += 1;
+        assert!(steps < 10, "no first token");
+    }
+    assert_eq!(steps, 3);
+
+    // A profile that cannot be read fails the start, before the model loads.
+    let bad = CandleWorker::load(
+        &CandleConfig {
+            perf_profile: Some(dir.path().join("missing.json")),
+            ..config()
+        },
+        WorkerKey::new(1, 0),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(bad.contains("cannot read profile"), "{bad}");
+    std::fs::write(dir.path().join("bad.json"), "{\"prefill_isl\": [1]}").unwrap();
+    let bad = CandleWorker::load(
+        &CandleConfig {
+            perf_profile: Some(dir.path().join("bad.json")),
+            ..config()
+        },
+        WorkerKey::new(1, 0),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(bad.contains("invalid profile"), "{bad}");
+}

@@ -188,6 +188,11 @@ pub struct CandleConfig {
     /// token so that running streams get their next token at least this often.
     #[serde(with = "humantime_serde")]
     pub step_target: Duration,
+    /// This engine's timing profile on this machine (`switchyard profile`'s profile.json,
+    /// or NPZ): announced at registration, so routers and frontends predict its latency
+    /// (and the mocker replays it); prompt chunks are then sized from it, the same every
+    /// step, instead of from a running measurement.
+    pub perf_profile: Option<PathBuf>,
 }
 
 impl Default for CandleConfig {
@@ -200,6 +205,7 @@ impl Default for CandleConfig {
             max_batched_tokens: 512,
             dense_weights: true,
             step_target: Duration::from_millis(250),
+            perf_profile: None,
         }
     }
 }

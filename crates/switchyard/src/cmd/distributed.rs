@@ -100,7 +100,8 @@ pub struct WorkerArgs {
     /// Mocker: time runs this many times faster than the timing model.
     #[arg(long)]
     speedup_ratio: Option<f64>,
-    /// Mocker: a timing profile (JSON or NPZ) instead of the polynomial model.
+    /// A measured timing profile (JSON or NPZ): the mocker's timing instead of the
+    /// polynomial model; the candle engine's announced timing and prompt chunk size.
     #[arg(long)]
     perf_profile: Option<PathBuf>,
     /// OpenAI engine: the upstream server's URL (http://HOST:PORT).
@@ -193,10 +194,12 @@ impl WorkerArgs {
             self.max_num_batched_tokens.map(i64::from),
         );
         o.set_some(&mocker("speedup_ratio"), self.speedup_ratio);
-        o.set_some(
-            &mocker("perf_profile"),
-            self.perf_profile.as_ref().map(|p| p.display().to_string()),
-        );
+        for key in [mocker("perf_profile"), candle("perf_profile")] {
+            o.set_some(
+                &key,
+                self.perf_profile.as_ref().map(|p| p.display().to_string()),
+            );
+        }
         if !self.faults.is_empty() {
             o.set_some(
                 &["worker", "faults", "schedule"],

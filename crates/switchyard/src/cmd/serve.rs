@@ -25,8 +25,9 @@ pub struct ServeArgs {
     /// Mocker time runs this many times faster than the timing model.
     #[arg(long)]
     speedup_ratio: Option<f64>,
-    /// The mocker's timing from a measured profile (JSON or NPZ; `switchyard profile`
-    /// writes one) instead of the polynomial model.
+    /// A measured timing profile (JSON or NPZ; `switchyard profile` writes one): the
+    /// mocker's timing instead of the polynomial model; the candle engine's announced
+    /// timing (what routers predict it with) and prompt chunk size.
     #[arg(long)]
     perf_profile: Option<std::path::PathBuf>,
 }
@@ -41,10 +42,12 @@ impl ServeArgs {
         o.engine(self.engine);
         o.candle_model(self.engine, self.frontend.model());
         o.set_some(&["workers", "mocker", "speedup_ratio"], self.speedup_ratio);
-        o.set_some(
-            &["workers", "mocker", "perf_profile"],
-            self.perf_profile.as_ref().map(|p| p.display().to_string()),
-        );
+        for engine in ["mocker", "candle"] {
+            o.set_some(
+                &["workers", engine, "perf_profile"],
+                self.perf_profile.as_ref().map(|p| p.display().to_string()),
+            );
+        }
         o.0
     }
 }
