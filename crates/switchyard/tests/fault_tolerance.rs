@@ -429,6 +429,85 @@ async fn a_first_token_predicted_late_by_the_workers_timing_is_waited_for() {
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
+/// A canary sent to a worker busy with queued prompts waits behind them: with its timing
+/// model predicting seconds of prefill, canaries with a 600 ms timeout do not take it out
+/// (they did: a CPU engine under a burst failed three canaries and was found unhealthy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canaries_wait_behind_the_prompts_queued_on_a_slow_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("slow.json");
+    std::fs::write(
+        &profile,
+        json!({
+            "prefill_isl": [1.0, 1000.0],
+            "prefill_ttft_ms": [20.0, 20000.0],
+            "decode_active_kv_tokens": [1.0, 100000.0],
+            "decode_context_length": [1.0, 100000.0],
+            "decode_itl": [[5.0, 5.0], [5.0, 5.0]],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__MOCKER__PERF_PROFILE", profile.to_str().unwrap()),
+        // One prompt a step, so four prompts queue one behind the other. (One token each:
+        // this is about canaries; streams waiting on their next token behind a prompt step
+        // are stall detection's business.)
+        ("WORKERS__MOCKER__MAX_NUM_BATCHED_TOKENS", "128"),
+        ("FRONTEND__HEALTH__FIRST_TOKEN_TIMEOUT", "10s"),
+        ("FRONTEND__HEALTH__CANARY_INTERVAL", "300ms"),
+        ("FRONTEND__HEALTH__CANARY_TIMEOUT", "600ms"),
+    ])
+    .await;
+    let started = Instant::now();
+    let bodies: Vec<Value> = (0..4)
+        .map(|i| json!({"model": MODEL, "prompt": prompt(i), "max_tokens": 1, "stream": true}))
+        .collect();
+    let requests = bodies.iter().map(|body| post(&d, "/v1/completions", body));
+    let answers = futures::future::join_all(requests).await;
+    let took = started.elapsed();
+    let failures = |text: String| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("switchyard_worker_failures_total"))
+            .map(str::to_owned)
+            .collect()
+    };
+    for (status, _, body) in answers {
+        let text = scrape(&url(&d, "/metrics")).await;
+        assert_eq!(status, 200, "{body} {:?}", failures(text.clone()));
+        let streamed = parse_stream(body.as_str().unwrap());
+        assert!(
+            streamed.errors.is_empty(),
+            "{:?} {:?}",
+            streamed.errors,
+            failures(text)
+        );
+    }
+    // The queue was long enough for canaries to meet it.
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+    // The canary that met the queue comes back passed (it may end just after the burst).
+    let metrics = url(&d, "/metrics");
+    support::cluster::eventually(Duration::from_secs(10), "a canary passed", || async {
+        let text = scrape(&metrics).await;
+        match metric_value(&text, "switchyard_canaries_total", Some("passed")) {
+            n if n >= 1.0 => Ok(()),
+            _ => Err(text),
+        }
+    })
+    .await;
+    let text = scrape(&metrics).await;
+    for kind in ["canary_timeout", "latency_spike", "hung", "stalled"] {
+        assert_eq!(
+            metric_value(&text, "switchyard_worker_failures_total", Some(kind)),
+            0.0,
+            "{kind}: {text}"
+        );
+    }
+    assert_eq!(status_of(&d, d.workers[0].worker_id()).await, "healthy");
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
 /// Streams whose only worker hung do not fail for want of another: they wait for a worker
 /// (as a queued request would), and once it recovers (a canary passes) they go on there
 /// and arrive whole.

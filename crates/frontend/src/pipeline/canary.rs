@@ -138,9 +138,32 @@ async fn ask(frontend: &Frontend, instance: &WorkerInstance) -> Answer {
         }
         Answer::Failed(Failure::Disconnected)
     };
-    match tokio::time::timeout(health.canary_timeout, run).await {
-        Ok(answer) => answer,
-        Err(_) => Answer::Failed(Failure::CanaryTimeout),
+    // A canary queues behind the prompts routed to the worker, those sent before it and
+    // those that overtake it: while the worker's timing model predicts prefill still queued
+    // there, the wait goes on by that much and its timeout again, up to the first-token
+    // timeout beyond its own (as a stream's first token waits). Without this, an engine busy
+    // with a burst of long prompts (the CPU engine holds a queue for seconds) failed its
+    // canaries and was taken out for being busy. (Its latency is then not judged either:
+    // see `canary_under_load`.)
+    let routing = &frontend.routing;
+    let limit = health.canary_timeout + routing.first_token_timeout();
+    let deadline = tokio::time::sleep(health.canary_timeout);
+    tokio::pin!(deadline);
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            answer = &mut run => return answer,
+            () = &mut deadline => {
+                let queued = routing.queued_prefill_time(instance.worker_id);
+                let waited = started.elapsed();
+                if queued.is_zero() || waited >= limit {
+                    return Answer::Failed(Failure::CanaryTimeout);
+                }
+                // The queue's predicted end, then its own timeout again.
+                let more = (queued + health.canary_timeout).min(limit - waited);
+                deadline.as_mut().reset(tokio::time::Instant::now() + more);
+            }
+        }
     }
 }
 

@@ -245,6 +245,12 @@ pub struct WorkerHealth {
     last_canary: Option<Duration>,
     #[serde(skip)]
     canary_in_flight: bool,
+    /// The canary in flight met requests on the worker (when sent or when it came back):
+    /// its latency says how busy the worker is, not how healthy, so it is neither judged
+    /// against the average nor folded into it (its answer still is judged; stall
+    /// detection watches the worker's streams).
+    #[serde(skip)]
+    pub canary_under_load: bool,
 }
 
 impl WorkerHealth {
@@ -264,6 +270,7 @@ impl WorkerHealth {
             last_activity: now,
             last_canary: None,
             canary_in_flight: false,
+            canary_under_load: false,
         }
     }
 
@@ -443,6 +450,9 @@ impl WorkerHealth {
         if wrong {
             return self.fail(Failure::WrongOutput, config, now, rng);
         }
+        if std::mem::take(&mut self.canary_under_load) {
+            return self.succeed(config, now, true);
+        }
         let seconds = latency.as_secs_f64();
         let spike = self.canary_samples >= 3
             && self
@@ -586,6 +596,41 @@ mod tests {
         );
         assert_eq!(h.last_failure, Some(Failure::LatencySpike));
         assert_eq!(h.state, HealthState::Suspicious);
+    }
+
+    #[test]
+    fn a_slow_canary_that_met_requests_on_the_worker_is_not_a_spike() {
+        let (mut h, config, mut rng) = setup();
+        let fast = Duration::from_millis(10);
+        for i in 0..3 {
+            h.canary_started(S * i);
+            h.canary_finished(Ok((vec![1], fast)), None, &config, S * i, &mut rng);
+        }
+        let average = h.canary_latency;
+        // Ten times slower, behind the worker's own requests: passed, average unchanged.
+        h.canary_started(10 * S);
+        h.canary_under_load = true;
+        let slow = Ok((vec![1], 10 * fast));
+        assert_eq!(
+            h.canary_finished(slow, None, &config, 10 * S, &mut rng),
+            None
+        );
+        assert_eq!(h.state, HealthState::Healthy);
+        assert_eq!(h.canary_latency, average);
+        // Its answer is still judged.
+        h.canary_started(20 * S);
+        h.canary_under_load = true;
+        let wrong = h.canary_finished(Ok((vec![2], fast)), None, &config, 20 * S, &mut rng);
+        assert_eq!(wrong.map(|c| c.to), Some(HealthState::Unhealthy));
+        // The same latency on an idle worker is a spike.
+        let (mut h, config, mut rng) = setup();
+        for i in 0..3 {
+            h.canary_started(S * i);
+            h.canary_finished(Ok((vec![1], fast)), None, &config, S * i, &mut rng);
+        }
+        h.canary_started(10 * S);
+        h.canary_finished(Ok((vec![1], 10 * fast)), None, &config, 10 * S, &mut rng);
+        assert_eq!(h.last_failure, Some(Failure::LatencySpike));
     }
 
     #[test]

@@ -413,6 +413,7 @@ impl RoutingCore {
         let config = self.config.health;
         let mut due = Vec::new();
         for id in self.registry.iter().map(|e| e.spec.id).collect::<Vec<_>>() {
+            let loaded = self.has_requests(id);
             if let Some(entry) = self.registry.get_mut(id) {
                 if entry.departed {
                     continue;
@@ -420,6 +421,7 @@ impl RoutingCore {
                 entry.health.tick(now);
                 if entry.health.canary_due(&config, now) {
                     entry.health.canary_started(now);
+                    entry.health.canary_under_load = loaded;
                     due.push(id);
                 }
             }
@@ -444,13 +446,19 @@ impl RoutingCore {
             health::majority(others).map(|(answer, _)| answer.to_vec())
         };
         let config = self.config.health;
-        self.registry.get_mut(worker)?.health.canary_finished(
-            answer,
-            reference.as_deref(),
-            &config,
-            now,
-            &mut self.rng,
-        )
+        let loaded = self.has_requests(worker);
+        let entry = self.registry.get_mut(worker)?;
+        entry.health.canary_under_load |= loaded;
+        entry
+            .health
+            .canary_finished(answer, reference.as_deref(), &config, now, &mut self.rng)
+    }
+
+    /// Whether requests routed to `worker` are in flight there.
+    fn has_requests(&self, worker: WorkerId) -> bool {
+        self.registry
+            .get(worker)
+            .is_some_and(|e| e.spec.keys().any(|key| self.router.load(key).requests > 0))
     }
 
     /// A canary that came back with nothing to judge.
