@@ -377,19 +377,15 @@ async fn losing_three_of_four_workers_sheds_best_effort_and_keeps_premium() {
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
-/// A worker whose timing model says this prompt's prefill takes 1.5 s (25 ms a token) is not
-/// taken for hung by a first-token timeout of 1 s: the deadline runs from when its first
-/// token is predicted (a slow engine with prompts queued, such as the CPU engine, is not a
-/// failed one).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_token_predicted_late_by_the_workers_timing_is_waited_for() {
-    let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("slow.json");
+/// A timing profile (the mocker's format) whose prefill costs `ms_per_token` a prompt token
+/// and whose decode steps take 5 ms: a slow engine.
+fn slow_profile(dir: &std::path::Path, ms_per_token: f64) -> std::path::PathBuf {
+    let profile = dir.join("slow.json");
     std::fs::write(
         &profile,
         json!({
             "prefill_isl": [1.0, 1000.0],
-            "prefill_ttft_ms": [25.0, 25000.0],
+            "prefill_ttft_ms": [ms_per_token, 1000.0 * ms_per_token],
             "decode_active_kv_tokens": [1.0, 100000.0],
             "decode_context_length": [1.0, 100000.0],
             "decode_itl": [[5.0, 5.0], [5.0, 5.0]],
@@ -397,6 +393,17 @@ async fn a_first_token_predicted_late_by_the_workers_timing_is_waited_for() {
         .to_string(),
     )
     .unwrap();
+    profile
+}
+
+/// A worker whose timing model says this prompt's prefill takes 1.5 s (25 ms a token) is not
+/// taken for hung by a first-token timeout of 1 s: the deadline runs from when its first
+/// token is predicted (a slow engine with prompts queued, such as the CPU engine, is not a
+/// failed one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_predicted_late_by_the_workers_timing_is_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = slow_profile(dir.path(), 25.0);
     let d = start(&[
         ("WORKERS__COUNT", "1"),
         ("WORKERS__MOCKER__PERF_PROFILE", profile.to_str().unwrap()),
@@ -435,19 +442,7 @@ async fn a_first_token_predicted_late_by_the_workers_timing_is_waited_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canaries_wait_behind_the_prompts_queued_on_a_slow_worker() {
     let dir = tempfile::tempdir().unwrap();
-    let profile = dir.path().join("slow.json");
-    std::fs::write(
-        &profile,
-        json!({
-            "prefill_isl": [1.0, 1000.0],
-            "prefill_ttft_ms": [20.0, 20000.0],
-            "decode_active_kv_tokens": [1.0, 100000.0],
-            "decode_context_length": [1.0, 100000.0],
-            "decode_itl": [[5.0, 5.0], [5.0, 5.0]],
-        })
-        .to_string(),
-    )
-    .unwrap();
+    let profile = slow_profile(dir.path(), 20.0);
     let d = start(&[
         ("WORKERS__COUNT", "1"),
         ("WORKERS__MOCKER__PERF_PROFILE", profile.to_str().unwrap()),
