@@ -547,10 +547,7 @@ impl RoutingCore {
     /// once; while every registered worker is out of rotation (unhealthy: its breaker may
     /// half-open, or a replacement join) it queues like a request meeting a busy fleet.
     pub fn admit(&mut self, id: RequestId, priority: Priority, now: Duration) -> Admission {
-        let any = self
-            .registry
-            .iter()
-            .any(|e| !e.draining && !e.departed && e.spec.role.serves_generation());
+        let any = self.registry.iter().any(WorkerEntry::may_serve);
         let level = if any { self.degradation_level(now) } else { 0 };
         if let Some(rejection) = degradation::refuse(
             level,

@@ -161,6 +161,12 @@ impl WorkerEntry {
     pub fn serving(&self) -> bool {
         self.routable() && self.spec.role.serves_generation()
     }
+
+    /// Whether it takes generation requests now or may again without leaving: serving, or
+    /// out of rotation only for its health (its breaker half-opens).
+    pub fn may_serve(&self) -> bool {
+        !self.draining && !self.departed && self.spec.role.serves_generation()
+    }
 }
 
 /// Why a worker was not registered.
