@@ -396,6 +396,19 @@ fn slow_profile(dir: &std::path::Path, ms_per_token: f64) -> std::path::PathBuf 
     profile
 }
 
+/// The only worker is healthy and no failure of these kinds was counted against it.
+async fn assert_healthy_without(d: &Deployment, kinds: &[&str]) {
+    let text = scrape(&url(d, "/metrics")).await;
+    for kind in kinds {
+        assert_eq!(
+            metric_value(&text, "switchyard_worker_failures_total", Some(kind)),
+            0.0,
+            "{kind}: {text}"
+        );
+    }
+    assert_eq!(status_of(d, d.workers[0].worker_id()).await, "healthy");
+}
+
 /// A worker whose timing model says this prompt's prefill takes 1.5 s (25 ms a token) is not
 /// taken for hung by a first-token timeout of 1 s: the deadline runs from when its first
 /// token is predicted (a slow engine with prompts queued, such as the CPU engine, is not a
@@ -424,15 +437,7 @@ async fn a_first_token_predicted_late_by_the_workers_timing_is_waited_for() {
     assert!(streamed.errors.is_empty(), "{:?}", streamed.errors);
     assert_eq!(streamed.completion_tokens, Some(3));
     assert!(took >= Duration::from_millis(1500), "{took:?}");
-    let text = scrape(&url(&d, "/metrics")).await;
-    for kind in ["stalled", "hung"] {
-        assert_eq!(
-            metric_value(&text, "switchyard_worker_failures_total", Some(kind)),
-            0.0,
-            "{kind}: {text}"
-        );
-    }
-    assert_eq!(status_of(&d, d.workers[0].worker_id()).await, "healthy");
+    assert_healthy_without(&d, &["stalled", "hung"]).await;
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
@@ -491,15 +496,7 @@ async fn canaries_wait_behind_the_prompts_queued_on_a_slow_worker() {
         }
     })
     .await;
-    let text = scrape(&metrics).await;
-    for kind in ["canary_timeout", "latency_spike", "hung", "stalled"] {
-        assert_eq!(
-            metric_value(&text, "switchyard_worker_failures_total", Some(kind)),
-            0.0,
-            "{kind}: {text}"
-        );
-    }
-    assert_eq!(status_of(&d, d.workers[0].worker_id()).await, "healthy");
+    assert_healthy_without(&d, &["canary_timeout", "latency_spike", "hung", "stalled"]).await;
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
