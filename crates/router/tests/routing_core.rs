@@ -291,7 +291,7 @@ fn admission_queues_while_busy_and_releases_as_requests_end() {
     assert_eq!(core.next_admitted(Duration::ZERO), None, "busy again");
     core.finish(RequestId(2));
     assert_eq!(core.next_admitted(Duration::ZERO), Some(RequestId(4)));
-    assert!(core.withdraw(RequestId(4)));
+    assert!(core.withdraw(RequestId(4), Duration::ZERO));
     assert_eq!(core.queued(), 0);
 }
 

@@ -412,7 +412,7 @@ impl<'a> Fleet<'a> {
     fn timed(&mut self, event: Event) {
         match event {
             Event::QueueTimeout(index) => {
-                if self.core.withdraw(RequestId(u64::from(index))) {
+                if self.core.withdraw(RequestId(u64::from(index)), self.now) {
                     self.refuse(index, Rejection::TimedOut);
                 }
             }

@@ -399,7 +399,7 @@ impl RoutingService {
                 return;
             }
             // Its waiter is gone: it gave up between being released and now.
-            core.withdraw(id);
+            core.withdraw(id, now);
         }
     }
 
@@ -646,10 +646,11 @@ pub struct AdmissionTicket {
 
 impl Drop for AdmissionTicket {
     fn drop(&mut self) {
+        let now = self.routing.now();
         let withdrawn = {
             let mut core = self.routing.core.lock();
             self.routing.waiters.lock().remove(&self.id);
-            core.withdraw(self.id)
+            core.withdraw(self.id, now)
         };
         if withdrawn {
             self.routing.pump();

@@ -75,6 +75,21 @@ pub enum Admission {
     Rejected(Rejection),
 }
 
+/// What the fleet can do for a request offered for admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fleet {
+    /// No worker can take requests at all.
+    Empty,
+    /// Workers are registered but none is in rotation now (each may come back, or a
+    /// replacement join): requests queue, and none is refused for a predicted wait (the
+    /// rate the queue released at before tells nothing about when it moves again).
+    Down,
+    /// Every worker in rotation is busy.
+    Busy,
+    /// Some worker has room.
+    Free,
+}
+
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {
@@ -149,8 +164,13 @@ pub struct AdmissionQueue {
     pending: Option<RequestId>,
     /// When the releases of the last [`RATE_HORIZON`] happened: the measured release rate.
     releases: VecDeque<Duration>,
-    /// The first release ever: before a whole horizon has passed, the rate counts from it.
-    first_release: Option<Duration>,
+    /// Since when requests have been waiting without a break (none while nothing waits).
+    waiting_since: Option<Duration>,
+    /// Earlier spans during which requests waited, oldest first: the rate counts the
+    /// releases over the time there was something to release, not over the quiet time
+    /// between saturated moments (which would read a fleet that saturates now and then as
+    /// slow, and refuse requests it serves in a blink).
+    waited: VecDeque<(Duration, Duration)>,
 }
 
 /// The release rate counts the releases of this long a window (bursts, as when several
@@ -191,9 +211,9 @@ impl AdmissionQueue {
         ]
     }
 
-    /// Requests released per second over the last [`RATE_HORIZON`] (or since the first
-    /// release, if more recent), up to `now`: a queue that stopped moving reads as slow;
-    /// none before enough releases.
+    /// Requests released per second while requests waited, over the last
+    /// [`RATE_HORIZON`] up to `now`: a queue that stopped moving reads as slow; none before
+    /// enough releases.
     pub fn release_rate(&self, now: Duration) -> Option<f64> {
         let count = self
             .releases
@@ -203,9 +223,42 @@ impl AdmissionQueue {
         if count < RATE_MIN_SAMPLES {
             return None;
         }
-        let since = now.saturating_sub(self.first_release?).min(RATE_HORIZON);
-        let span = since.as_secs_f64().max(1e-3);
+        let span = self.waiting_time(now).as_secs_f64().max(1e-3);
         Some(count as f64 / span)
+    }
+
+    /// How long requests were waiting within the last [`RATE_HORIZON`] up to `now`.
+    fn waiting_time(&self, now: Duration) -> Duration {
+        let from = now.saturating_sub(RATE_HORIZON);
+        let closed: Duration = self
+            .waited
+            .iter()
+            .map(|&(start, end)| end.saturating_sub(start.max(from)))
+            .sum();
+        let open = self
+            .waiting_since
+            .map_or(Duration::ZERO, |start| now.saturating_sub(start.max(from)));
+        closed + open
+    }
+
+    /// Opens or closes the current waiting span after the queue changed at `now`.
+    fn track_waiting(&mut self, now: Duration) {
+        match (self.waiting_since, self.is_empty()) {
+            (None, false) => self.waiting_since = Some(now),
+            (Some(start), true) => {
+                self.waiting_since = None;
+                self.waited.push_back((start, now));
+                while self
+                    .waited
+                    .front()
+                    .is_some_and(|&(_, end)| now.saturating_sub(end) > RATE_HORIZON)
+                    || self.waited.len() > RATE_MAX_SAMPLES
+                {
+                    self.waited.pop_front();
+                }
+            }
+            _ => {}
+        }
     }
 
     /// How long a request of `priority` offered now would wait: those waiting at its tier
@@ -249,6 +302,7 @@ impl AdmissionQueue {
             }
             self.tiers[rank] = kept;
         }
+        self.track_waiting(now);
         out
     }
 
@@ -263,22 +317,20 @@ impl AdmissionQueue {
         Some(limit.min(self.config.queue_timeout))
     }
 
-    /// Decides on a new request, given whether every worker is busy and whether any can
-    /// take requests at all.
+    /// Decides on a new request, given what the fleet can do now.
     pub fn offer(
         &mut self,
         id: RequestId,
         priority: Priority,
-        busy: bool,
-        any_worker: bool,
+        fleet: Fleet,
         now: Duration,
     ) -> Admission {
-        if !any_worker {
+        if fleet == Fleet::Empty {
             return Admission::Rejected(Rejection::NoWorkers);
         }
         let tier = priority.rank();
         let waiting_at_or_above: usize = self.tiers[tier..].iter().map(VecDeque::len).sum();
-        if waiting_at_or_above == 0 && !busy {
+        if waiting_at_or_above == 0 && fleet == Fleet::Free {
             return Admission::Admitted;
         }
         let total = self.len();
@@ -288,6 +340,7 @@ impl AdmissionQueue {
                 Some(Rejection::QueueFilling)
             }
             Priority::Premium if total >= self.config.max_queue => Some(Rejection::QueueFull),
+            _ if fleet == Fleet::Down => None,
             _ => match (
                 self.predicted_wait(priority, now),
                 self.wait_limit(priority),
@@ -300,6 +353,7 @@ impl AdmissionQueue {
             Some(rejection) => Admission::Rejected(rejection),
             None => {
                 self.tiers[tier].push_back((id, now));
+                self.track_waiting(now);
                 Admission::Queued
             }
         }
@@ -313,7 +367,7 @@ impl AdmissionQueue {
         }
         let (id, _) = self.tiers.iter_mut().rev().find_map(VecDeque::pop_front)?;
         self.pending = Some(id);
-        self.first_release.get_or_insert(now);
+        self.track_waiting(now);
         while self
             .releases
             .front()
@@ -333,20 +387,21 @@ impl AdmissionQueue {
         }
     }
 
-    /// The request gave up waiting (timed out, or its client left). Returns whether it was
-    /// still waiting or released but not routed.
-    pub fn withdraw(&mut self, id: RequestId) -> bool {
+    /// The request gave up waiting at `now` (timed out, or its client left). Returns
+    /// whether it was still waiting or released but not routed.
+    pub fn withdraw(&mut self, id: RequestId, now: Duration) -> bool {
         if self.pending == Some(id) {
             self.pending = None;
             return true;
         }
-        for tier in &mut self.tiers {
-            if let Some(i) = tier.iter().position(|&(r, _)| r == id) {
-                tier.remove(i);
-                return true;
-            }
-        }
-        false
+        let found = self.tiers.iter_mut().any(|tier| {
+            tier.iter()
+                .position(|&(r, _)| r == id)
+                .and_then(|i| tier.remove(i))
+                .is_some()
+        });
+        self.track_waiting(now);
+        found
     }
 }
 
@@ -368,40 +423,40 @@ mod tests {
     fn idle_fleets_admit_and_busy_ones_shed_lowest_tiers_first() {
         let mut q = queue(4);
         assert_eq!(
-            q.offer(RequestId(1), Priority::BestEffort, false, true, T0),
+            q.offer(RequestId(1), Priority::BestEffort, Fleet::Free, T0),
             Admission::Admitted
         );
         assert_eq!(
-            q.offer(RequestId(2), Priority::Premium, false, false, T0),
+            q.offer(RequestId(2), Priority::Premium, Fleet::Empty, T0),
             Admission::Rejected(Rejection::NoWorkers)
         );
         assert_eq!(
-            q.offer(RequestId(3), Priority::BestEffort, true, true, T0),
+            q.offer(RequestId(3), Priority::BestEffort, Fleet::Busy, T0),
             Admission::Rejected(Rejection::Shed)
         );
         assert_eq!(
-            q.offer(RequestId(4), Priority::Standard, true, true, T0),
+            q.offer(RequestId(4), Priority::Standard, Fleet::Busy, T0),
             Admission::Queued
         );
         assert_eq!(
-            q.offer(RequestId(5), Priority::Standard, true, true, T0),
+            q.offer(RequestId(5), Priority::Standard, Fleet::Busy, T0),
             Admission::Queued
         );
         // Half full: standard is refused, premium still queues until full.
         assert_eq!(
-            q.offer(RequestId(6), Priority::Standard, true, true, T0),
+            q.offer(RequestId(6), Priority::Standard, Fleet::Busy, T0),
             Admission::Rejected(Rejection::QueueFilling)
         );
         assert_eq!(
-            q.offer(RequestId(7), Priority::Premium, true, true, T0),
+            q.offer(RequestId(7), Priority::Premium, Fleet::Busy, T0),
             Admission::Queued
         );
         assert_eq!(
-            q.offer(RequestId(8), Priority::Premium, true, true, T0),
+            q.offer(RequestId(8), Priority::Premium, Fleet::Busy, T0),
             Admission::Queued
         );
         assert_eq!(
-            q.offer(RequestId(9), Priority::Premium, true, true, T0),
+            q.offer(RequestId(9), Priority::Premium, Fleet::Busy, T0),
             Admission::Rejected(Rejection::QueueFull)
         );
         assert_eq!(q.by_tier(), [0, 2, 2]);
@@ -412,12 +467,12 @@ mod tests {
     #[test]
     fn no_overtaking_and_release_one_at_a_time_highest_tier_first() {
         let mut q = queue(16);
-        q.offer(RequestId(1), Priority::Standard, true, true, T0);
-        q.offer(RequestId(2), Priority::Premium, true, true, T0);
+        q.offer(RequestId(1), Priority::Standard, Fleet::Busy, T0);
+        q.offer(RequestId(2), Priority::Premium, Fleet::Busy, T0);
         // Capacity is back, but a standard request waits: another standard one queues
         // behind it, while a premium one would have to wait behind the premium one.
         assert_eq!(
-            q.offer(RequestId(3), Priority::Standard, false, true, T0),
+            q.offer(RequestId(3), Priority::Standard, Fleet::Free, T0),
             Admission::Queued
         );
         assert_eq!(q.next(true, T0), None, "still busy");
@@ -429,9 +484,9 @@ mod tests {
         );
         q.settled(RequestId(2));
         assert_eq!(q.next(false, T0), Some(RequestId(1)));
-        assert!(q.withdraw(RequestId(1)), "released but gave up");
-        assert!(q.withdraw(RequestId(3)));
-        assert!(!q.withdraw(RequestId(3)));
+        assert!(q.withdraw(RequestId(1), T0), "released but gave up");
+        assert!(q.withdraw(RequestId(3), T0));
+        assert!(!q.withdraw(RequestId(3), T0));
         assert_eq!(q.next(false, T0), None);
         assert!(q.is_empty());
     }
@@ -450,7 +505,7 @@ mod tests {
         // No measured rate yet: only the queue length counts.
         for id in 0..30 {
             assert_eq!(
-                q.offer(RequestId(id), Priority::Standard, true, true, at(0)),
+                q.offer(RequestId(id), Priority::Standard, Fleet::Busy, at(0)),
                 Admission::Queued
             );
         }
@@ -464,14 +519,14 @@ mod tests {
         assert!((rate - 10.0).abs() < 0.01, "{rate}");
         // 20 standard requests ahead: 2.1 s predicted, past the 1 s target.
         assert_eq!(
-            q.offer(RequestId(100), Priority::Standard, true, true, at(1000)),
+            q.offer(RequestId(100), Priority::Standard, Fleet::Busy, at(1000)),
             Admission::Rejected(Rejection::WaitTooLong)
         );
         let wait = q.predicted_wait(Priority::Standard, at(1000)).unwrap();
         assert!((wait.as_secs_f64() - 2.1).abs() < 0.01, "{wait:?}");
         // Premium sees only the premium queue ahead of it (empty) and has twice the target.
         assert_eq!(
-            q.offer(RequestId(101), Priority::Premium, true, true, at(1000)),
+            q.offer(RequestId(101), Priority::Premium, Fleet::Busy, at(1000)),
             Admission::Queued
         );
         // Once the standard queue is short enough, standard requests queue again.
@@ -480,7 +535,7 @@ mod tests {
             q.settled(id);
         }
         assert_eq!(
-            q.offer(RequestId(102), Priority::Standard, true, true, at(1000)),
+            q.offer(RequestId(102), Priority::Standard, Fleet::Busy, at(1000)),
             Admission::Queued
         );
         // A queue that stopped moving reads as slower and slower.
@@ -489,5 +544,78 @@ mod tests {
         // Releases older than the horizon are forgotten.
         assert_eq!(q.release_rate(at(100_000)), None);
         assert_eq!(Rejection::WaitTooLong.status(), 429);
+    }
+
+    #[test]
+    fn the_rate_counts_only_the_time_requests_waited() {
+        let mut q = AdmissionQueue::new(AdmissionConfig {
+            max_queue: 1000,
+            wait_target: Some(Duration::from_secs(1)),
+            ..AdmissionConfig::default()
+        });
+        // Four short saturated moments 5 s apart: each time two requests wait 100 ms and
+        // leave together. Counted over the whole 15 s that is a release every 2 s; counted
+        // over the 400 ms anything waited, 20 per second.
+        for burst in 0..4u64 {
+            let start = burst * 5000;
+            for id in 0..2 {
+                let id = RequestId(burst * 2 + id);
+                assert_eq!(
+                    q.offer(id, Priority::Standard, Fleet::Busy, at(start)),
+                    Admission::Queued
+                );
+            }
+            for _ in 0..2 {
+                let id = q.next(false, at(start + 100)).unwrap();
+                q.settled(id);
+            }
+        }
+        let rate = q.release_rate(at(16_000)).unwrap();
+        assert!((rate - 20.0).abs() < 0.01, "{rate}");
+        // So a queue of ten ahead is half a second away, within the target.
+        for id in 100..110 {
+            q.offer(RequestId(id), Priority::Standard, Fleet::Busy, at(16_000));
+        }
+        assert_eq!(
+            q.offer(RequestId(110), Priority::Standard, Fleet::Busy, at(16_000)),
+            Admission::Queued
+        );
+        // Spans that ended more than the horizon ago are forgotten with their releases.
+        while let Some(id) = q.next(false, at(16_000)) {
+            q.settled(id);
+        }
+        assert!(q.is_empty());
+        assert_eq!(q.waiting_time(at(16_000 + 30_000 + 100)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_fleet_that_is_down_queues_without_predicting_a_wait() {
+        let mut q = AdmissionQueue::new(AdmissionConfig {
+            max_queue: 1000,
+            wait_target: Some(Duration::from_secs(1)),
+            ..AdmissionConfig::default()
+        });
+        for id in 0..20 {
+            q.offer(RequestId(id), Priority::Standard, Fleet::Busy, at(0));
+        }
+        for i in 0..4u64 {
+            let id = q.next(false, at(100 * i)).unwrap();
+            q.settled(id);
+        }
+        // 16 ahead at 10 per second: refused while the fleet is busy...
+        assert_eq!(
+            q.offer(RequestId(100), Priority::Standard, Fleet::Busy, at(400)),
+            Admission::Rejected(Rejection::WaitTooLong)
+        );
+        // ...but while no worker is in rotation that rate says nothing: it queues.
+        assert_eq!(
+            q.offer(RequestId(101), Priority::Standard, Fleet::Down, at(400)),
+            Admission::Queued
+        );
+        // Queue-length limits still hold.
+        assert_eq!(
+            q.offer(RequestId(102), Priority::BestEffort, Fleet::Down, at(400)),
+            Admission::Rejected(Rejection::Shed)
+        );
     }
 }

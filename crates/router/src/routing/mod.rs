@@ -34,7 +34,7 @@ use crate::indexer::OverlapScores;
 use crate::indexer::approx::{ApproxConfig, ApproxIndexer};
 use crate::policy::RoutingOverrides;
 use crate::router::{RouteDecision, RouteError, RouteRequest, Router, RouterConfig};
-use admission::{Admission, AdmissionConfig, AdmissionQueue};
+use admission::{Admission, AdmissionConfig, AdmissionQueue, Fleet};
 use degradation::{Degradation, DegradationConfig};
 use health::{Failure, HealthChange, HealthConfig};
 use registry::{
@@ -545,7 +545,8 @@ impl RoutingCore {
 
     /// Offers a new request for admission. With no worker registered it is refused at
     /// once; while every registered worker is out of rotation (unhealthy: its breaker may
-    /// half-open, or a replacement join) it queues like a request meeting a busy fleet.
+    /// half-open, or a replacement join) it queues like a request meeting a busy fleet,
+    /// without being refused for a predicted wait.
     pub fn admit(&mut self, id: RequestId, priority: Priority, now: Duration) -> Admission {
         let any = self.registry.iter().any(WorkerEntry::may_serve);
         let level = if any { self.degradation_level(now) } else { 0 };
@@ -557,8 +558,22 @@ impl RoutingCore {
         ) {
             return Admission::Rejected(rejection);
         }
-        let busy = any && self.all_busy();
-        self.admission.offer(id, priority, busy, any, now)
+        self.admission.offer(id, priority, self.fleet(), now)
+    }
+
+    /// What the fleet can do for a request now (see [`Fleet`]).
+    fn fleet(&self) -> Fleet {
+        if self.registry.iter().any(WorkerEntry::serving) {
+            if self.all_busy() {
+                Fleet::Busy
+            } else {
+                Fleet::Free
+            }
+        } else if self.registry.iter().any(WorkerEntry::may_serve) {
+            Fleet::Down
+        } else {
+            Fleet::Empty
+        }
     }
 
     /// How long a request of `priority` offered now would wait in the admission queue
@@ -592,13 +607,19 @@ impl RoutingCore {
 
     /// Queued requests that can no longer start within the wait target: refuse them
     /// ([`Rejection::WaitTooLong`]); see [`AdmissionQueue::overdue`].
+    /// None while no worker is in rotation: the queue moves again when one is back, at a
+    /// rate nothing measured yet.
     pub fn overdue(&mut self, now: Duration) -> Vec<(RequestId, Duration)> {
+        if self.fleet() == Fleet::Down {
+            return Vec::new();
+        }
         self.admission.overdue(now)
     }
 
     /// A queued request gives up (timed out, or its client left).
-    pub fn withdraw(&mut self, id: RequestId) -> bool {
-        self.admission.withdraw(id)
+    pub fn withdraw(&mut self, id: RequestId, now: Duration) -> bool {
+        self.tick(now);
+        self.admission.withdraw(id, now)
     }
 
     /// Requests waiting for admission.
@@ -850,7 +871,7 @@ impl RoutingCore {
     /// The request ended, however it ended. Returns the worker it was on. A departed
     /// worker whose last request this was is removed.
     pub fn finish(&mut self, id: RequestId) -> Option<WorkerKey> {
-        self.admission.withdraw(id);
+        self.admission.withdraw(id, self.now);
         let worker = self.router.free(id)?;
         self.remove_if_drained(worker.worker_id);
         Some(worker)
