@@ -130,6 +130,40 @@ async fn streams_move_off_a_crashed_worker_and_arrive_whole() {
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
+/// A worker lost between a stream's last token and its finish (a `kill -9` between two
+/// writes): the answer is whole, so it is completed, not moved and asked for one token more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_finish_is_lost_after_its_last_token_completes_as_it_is() {
+    let d = start(&[
+        ("WORKERS__COUNT", "2"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "10"),
+    ])
+    .await;
+    let reference = stream_all(&d, 8, 40, || {}).await;
+    assert_whole(&reference, &reference, 40);
+    for worker in [WorkerId(1), WorkerId(2)] {
+        inject(&d, worker, Fault::Truncate);
+    }
+    let got = stream_all(&d, 8, 40, || {}).await;
+    assert_whole(&got, &reference, 40);
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert_eq!(
+        metric_value(&text, "switchyard_migrations_total", Some("disconnected")),
+        0.0,
+        "nothing was moved: {text}"
+    );
+    // The worker was lost all the same: that counts against it.
+    assert!(
+        metric_value(
+            &text,
+            "switchyard_worker_failures_total",
+            Some("disconnected")
+        ) >= 1.0,
+        "{text}"
+    );
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
 /// Crashes the busiest worker under 16 streams of 150 tokens; returns what the clients saw
 /// and the moves refused, by outcome label.
 async fn crash_under(env: &[(&str, &str)]) -> (Vec<Streamed>, f64, f64) {

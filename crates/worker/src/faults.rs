@@ -9,6 +9,8 @@
 //! - `slow:K`: the engine's steps take K times longer (engines on the step driver).
 //! - `corrupt`: wrong tokens, silently (each token id off by one).
 //! - `refuse`: new requests are refused as if the port were closed.
+//! - `truncate`: every stream ends right after its last token, without the record that
+//!   says it finished, as when a worker dies between the two (the answer is whole).
 //!
 //! A fault is written `KIND[:ARG][@AT][+FOR]`: `crash@30s` (30 s after the worker started),
 //! `hang@10s+5s` (for five seconds), `slow:4+20s` (now, for twenty seconds), `corrupt`.
@@ -39,6 +41,7 @@ pub enum Fault {
     Slow { factor: f64 },
     Corrupt,
     Refuse,
+    Truncate,
 }
 
 impl Fault {
@@ -49,6 +52,7 @@ impl Fault {
             Fault::Slow { .. } => SLOW,
             Fault::Corrupt => CORRUPT,
             Fault::Refuse => REFUSING,
+            Fault::Truncate => TRUNCATING,
         }
     }
 }
@@ -61,6 +65,7 @@ impl fmt::Display for Fault {
             Fault::Slow { factor } => write!(f, "slow:{factor}"),
             Fault::Corrupt => f.write_str("corrupt"),
             Fault::Refuse => f.write_str("refuse"),
+            Fault::Truncate => f.write_str("truncate"),
         }
     }
 }
@@ -117,7 +122,7 @@ pub struct FaultSettings {
 
 #[derive(Debug, Error, PartialEq)]
 #[error(
-    "invalid fault `{spec}`: {reason} (expected KIND[:ARG][@AT][+FOR] with KIND one of crash, hang, slow:FACTOR, corrupt, refuse; e.g. hang@10s+5s)"
+    "invalid fault `{spec}`: {reason} (expected KIND[:ARG][@AT][+FOR] with KIND one of crash, hang, slow:FACTOR, corrupt, refuse, truncate; e.g. hang@10s+5s)"
 )]
 pub struct InvalidFault {
     spec: String,
@@ -153,6 +158,7 @@ impl FromStr for FaultSpec {
             ("hang", None) => Fault::Hang,
             ("corrupt", None) => Fault::Corrupt,
             ("refuse", None) => Fault::Refuse,
+            ("truncate", None) => Fault::Truncate,
             ("slow", Some(factor)) => match factor.parse::<f64>() {
                 Ok(factor) if factor >= 1.0 && factor.is_finite() => Fault::Slow { factor },
                 _ => {
@@ -162,7 +168,9 @@ impl FromStr for FaultSpec {
                 }
             },
             ("slow", None) => return Err(invalid("slow needs a factor, as in slow:4".into())),
-            (other, Some(_)) if ["crash", "hang", "corrupt", "refuse"].contains(&other) => {
+            (other, Some(_))
+                if ["crash", "hang", "corrupt", "refuse", "truncate"].contains(&other) =>
+            {
                 return Err(invalid(format!("{other} takes no argument")));
             }
             (other, _) => return Err(invalid(format!("unknown fault `{other}`"))),
@@ -179,6 +187,7 @@ const HUNG: u8 = 2;
 const SLOW: u8 = 4;
 const CORRUPT: u8 = 8;
 const REFUSING: u8 = 16;
+const TRUNCATING: u8 = 32;
 
 /// How a crash plays out.
 #[derive(Debug, Clone)]
@@ -206,7 +215,7 @@ struct Inner {
     changed: Notify,
     crash: Mutex<CrashMode>,
     /// Each injection's generation: a timed fault ends only if nothing replaced it.
-    generation: Mutex<[u64; 5]>,
+    generation: Mutex<[u64; 6]>,
 }
 
 /// A factor on an engine's step times, shared with whoever slows it down.
@@ -237,6 +246,7 @@ pub struct ActiveFaults {
     pub slow_factor: f64,
     pub corrupt: bool,
     pub refusing: bool,
+    pub truncating: bool,
 }
 
 fn slot(fault: Fault) -> usize {
@@ -253,7 +263,7 @@ impl Faults {
                 pace,
                 changed: Notify::new(),
                 crash: Mutex::new(crash),
-                generation: Mutex::new([0; 5]),
+                generation: Mutex::new([0; 6]),
             }),
         }
     }
@@ -275,6 +285,7 @@ impl Faults {
             slow_factor: self.inner.pace.factor(),
             corrupt: flags & CORRUPT != 0,
             refusing: flags & REFUSING != 0,
+            truncating: flags & TRUNCATING != 0,
         }
     }
 
@@ -330,6 +341,7 @@ impl Faults {
             Fault::Slow { factor: 1.0 },
             Fault::Corrupt,
             Fault::Refuse,
+            Fault::Truncate,
         ] {
             self.end(fault);
         }
@@ -455,6 +467,11 @@ impl EngineService for FaultyService {
                     && let Ok(output) = &mut item
                 {
                     corrupt(output);
+                }
+                if faults.flags() & TRUNCATING != 0
+                    && matches!(item, Ok(GenerateOutput::Finished { .. }))
+                {
+                    return None;
                 }
                 Some((item, Some(stream)))
             }
@@ -613,7 +630,13 @@ mod tests {
         );
         assert_eq!(s("crash@1s").unwrap().fault, Fault::Crash);
         assert_eq!(s("corrupt").unwrap().lasts, None);
-        for text in ["hang@10s+5s", "slow:2.5+1m", "crash@1s", "refuse"] {
+        for text in [
+            "hang@10s+5s",
+            "slow:2.5+1m",
+            "crash@1s",
+            "refuse",
+            "truncate@2s",
+        ] {
             assert_eq!(s(text).unwrap().to_string(), text);
         }
         for (bad, why) in [

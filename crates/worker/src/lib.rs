@@ -9,7 +9,7 @@
 //!   OpenAI-compatible server (llama.cpp, vLLM, SGLang) with its metrics and KV events.
 //! - [`disagg`]: prefill-only and decode requests (disaggregated serving), around an
 //!   engine's service.
-//! - [`faults`]: fault injection (crash, hang, slow, corrupt, refuse), on a schedule or
+//! - [`faults`]: fault injection (crash, hang, slow, corrupt, refuse, truncate), on a schedule or
 //!   on command.
 //! - [`config`]: what engine to run and as which model.
 //! - [`host`]: starting a worker on a set of planes.

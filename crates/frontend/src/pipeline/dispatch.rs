@@ -551,6 +551,19 @@ impl RequestRun {
         Ok(())
     }
 
+    /// How the request ended if its tokens say it did: its last token is one it stops
+    /// after, or it has all it may have.
+    pub(super) fn ended_by_tokens(&self) -> Option<FinishReason> {
+        let last = *self.generated.last()?;
+        if self.sampling.stop_token_ids.contains(&last) {
+            Some(FinishReason::Stop)
+        } else if self.generated.len() >= self.max_tokens as usize {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
     /// The request completed on `worker`.
     pub(super) fn succeeded(&self, worker: WorkerKey) {
         self.frontend.routing.report_success(worker.worker_id);

@@ -159,17 +159,7 @@ impl Streaming {
                 Woken::Item(Some(Ok(GenerateOutput::Finished { reason, .. }))) => match reason {
                     FinishReason::Length | FinishReason::Stop => {
                         self.run.succeeded(worker);
-                        let tail = self.decoder.finish();
-                        self.emit(&tail);
-                        if !self.ended {
-                            let rest = self.stop.flush();
-                            self.push_text(rest);
-                            self.finish(if reason == FinishReason::Length {
-                                "length"
-                            } else {
-                                "stop"
-                            });
-                        }
+                        self.complete(reason);
                     }
                     // The engine gave the request up (it is stopping): a truncated answer
                     // is never reported as complete; it goes on elsewhere.
@@ -252,8 +242,26 @@ impl Streaming {
         true
     }
 
+    /// The generation ended (`Length` or `Stop`): the rest of the text goes out, then the
+    /// last chunk.
+    fn complete(&mut self, reason: FinishReason) {
+        let tail = self.decoder.finish();
+        self.emit(&tail);
+        if !self.ended {
+            let rest = self.stop.flush();
+            self.push_text(rest);
+            self.finish(if reason == FinishReason::Length {
+                "length"
+            } else {
+                "stop"
+            });
+        }
+    }
+
     /// Leaves the current worker; the next round dispatches elsewhere (or the request fails
-    /// if it may not move again).
+    /// if it may not move again). A request whose tokens all arrived (the worker was lost
+    /// between its last token and its `Finished`) is complete instead: moved, it would be
+    /// asked for a token past its end.
     fn move_on(&mut self, why: Leave) {
         let Some(attempt) = self.attempt.take() else {
             return;
@@ -261,6 +269,19 @@ impl Streaming {
         // Dropping its stream cancels the request on that worker, if it is still there.
         let worker = attempt.worker;
         drop(attempt);
+        if let Some(reason) = self.run.ended_by_tokens() {
+            if let Leave::Failed(failure) = why {
+                self.run.frontend.report_failure(worker.worker_id, failure);
+            }
+            tracing::info!(
+                request = %self.run.id,
+                worker = %worker.worker_id,
+                why = why.name(),
+                "the worker was lost after the request's last token: it is complete"
+            );
+            self.complete(reason);
+            return;
+        }
         tracing::warn!(
             request = %self.run.id,
             worker = %worker.worker_id,
