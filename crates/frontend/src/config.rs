@@ -172,6 +172,7 @@ impl Default for FrontendConfig {
             router: RouterSettings::default(),
             admission: AdmissionConfig {
                 wait_target: Some(switchyard_router::routing::admission::DEFAULT_WAIT_TARGET),
+                busy_kv_threshold: switchyard_router::routing::admission::SERVER_BUSY_KV_THRESHOLD,
                 ..AdmissionConfig::default()
             },
             health: HealthConfig::default(),
@@ -295,6 +296,12 @@ impl FrontendConfig {
             return Err(format!(
                 "frontend.admission.busy_kv_threshold must be in (0, 1], got {}",
                 a.busy_kv_threshold
+            ));
+        }
+        if !(a.busy_prefill_share.is_finite() && a.busy_prefill_share > 0.0) {
+            return Err(format!(
+                "frontend.admission.busy_prefill_share must be a number above 0, got {}",
+                a.busy_prefill_share
             ));
         }
         if a.max_queue == 0 {

@@ -614,3 +614,53 @@ fn an_aggregated_fleet_routes_pairs_as_single_workers() {
     assert!(decision.prefill.is_none() && local.is_none());
     assert_eq!(core.load(decision.decode.worker).prefill_tokens, 400);
 }
+
+#[test]
+fn with_a_wait_target_a_worker_with_long_queued_prefill_is_busy() {
+    let core_with = |wait_target: Option<Duration>| {
+        let mut core = RoutingCore::new(RoutingConfig {
+            router: RouterConfig {
+                policy: PolicyKind::Latency,
+                block_size: 4,
+                ..RouterConfig::default()
+            },
+            admission: AdmissionConfig {
+                wait_target,
+                ..AdmissionConfig::default()
+            },
+            ..RoutingConfig::default()
+        });
+        core.add_worker(WorkerSpec {
+            capacity_blocks: Some(1_000_000),
+            max_num_seqs: Some(1000),
+            ..WorkerSpec::new(WorkerId(1), 4)
+        })
+        .unwrap();
+        core
+    };
+    // A prompt of 100,000 tokens: seconds of prefill by the default timing model.
+    let long: Vec<u32> = (0..100_000).collect();
+    let prompt = blocks(&long);
+    let none = OverlapScores::default();
+    let target = Duration::from_secs(2);
+    let mut core = core_with(Some(target));
+    assert!(!core.all_busy());
+    route(&mut core, 1, &prompt, &none, &[]).unwrap();
+    let queued = core.queued_prefill_time(WorkerId(1), T0);
+    assert!(queued > target, "{queued:?}");
+    // Far from full by blocks or sequences, but a new request would wait past half the
+    // target behind that prefill: busy, so requests queue where their wait is predicted.
+    assert!(core.all_busy());
+    assert_eq!(
+        core.admit(RequestId(2), Priority::Standard, T0),
+        Admission::Queued
+    );
+    assert_eq!(core.next_admitted(T0), None);
+    // Once the prompt is computed the worker is free again.
+    core.prefill_done(RequestId(1), queued / 2);
+    assert_eq!(core.next_admitted(queued / 2), Some(RequestId(2)));
+    // Without a wait target only blocks and sequences count.
+    let mut core = core_with(None);
+    route(&mut core, 1, &prompt, &none, &[]).unwrap();
+    assert!(!core.all_busy());
+}

@@ -1019,6 +1019,8 @@ impl<'a> Fleet<'a> {
         self.last_event = self.last_event.max(now);
         let mut out = std::mem::take(&mut self.outputs[slot]);
         let mut freed = false;
+        // A first token lowers the worker's queued prefill, which may make it not busy.
+        let mut prefilled = false;
         for token in &out.tokens {
             let index = token.request.0 as usize;
             // A token of a placement since given up (the request was cancelled here and
@@ -1067,6 +1069,7 @@ impl<'a> Fleet<'a> {
                 self.ttft.record(micros(now - arrival));
                 self.core.observe_ttft(now - arrival);
                 self.core.prefill_done(token.request, now);
+                prefilled = true;
                 state.first_token = Some(now);
                 state.cached_tokens = token.cached_tokens;
                 self.report.prompt_tokens +=
@@ -1134,7 +1137,7 @@ impl<'a> Fleet<'a> {
                 self.retire(slot);
             }
         }
-        if freed {
+        if freed || (prefilled && self.core.queued() > 0) {
             self.release_queued();
         }
     }

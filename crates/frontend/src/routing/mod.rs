@@ -500,14 +500,21 @@ impl RoutingService {
         }
     }
 
-    /// The request's first token arrived: its prompt is computed.
+    /// The request's first token arrived: its prompt is computed (less prefill queued on
+    /// its worker may let a queued request go).
     pub fn prefill_done(&self, id: RequestId) {
         let now = self.now();
-        let mut core = self.core.lock();
-        if core.prefill_done(id, now)
-            && let Some(replicas) = &self.replicas
-        {
-            replicas.prefill_done(id);
+        let queued = {
+            let mut core = self.core.lock();
+            if core.prefill_done(id, now)
+                && let Some(replicas) = &self.replicas
+            {
+                replicas.prefill_done(id);
+            }
+            core.queued() > 0
+        };
+        if queued {
+            self.pump();
         }
     }
 

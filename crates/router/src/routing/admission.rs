@@ -20,6 +20,10 @@
 //! it at its tier or above, over the rate at which the queue has been releasing requests
 //! lately (the fleet's measured service rate under saturation). What is admitted is then
 //! served in time, and what would not be is told so at once instead of after waiting.
+//! Requests wait inside the engines too (an engine takes many more requests than it
+//! computes at once): with a wait target, a worker whose queued prefill alone would hold a
+//! new request past `busy_prefill_share` of the target counts as busy, so the queue forms
+//! here, where it is predicted, rather than in the engines.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -46,6 +50,10 @@ pub struct AdmissionConfig {
     /// The frontend's default is 5 s ([`DEFAULT_WAIT_TARGET`]).
     #[serde(with = "humantime_serde")]
     pub wait_target: Option<Duration>,
+    /// With a wait target, a worker is also busy once the prefill queued on it (by its
+    /// timing model) would hold a new request's first token longer than this share of the
+    /// target: the wait inside the engines counts, not only the queue here.
+    pub busy_prefill_share: f64,
 }
 
 impl Default for AdmissionConfig {
@@ -58,12 +66,21 @@ impl Default for AdmissionConfig {
             // Off in the routing core's defaults (the simulator replays traces without it,
             // as the engines' own benchmarks do); the servers turn it on.
             wait_target: None,
+            busy_prefill_share: 0.5,
         }
     }
 }
 
 /// The servers' default `wait_target`.
 pub const DEFAULT_WAIT_TARGET: Duration = Duration::from_secs(5);
+
+/// The servers' default `busy_kv_threshold`. The blocks counted are those of the in-flight
+/// requests' prompts and outputs so far; their outputs grow into the rest, so a fleet
+/// admitted up to 95 % preempts (and computes prompts again) under overload: replayed at
+/// 1–3× past capacity in the simulator, 0.8 cut preemptions from hundreds to tens and
+/// served more requests (docs/benchmarks.md, "Admission by predicted wait"). The routing
+/// core's own default stays 0.95, as the simulator's replays have always run.
+pub const SERVER_BUSY_KV_THRESHOLD: f64 = 0.8;
 
 /// What happens to a request offered for admission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -522,13 +522,20 @@ impl RoutingCore {
 
     /// Whether every worker that may take requests is at or above its busy threshold: KV
     /// blocks of in-flight requests at the threshold share of its capacity, or as many
-    /// requests as it runs at once. Workers that announce neither are never busy.
+    /// requests as it runs at once, or (with a wait target) prefill queued for longer than
+    /// its share of the target. Workers that announce none of these are never busy.
     pub fn all_busy(&self) -> bool {
         // Degraded fleets run smaller batches (see `degradation`).
         let scale = self.degradation.batch_scale();
-        let threshold = self.config.admission.busy_kv_threshold * scale;
+        let admission = &self.config.admission;
+        let threshold = admission.busy_kv_threshold * scale;
+        let queue_limit = admission
+            .wait_target
+            .map(|target| target.mul_f64(admission.busy_prefill_share));
         self.registry.iter().filter(|e| e.serving()).all(|e| {
             e.spec.keys().all(|key| {
+                let queued = queue_limit
+                    .is_some_and(|limit| self.router.queued_prefill_time(key, self.now) > limit);
                 let load = self.router.load(key);
                 let kv = e
                     .spec
@@ -538,7 +545,7 @@ impl RoutingCore {
                     .spec
                     .max_num_seqs
                     .is_some_and(|m| f64::from(load.requests) >= (f64::from(m) * scale).ceil());
-                kv || seqs
+                kv || seqs || queued
             })
         })
     }
@@ -548,6 +555,7 @@ impl RoutingCore {
     /// half-open, or a replacement join) it queues like a request meeting a busy fleet,
     /// without being refused for a predicted wait.
     pub fn admit(&mut self, id: RequestId, priority: Priority, now: Duration) -> Admission {
+        self.tick(now);
         let any = self.registry.iter().any(WorkerEntry::may_serve);
         let level = if any { self.degradation_level(now) } else { 0 };
         if let Some(rejection) = degradation::refuse(
@@ -598,6 +606,7 @@ impl RoutingCore {
     /// The next queued request that may go now, if any (one at a time: call again once it
     /// has been routed).
     pub fn next_admitted(&mut self, now: Duration) -> Option<RequestId> {
+        self.tick(now);
         if self.admission.is_empty() {
             return None;
         }
