@@ -294,7 +294,7 @@ impl Metrics {
         let rejected = Family::<RejectionLabels, Counter>::default();
         registry.register(
             "requests_rejected",
-            "Requests refused by admission, by reason (no_workers, shed, queue_filling, queue_full, timed_out)",
+            "Requests refused by admission, by reason (no_workers, shed, queue_filling, queue_full, timed_out, wait_too_long, degraded)",
             rejected.clone(),
         );
         let worker_health = Family::<WorkerStateLabels, Gauge>::default();
