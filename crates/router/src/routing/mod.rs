@@ -534,8 +534,6 @@ impl RoutingCore {
             .map(|target| target.mul_f64(admission.busy_prefill_share));
         self.registry.iter().filter(|e| e.serving()).all(|e| {
             e.spec.keys().all(|key| {
-                let queued = queue_limit
-                    .is_some_and(|limit| self.router.queued_prefill_time(key, self.now) > limit);
                 let load = self.router.load(key);
                 let kv = e
                     .spec
@@ -545,7 +543,10 @@ impl RoutingCore {
                     .spec
                     .max_num_seqs
                     .is_some_and(|m| f64::from(load.requests) >= (f64::from(m) * scale).ceil());
-                kv || seqs || queued
+                // Last: the timing model's prediction is the dearest of the three.
+                kv || seqs
+                    || queue_limit
+                        .is_some_and(|limit| self.router.queued_prefill_time(key, self.now) > limit)
             })
         })
     }
@@ -571,7 +572,7 @@ impl RoutingCore {
 
     /// What the fleet can do for a request now (see [`Fleet`]).
     fn fleet(&self) -> Fleet {
-        if self.registry.iter().any(WorkerEntry::serving) {
+        if self.any_serving() {
             if self.all_busy() {
                 Fleet::Busy
             } else {
@@ -582,6 +583,10 @@ impl RoutingCore {
         } else {
             Fleet::Empty
         }
+    }
+
+    fn any_serving(&self) -> bool {
+        self.registry.iter().any(WorkerEntry::serving)
     }
 
     /// How long a request of `priority` offered now would wait in the admission queue
@@ -619,7 +624,7 @@ impl RoutingCore {
     /// None while no worker is in rotation: the queue moves again when one is back, at a
     /// rate nothing measured yet.
     pub fn overdue(&mut self, now: Duration) -> Vec<(RequestId, Duration)> {
-        if self.fleet() == Fleet::Down {
+        if !self.any_serving() {
             return Vec::new();
         }
         self.admission.overdue(now)
