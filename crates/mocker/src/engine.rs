@@ -14,13 +14,16 @@
 //!    all computed samples its next token, and finishes at its requested output length or
 //!    on one of its stop tokens (end of sequence), freeing its blocks at once.
 //!
-//! Output tokens are a function of the request's stream key and the token's absolute
-//! position in the sequence (see [`crate::tokens`]), never of the engine: a request resumed
+//! Output tokens are a function of the request's stream key, the token's absolute
+//! position in the sequence and, under biases or penalties, the output so far (see
+//! [`crate::tokens`]), never of the engine: a request resumed
 //! on another engine, with what was generated so far appended to its prompt, continues the
 //! very sequence the first engine started.
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+use rustc_hash::FxHashMap;
 
 use switchyard_core::protocol::{FinishReason, TokenOutput};
 use switchyard_core::{
@@ -32,7 +35,7 @@ use crate::blocks::{BlockId, BlockManager, Lookup, OutOfBlocks};
 use crate::config::{EngineArgs, InvalidArgs, PreemptionMode};
 use crate::perf::{PerfModel, StepShape};
 use crate::sequence::Sequence;
-use crate::tokens::token_avoiding;
+use crate::tokens::{TokenRules, token_under};
 
 /// A request for the engine: its prompt already cut into blocks of the engine's size.
 #[derive(Debug, Clone)]
@@ -49,8 +52,12 @@ pub struct MockRequest {
     pub stream_key: u64,
     /// Generation ends after any of these tokens.
     pub stop_token_ids: Vec<Token>,
-    /// Tokens never produced (a `logit_bias` of -100).
-    pub banned_token_ids: Vec<Token>,
+    /// Bans, biases and penalties on the output tokens.
+    pub rules: TokenRules,
+    /// The tokens generated before this request (its prompt's last `generated` tokens),
+    /// which penalties count; needed only when the rules [reshape](TokenRules::reshapes)
+    /// the draws.
+    pub earlier_output: Vec<Token>,
     /// Leading tokens whose KV comes with the request (sent over from another worker), so
     /// they are not computed here; the last token is always computed. Lost if the request
     /// is preempted (its blocks go, so it computes everything when it comes back).
@@ -67,7 +74,8 @@ impl MockRequest {
             generated: 0,
             stream_key: id.0,
             stop_token_ids: Vec::new(),
-            banned_token_ids: Vec::new(),
+            rules: TokenRules::default(),
+            earlier_output: Vec::new(),
             imported_tokens: 0,
         }
     }
@@ -234,7 +242,16 @@ impl MockEngine {
             output_offset: request.generated,
             stream_key: request.stream_key,
             stop_token_ids: request.stop_token_ids,
-            banned_token_ids: request.banned_token_ids,
+            counts: if request.rules.reshapes() {
+                let mut counts = FxHashMap::default();
+                for &token in &request.earlier_output {
+                    *counts.entry(token).or_insert(0) += 1;
+                }
+                counts
+            } else {
+                FxHashMap::default()
+            },
+            rules: request.rules,
             tokens: request.prompt,
             generated: 0,
             computed: 0,
@@ -419,12 +436,16 @@ impl MockEngine {
                 i += 1;
                 continue;
             }
-            let token = token_avoiding(
+            let token = token_under(
                 self.seed,
                 seq.stream_key,
                 seq.num_tokens(),
-                &seq.banned_token_ids,
+                &seq.rules,
+                &seq.counts,
             );
+            if seq.rules.reshapes() {
+                *seq.counts.entry(token).or_insert(0) += 1;
+            }
             let finish = if seq.stop_token_ids.contains(&token) {
                 Some(FinishReason::Stop)
             } else if seq.generated + 1 == seq.max_output_tokens {

@@ -1,8 +1,10 @@
 //! One request inside the engine.
 
+use rustc_hash::FxHashMap;
 use switchyard_core::{RequestId, Token, TokenBlocks};
 
 use crate::blocks::BlockId;
+use crate::tokens::TokenRules;
 
 /// A request as the engine tracks it: its tokens (prompt, then generated) cut into blocks,
 /// how many are computed, and which KV blocks it holds.
@@ -18,7 +20,10 @@ pub struct Sequence {
     pub output_offset: u32,
     pub stream_key: u64,
     pub stop_token_ids: Vec<Token>,
-    pub banned_token_ids: Vec<Token>,
+    pub rules: TokenRules,
+    /// How often each token is in the output so far, kept only when the rules reshape
+    /// the draws.
+    pub counts: FxHashMap<Token, u32>,
     /// Output tokens generated here.
     pub generated: u32,
     /// Tokens whose KV is computed.

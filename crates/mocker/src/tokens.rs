@@ -1,11 +1,14 @@
 //! Deterministic output tokens, so two runs (or a run and a test) produce the same streams.
 //!
 //! A token depends on the model's seed, the request's stream key (its sampling seed, or its
-//! id) and its absolute position in the sequence (prompt included), and on nothing about
+//! id), its absolute position in the sequence (prompt included) and, when the request
+//! biases logits or sets penalties, the output so far ([`token_under`]); on nothing about
 //! the engine that produces it: a request resumed elsewhere, its prompt extended by what
 //! was generated, continues the same sequence.
 
+use rustc_hash::FxHashMap;
 use switchyard_core::Token;
+use switchyard_core::protocol::SamplingParams;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Size of the vocabulary tokens are drawn from.
@@ -29,6 +32,132 @@ pub fn token_avoiding(seed: u64, stream_key: u64, position: u32, banned: &[Token
         token = token_at(seed, stream_key ^ draw.rotate_right(1), position);
     }
     token
+}
+
+/// What a request asks of its draws besides their key: OpenAI's `logit_bias` and penalties.
+///
+/// The mocker's model gives every token of its vocabulary the same logit, 0. The rules
+/// change logits as OpenAI documents: a token's logit gains its bias, loses
+/// `frequency_penalty` for every time it is already in the output and `presence_penalty`
+/// once if it is there at all; a banned token (a bias of -100) has none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenRules {
+    /// Tokens never produced.
+    pub banned: Vec<Token>,
+    /// Other biases, added to their token's logit.
+    pub bias: Vec<(Token, f32)>,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+}
+
+impl TokenRules {
+    /// The rules of a request's sampling parameters.
+    pub fn of(sampling: &SamplingParams) -> Self {
+        TokenRules {
+            banned: sampling.banned_tokens().collect(),
+            bias: sampling
+                .logit_bias
+                .iter()
+                .copied()
+                .filter(|&(_, bias)| bias > -100.0 && bias != 0.0)
+                .collect(),
+            frequency_penalty: sampling.frequency_penalty.unwrap_or(0.0),
+            presence_penalty: sampling.presence_penalty.unwrap_or(0.0),
+        }
+    }
+
+    /// Whether a draw depends on more than the bans, so on the output so far: without
+    /// biases or penalties the stream is [`token_avoiding`]'s.
+    pub fn reshapes(&self) -> bool {
+        !self.bias.is_empty() || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
+}
+
+/// The token at absolute `position` of the stream keyed by `stream_key` under `rules`,
+/// given how often each token is already in the output (`counts`).
+///
+/// The draw is exact: the tokens whose logit the rules change are weighed one by one, and
+/// the others, all at logit 0, share the rest of the mass, one of them picked uniformly.
+/// It depends on the seed, the key, the position, the rules and the output so far only, so
+/// a resumed request still continues the same sequence.
+pub fn token_under(
+    seed: u64,
+    stream_key: u64,
+    position: u32,
+    rules: &TokenRules,
+    counts: &FxHashMap<Token, u32>,
+) -> Token {
+    if !rules.reshapes() {
+        return token_avoiding(seed, stream_key, position, &rules.banned);
+    }
+    let penalty = |token: Token| match counts.get(&token) {
+        None | Some(0) => 0.0,
+        Some(&count) => {
+            f64::from(rules.frequency_penalty) * f64::from(count)
+                + f64::from(rules.presence_penalty)
+        }
+    };
+    // Every token whose logit is not 0, with its logit (None: banned), by token.
+    let mut logits: FxHashMap<Token, Option<f64>> = counts
+        .keys()
+        .map(|&token| (token, Some(-penalty(token))))
+        .collect();
+    for &(token, bias) in &rules.bias {
+        logits.insert(token, Some(f64::from(bias) - penalty(token)));
+    }
+    for &token in &rules.banned {
+        logits.insert(token, None);
+    }
+    let mut touched: Vec<(Token, Option<f64>)> = logits.into_iter().collect();
+    touched.sort_unstable_by_key(|&(token, _)| token);
+    let in_vocab = touched.iter().filter(|(t, _)| *t < VOCAB_SIZE).count() as u32;
+    let plain = VOCAB_SIZE - in_vocab;
+    // Weights relative to the largest logit, so no exponential overflows.
+    let top = touched
+        .iter()
+        .filter_map(|&(_, logit)| logit)
+        .fold(if plain > 0 { 0.0 } else { f64::NEG_INFINITY }, f64::max);
+    let plain_mass = f64::from(plain) * (-top).exp();
+    let total = plain_mass
+        + touched
+            .iter()
+            .filter_map(|&(_, logit)| logit)
+            .map(|logit| (logit - top).exp())
+            .sum::<f64>();
+    let mut left = unit(seed ^ MASS_SALT, stream_key, position) * total;
+    for &(token, logit) in &touched {
+        let Some(logit) = logit else { continue };
+        let weight = (logit - top).exp();
+        if left < weight {
+            return token;
+        }
+        left -= weight;
+    }
+    if plain == 0 {
+        // Rounding left a sliver past the last weighed token.
+        if let Some(&(token, _)) = touched.iter().rev().find(|(_, logit)| logit.is_some()) {
+            return token;
+        }
+        return token_at(seed, stream_key, position);
+    }
+    // The j-th token of the vocabulary the rules leave at logit 0.
+    let mut token = (u64::from(token_at(seed, stream_key, position)) % u64::from(plain)) as Token;
+    for &(t, _) in touched.iter().filter(|(t, _)| *t < VOCAB_SIZE) {
+        if t <= token {
+            token += 1;
+        }
+    }
+    token
+}
+
+const MASS_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// A uniform draw in [0, 1) for the stream and position.
+fn unit(seed: u64, stream_key: u64, position: u32) -> f64 {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&stream_key.to_le_bytes());
+    key[8..].copy_from_slice(&position.to_le_bytes());
+    (xxh3_64_with_seed(&key, seed) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
@@ -64,5 +193,121 @@ mod tests {
                 .map(|i| token_avoiding(1, 5, i, &banned))
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// The probability of each token under `rules`, over the whole vocabulary (and any
+    /// biased token beyond it), naively.
+    fn naive_probabilities(
+        rules: &TokenRules,
+        counts: &FxHashMap<Token, u32>,
+    ) -> FxHashMap<Token, f64> {
+        let beyond = rules
+            .bias
+            .iter()
+            .map(|&(t, _)| t)
+            .filter(|&t| t >= VOCAB_SIZE);
+        let weights: Vec<(Token, f64)> = (0..VOCAB_SIZE)
+            .chain(beyond)
+            .map(|token| {
+                if rules.banned.contains(&token) {
+                    return (token, 0.0);
+                }
+                let count = counts.get(&token).copied().unwrap_or(0);
+                let bias = rules
+                    .bias
+                    .iter()
+                    .find(|(t, _)| *t == token)
+                    .map_or(0.0, |&(_, b)| f64::from(b));
+                let penalty = if count == 0 {
+                    0.0
+                } else {
+                    f64::from(rules.frequency_penalty) * f64::from(count)
+                        + f64::from(rules.presence_penalty)
+                };
+                (token, (bias - penalty).exp())
+            })
+            .collect();
+        let total: f64 = weights.iter().map(|(_, w)| w).sum();
+        weights.into_iter().map(|(t, w)| (t, w / total)).collect()
+    }
+
+    #[test]
+    fn without_biases_or_penalties_draws_are_the_plain_ones() {
+        let counts: FxHashMap<Token, u32> = (0..50).map(|t| (token_at(1, 5, t), 1)).collect();
+        let rules = TokenRules {
+            banned: vec![token_at(1, 5, 60)],
+            ..TokenRules::default()
+        };
+        assert!(!rules.reshapes());
+        for position in 0..200 {
+            assert_eq!(
+                token_under(1, 5, position, &rules, &counts),
+                token_avoiding(1, 5, position, &rules.banned)
+            );
+        }
+    }
+
+    #[test]
+    fn draws_follow_the_adjusted_logits() {
+        // Logits: token 5 at +6 (bias), 7 at +4.5 (seen twice, frequency -2, presence
+        // -0.5), 9 at +2.5 (seen once), 11 at 3 - 2.5 (biased and seen once), 13 banned,
+        // 40_000 (outside the mocker's draws) at +7; the rest at 0.
+        let rules = TokenRules {
+            banned: vec![13],
+            bias: vec![(5, 6.0), (11, 3.0), (40_000, 7.0)],
+            frequency_penalty: -2.0,
+            presence_penalty: -0.5,
+        };
+        let counts: FxHashMap<Token, u32> =
+            [(7, 2), (9, 1), (11, 1), (13, 4)].into_iter().collect();
+        let naive = naive_probabilities(&rules, &counts);
+        let draws = 200_000u32;
+        let mut seen: FxHashMap<Token, u32> = FxHashMap::default();
+        for key in 0..u64::from(draws) {
+            *seen
+                .entry(token_under(3, key, 17, &rules, &counts))
+                .or_insert(0) += 1;
+        }
+        assert_eq!(seen.get(&13), None, "a banned token was drawn");
+        let probability = |token: Token| naive[&token];
+        for token in [5, 7, 9, 11, 40_000] {
+            let expected = probability(token) * f64::from(draws);
+            let got = f64::from(seen.get(&token).copied().unwrap_or(0));
+            let sigma = expected.sqrt().max(1.0);
+            assert!(
+                (got - expected).abs() < 5.0 * sigma,
+                "token {token}: drawn {got} times, expected {expected:.0}"
+            );
+        }
+        // The plain tokens share the rest uniformly: no single one stands out.
+        let plain_max = seen
+            .iter()
+            .filter(|(t, _)| ![5, 7, 9, 11, 40_000].contains(*t))
+            .map(|(_, &n)| n)
+            .max()
+            .unwrap();
+        let plain_each = probability(0) * f64::from(draws);
+        assert!(f64::from(plain_max) < plain_each + 6.0 * plain_each.sqrt() + 3.0);
+    }
+
+    #[test]
+    fn huge_logits_do_not_overflow() {
+        let rules = TokenRules {
+            frequency_penalty: -2.0,
+            ..TokenRules::default()
+        };
+        // A token seen 1,000 times has logit +2,000: it is all that is drawn.
+        let counts: FxHashMap<Token, u32> = [(42, 1_000), (43, 1)].into_iter().collect();
+        for position in 0..100 {
+            assert_eq!(token_under(1, 2, position, &rules, &counts), 42);
+        }
+        // A penalty that large the other way leaves the token out.
+        let rules = TokenRules {
+            frequency_penalty: 2.0,
+            ..TokenRules::default()
+        };
+        for position in 0..2_000 {
+            assert_ne!(token_under(1, 2, position, &rules, &counts), 42);
+        }
     }
 }

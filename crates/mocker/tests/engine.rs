@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use switchyard_core::protocol::FinishReason;
 use switchyard_core::{HashSeed, KvEventData, RequestId, TokenBlocks, WorkerKey};
-use switchyard_mocker::tokens::token_at;
+use switchyard_mocker::tokens::{TokenRules, token_at};
 use switchyard_mocker::{
     EngineArgs, MockEngine, MockRequest, PerfModel, PreemptionMode, Rejected, StepOutput,
     TokenOutput,
@@ -405,7 +405,7 @@ fn banned_tokens_never_come_out_and_the_rest_of_the_stream_is_unchanged() {
     let banned = vec![expected[2], expected[17], expected[30]];
     let mut e = engine(args);
     let mut r = request(1, &prompt, 4, 40);
-    r.banned_token_ids = banned.clone();
+    r.rules.banned = banned.clone();
     e.add_request(r).unwrap();
     let (tokens, _) = run(&mut e);
     let got: Vec<u32> = tokens.iter().map(|t| t.token).collect();
@@ -420,4 +420,131 @@ fn banned_tokens_never_come_out_and_the_rest_of_the_stream_is_unchanged() {
             assert_eq!(want, got, "position {i}: an allowed token changed");
         }
     }
+}
+
+/// Every request's output tokens, by request, from one engine running `requests`.
+fn outputs(args: EngineArgs, requests: Vec<MockRequest>) -> Vec<Vec<u32>> {
+    let mut e = engine(args);
+    let ids: Vec<RequestId> = requests.iter().map(|r| r.id).collect();
+    for r in requests {
+        e.add_request(r).unwrap();
+    }
+    let (tokens, _) = run(&mut e);
+    ids.iter()
+        .map(|&id| {
+            tokens
+                .iter()
+                .filter(|t| t.request == id)
+                .map(|t| t.token)
+                .collect()
+        })
+        .collect()
+}
+
+/// Tokens that repeat one already in the same output.
+fn repeats(output: &[u32]) -> usize {
+    let mut distinct = output.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    output.len() - distinct.len()
+}
+
+#[test]
+fn penalties_change_how_often_output_tokens_repeat() {
+    let args = EngineArgs {
+        block_size: 16,
+        num_gpu_blocks: 4_096,
+        ..EngineArgs::default()
+    };
+    let prompt: Vec<u32> = (0..32).collect();
+    let with = |frequency: f32, presence: f32| {
+        let requests = (0..12)
+            .map(|id| {
+                let mut r = request(id, &prompt, 16, 600);
+                r.rules.frequency_penalty = frequency;
+                r.rules.presence_penalty = presence;
+                r
+            })
+            .collect();
+        outputs(args, requests)
+    };
+    let total = |outs: &[Vec<u32>]| outs.iter().map(|o| repeats(o)).sum::<usize>();
+    let plain = with(0.0, 0.0);
+    // Without penalties the stream is the plain one.
+    assert_eq!(plain[3], expected_stream(3, 32, 600));
+    // 600 draws from 32,000 tokens repeat about 5.6 times.
+    let base = total(&plain);
+    assert!(
+        (30..120).contains(&base),
+        "{base} repeats without penalties"
+    );
+    // Positive penalties make a repeat e^-2 as likely.
+    let discouraged = total(&with(2.0, 0.0));
+    assert!(
+        discouraged * 3 < base,
+        "{discouraged} repeats, {base} without penalties"
+    );
+    let absent = total(&with(0.0, 2.0));
+    assert!(
+        absent * 3 < base,
+        "{absent} repeats, {base} without penalties"
+    );
+    // A negative frequency penalty feeds on itself: a repeated token gets likelier each
+    // time, until it is much of the output, as with a real model.
+    let encouraged = with(-2.0, 0.0);
+    assert!(
+        total(&encouraged) > 5 * base,
+        "{} repeats",
+        total(&encouraged)
+    );
+    let degenerate = encouraged
+        .iter()
+        .filter(|output| {
+            let most = output
+                .iter()
+                .map(|t| output.iter().filter(|u| *u == t).count())
+                .max()
+                .unwrap();
+            most > 100
+        })
+        .count();
+    assert!(
+        degenerate >= 6,
+        "only {degenerate} of 12 outputs degenerate"
+    );
+}
+
+#[test]
+fn a_resumed_request_with_penalties_continues_the_same_stream() {
+    let args = EngineArgs {
+        block_size: 4,
+        num_gpu_blocks: 256,
+        ..EngineArgs::default()
+    };
+    let prompt: Vec<u32> = (0..10).collect();
+    let rules = TokenRules {
+        frequency_penalty: -0.5,
+        presence_penalty: 1.0,
+        bias: vec![(17, 9.0)],
+        ..TokenRules::default()
+    };
+    let mut r = request(5, &prompt, 4, 300);
+    r.rules = rules.clone();
+    let full = &outputs(args, vec![r])[0];
+    assert!(repeats(full) > 20, "the rules should make repeats common");
+    // Picked up after 120 tokens elsewhere: the engine counts those 120 for the penalties.
+    let mut resumed_prompt = prompt.clone();
+    resumed_prompt.extend(&full[..120]);
+    let mut r = request(5, &resumed_prompt, 4, 180);
+    r.generated = 120;
+    r.rules = rules.clone();
+    r.earlier_output = full[..120].to_vec();
+    let rest = &outputs(args, vec![r])[0];
+    assert_eq!(rest, &full[120..]);
+    // Without the earlier output the penalties see another history and the stream differs.
+    let mut r = request(5, &resumed_prompt, 4, 180);
+    r.generated = 120;
+    r.rules = rules;
+    let forgetful = &outputs(args, vec![r])[0];
+    assert_ne!(forgetful, &full[120..]);
 }

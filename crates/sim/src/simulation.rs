@@ -30,7 +30,7 @@ use std::time::Duration;
 use switchyard_core::protocol::FinishReason;
 use switchyard_core::{KvEvent, RequestId, Token, TokenBlocks, WorkerId, WorkerKey, WorkerRole};
 use switchyard_mocker::config::InvalidArgs;
-use switchyard_mocker::tokens::token_at;
+use switchyard_mocker::tokens::{TokenRules, token_at};
 use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
 use switchyard_router::routing::health::Failure;
 use switchyard_router::{
@@ -538,7 +538,8 @@ impl<'a> Fleet<'a> {
             generated,
             stream_key: id.0,
             stop_token_ids: self.config.eos_token_ids.clone(),
-            banned_token_ids: Vec::new(),
+            rules: TokenRules::default(),
+            earlier_output: Vec::new(),
             imported_tokens: 0,
         };
         loop {
@@ -765,7 +766,8 @@ impl<'a> Fleet<'a> {
             generated: 1,
             stream_key: id.0,
             stop_token_ids: self.config.eos_token_ids.clone(),
-            banned_token_ids: Vec::new(),
+            rules: TokenRules::default(),
+            earlier_output: Vec::new(),
             imported_tokens: prompt_tokens,
         };
         let state = &mut self.requests[index as usize];

@@ -222,6 +222,40 @@ async fn neutral_values_of_unsupported_parameters_and_honoured_ones_pass() {
     completion["logit_bias"] = json!({"0": 0});
     let (_, _, neutral) = post(&d, "/v1/completions", &completion).await;
     assert_eq!(plain["choices"][0]["text"], neutral["choices"][0]["text"]);
+    // Biases and penalties reach the mocker: a +100 bias makes its token all there is,
+    // and negative penalties make the output repeat itself.
+    completion["max_tokens"] = json!(300);
+    completion["logit_bias"] = json!({"5000": 100});
+    let (s, _, biased) = post(&d, "/v1/completions", &completion).await;
+    assert_eq!(s, 200, "{biased}");
+    let words: Vec<&str> = biased["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert!(words.len() >= 100, "{biased}");
+    assert!(words.iter().all(|w| *w == words[0]), "{biased}");
+    // Distinct runs of 6 characters, and all of them: repeated text has few distinct ones.
+    let distinct = |b: &Value| {
+        let chars: Vec<char> = b["choices"][0]["text"].as_str().unwrap().chars().collect();
+        let mut runs: Vec<&[char]> = chars.windows(6).collect();
+        let all = runs.len();
+        runs.sort_unstable();
+        runs.dedup();
+        (runs.len(), all)
+    };
+    completion.as_object_mut().unwrap().remove("logit_bias");
+    let (_, _, plain) = post(&d, "/v1/completions", &completion).await;
+    completion["frequency_penalty"] = json!(-2);
+    completion["presence_penalty"] = json!(-2);
+    let (s, _, repetitive) = post(&d, "/v1/completions", &completion).await;
+    assert_eq!(s, 200, "{repetitive}");
+    let ((plain_distinct, plain_all), (rep_distinct, rep_all)) =
+        (distinct(&plain), distinct(&repetitive));
+    assert!(
+        rep_distinct * plain_all * 4 < plain_distinct * rep_all * 3,
+        "{plain_distinct} of {plain_all} runs distinct without the penalties, {rep_distinct} of {rep_all} with them"
+    );
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

@@ -8,6 +8,7 @@ use switchyard_core::protocol::{EngineError, GenerateRequest, Phase, TokenOutput
 use switchyard_core::{
     KvEvent, LoadSnapshot, RequestId, SequenceHash, WorkerKey, WorkerRole, blocks_for,
 };
+use switchyard_mocker::tokens::TokenRules;
 use switchyard_mocker::{MockEngine, MockRequest, PerfModel, Rejected, StepOutput};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -148,13 +149,23 @@ impl StepEngine for SteppedMocker {
                 (request.max_tokens, kv.tokens)
             }
         };
+        let rules = TokenRules::of(&request.sampling);
+        // Penalties count the output so far, part of which a resumed request carries at
+        // the end of its prompt.
+        let earlier_output = if rules.reshapes() {
+            let ids = &request.prompt.token_ids;
+            ids[ids.len().saturating_sub(request.generated() as usize)..].to_vec()
+        } else {
+            Vec::new()
+        };
         let mock = MockRequest {
             id: request.id,
             prompt,
             max_output_tokens,
             generated: request.generated(),
             stream_key: request.stream_key(),
-            banned_token_ids: request.sampling.banned_tokens().collect(),
+            rules,
+            earlier_output,
             stop_token_ids: request.sampling.stop_token_ids,
             imported_tokens,
         };
