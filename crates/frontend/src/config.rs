@@ -47,6 +47,8 @@ pub struct FrontendConfig {
     pub migration: MigrationConfig,
     /// When a request for a decode worker is prefilled on a prefill worker.
     pub disagg: switchyard_router::DisaggConfig,
+    /// Media in requests (images).
+    pub multimodal: crate::media::MultimodalConfig,
 }
 
 /// `frontend.admin`: where `/metrics` and `/v1/internal/*` are served. Without a port, the
@@ -179,6 +181,7 @@ impl Default for FrontendConfig {
             degradation: DegradationConfig::default(),
             migration: MigrationConfig::default(),
             disagg: switchyard_router::DisaggConfig::default(),
+            multimodal: crate::media::MultimodalConfig::default(),
         }
     }
 }
@@ -261,6 +264,13 @@ impl FrontendConfig {
         }
         if self.default_max_tokens == 0 {
             return Err("frontend.default_max_tokens must be at least 1".into());
+        }
+        self.multimodal
+            .image
+            .validate()
+            .map_err(|e| format!("frontend.multimodal.image: {e}"))?;
+        if self.multimodal.fetch_timeout.is_zero() {
+            return Err("frontend.multimodal.fetch_timeout must be longer than zero".into());
         }
         let c = &self.connections;
         if c.header_read_timeout.is_zero() || c.body_read_timeout.is_zero() {

@@ -3,6 +3,7 @@
 use switchyard_core::protocol::{Prompt, SamplingParams};
 use switchyard_router::RoutingOverrides;
 
+use crate::media::MediaItem;
 use crate::openai::ApiError;
 use crate::openai::request::{ChatCompletionRequest, CommonParams, CompletionRequest, PromptInput};
 use crate::pipeline::{Frontend, Prepared};
@@ -17,9 +18,10 @@ pub struct Mode {
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
+/// A chat request, with its media already prepared (see [`crate::media::MediaStage`]).
 pub fn chat(
     frontend: &Frontend,
-    request: ChatCompletionRequest,
+    (request, media): (ChatCompletionRequest, Vec<MediaItem>),
 ) -> Result<(Prepared, Mode), ApiError> {
     check_model(frontend, &request.model)?;
     if request.messages.is_empty() {
@@ -56,11 +58,22 @@ pub fn chat(
                 "Cannot apply the chat template to these messages: {other}"
             )),
         })?;
-    let tokens = frontend
-        .preprocessor
-        .encode(&prompt)
-        .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))?;
-    common(frontend, request.common(), tokens)
+    let encode = |text: &str| {
+        frontend
+            .preprocessor
+            .encode(text)
+            .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))
+    };
+    let prompt = if media.is_empty() {
+        Prompt::tokens(encode(&prompt)?)
+    } else {
+        let placeholder = frontend.media.config().placeholder_token;
+        let (token_ids, spans) = crate::media::splice(&prompt, &media, placeholder, encode)?;
+        let mut prompt = Prompt::tokens(token_ids);
+        prompt.media = spans;
+        prompt
+    };
+    common(frontend, request.common(), prompt)
 }
 
 pub fn completion(
@@ -124,10 +137,10 @@ pub fn completion(
             format!("token id {bad} is outside the vocabulary (size {vocab})"),
         ));
     }
-    common(frontend, params, tokens)
+    common(frontend, params, Prompt::tokens(tokens))
 }
 
-fn check_model(frontend: &Frontend, model: &str) -> Result<(), ApiError> {
+pub fn check_model(frontend: &Frontend, model: &str) -> Result<(), ApiError> {
     if model == frontend.config.model {
         Ok(())
     } else {
@@ -138,9 +151,9 @@ fn check_model(frontend: &Frontend, model: &str) -> Result<(), ApiError> {
 fn common(
     frontend: &Frontend,
     params: CommonParams,
-    token_ids: Vec<u32>,
+    prompt_in: Prompt,
 ) -> Result<(Prepared, Mode), ApiError> {
-    if token_ids.is_empty() {
+    if prompt_in.token_ids.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
     check_unsupported(&params)?;
@@ -159,7 +172,7 @@ fn common(
         }
     }
     let context = frontend.preprocessor.context_length();
-    let prompt = token_ids.len() as u64;
+    let prompt = prompt_in.token_ids.len() as u64;
     let requested = params.max_completion_tokens.or(params.max_tokens);
     for (name, value) in [
         ("max_completion_tokens", params.max_completion_tokens),
@@ -267,7 +280,7 @@ fn common(
             .is_some_and(|o| o.include_usage == Some(true)),
     };
     let prepared = Prepared {
-        prompt: Prompt::tokens(token_ids),
+        prompt: prompt_in,
         max_tokens,
         sampling: SamplingParams {
             temperature: params.temperature,

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod config;
 pub mod convert;
 pub mod http;
+pub mod media;
 pub mod metrics;
 pub mod openai;
 pub mod pipeline;

@@ -103,8 +103,14 @@ pub async fn chat(
     let result = async {
         let request: ChatCompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
+        convert::check_model(&frontend, &request.model)?;
+        let media = tracing::Instrument::instrument(
+            frontend.media.prepare_chat(&request),
+            tracing::info_span!("media"),
+        )
+        .await?;
         let (mut prepared, mode) = tracing::Instrument::instrument(
-            convert_sized(&frontend, size, request, convert::chat),
+            convert_sized(&frontend, size, (request, media), convert::chat),
             tracing::info_span!("preprocess"),
         )
         .await?;

@@ -179,6 +179,17 @@ pub struct ContentPart {
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    #[serde(default)]
+    pub image_url: Option<ImageUrl>,
+}
+
+/// An `image_url` part's image: a `data:` URL, an `http(s)` URL, or an allowed `file:` URL.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct ImageUrl {
+    pub url: String,
+    /// `low`, `high` or `auto`.
+    #[serde(default)]
+    pub detail: Option<String>,
 }
 
 pub use switchyard_core::Priority;
@@ -208,12 +219,14 @@ impl ChatMessageIn {
     pub fn text(&self, index: usize) -> Result<String, ApiError> {
         match &self.content {
             None => Ok(String::new()),
-            Some(MessageContent::Text(t)) => Ok(t.clone()),
+            Some(MessageContent::Text(t)) => Ok(crate::media::unmark(t).into_owned()),
             Some(MessageContent::Parts(parts)) => {
                 let mut text = String::new();
                 for part in parts {
                     match (part.kind.as_str(), &part.text) {
-                        ("text", Some(t)) => text.push_str(t),
+                        ("text", Some(t)) => text.push_str(&crate::media::unmark(t)),
+                        // Prepared beforehand (crate::media); marked for the template.
+                        ("image_url", _) => text.push(crate::media::MEDIA_MARK),
                         ("text", None) => {
                             return Err(ApiError::invalid_param(
                                 &format!("messages[{index}].content"),
@@ -224,7 +237,7 @@ impl ChatMessageIn {
                             return Err(ApiError::invalid_param(
                                 &format!("messages[{index}].content"),
                                 format!(
-                                    "content parts of type `{other}` are not supported; only `text`"
+                                    "content parts of type `{other}` are not supported; only `text` and `image_url`"
                                 ),
                             ));
                         }

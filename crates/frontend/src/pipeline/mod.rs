@@ -57,6 +57,8 @@ pub struct Frontend {
     migration_budget: Mutex<f64>,
     /// API keys; empty: the API is open.
     pub keys: KeyTable,
+    /// Media in requests: fetched, decoded and prepared off the async threads.
+    pub media: crate::media::MediaStage,
 }
 
 /// A validated request, tokenized.
@@ -150,7 +152,9 @@ impl Frontend {
     ) -> Self {
         let budget = config.migration.budget_max;
         let metrics = Metrics::new(routing.model());
+        let media = crate::media::MediaStage::new(config.multimodal.clone());
         Frontend {
+            media,
             config,
             preprocessor,
             routing,

@@ -1,0 +1,332 @@
+//! Media in chat requests: each `image_url` part fetched or decoded, prepared off the async
+//! threads, and turned into placeholder tokens whose blocks carry the image's content hash.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchyard_core::{MediaSpan, Modality};
+use switchyard_multimodal::{
+    Detail, ImageSettings, MediaError, MediaRef, PreprocessPool, parse_url, prepare_image,
+};
+
+use crate::openai::ApiError;
+use crate::openai::request::{ChatCompletionRequest, MessageContent};
+
+/// `frontend.multimodal`: how media in requests is read and turned into tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MultimodalConfig {
+    /// The vision tower's input: square size, patch size, tiles, size limits.
+    pub image: ImageSettings,
+    /// Images decoded at once (0: one per core).
+    pub preprocess_threads: usize,
+    /// Images that may wait for a thread; beyond, requests with media get 503.
+    pub preprocess_queue: usize,
+    /// Most media items in one request.
+    pub max_items: usize,
+    /// Fetch `http(s)` media URLs (with this timeout); off: only `data:` and files.
+    pub fetch_urls: bool,
+    #[serde(with = "humantime_serde")]
+    pub fetch_timeout: Duration,
+    /// `file://` URLs are read only under this directory (none: refused).
+    pub media_dir: Option<PathBuf>,
+    /// The token id an image's placeholder positions take.
+    pub placeholder_token: u32,
+}
+
+impl Default for MultimodalConfig {
+    fn default() -> Self {
+        MultimodalConfig {
+            image: ImageSettings::default(),
+            preprocess_threads: 0,
+            preprocess_queue: 256,
+            max_items: 16,
+            fetch_urls: true,
+            fetch_timeout: Duration::from_secs(10),
+            media_dir: None,
+            placeholder_token: 0,
+        }
+    }
+}
+
+/// The frontend's media stage: its settings, its pool and its HTTP client.
+#[derive(Debug)]
+pub struct MediaStage {
+    config: MultimodalConfig,
+    pool: PreprocessPool,
+    client: reqwest::Client,
+}
+
+/// One prepared media item, in the order of the request's parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaItem {
+    pub modality: Modality,
+    pub tokens: u32,
+    pub hash: u64,
+}
+
+impl MediaStage {
+    /// The stage for `config` (checked by `FrontendConfig::validate`).
+    pub fn new(config: MultimodalConfig) -> Self {
+        let threads = if config.preprocess_threads == 0 {
+            std::thread::available_parallelism().map_or(1, usize::from)
+        } else {
+            config.preprocess_threads
+        };
+        let client = reqwest::Client::builder()
+            .timeout(config.fetch_timeout)
+            .build()
+            .unwrap_or_default();
+        MediaStage {
+            pool: PreprocessPool::new(threads, config.preprocess_queue),
+            config,
+            client,
+        }
+    }
+
+    pub fn config(&self) -> &MultimodalConfig {
+        &self.config
+    }
+
+    /// Prepares every media part of a chat request, in order; the first bad one is a 400
+    /// naming its part.
+    pub async fn prepare_chat(
+        &self,
+        request: &ChatCompletionRequest,
+    ) -> Result<Vec<MediaItem>, ApiError> {
+        let mut items = Vec::new();
+        for (i, message) in request.messages.iter().enumerate() {
+            let Some(MessageContent::Parts(parts)) = &message.content else {
+                continue;
+            };
+            for (j, part) in parts.iter().enumerate() {
+                let name = |field: &str| format!("messages[{i}].content[{j}].{field}");
+                match part.kind.as_str() {
+                    "image_url" => {
+                        if items.len() == self.config.max_items {
+                            return Err(ApiError::invalid_param(
+                                &name("image_url"),
+                                format!(
+                                    "at most {} media items are accepted per request",
+                                    self.config.max_items
+                                ),
+                            ));
+                        }
+                        let Some(image) = &part.image_url else {
+                            return Err(ApiError::invalid_param(
+                                &name("image_url"),
+                                "an image_url part needs `image_url` with a `url`",
+                            ));
+                        };
+                        let item = self
+                            .image(&image.url, image.detail.as_deref())
+                            .await
+                            .map_err(|e| media_error(&name("image_url"), e))?;
+                        items.push(item);
+                    }
+                    "input_audio" | "video_url" => {
+                        return Err(ApiError::invalid_param(
+                            &name(&part.kind),
+                            format!(
+                                "`{}` parts are not supported yet; images (`image_url`) are",
+                                part.kind
+                            ),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(items)
+    }
+
+    async fn image(&self, url: &str, detail: Option<&str>) -> Result<MediaItem, MediaError> {
+        let detail = detail.map_or(Ok(Detail::Auto), Detail::parse)?;
+        let settings = self.config.image;
+        let bytes = match parse_url(url, settings.max_bytes, self.config.media_dir.as_deref())? {
+            MediaRef::Data { bytes, .. } => bytes,
+            MediaRef::Http(url) => self.fetch(&url, settings.max_bytes).await?,
+            MediaRef::File(path) => read_file(path, settings.max_bytes).await?,
+        };
+        let prepared = self
+            .pool
+            .run(move || prepare_image(&bytes, detail, &settings))
+            .await?;
+        Ok(MediaItem {
+            modality: Modality::Image,
+            tokens: prepared.tokens,
+            hash: prepared.hash,
+        })
+    }
+
+    async fn fetch(&self, url: &str, limit: usize) -> Result<Vec<u8>, MediaError> {
+        if !self.config.fetch_urls {
+            return Err(MediaError::BadUrl(
+                "this server does not fetch media URLs; send the media as a data: URL".into(),
+            ));
+        }
+        let failed = |e: reqwest::Error| {
+            MediaError::BadUrl(if e.is_timeout() {
+                format!(
+                    "fetching the media timed out after {:?}",
+                    self.config.fetch_timeout
+                )
+            } else {
+                format!("cannot fetch the media: {}", without_url(&e))
+            })
+        };
+        let mut response = self.client.get(url).send().await.map_err(failed)?;
+        if !response.status().is_success() {
+            return Err(MediaError::BadUrl(format!(
+                "fetching the media answered HTTP {}",
+                response.status().as_u16()
+            )));
+        }
+        let too_large = |bytes: u64| MediaError::TooLarge {
+            bytes,
+            limit: limit as u64,
+        };
+        if let Some(length) = response.content_length()
+            && length > limit as u64
+        {
+            return Err(too_large(length));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(failed)? {
+            if body.len() + chunk.len() > limit {
+                return Err(too_large((body.len() + chunk.len()) as u64));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+}
+
+/// A reqwest error's message without the URL (which may be long, and is the client's own).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut last = None;
+    while let Some(s) = source {
+        last = Some(s.to_string());
+        source = s.source();
+    }
+    last.unwrap_or_else(|| "the request failed".into())
+}
+
+async fn read_file(path: PathBuf, limit: usize) -> Result<Vec<u8>, MediaError> {
+    let shown = path.display().to_string();
+    let meta = tokio::fs::metadata(&path)
+        .await
+        .map_err(|e| MediaError::BadUrl(format!("cannot read {shown}: {e}")))?;
+    if !meta.is_file() {
+        return Err(MediaError::BadUrl(format!("{shown} is not a file")));
+    }
+    if meta.len() > limit as u64 {
+        return Err(MediaError::TooLarge {
+            bytes: meta.len(),
+            limit: limit as u64,
+        });
+    }
+    tokio::fs::read(&path)
+        .await
+        .map_err(|e| MediaError::BadUrl(format!("cannot read {shown}: {e}")))
+}
+
+fn media_error(param: &str, e: MediaError) -> ApiError {
+    match e {
+        MediaError::Busy => ApiError::unavailable(
+            "Media preprocessing is saturated; retry shortly.",
+            Duration::from_secs(1),
+        ),
+        MediaError::Internal(message) => ApiError::internal(message),
+        other => ApiError::invalid_param(param, other.to_string()),
+    }
+}
+
+/// Marks where a media item goes in the rendered chat text; a private-use character, which
+/// client text cannot smuggle in (it is replaced in client text before rendering).
+pub const MEDIA_MARK: char = '\u{E000}';
+
+/// Replaces the media mark in client text, so only the frontend's marks remain.
+pub fn unmark(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains(MEDIA_MARK) {
+        std::borrow::Cow::Owned(text.replace(MEDIA_MARK, "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// The prompt's tokens and media spans: the text between marks tokenized by `encode`, each
+/// mark replaced by its item's placeholder tokens.
+pub fn splice(
+    text: &str,
+    items: &[MediaItem],
+    placeholder: u32,
+    mut encode: impl FnMut(&str) -> Result<Vec<u32>, ApiError>,
+) -> Result<(Vec<u32>, Vec<MediaSpan>), ApiError> {
+    let pieces: Vec<&str> = text.split(MEDIA_MARK).collect();
+    if pieces.len() != items.len() + 1 {
+        return Err(ApiError::invalid_param(
+            "messages",
+            format!(
+                "the chat template kept {} of the request's {} media items",
+                pieces.len() - 1,
+                items.len()
+            ),
+        ));
+    }
+    let mut tokens = Vec::new();
+    let mut spans = Vec::with_capacity(items.len());
+    for (piece, item) in pieces.iter().zip(items.iter().map(Some).chain([None])) {
+        tokens.extend(encode(piece)?);
+        if let Some(item) = item {
+            spans.push(MediaSpan {
+                modality: item.modality,
+                media_hash: item.hash,
+                offset: tokens.len() as u32,
+                length: item.tokens,
+            });
+            tokens.extend(std::iter::repeat_n(placeholder, item.tokens as usize));
+        }
+    }
+    Ok((tokens, spans))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(tokens: u32, hash: u64) -> MediaItem {
+        MediaItem {
+            modality: Modality::Image,
+            tokens,
+            hash,
+        }
+    }
+
+    #[test]
+    fn marks_become_placeholder_runs_with_spans() {
+        let text = format!("ab{MEDIA_MARK}cde{MEDIA_MARK}f");
+        let encode = |s: &str| Ok(s.bytes().map(u32::from).collect());
+        let (tokens, spans) = splice(&text, &[item(3, 7), item(2, 9)], 0, encode).unwrap();
+        assert_eq!(tokens, [97, 98, 0, 0, 0, 99, 100, 101, 0, 0, 102]);
+        assert_eq!(
+            spans
+                .iter()
+                .map(|s| (s.offset, s.length, s.media_hash))
+                .collect::<Vec<_>>(),
+            [(2, 3, 7), (8, 2, 9)]
+        );
+    }
+
+    #[test]
+    fn a_template_that_drops_or_repeats_media_is_refused() {
+        let encode = |s: &str| Ok(s.bytes().map(u32::from).collect());
+        let dropped = splice("no marks", &[item(3, 7)], 0, encode);
+        assert!(dropped.is_err());
+        let twice = format!("{MEDIA_MARK}{MEDIA_MARK}");
+        assert!(splice(&twice, &[item(3, 7)], 0, encode).is_err());
+        assert_eq!(unmark(&format!("x{MEDIA_MARK}y")), "x\u{FFFD}y");
+    }
+}

@@ -1,0 +1,248 @@
+//! Images in chat requests through `serve`: prepared off the async threads, counted as
+//! patch tokens, cached and routed by their content; bad media is a 400 naming its part.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::io::Cursor;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use support::*;
+
+const MODEL: &str = "switchyard-mock";
+
+/// A PNG whose pixels depend on `seed`.
+fn png(width: u32, height: u32, seed: u8) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(width, height, |x, y| {
+        image::Rgb([
+            (x % 251) as u8,
+            (y % 241) as u8,
+            seed.wrapping_add((x ^ y) as u8),
+        ])
+    });
+    let mut out = Cursor::new(Vec::new());
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(&mut out, image::ImageFormat::Png)
+        .unwrap();
+    out.into_inner()
+}
+
+fn data_url(bytes: &[u8]) -> String {
+    format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// A chat request: text, then an image part (`url`, with `detail` when given).
+fn with_image(text: &str, url: &str, detail: Option<&str>) -> Value {
+    let mut image = json!({"url": url});
+    if let Some(detail) = detail {
+        image["detail"] = json!(detail);
+    }
+    json!({
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": image},
+        ]}],
+    })
+}
+
+fn usage(body: &Value) -> (u64, u64) {
+    (
+        body["usage"]["prompt_tokens"].as_u64().unwrap(),
+        body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_counts_its_patch_tokens_and_hits_the_cache_by_its_content() {
+    let d = start(&[("WORKERS__COUNT", "2")]).await;
+    let text = "Describe this picture in one short sentence, please:";
+    let (s, _, plain) = post(&d, "/v1/chat/completions", &chat(MODEL, text, 4)).await;
+    assert_eq!(s, 200, "{plain}");
+    let (text_tokens, _) = usage(&plain);
+
+    // One 336-pixel square of 14-pixel patches (the image is not larger, so `auto` does not
+    // tile it): 576 tokens more than the text alone (the text around the image is
+    // tokenized in two pieces, which may cost a token).
+    let a = data_url(&png(320, 240, 1));
+    let (s, headers, first) = post(&d, "/v1/chat/completions", &with_image(text, &a, None)).await;
+    assert_eq!(s, 200, "{first}");
+    let (tokens, cached) = usage(&first);
+    assert!(
+        (text_tokens + 576..=text_tokens + 578).contains(&tokens),
+        "{tokens} prompt tokens with the image, {text_tokens} without"
+    );
+    assert!(
+        cached < 576,
+        "nothing of the image was cached yet: {cached}"
+    );
+    let worker = headers["x-switchyard-worker"].clone();
+
+    // The same image again: the same worker, its blocks cached.
+    let (_, headers, again) = post(&d, "/v1/chat/completions", &with_image(text, &a, None)).await;
+    let (_, cached_again) = usage(&again);
+    assert_eq!(headers["x-switchyard-worker"], worker);
+    assert!(
+        cached_again >= tokens / 16 * 16 - 16,
+        "{cached_again} of {tokens} tokens cached the second time"
+    );
+
+    // Another image with the same text shares no block that holds image positions: at most
+    // the blocks of the text before it.
+    let b = data_url(&png(320, 240, 2));
+    let (s, _, other) = post(&d, "/v1/chat/completions", &with_image(text, &b, None)).await;
+    assert_eq!(s, 200, "{other}");
+    let (other_tokens, other_cached) = usage(&other);
+    assert_eq!(other_tokens, tokens);
+    assert!(
+        other_cached <= text_tokens,
+        "{other_cached} tokens cached for a different image"
+    );
+
+    // `high` detail (and `auto`, for an image larger than a square) tiles it: 2 × 1
+    // squares and an overview, 3 × 576 tokens.
+    let wide = data_url(&png(672, 336, 3));
+    let (s, _, tiled) = post(
+        &d,
+        "/v1/chat/completions",
+        &with_image(text, &wide, Some("high")),
+    )
+    .await;
+    assert_eq!(s, 200, "{tiled}");
+    let (tiled_tokens, _) = usage(&tiled);
+    assert!(
+        (text_tokens + 3 * 576..=text_tokens + 3 * 576 + 2).contains(&tiled_tokens),
+        "{tiled_tokens}"
+    );
+    let (_, _, low) = post(
+        &d,
+        "/v1/chat/completions",
+        &with_image(text, &wide, Some("low")),
+    )
+    .await;
+    assert_eq!(usage(&low).0, tokens);
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+/// Serves `png` at `/cat.png` and a 404 elsewhere; returns the base URL.
+async fn image_server(png: Vec<u8>) -> String {
+    let app = axum::Router::new().route(
+        "/cat.png",
+        axum::routing::get(move || {
+            let png = png.clone();
+            async move { ([("content-type", "image/png")], png) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn media_is_fetched_read_from_the_allowed_directory_or_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cat.png"), png(64, 64, 5)).unwrap();
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        (
+            "FRONTEND__MULTIMODAL__MEDIA_DIR",
+            dir.path().to_str().unwrap(),
+        ),
+        ("FRONTEND__MULTIMODAL__IMAGE__MAX_BYTES", "100000"),
+    ])
+    .await;
+    let part = "messages[0].content[1].image_url";
+    let text = "What is this?";
+    let server = image_server(png(64, 64, 5)).await;
+
+    // Fetched over HTTP, and read from the allowed directory: the same pixels, the same
+    // tokens as a data: URL.
+    let (s, _, inline) = post(
+        &d,
+        "/v1/chat/completions",
+        &with_image(text, &data_url(&png(64, 64, 5)), None),
+    )
+    .await;
+    assert_eq!(s, 200, "{inline}");
+    for url in [
+        format!("{server}/cat.png"),
+        format!("file://{}", dir.path().join("cat.png").display()),
+    ] {
+        let (s, _, body) = post(&d, "/v1/chat/completions", &with_image(text, &url, None)).await;
+        assert_eq!(s, 200, "{url}: {body}");
+        assert_eq!(usage(&body).0, usage(&inline).0, "{url}");
+    }
+
+    let refused = [
+        (
+            with_image(text, "data:image/png;base64,aGVsbG8=", None),
+            "not an image",
+        ),
+        (
+            with_image(text, &format!("{server}/missing.png"), None),
+            "HTTP 404",
+        ),
+        (
+            with_image(text, "file:///etc/passwd", None),
+            "only read under",
+        ),
+        (with_image(text, "gopher://x/y.png", None), "`gopher`"),
+        (
+            with_image(text, &data_url(&png(64, 64, 1)), Some("ultra")),
+            "detail",
+        ),
+        (
+            with_image(text, &data_url(&png(400, 400, 1)), None),
+            "over the limit of 100000",
+        ),
+        (
+            json!({"model": MODEL, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url"},
+            ]}]}),
+            "needs `image_url`",
+        ),
+    ];
+    for (body, says) in refused {
+        let (s, _, error) = post(&d, "/v1/chat/completions", &body).await;
+        assert_eq!(s, 400, "{body}: {error}");
+        assert_eq!(error["error"]["param"], part, "{error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message} (expected {says})");
+    }
+    let (s, _, error) = post(
+        &d,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+        ]}]}),
+    )
+    .await;
+    assert_eq!(s, 400, "{error}");
+    assert_eq!(
+        error["error"]["param"],
+        "messages[0].content[0].input_audio"
+    );
+    // Client text cannot pose as an image: the frontend's mark in it is replaced.
+    let (s, _, body) = post(
+        &d,
+        "/v1/chat/completions",
+        &chat(MODEL, "a \u{E000} mark", 4),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
