@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod degradation;
+pub mod encoders;
 pub mod health;
 pub mod registry;
 
