@@ -14,7 +14,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::hash::{DEFAULT_SEED, LocalBlockHash};
 
 /// One request of a Mooncake trace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MooncakeRecord {
     /// Arrival, in milliseconds from the start of the trace.
     pub timestamp: u64,
@@ -22,6 +22,20 @@ pub struct MooncakeRecord {
     pub output_length: u64,
     #[serde(default)]
     pub hash_ids: Vec<u64>,
+    /// Media items in the prompt (a multimodal trace), in order, not overlapping; their
+    /// tokens are part of `input_length`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<MediaRecord>,
+}
+
+/// A media item of a trace request: its placeholder tokens take `tokens` positions from
+/// `offset`; equal `hash`es are the same item (reused, so cacheable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MediaRecord {
+    pub modality: crate::protocol::Modality,
+    pub offset: u64,
+    pub tokens: u64,
+    pub hash: u64,
 }
 
 /// The trace block size of the published Mooncake traces.
@@ -76,6 +90,7 @@ mod tests {
 
     fn record(len: u64, ids: &[u64]) -> MooncakeRecord {
         MooncakeRecord {
+            media: Vec::new(),
             timestamp: 0,
             input_length: len,
             output_length: 1,

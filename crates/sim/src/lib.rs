@@ -24,7 +24,7 @@ pub mod workload;
 
 pub use disagg::{DisaggReport, DisaggSim, Split};
 pub use faults::{FailureReport, FaultConfig, FaultKind, Link, ModelShape, ScheduledFault};
-pub use report::{RequestRecord, SimReport};
+pub use report::{MediaReport, RequestRecord, SimReport};
 pub use scaling::{PlannerReport, PlannerSim, SlaAttainment, SlaTargets};
-pub use simulation::{SimConfig, SimError, simulate, worker_key};
+pub use simulation::{EncoderSim, SimConfig, SimError, simulate, worker_key};
 pub use workload::{PreparedWorkload, PromptRequest, TraceRequest};

@@ -161,8 +161,28 @@ pub struct SimReport {
     /// What the planner did, when one scaled the fleet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub planner: Option<crate::scaling::PlannerReport>,
+    /// Media and encoders, when requests carried media.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub media: Option<MediaReport>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub request_records: Vec<RequestRecord>,
+}
+
+/// Requests with media, and the encoders that served them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MediaReport {
+    /// Requests that carried media, and their items.
+    pub requests: u64,
+    pub items: u64,
+    /// Requests routed straight to a worker holding their media (joint routing).
+    pub skipped: u64,
+    pub encoders: u32,
+    /// Share of the run the encoders spent encoding.
+    pub encoder_utilisation: f64,
+    /// From admission to the last item encoded, for requests that were encoded.
+    pub encode_wait_ms: Distribution,
+    /// Time to first token by class: text, image, video, audio.
+    pub ttft_ms_by_class: BTreeMap<&'static str, Distribution>,
 }
 
 #[cfg(test)]

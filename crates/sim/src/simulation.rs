@@ -24,14 +24,17 @@
 //! queue, every step is taken in global order, since any completion may release it.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::Duration;
 
 use switchyard_core::protocol::FinishReason;
-use switchyard_core::{KvEvent, RequestId, Token, TokenBlocks, WorkerId, WorkerKey, WorkerRole};
+use switchyard_core::{
+    KvEvent, MediaSpan, Modality, RequestId, Token, TokenBlocks, WorkerId, WorkerKey, WorkerRole,
+};
 use switchyard_mocker::config::InvalidArgs;
 use switchyard_mocker::tokens::{TokenRules, token_at};
 use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
+use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy, EncoderPool, MediaWork};
 use switchyard_router::routing::health::Failure;
 use switchyard_router::{
     Admission, Indexer, IndexerConfig, LocalReason, PairDecision, PolicyKind, Rejection,
@@ -41,7 +44,9 @@ use thiserror::Error;
 
 use crate::disagg::{DisaggReport, DisaggSim};
 use crate::faults::{FailureReport, FaultConfig, FaultKind, ScheduledFault};
-use crate::report::{LatencyRecorder, LoadSpread, RequestRecord, SimReport, Throughput};
+use crate::report::{
+    LatencyRecorder, LoadSpread, MediaReport, RequestRecord, SimReport, Throughput,
+};
 use crate::scaling::{PlannerSim, SlaAttainment, SlaTargets};
 use crate::workload::PreparedWorkload;
 
@@ -82,6 +87,20 @@ pub struct SimConfig {
     pub sla_targets: Option<SlaTargets>,
     /// Split the fleet into prefill and decode workers (the first `prefill` slots prefill).
     pub disagg: Option<DisaggSim>,
+    /// Encoder workers for the requests' media; none: media needs no encoding time.
+    pub encoders: Option<EncoderSim>,
+}
+
+/// A pool of encoder workers in front of the LLM workers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderSim {
+    pub count: usize,
+    pub cost: EncoderCost,
+    pub policy: EncoderPolicy,
+    /// Joint routing: a request whose media is already cached on a worker (its KV blocks
+    /// covering every item) skips the encoders and goes to such a worker; otherwise it is
+    /// encoded, then routed on its own.
+    pub joint: bool,
 }
 
 impl SimConfig {
@@ -130,6 +149,8 @@ enum Event {
     PlannerPull,
     /// A worker the planner asked for has started and takes requests.
     WorkerReady(u32),
+    /// The encoder with this index finished its batch.
+    EncodeDone(u32),
 }
 
 /// A worker slot's state.
@@ -174,6 +195,9 @@ struct RequestState {
     /// When it was last handed to an engine: tokens of an engine step that began before
     /// are from an earlier placement (cancelled, moved) and are dropped.
     placed_at: Duration,
+    /// Its media items still being encoded, and since when.
+    encoding: u32,
+    encoding_since: Duration,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -233,6 +257,12 @@ struct Fleet<'a> {
     prefill_ids: HashMap<RequestId, u32>,
     disagg: DisaggReport,
     transfer_time: LatencyRecorder,
+    encoders: Option<EncoderPool>,
+    media: MediaReport,
+    /// Time to first token by request class (text, image, video, audio: the costliest
+    /// modality it carries).
+    ttft_by_class: BTreeMap<&'static str, LatencyRecorder>,
+    encode_wait: LatencyRecorder,
 }
 
 /// Runs the workload through the fleet with one policy. `progress` is told how many
@@ -340,6 +370,13 @@ impl<'a> Fleet<'a> {
             prefill_ids: HashMap::new(),
             disagg: DisaggReport::default(),
             transfer_time: LatencyRecorder::default(),
+            encoders: config
+                .encoders
+                .as_ref()
+                .map(|e| EncoderPool::new(e.count, e.cost.clone(), e.policy)),
+            media: MediaReport::default(),
+            ttft_by_class: BTreeMap::new(),
+            encode_wait: LatencyRecorder::default(),
         };
         for i in 0..fleet.plan.len() {
             fleet.schedule(fleet.plan[i].at, Event::Fault(i as u32));
@@ -422,6 +459,7 @@ impl<'a> Fleet<'a> {
             Event::TransferDone(index, moves) => self.transfer_done(index, moves),
             Event::PlannerPull => self.planner_pull(),
             Event::WorkerReady(slot) => self.worker_ready(slot as usize),
+            Event::EncodeDone(encoder) => self.encode_done(encoder as usize),
         }
     }
 
@@ -511,11 +549,131 @@ impl<'a> Fleet<'a> {
             .or_insert(0) += 1;
     }
 
-    /// Routes an admitted request and hands it to its engine.
+    /// Routes an admitted request and hands it to its engine; a request with media goes to
+    /// the encoders first (unless, with joint routing, a worker holds its media already).
     fn dispatch(&mut self, index: u32) {
+        let request = &self.workload.requests[index as usize];
+        if !request.media.is_empty() {
+            self.media.requests += 1;
+            self.media.items += request.media.len() as u64;
+        }
+        if self.encoders.is_some() && !request.media.is_empty() {
+            let joint = self.config.encoders.as_ref().is_some_and(|e| e.joint);
+            if joint && let Some(holders) = self.worth_skipping(index) {
+                self.media.skipped += 1;
+                self.route_to(index, &holders);
+                return;
+            }
+            let Some(pool) = &mut self.encoders else {
+                return;
+            };
+            let mut started = Vec::new();
+            for span in &request.media {
+                let work = MediaWork {
+                    owner: u64::from(index),
+                    modality: span.modality,
+                    tokens: span.length,
+                };
+                if let Some(s) = pool.submit(work, self.now).1 {
+                    started.push(s);
+                }
+            }
+            self.requests[index as usize].encoding = request.media.len() as u32;
+            self.requests[index as usize].encoding_since = self.now;
+            for s in started {
+                self.schedule(s.ends, Event::EncodeDone(s.encoder as u32));
+            }
+            return;
+        }
+        self.route_to(index, &[]);
+    }
+
+    fn route_to(&mut self, index: u32, only: &[WorkerId]) {
         let prompt = self.workload.requests[index as usize].prompt.clone();
         let output_tokens = self.workload.requests[index as usize].output_tokens;
-        self.place(index, prompt, output_tokens, 0, 0);
+        if only.is_empty() {
+            self.place(index, prompt, output_tokens, 0, 0);
+        } else {
+            let others = (0..self.engines.len() as u32)
+                .map(|slot| worker_key(slot).worker_id)
+                .filter(|w| !only.contains(w))
+                .collect();
+            self.place_excluding(index, prompt, output_tokens, 0, 0, others);
+        }
+    }
+
+    /// Joint routing: the workers holding the request's media, if going to the soonest of
+    /// them (by its queued prefill) is predicted no later than encoding first (the soonest
+    /// encoders, then the soonest worker of the fleet).
+    fn worth_skipping(&self, index: u32) -> Option<Vec<WorkerId>> {
+        let holders = self.media_holders(index)?;
+        let pool = self.encoders.as_ref()?;
+        let now = self.now;
+        let wait = |w: WorkerId| self.core.queued_prefill_time(w, now);
+        let holder_wait = holders.iter().map(|&w| wait(w)).min()?;
+        let encoded = self.workload.requests[index as usize]
+            .media
+            .iter()
+            .map(|span| {
+                let work = MediaWork {
+                    owner: u64::from(index),
+                    modality: span.modality,
+                    tokens: span.length,
+                };
+                (0..pool.len())
+                    .map(|e| pool.ready_at(e, &work, now))
+                    .min()
+                    .unwrap_or(now)
+            })
+            .max()
+            .unwrap_or(now)
+            .saturating_sub(now);
+        let fleet_wait = (0..self.engines.len())
+            .filter(|&slot| self.slots[slot] == Slot::Up)
+            .map(|slot| wait(worker_key(slot as u32).worker_id))
+            .min()?;
+        (holder_wait <= encoded + fleet_wait).then_some(holders)
+    }
+
+    /// The serving workers whose cache holds every block of the request's media, if any.
+    fn media_holders(&self, index: u32) -> Option<Vec<WorkerId>> {
+        let request = &self.workload.requests[index as usize];
+        let end = request.media.iter().map(MediaSpan::end).max()?;
+        let block = u64::from(self.workload.block_size);
+        // The blocks up to the one holding the media's last position.
+        let needed = end.div_ceil(block) as u32;
+        if needed as usize > request.prompt.full_blocks() {
+            return None;
+        }
+        let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
+        let holders: Vec<WorkerId> = overlaps
+            .scores
+            .iter()
+            .filter(|&&(key, matched)| matched >= needed && self.slots[slot_of(key)] == Slot::Up)
+            .map(|&(key, _)| key.worker_id)
+            .collect();
+        (!holders.is_empty()).then_some(holders)
+    }
+
+    /// The encoder finished a batch: requests whose every item is encoded are routed.
+    fn encode_done(&mut self, encoder: usize) {
+        let Some(pool) = &mut self.encoders else {
+            return;
+        };
+        let (done, next) = pool.finish(encoder, self.now);
+        if let Some(s) = next {
+            self.schedule(s.ends, Event::EncodeDone(s.encoder as u32));
+        }
+        for item in done {
+            let index = item.owner as u32;
+            let state = &mut self.requests[index as usize];
+            state.encoding = state.encoding.saturating_sub(1);
+            if state.encoding == 0 && state.outcome == Outcome::Pending {
+                self.encode_wait
+                    .record(micros(self.now - state.encoding_since));
+                self.route_to(index, &[]);
+            }
+        }
     }
 
     /// Routes a request (new, or moved with `generated` tokens streamed and `kv_tokens`
@@ -529,8 +687,27 @@ impl<'a> Fleet<'a> {
         generated: u32,
         kv_tokens: u32,
     ) {
+        self.place_excluding(
+            index,
+            prompt,
+            max_output_tokens,
+            generated,
+            kv_tokens,
+            Vec::new(),
+        );
+    }
+
+    /// [`Self::place`], never on the workers in `exclude`.
+    fn place_excluding(
+        &mut self,
+        index: u32,
+        prompt: TokenBlocks,
+        max_output_tokens: u32,
+        generated: u32,
+        kv_tokens: u32,
+        mut exclude: Vec<WorkerId>,
+    ) {
         let id = RequestId(u64::from(index));
-        let mut exclude: Vec<WorkerId> = Vec::new();
         let mut mock = MockRequest {
             id,
             prompt,
@@ -1069,6 +1246,12 @@ impl<'a> Fleet<'a> {
                     scaling.traffic.ttft_count += 1;
                 }
                 self.ttft.record(micros(now - arrival));
+                if let Some(class) = media_class(&self.workload.requests[index].media) {
+                    self.ttft_by_class
+                        .entry(class)
+                        .or_default()
+                        .record(micros(now - arrival));
+                }
                 self.core.observe_ttft(now - arrival);
                 self.core.prefill_done(token.request, now);
                 prefilled = true;
@@ -1171,6 +1354,22 @@ impl<'a> Fleet<'a> {
         r.policy = self.core.config().router.policy.name().to_string();
         r.workers = self.config.workers;
         r.ttft_ms = self.ttft.distribution();
+        if self.media.requests > 0 {
+            let mut media = std::mem::take(&mut self.media);
+            media.ttft_ms_by_class = self
+                .ttft_by_class
+                .iter()
+                .map(|(class, rec)| (*class, rec.distribution()))
+                .collect();
+            if let Some(pool) = &self.encoders {
+                let busy: Duration = pool.busy().iter().sum();
+                media.encoders = pool.len() as u32;
+                media.encoder_utilisation =
+                    busy.as_secs_f64() / (span * pool.len() as f64).max(f64::MIN_POSITIVE);
+                media.encode_wait_ms = self.encode_wait.distribution();
+            }
+            r.media = Some(media);
+        }
         r.itl_ms = self.itl.distribution();
         r.e2e_ms = self.e2e.distribution();
         r.throughput = Throughput {
@@ -1313,6 +1512,21 @@ fn attainment(
         a.within as f64 / a.requests as f64
     };
     a
+}
+
+/// A request's class for the per-class latencies: `text` without media, else its costliest
+/// modality (video, then audio, then image). None only for... nothing: every request has one.
+fn media_class(media: &[MediaSpan]) -> Option<&'static str> {
+    let has = |m: Modality| media.iter().any(|s| s.modality == m);
+    Some(if media.is_empty() {
+        "text"
+    } else if has(Modality::Video) {
+        "video"
+    } else if has(Modality::Audio) {
+        "audio"
+    } else {
+        "image"
+    })
 }
 
 fn micros(d: Duration) -> u64 {

@@ -10,8 +10,9 @@
 
 use std::time::Duration;
 
+use switchyard_core::MediaSpan;
 use switchyard_core::protocol::Prompt;
-use switchyard_core::trace::MooncakeRecord;
+use switchyard_core::trace::{MediaRecord, MooncakeRecord};
 use switchyard_core::{InvalidPrompt, Priority, Token, TokenBlocks, blocks_for};
 
 /// Size of the vocabulary synthesised tokens are drawn from.
@@ -25,6 +26,8 @@ pub struct TraceRequest {
     pub output_tokens: u32,
     /// Hash ids of the prompt's trace blocks; empty when the trace has no prefix information.
     pub hash_ids: Vec<u64>,
+    /// Media items in the prompt (a multimodal trace).
+    pub media: Vec<MediaRecord>,
 }
 
 impl TraceRequest {
@@ -34,6 +37,7 @@ impl TraceRequest {
             input_tokens: record.input_length.min(u64::from(u32::MAX)) as u32,
             output_tokens: record.output_length.min(u64::from(u32::MAX)) as u32,
             hash_ids: record.hash_ids.clone(),
+            media: record.media.clone(),
         }
     }
 }
@@ -61,6 +65,8 @@ pub struct PreparedRequest {
     /// Output tokens asked for (fewer come out if an end-of-sequence token is drawn).
     pub output_tokens: u32,
     pub priority: Priority,
+    /// Its media items, to encode before it can be prefilled.
+    pub media: Vec<MediaSpan>,
 }
 
 impl PreparedWorkload {
@@ -85,12 +91,19 @@ impl PreparedWorkload {
             .enumerate()
             .map(|(i, r)| {
                 synthesise(i as u64, r, trace_block_size, &mut prompt.token_ids);
+                prompt.media = media_spans(&r.media, prompt.token_ids.len());
+                // Placeholder positions hold one token, as the servers write them: only the
+                // media hash tells two items apart.
+                for span in &prompt.media {
+                    prompt.token_ids[span.offset as usize..span.end() as usize].fill(0);
+                }
                 PreparedRequest {
                     arrival: (r.arrival - start).div_f64(speedup),
                     prompt: blocks_for(&prompt, block_size.max(1))
-                        .unwrap_or_else(|_| unreachable!("a text prompt, blocks of at least 1")),
+                        .unwrap_or_else(|_| unreachable!("spans checked, blocks of at least 1")),
                     output_tokens: r.output_tokens.max(1),
                     priority: Priority::Standard,
+                    media: prompt.media.clone(),
                 }
             })
             .collect();
@@ -114,6 +127,7 @@ impl PreparedWorkload {
                     prompt: blocks_for(&r.prompt, block_size)?,
                     output_tokens: r.max_tokens.max(1),
                     priority: r.priority,
+                    media: r.prompt.media.clone(),
                 })
             })
             .collect::<Result<_, InvalidPrompt>>()?;
@@ -129,6 +143,29 @@ impl PreparedWorkload {
             .map(|r| r.prompt.total_tokens() as u64)
             .sum()
     }
+}
+
+/// A trace request's media as prompt spans: in order, within the prompt's `len` tokens,
+/// not overlapping (an item that breaks these is left out, and so is an empty one).
+fn media_spans(media: &[MediaRecord], len: usize) -> Vec<MediaSpan> {
+    let mut spans = Vec::with_capacity(media.len());
+    let mut end = 0u64;
+    for m in media {
+        let (Ok(offset), Ok(length)) = (u32::try_from(m.offset), u32::try_from(m.tokens)) else {
+            continue;
+        };
+        if length == 0 || m.offset < end || m.offset + m.tokens > len as u64 {
+            continue;
+        }
+        end = m.offset + m.tokens;
+        spans.push(MediaSpan {
+            modality: m.modality,
+            media_hash: m.hash,
+            offset,
+            length,
+        });
+    }
+    spans
 }
 
 /// The tokens of request `index`'s prompt, into `out`: position `p` holds a token drawn
@@ -167,12 +204,14 @@ mod tests {
             input_tokens: 1100,
             output_tokens: 5,
             hash_ids: vec![1, 2, 3],
+            media: Vec::new(),
         };
         let b = TraceRequest {
             arrival: Duration::from_millis(3000),
             input_tokens: 700,
             output_tokens: 0,
             hash_ids: vec![1, 9],
+            media: Vec::new(),
         };
         let w = PreparedWorkload::prepare(&[a, b], 512, 16, 2.0);
         let (pa, pb) = (&w.requests[0].prompt, &w.requests[1].prompt);
@@ -192,6 +231,7 @@ mod tests {
             input_tokens: 64,
             output_tokens: 1,
             hash_ids: vec![],
+            media: Vec::new(),
         };
         let w = PreparedWorkload::prepare(&[r.clone(), r], 512, 16, 1.0);
         assert_eq!(w.requests[0].prompt.full_blocks(), 4);

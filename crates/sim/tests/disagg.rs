@@ -31,6 +31,7 @@ fn workload(rows: usize) -> PreparedWorkload {
 
 fn config(prefill: Option<u32>, link: &str, disagg: DisaggConfig) -> SimConfig {
     SimConfig {
+        encoders: None,
         workers: 6,
         engine: EngineArgs::default(),
         perf: vec![PerfModel::Polynomial],

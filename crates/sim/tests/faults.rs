@@ -28,6 +28,7 @@ fn workload(rows: usize, speedup: f64) -> PreparedWorkload {
 
 fn config(faults: FaultConfig) -> SimConfig {
     SimConfig {
+        encoders: None,
         workers: 6,
         engine: EngineArgs::default(),
         perf: vec![PerfModel::Polynomial],

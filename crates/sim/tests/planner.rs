@@ -22,6 +22,7 @@ fn bursty() -> PreparedWorkload {
             input_tokens: 2000,
             output_tokens: 400,
             hash_ids: Vec::new(),
+            media: Vec::new(),
         });
         t += if (300.0..600.0).contains(&t) {
             0.125
@@ -34,6 +35,7 @@ fn bursty() -> PreparedWorkload {
 
 fn config(workers: u32, planner: Option<PlannerSim>) -> SimConfig {
     SimConfig {
+        encoders: None,
         workers,
         // A small cache: the burst fills it.
         engine: EngineArgs {
@@ -187,6 +189,7 @@ fn a_disaggregated_fleet_is_planned_pool_by_pool() {
             input_tokens: 2000,
             output_tokens: 1200,
             hash_ids: Vec::new(),
+            media: Vec::new(),
         });
         t += if (200.0..500.0).contains(&t) {
             0.25

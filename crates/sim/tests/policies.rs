@@ -24,6 +24,7 @@ fn slice(rows: usize) -> Vec<TraceRequest> {
 
 fn config(workers: u32) -> SimConfig {
     SimConfig {
+        encoders: None,
         workers,
         engine: EngineArgs::default(),
         perf: vec![PerfModel::Polynomial],

@@ -221,6 +221,7 @@ fn sim(
 ) -> (Vec<Outcome>, Duration, switchyard_sim::SimReport) {
     let workload = PreparedWorkload::from_prompts(requests, args.block_size).unwrap();
     let sim_config = SimConfig {
+        encoders: None,
         workers,
         engine: args,
         perf: vec![PerfModel::Polynomial],

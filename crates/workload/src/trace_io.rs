@@ -216,6 +216,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
         let records = vec![MooncakeRecord {
+            media: Vec::new(),
             timestamp: 5,
             input_length: 600,
             output_length: 7,

@@ -94,6 +94,7 @@ fn trace_replay_keeps_the_schedule_and_prompt_lengths() {
     let server = MockServer::start(fast_profile()).unwrap();
     let records: Vec<MooncakeRecord> = (0..10u64)
         .map(|i| MooncakeRecord {
+            media: Vec::new(),
             timestamp: 1_000 + i * 100,
             input_length: 40 + i,
             output_length: 4,

@@ -41,6 +41,7 @@ fn records(paths: &[Vec<u64>]) -> Vec<MooncakeRecord> {
         .iter()
         .enumerate()
         .map(|(i, path)| MooncakeRecord {
+            media: Vec::new(),
             timestamp: i as u64 * 10,
             input_length: path.len() as u64 * u64::from(BLOCK),
             output_length: 1 + i as u64 % 5,

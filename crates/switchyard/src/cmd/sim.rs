@@ -12,6 +12,7 @@ use serde::Serialize;
 use switchyard_mocker::{EngineArgs, PerfModel, PreemptionMode};
 use switchyard_router::indexer::approx::ApproxConfig;
 use switchyard_router::policy::KvPolicyConfig;
+use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
 use switchyard_router::{
     AdmissionConfig, CacheViewMode, LatencyPolicyConfig, PolicyKind, RouterConfig, RoutingConfig,
 };
@@ -156,6 +157,31 @@ pub struct SimArgs {
     pub(super) planning: super::sim_planner::PlanningArgs,
     #[command(flatten)]
     pub(super) disagg: super::sim_disagg::DisaggArgs,
+    /// Give the trace's requests media, with these shares (`image=0.1,video=0.1,audio=0.05`;
+    /// images 576 tokens, videos 30 frames of 144, audio 1,500), inserted after the first
+    /// 512 prompt tokens. A Mooncake trace's own `media` rows are used otherwise.
+    #[arg(long, value_name = "MIX")]
+    media_mix: Option<switchyard_workload::synth::MediaMix>,
+    /// Distinct media items per modality the mix draws from (fewer recur more).
+    #[arg(long, default_value_t = 100_000)]
+    media_pool: u64,
+    /// Encoder workers for the media (0: media costs no encoding time).
+    #[arg(long, default_value_t = 0)]
+    encoders: usize,
+    /// How an item's encoder is chosen: soonest (the one that would finish it first) or
+    /// round-robin.
+    #[arg(long, value_enum, default_value_t = EncoderPolicyArg::Soonest)]
+    encoder_policy: EncoderPolicyArg,
+    /// Joint routing: a request whose media a worker holds in its cache skips the encoders
+    /// and goes to such a worker.
+    #[arg(long)]
+    joint_media: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EncoderPolicyArg {
+    Soonest,
+    RoundRobin,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -283,6 +309,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         max_blocks_per_worker: args.num_gpu_blocks as usize,
     };
     let config = SimConfig {
+        encoders: None,
         workers: args.workers[0],
         engine,
         perf,
@@ -326,6 +353,18 @@ pub fn run(args: SimArgs) -> Result<()> {
         planner: None,
         sla_targets: None,
         disagg: None,
+    };
+    let config = SimConfig {
+        encoders: (args.encoders > 0).then(|| switchyard_sim::EncoderSim {
+            count: args.encoders,
+            cost: EncoderCost::default(),
+            policy: match args.encoder_policy {
+                EncoderPolicyArg::Soonest => EncoderPolicy::Soonest,
+                EncoderPolicyArg::RoundRobin => EncoderPolicy::RoundRobin,
+            },
+            joint: args.joint_media,
+        }),
+        ..config
     };
 
     if !args.disagg.disagg.is_empty() && !args.planning.planner.is_empty() {
@@ -584,11 +623,22 @@ fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
         }
     });
     match format {
-        TraceFormat::Mooncake => Ok(Trace::read(&args.trace)?
-            .records
-            .iter()
-            .map(TraceRequest::from_mooncake)
-            .collect()),
+        TraceFormat::Mooncake => {
+            let mut records = Trace::read(&args.trace)?.records;
+            if let Some(mix) = &args.media_mix {
+                let mix = switchyard_workload::synth::MediaMix {
+                    pool: args.media_pool,
+                    ..mix.clone()
+                };
+                mix.apply(&mut records, args.seed, args.trace_block_size);
+            }
+            Ok(records.iter().map(TraceRequest::from_mooncake).collect())
+        }
+        TraceFormat::Azure if args.media_mix.is_some() => {
+            anyhow::bail!(
+                "--media-mix needs a Mooncake trace (the Azure traces have no prefixes to place media after)"
+            )
+        }
         TraceFormat::Azure => Ok(switchyard_workload::azure::read(&args.trace)?
             .iter()
             .map(|r| TraceRequest {
@@ -596,6 +646,7 @@ fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
                 input_tokens: r.context_tokens,
                 output_tokens: r.generated_tokens,
                 hash_ids: Vec::new(),
+                media: Vec::new(),
             })
             .collect()),
     }
@@ -684,6 +735,31 @@ fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
             r.throughput.requests_per_sec,
             r.throughput.output_tokens_per_sec,
             r.policy
+        );
+    }
+    for r in reports {
+        let Some(m) = &r.media else {
+            continue;
+        };
+        let classes = m
+            .ttft_ms_by_class
+            .iter()
+            .map(|(class, d)| format!("{class} {:.0}/{:.0}", d.p50, d.p99))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            out,
+            "{}: {} requests with media ({} items), {} routed to a worker holding theirs; {} \
+             encoders {:.1} % busy, encoded p50 {:.0} ms p99 {:.0} ms after admission; TTFT \
+             p50/p99 ms by class: {classes}",
+            r.policy,
+            m.requests,
+            m.items,
+            m.skipped,
+            m.encoders,
+            m.encoder_utilisation * 100.0,
+            m.encode_wait_ms.p50,
+            m.encode_wait_ms.p99,
         );
     }
     for r in reports {

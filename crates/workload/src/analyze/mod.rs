@@ -202,6 +202,7 @@ mod tests {
 
     fn row(timestamp: u64, input_length: u64, ids: &[u64]) -> MooncakeRecord {
         MooncakeRecord {
+            media: Vec::new(),
             timestamp,
             input_length,
             output_length: 10,

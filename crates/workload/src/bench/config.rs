@@ -266,6 +266,7 @@ mod tests {
         RequestSource::Trace {
             records: (0..n)
                 .map(|i| MooncakeRecord {
+                    media: Vec::new(),
                     timestamp: i as u64,
                     input_length: 10,
                     output_length: 5,

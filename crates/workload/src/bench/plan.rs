@@ -172,6 +172,7 @@ mod tests {
         let records = [(2000, vec![1, 2]), (1000, vec![1]), (5000, vec![3])]
             .into_iter()
             .map(|(timestamp, hash_ids)| MooncakeRecord {
+                media: Vec::new(),
                 timestamp,
                 input_length: 6 * hash_ids.len() as u64 - 1,
                 output_length: 3,

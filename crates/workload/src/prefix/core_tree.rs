@@ -192,6 +192,7 @@ mod tests {
         let rows: Vec<_> = paths
             .iter()
             .map(|p| MooncakeRecord {
+                media: Vec::new(),
                 timestamp: 0,
                 input_length: 1,
                 output_length: 1,

@@ -167,6 +167,7 @@ mod tests {
         paths
             .iter()
             .map(|p| MooncakeRecord {
+                media: Vec::new(),
                 timestamp: 0,
                 input_length: p.len() as u64 * 512,
                 output_length: 1,

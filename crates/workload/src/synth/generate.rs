@@ -130,6 +130,7 @@ impl SynthModel {
             };
             let source_osl = outputs.draw(&mut rng).unwrap_or(0);
             out.push(MooncakeRecord {
+                media: Vec::new(),
                 timestamp: warp(burst(clock_ms, config), &config.rate_profile).round() as u64,
                 input_length,
                 output_length: scale_tokens(source_osl, config.osl_multiplier),
@@ -242,6 +243,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, ids)| MooncakeRecord {
+                media: Vec::new(),
                 timestamp: i as u64 * 10,
                 input_length: ids.len() as u64 * 16,
                 output_length: 4,
@@ -268,6 +270,7 @@ mod tests {
         // arrive within its first 2 s, 200 ms apart; the span and the order stay.
         let rows: Vec<MooncakeRecord> = (0..100)
             .map(|i| MooncakeRecord {
+                media: Vec::new(),
                 timestamp: i * 1000,
                 input_length: 16,
                 output_length: 4,

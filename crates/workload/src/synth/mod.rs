@@ -8,10 +8,12 @@
 
 mod config;
 mod generate;
+mod media;
 mod model;
 
 pub use crate::stats::Sampling;
 pub use config::SynthConfig;
+pub use media::MediaMix;
 pub use model::SynthModel;
 
 use switchyard_core::trace::MooncakeRecord;

@@ -116,6 +116,7 @@ mod tests {
 
     fn row(input_length: u64, ids: &[u64]) -> MooncakeRecord {
         MooncakeRecord {
+            media: Vec::new(),
             timestamp: 0,
             input_length,
             output_length: 3,
