@@ -82,6 +82,14 @@ struct GenerateArgs {
     /// replacement, refilled), which adds sampling noise.
     #[arg(long)]
     independent_sampling: bool,
+    /// Give requests media with these shares (`image=0.1,video=0.1,audio=0.05`; images
+    /// 576 tokens, videos 30 frames of 144, audio 1,500), inserted after the first block;
+    /// the turns of a conversation keep their item. Written as each row's `media`.
+    #[arg(long, value_name = "MIX")]
+    media_mix: Option<switchyard_workload::synth::MediaMix>,
+    /// Distinct media items per modality the mix draws from.
+    #[arg(long, default_value_t = 100_000)]
+    media_pool: u64,
 }
 
 pub fn run(args: SynthArgs) -> Result<()> {
@@ -152,13 +160,27 @@ fn generate(args: GenerateArgs) -> Result<()> {
     };
     config.validate()?;
     let trace = Trace::read(&args.trace)?;
-    let records = generate_from_trace(&trace, &config)?;
-    write_mooncake(&args.output, &records)?;
+    let mut records = generate_from_trace(&trace, &config)?;
     let source = TraceAnalysis::of_trace(&trace, config.block_size)?;
     let synthetic = TraceAnalysis::of(&records, config.block_size)
         .context("the synthetic trace is not a prefix tree (a bug)")?;
+    let mut media = String::new();
+    if let Some(mix) = &args.media_mix {
+        let mix = switchyard_workload::synth::MediaMix {
+            pool: args.media_pool,
+            ..mix.clone()
+        };
+        mix.apply(&mut records, args.seed, config.block_size);
+        let with = records.iter().filter(|r| !r.media.is_empty()).count();
+        media = format!(
+            " ({} with media, {} media tokens)",
+            thousands(with as u64),
+            thousands(records.iter().flat_map(|r| &r.media).map(|m| m.tokens).sum())
+        );
+    }
+    write_mooncake(&args.output, &records)?;
     write_stdout(&format!(
-        "Wrote {} requests to {}\n\n{}",
+        "Wrote {} requests{media} to {}\n\n{}",
         thousands(records.len() as u64),
         args.output.display(),
         Comparison::of(&source, &synthetic)
