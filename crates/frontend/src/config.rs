@@ -269,6 +269,10 @@ impl FrontendConfig {
             .image
             .validate()
             .map_err(|e| format!("frontend.multimodal.image: {e}"))?;
+        self.multimodal
+            .encoder_cost
+            .validate()
+            .map_err(|e| format!("frontend.multimodal.encoder_cost: {e}"))?;
         if self.multimodal.fetch_timeout.is_zero() {
             return Err("frontend.multimodal.fetch_timeout must be longer than zero".into());
         }

@@ -10,6 +10,9 @@ use switchyard_multimodal::{
     Detail, ImageSettings, MediaError, MediaRef, PreprocessPool, parse_url, prepare_image,
 };
 
+use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
+
+use crate::encoders::Encoders;
 use crate::openai::ApiError;
 use crate::openai::request::{ChatCompletionRequest, MessageContent};
 
@@ -33,6 +36,11 @@ pub struct MultimodalConfig {
     pub media_dir: Option<PathBuf>,
     /// The token id an image's placeholder positions take.
     pub placeholder_token: u32,
+    /// Mock encoder workers in this process (0: media costs no encoding time): a request
+    /// waits for its items' batches as the cost model times them.
+    pub encoders: usize,
+    pub encoder_policy: EncoderPolicy,
+    pub encoder_cost: EncoderCost,
 }
 
 impl Default for MultimodalConfig {
@@ -46,6 +54,9 @@ impl Default for MultimodalConfig {
             fetch_timeout: Duration::from_secs(10),
             media_dir: None,
             placeholder_token: 0,
+            encoders: 1,
+            encoder_policy: EncoderPolicy::default(),
+            encoder_cost: EncoderCost::default(),
         }
     }
 }
@@ -56,6 +67,8 @@ pub struct MediaStage {
     config: MultimodalConfig,
     pool: PreprocessPool,
     client: reqwest::Client,
+    /// Started on first use (on the serving runtime).
+    encoders: std::sync::OnceLock<Encoders>,
 }
 
 /// One prepared media item, in the order of the request's parts.
@@ -82,6 +95,7 @@ impl MediaStage {
             pool: PreprocessPool::new(threads, config.preprocess_queue),
             config,
             client,
+            encoders: std::sync::OnceLock::new(),
         }
     }
 
@@ -137,6 +151,18 @@ impl MediaStage {
                     _ => {}
                 }
             }
+        }
+        if !items.is_empty() && self.config.encoders > 0 {
+            let encoders = self.encoders.get_or_init(|| {
+                Encoders::start(
+                    self.config.encoders,
+                    self.config.encoder_cost.clone(),
+                    self.config.encoder_policy,
+                )
+            });
+            let work: Vec<(Modality, u32)> = items.iter().map(|i| (i.modality, i.tokens)).collect();
+            tracing::Instrument::instrument(encoders.encode(&work), tracing::info_span!("encode"))
+                .await;
         }
         Ok(items)
     }

@@ -246,3 +246,45 @@ async fn media_is_fetched_read_from_the_allowed_directory_or_refused_by_name() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_frontends_encoders_add_their_time_before_the_first_token() {
+    // One token per image unit: a 576-token image costs 576 images on the batching curve
+    // (about 485 ms), long enough to see against the mock engine.
+    let slow = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_TOKENS", "1"),
+    ])
+    .await;
+    let none = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "0"),
+    ])
+    .await;
+    let body = with_image("What is this?", &data_url(&png(64, 64, 9)), None);
+    let timed = |d| {
+        let body = body.clone();
+        async move {
+            let start = std::time::Instant::now();
+            let (s, _, b) = post(d, "/v1/chat/completions", &body).await;
+            assert_eq!(s, 200, "{b}");
+            start.elapsed()
+        }
+    };
+    let encoded = timed(&slow).await;
+    let plain = timed(&none).await;
+    assert!(
+        encoded >= std::time::Duration::from_millis(480),
+        "{encoded:?} with a ~485 ms encoder"
+    );
+    assert!(
+        plain + std::time::Duration::from_millis(300) < encoded,
+        "{plain:?} without encoders, {encoded:?} with"
+    );
+    slow.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+    none.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

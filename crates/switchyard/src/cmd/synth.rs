@@ -22,7 +22,7 @@ enum SynthCommand {
     /// Report a trace's requests, arrival rate, ISL/OSL, block reuse and prefix tree.
     Analyze(AnalyzeArgs),
     /// Learn a trace's prefix structure and write a new Mooncake JSONL trace sampled from it.
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -95,7 +95,7 @@ struct GenerateArgs {
 pub fn run(args: SynthArgs) -> Result<()> {
     match args.command {
         SynthCommand::Analyze(args) => analyze(args),
-        SynthCommand::Generate(args) => generate(args),
+        SynthCommand::Generate(args) => generate(*args),
     }
 }
 
@@ -175,7 +175,13 @@ fn generate(args: GenerateArgs) -> Result<()> {
         media = format!(
             " ({} with media, {} media tokens)",
             thousands(with as u64),
-            thousands(records.iter().flat_map(|r| &r.media).map(|m| m.tokens).sum())
+            thousands(
+                records
+                    .iter()
+                    .flat_map(|r| &r.media)
+                    .map(|m| m.tokens)
+                    .sum()
+            )
         );
     }
     write_mooncake(&args.output, &records)?;
