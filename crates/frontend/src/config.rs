@@ -29,7 +29,7 @@ pub struct FrontendConfig {
     pub context_length: Option<u32>,
     /// Completion tokens when a request does not say.
     pub default_max_tokens: u32,
-    /// Largest request body accepted.
+    /// Largest request body accepted (32 MiB: images come inline as base64 `data:` URLs).
     pub max_body_bytes: usize,
     pub connections: ConnectionConfig,
     /// A second listener for `/metrics` and the internal endpoints.
@@ -165,7 +165,7 @@ impl Default for FrontendConfig {
             builtin_tokenizer: BuiltinTokenizer::default(),
             context_length: None,
             default_max_tokens: 256,
-            max_body_bytes: 4 << 20,
+            max_body_bytes: 32 << 20,
             connections: ConnectionConfig::default(),
             admin: AdminConfig::default(),
             auth: crate::auth::AuthConfig::default(),
