@@ -212,6 +212,27 @@ fn interp2(xs: &[f64], ys: &[f64], z: &[Vec<f64>], x: f64, y: f64) -> f64 {
     (1.0 - t) * (1.0 - u) * z00 + (1.0 - t) * u * z01 + t * (1.0 - u) * z10 + t * u * z11
 }
 
+/// Linear interpolation through `points` (sorted by x), extrapolated from the end segments;
+/// a single point is a constant, and a segment of no width its left value.
+pub fn interpolate(points: &[(f64, f64)], x: f64) -> f64 {
+    match points {
+        [] => 0.0,
+        [(_, y)] => *y,
+        _ => {
+            let i = points
+                .windows(2)
+                .position(|w| x <= w[1].0)
+                .unwrap_or(points.len() - 2);
+            let ((x0, y0), (x1, y1)) = (points[i], points[i + 1]);
+            if (x1 - x0).abs() < f64::EPSILON {
+                y0
+            } else {
+                y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

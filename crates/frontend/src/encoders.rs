@@ -116,7 +116,7 @@ mod tests {
 
     fn slow_images() -> EncoderCost {
         EncoderCost {
-            image_batch_ms: vec![(1, 200.0), (4, 260.0)],
+            image_batch_ms: vec![(1.0, 200.0), (4.0, 260.0)],
             ..EncoderCost::default()
         }
     }

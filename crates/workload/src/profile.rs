@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use switchyard_core::perf::{InvalidProfile, PerfModel, Profile};
+use switchyard_core::perf::{InvalidProfile, PerfModel, Profile, interpolate};
 use tokio_util::sync::CancellationToken;
 
 use crate::bench::config::{Endpoint, LoadShape, RequestSource};
@@ -268,26 +268,6 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     } else {
         (values[mid - 1] + values[mid]) / 2.0
     })
-}
-
-/// Linear interpolation through `points` (sorted by x), extrapolated from the end segments.
-fn interpolate(points: &[(f64, f64)], x: f64) -> f64 {
-    match points {
-        [] => 0.0,
-        [(_, y)] => *y,
-        _ => {
-            let i = points
-                .windows(2)
-                .position(|w| x <= w[1].0)
-                .unwrap_or(points.len() - 2);
-            let ((x0, y0), (x1, y1)) = (points[i], points[i + 1]);
-            if (x1 - x0).abs() < f64::EPSILON {
-                y0
-            } else {
-                y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-            }
-        }
-    }
 }
 
 /// Points on an axis closer than this are one point.

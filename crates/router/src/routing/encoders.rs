@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_core::Modality;
+use switchyard_core::perf::interpolate;
 
 /// Time to encode, per modality, in milliseconds. Defaults: a ViT-L/14 at 336 px for
 /// images (576 tokens; one image 4.8 ms, 32 in one batch 29.7 ms), video at 1.6 ms per
@@ -21,7 +22,7 @@ use switchyard_core::Modality;
 pub struct EncoderCost {
     /// (images in the batch, milliseconds), increasing; linear between points and beyond
     /// the last.
-    pub image_batch_ms: Vec<(u32, f64)>,
+    pub image_batch_ms: Vec<(f64, f64)>,
     /// Tokens per image (to count images in an item from its tokens).
     pub image_tokens: u32,
     pub video_frame_ms: f64,
@@ -37,7 +38,13 @@ pub struct EncoderCost {
 impl Default for EncoderCost {
     fn default() -> Self {
         EncoderCost {
-            image_batch_ms: vec![(1, 4.8), (4, 7.2), (8, 10.1), (16, 16.3), (32, 29.7)],
+            image_batch_ms: vec![
+                (1.0, 4.8),
+                (4.0, 7.2),
+                (8.0, 10.1),
+                (16.0, 16.3),
+                (32.0, 29.7),
+            ],
             image_tokens: 576,
             video_frame_ms: 1.6,
             video_frame_tokens: 144,
@@ -88,7 +95,7 @@ impl EncoderCost {
             || self
                 .image_batch_ms
                 .iter()
-                .any(|&(n, ms)| n == 0 || !ms.is_finite() || ms < 0.0)
+                .any(|&(n, ms)| !n.is_finite() || n < 1.0 || !ms.is_finite() || ms < 0.0)
         {
             return Err(
                 "image_batch_ms must be (batch, ms) points with batches increasing from 1 and finite, non-negative times"
@@ -111,23 +118,6 @@ impl EncoderCost {
             return Err("max_batch and the tokens per unit must be at least 1".into());
         }
         Ok(())
-    }
-}
-
-/// Linear interpolation over `(x, y)` points, extended linearly past both ends.
-fn interpolate(points: &[(u32, f64)], x: f64) -> f64 {
-    match points {
-        [] => 0.0,
-        [(_, y)] => *y,
-        _ => {
-            let i = points
-                .windows(2)
-                .position(|w| x <= f64::from(w[1].0))
-                .unwrap_or(points.len() - 2);
-            let ((x0, y0), (x1, y1)) = (points[i], points[i + 1]);
-            let (x0, x1) = (f64::from(x0), f64::from(x1));
-            y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-        }
     }
 }
 
@@ -347,7 +337,7 @@ mod tests {
         assert!((ms(cost.batch_time(&[audio])) - 170.0).abs() < 1e-9);
         assert!(cost.validate().is_ok());
         let bad = EncoderCost {
-            image_batch_ms: vec![(4, 1.0), (2, 3.0)],
+            image_batch_ms: vec![(4.0, 1.0), (2.0, 3.0)],
             ..EncoderCost::default()
         };
         assert!(bad.validate().is_err());
