@@ -196,6 +196,54 @@ fn mix(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_core::Modality;
+
+    fn item(offset: u64, tokens: u64, hash: u64) -> MediaRecord {
+        MediaRecord {
+            modality: Modality::Image,
+            offset,
+            tokens,
+            hash,
+        }
+    }
+
+    #[test]
+    fn media_rows_become_spans_and_the_same_item_shares_blocks() {
+        // In order and inside the prompt: kept; overlapping, past the end or empty: left out.
+        let spans = media_spans(
+            &[
+                item(10, 20, 1),
+                item(25, 5, 2),
+                item(40, 0, 3),
+                item(50, 10, 4),
+                item(90, 20, 5),
+            ],
+            100,
+        );
+        assert_eq!(
+            spans
+                .iter()
+                .map(|s| (s.offset, s.length, s.media_hash))
+                .collect::<Vec<_>>(),
+            [(10, 20, 1), (50, 10, 4)]
+        );
+        // Two requests with different text under the item (trace blocks 2 and 9) but the
+        // same item: equal blocks through it; another item: they part at its first block.
+        let request = |second: u64, hash: u64| TraceRequest {
+            arrival: Duration::ZERO,
+            input_tokens: 64,
+            output_tokens: 1,
+            hash_ids: vec![1, second],
+            media: vec![item(16, 32, hash)],
+        };
+        let w =
+            PreparedWorkload::prepare(&[request(2, 7), request(9, 7), request(2, 8)], 16, 16, 1.0);
+        let hashes = |i: usize| w.requests[i].prompt.sequence_hashes().to_vec();
+        assert_eq!(hashes(0)[..3], hashes(1)[..3]);
+        assert_eq!(hashes(0)[0], hashes(2)[0]);
+        assert_ne!(hashes(0)[1], hashes(2)[1]);
+        assert_eq!(w.requests[0].media.len(), 1);
+    }
 
     #[test]
     fn shared_trace_prefixes_share_engine_blocks_and_lengths_are_kept() {
