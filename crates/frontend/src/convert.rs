@@ -18,19 +18,15 @@ pub struct Mode {
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-/// A chat request, with its media already prepared (see [`crate::media::MediaStage`]).
-pub fn chat(
-    frontend: &Frontend,
-    (request, media): (ChatCompletionRequest, Vec<MediaItem>),
-) -> Result<(Prepared, Mode), ApiError> {
-    check_model(frontend, &request.model)?;
+/// The checks on a chat request's messages that need no tokenizer: run before its media is
+/// fetched and decoded, so a request bound to fail does not cost that work.
+pub fn check_messages(request: &ChatCompletionRequest) -> Result<(), ApiError> {
     if request.messages.is_empty() {
         return Err(ApiError::invalid_param(
             "messages",
             "`messages` must contain at least one message",
         ));
     }
-    let mut messages = Vec::with_capacity(request.messages.len());
     for (i, message) in request.messages.iter().enumerate() {
         if !ROLES.contains(&message.role.as_str()) {
             return Err(ApiError::invalid_param(
@@ -42,6 +38,19 @@ pub fn chat(
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// A chat request, with its media already prepared (see [`crate::media::MediaStage`]).
+pub fn chat(
+    frontend: &Frontend,
+    (request, media): (ChatCompletionRequest, Vec<MediaItem>),
+) -> Result<(Prepared, Mode), ApiError> {
+    check_model(frontend, &request.model)?;
+    check_messages(&request)?;
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for (i, message) in request.messages.iter().enumerate() {
         messages.push(ChatMessage {
             role: message.role.clone(),
             content: message.text(i)?,
@@ -67,6 +76,13 @@ pub fn chat(
     let prompt = if media.is_empty() {
         Prompt::tokens(encode(&prompt)?)
     } else {
+        let media_tokens: u64 = media.iter().map(|m| u64::from(m.tokens)).sum();
+        let context = frontend.preprocessor.context_length();
+        if media_tokens >= u64::from(context) {
+            return Err(ApiError::context_length(format!(
+                "This model's maximum context length is {context} tokens, but the request's media alone take {media_tokens} tokens."
+            )));
+        }
         let placeholder = frontend.media.config().placeholder_token;
         let (token_ids, spans) = crate::media::splice(&prompt, &media, placeholder, encode)?;
         let mut prompt = Prompt::tokens(token_ids);
@@ -409,11 +425,24 @@ fn check_unsupported(params: &CommonParams) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Most tokens one request may bias (so a request cannot ban a whole vocabulary, and its
+/// rules stay cheap for engines that apply them per token).
+const MAX_LOGIT_BIAS: usize = 1_024;
+
 /// `logit_bias`: token ids (as JSON object keys) in the vocabulary, biases in [-100, 100].
 fn logit_bias(params: &CommonParams, vocab: u32) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(map) = &params.logit_bias else {
         return Ok(Vec::new());
     };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid_param(
+            "logit_bias",
+            format!(
+                "at most {MAX_LOGIT_BIAS} tokens may be biased, got {}",
+                map.len()
+            ),
+        ));
+    }
     let mut bias = Vec::with_capacity(map.len());
     for (key, &value) in map {
         let token = key

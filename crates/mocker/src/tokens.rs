@@ -24,12 +24,39 @@ pub fn token_at(seed: u64, stream_key: u64, position: u32) -> Token {
 
 /// [`token_at`], redrawn (deterministically) while it is one of `banned`, so a request's
 /// banned tokens never appear and a resumed request still continues the same sequence.
+///
+/// After 64 redraws (a request banning most of the vocabulary) it takes the allowed token
+/// the last draw points at; when every token is banned, the plain draw (the request asked
+/// for the impossible; the frontend refuses such requests).
 pub fn token_avoiding(seed: u64, stream_key: u64, position: u32, banned: &[Token]) -> Token {
     let mut token = token_at(seed, stream_key, position);
     let mut draw = 0u64;
     while banned.contains(&token) {
         draw += 1;
+        if draw > 64 {
+            let mut sorted: Vec<Token> =
+                banned.iter().copied().filter(|&t| t < VOCAB_SIZE).collect();
+            sorted.sort_unstable();
+            sorted.dedup();
+            let allowed = VOCAB_SIZE - sorted.len() as u32;
+            if allowed == 0 {
+                return token_at(seed, stream_key, position);
+            }
+            return nth_allowed(u64::from(token) % u64::from(allowed), &sorted);
+        }
         token = token_at(seed, stream_key ^ draw.rotate_right(1), position);
+    }
+    token
+}
+
+/// The `n`-th token of the vocabulary not in `sorted` (ascending, no duplicates, all in
+/// the vocabulary).
+fn nth_allowed(n: u64, sorted: &[Token]) -> Token {
+    let mut token = n as Token;
+    for &t in sorted {
+        if t <= token {
+            token += 1;
+        }
     }
     token
 }
@@ -117,6 +144,10 @@ pub fn token_under(
         .iter()
         .filter_map(|&(_, logit)| logit)
         .fold(if plain > 0 { 0.0 } else { f64::NEG_INFINITY }, f64::max);
+    if !top.is_finite() {
+        // Every token of the vocabulary is banned and nothing outside it is allowed.
+        return token_at(seed, stream_key, position);
+    }
     let plain_mass = f64::from(plain) * (-top).exp();
     let total = plain_mass
         + touched
@@ -140,17 +171,18 @@ pub fn token_under(
         }
         return token_at(seed, stream_key, position);
     }
-    // The j-th token of the vocabulary the rules leave at logit 0.
-    let mut token = (u64::from(token_at(seed, stream_key, position)) % u64::from(plain)) as Token;
-    for &(t, _) in touched.iter().filter(|(t, _)| *t < VOCAB_SIZE) {
-        if t <= token {
-            token += 1;
-        }
-    }
-    token
+    // The j-th token of the vocabulary the rules leave at logit 0, j uniform over them.
+    let j = (unit(seed ^ PLAIN_SALT, stream_key, position) * f64::from(plain)) as u64;
+    let in_vocab: Vec<Token> = touched
+        .iter()
+        .map(|&(t, _)| t)
+        .filter(|&t| t < VOCAB_SIZE)
+        .collect();
+    nth_allowed(j.min(u64::from(plain) - 1), &in_vocab)
 }
 
 const MASS_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+const PLAIN_SALT: u64 = 0x5851_f42d_4c95_7f2d;
 
 /// A uniform draw in [0, 1) for the stream and position.
 fn unit(seed: u64, stream_key: u64, position: u32) -> f64 {
@@ -309,5 +341,47 @@ mod tests {
         for position in 0..2_000 {
             assert_ne!(token_under(1, 2, position, &rules, &counts), 42);
         }
+    }
+
+    #[test]
+    fn a_request_banning_nearly_everything_still_gets_an_allowed_token_and_never_hangs() {
+        let allowed = [7, 31_000];
+        let banned: Vec<Token> = (0..VOCAB_SIZE).filter(|t| !allowed.contains(t)).collect();
+        for position in 0..50 {
+            let token = token_avoiding(1, 2, position, &banned);
+            assert!(allowed.contains(&token), "{token}");
+        }
+        // Everything banned: a token anyway, at once.
+        let all: Vec<Token> = (0..VOCAB_SIZE).collect();
+        assert!(token_avoiding(1, 2, 3, &all) < VOCAB_SIZE);
+        let rules = TokenRules {
+            banned: all,
+            presence_penalty: 1.0,
+            ..TokenRules::default()
+        };
+        assert!(token_under(1, 2, 3, &rules, &FxHashMap::default()) < VOCAB_SIZE);
+    }
+
+    #[test]
+    fn plain_tokens_are_drawn_uniformly_under_penalties() {
+        // 12,000 tokens seen and penalised out: the 20,000 plain ones must be drawn evenly
+        // (a second modulo would favour ids below 12,000).
+        let counts: FxHashMap<Token, u32> = (20_000..VOCAB_SIZE).map(|t| (t, 1)).collect();
+        let rules = TokenRules {
+            presence_penalty: 50.0,
+            ..TokenRules::default()
+        };
+        let mut low = 0u32;
+        let draws = 40_000u32;
+        for key in 0..u64::from(draws) {
+            let token = token_under(5, key, 9, &rules, &counts);
+            assert!(token < 20_000, "a penalised token came out: {token}");
+            low += u32::from(token < 10_000);
+        }
+        let share = f64::from(low) / f64::from(draws);
+        assert!(
+            (share - 0.5).abs() < 0.02,
+            "{share} of the draws in the lower half"
+        );
     }
 }

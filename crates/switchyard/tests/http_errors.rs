@@ -76,6 +76,10 @@ async fn invalid_values_are_400_naming_the_parameter() {
         ),
         (
             base(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+            "messages[0].content[0].image_url",
+        ),
+        (
+            base(json!({"messages": [{"role": "user", "content": [{"type": "hologram"}]}]})),
             "messages[0].content",
         ),
         (
@@ -102,6 +106,12 @@ async fn invalid_values_are_400_naming_the_parameter() {
         (base(json!({"logit_bias": {"5": 101}})), "logit_bias"),
         (base(json!({"logit_bias": {"dog": 1}})), "logit_bias"),
         (base(json!({"logit_bias": {"99999999": 1}})), "logit_bias"),
+        (
+            base(
+                json!({"logit_bias": (0..1025).map(|t| (t.to_string(), json!(-100))).collect::<serde_json::Map<_, _>>()}),
+            ),
+            "logit_bias",
+        ),
         (
             base(json!({"response_format": {"type": "json_object"}})),
             "response_format",
