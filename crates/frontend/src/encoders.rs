@@ -3,6 +3,9 @@
 //! batch that holds it has run for the time the cost model gives (a mock encoder: the
 //! embeddings themselves are not computed; LLM engines here take placeholder tokens).
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use switchyard_core::Modality;
@@ -15,16 +18,26 @@ use tokio::time::Instant;
 pub struct Encoders {
     submit: mpsc::UnboundedSender<(MediaWork, oneshot::Sender<()>)>,
     count: usize,
+    /// Items queued or being encoded, and how many may be.
+    pending: Arc<AtomicUsize>,
+    limit: usize,
 }
 
+/// The encoders hold as many items as they may: the request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Saturated;
+
 impl Encoders {
-    /// Starts `count` encoders on the current tokio runtime.
-    pub fn start(count: usize, cost: EncoderCost, policy: EncoderPolicy) -> Self {
+    /// Starts `count` encoders on the current tokio runtime; at most `limit` items wait
+    /// or run at once.
+    pub fn start(count: usize, cost: EncoderCost, policy: EncoderPolicy, limit: usize) -> Self {
         let (submit, requests) = mpsc::unbounded_channel();
         tokio::spawn(drive(EncoderPool::new(count, cost, policy), requests));
         Encoders {
             submit,
             count: count.max(1),
+            pending: Arc::new(AtomicUsize::new(0)),
+            limit: limit.max(1),
         }
     }
 
@@ -33,8 +46,15 @@ impl Encoders {
     }
 
     /// Encodes the items (all queued at once, so they may share batches) and returns when
-    /// the last is done.
-    pub async fn encode(&self, items: &[(Modality, u32)]) {
+    /// the last is done; refused at once if they would take the encoders past their limit.
+    pub async fn encode(&self, items: &[(Modality, u32)]) -> Result<(), Saturated> {
+        let n = items.len();
+        let before = self.pending.fetch_add(n, Ordering::AcqRel);
+        // Given back when this request is done or gone (its items finish regardless).
+        let _release = Release(&self.pending, n);
+        if before + n > self.limit {
+            return Err(Saturated);
+        }
         let mut done = Vec::with_capacity(items.len());
         for &(modality, tokens) in items {
             let (tx, rx) = oneshot::channel();
@@ -44,13 +64,22 @@ impl Encoders {
                 tokens,
             };
             if self.submit.send((work, tx)).is_err() {
-                return;
+                return Ok(());
             }
             done.push(rx);
         }
         for rx in done {
             let _ = rx.await;
         }
+        Ok(())
+    }
+}
+
+struct Release<'a>(&'a AtomicUsize, usize);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::AcqRel);
     }
 }
 
@@ -61,7 +90,8 @@ async fn drive(
     mut requests: mpsc::UnboundedReceiver<(MediaWork, oneshot::Sender<()>)>,
 ) {
     let origin = Instant::now();
-    let mut waiting: Vec<Option<oneshot::Sender<()>>> = Vec::new();
+    let mut waiting: HashMap<u64, oneshot::Sender<()>> = HashMap::new();
+    let mut next_owner = 0u64;
     let mut ends: Vec<Option<Duration>> = vec![None; pool.len()];
     let mut open = true;
     loop {
@@ -85,8 +115,9 @@ async fn drive(
                     open = false;
                     continue;
                 };
-                work.owner = waiting.len() as u64;
-                waiting.push(Some(reply));
+                work.owner = next_owner;
+                next_owner = next_owner.wrapping_add(1);
+                waiting.insert(work.owner, reply);
                 let now = origin.elapsed();
                 if let (_, Some(started)) = pool.submit(work, now) {
                     ends[started.encoder] = Some(started.ends);
@@ -97,13 +128,9 @@ async fn drive(
                 let (done, started) = pool.finish(encoder, at);
                 ends[encoder] = started.map(|s| s.ends);
                 for item in done {
-                    if let Some(reply) = waiting.get_mut(item.owner as usize).and_then(Option::take) {
+                    if let Some(reply) = waiting.remove(&item.owner) {
                         let _ = reply.send(());
                     }
-                }
-                // Every item answered: start numbering afresh.
-                if pool.pending() == 0 {
-                    waiting.clear();
                 }
             }
         }
@@ -124,9 +151,9 @@ mod tests {
     #[tokio::test]
     async fn a_request_waits_for_its_batch_and_concurrent_images_share_one() {
         tokio::time::pause();
-        let encoders = Encoders::start(1, slow_images(), EncoderPolicy::Soonest);
+        let encoders = Encoders::start(1, slow_images(), EncoderPolicy::Soonest, 16);
         let start = Instant::now();
-        encoders.encode(&[(Modality::Image, 576)]).await;
+        encoders.encode(&[(Modality::Image, 576)]).await.unwrap();
         // Timers round up to the millisecond.
         let took = start.elapsed();
         assert!((200..=202).contains(&took.as_millis()), "{took:?}");
@@ -134,7 +161,7 @@ mod tests {
         let start = Instant::now();
         let each = (0..4).map(|_| {
             let e = encoders.clone();
-            tokio::spawn(async move { e.encode(&[(Modality::Image, 576)]).await })
+            tokio::spawn(async move { e.encode(&[(Modality::Image, 576)]).await.unwrap() })
         });
         let handles: Vec<_> = each.collect();
         for h in handles {
@@ -149,7 +176,7 @@ mod tests {
     #[tokio::test]
     async fn two_encoders_run_side_by_side() {
         tokio::time::pause();
-        let encoders = Encoders::start(2, slow_images(), EncoderPolicy::Soonest);
+        let encoders = Encoders::start(2, slow_images(), EncoderPolicy::Soonest, 16);
         let start = Instant::now();
         let a = encoders.clone();
         let b = encoders.clone();
@@ -157,9 +184,24 @@ mod tests {
             a.encode(&[(Modality::Image, 576)]),
             b.encode(&[(Modality::Video, 30 * 144)])
         );
-        let _ = (x, y);
+        assert_eq!((x, y), (Ok(()), Ok(())));
         // The video (30 × 1.6 = 48 ms) and the image (200 ms) on separate encoders.
         let took = start.elapsed();
         assert!((200..=202).contains(&took.as_millis()), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn beyond_the_limit_a_request_is_refused_and_room_comes_back() {
+        tokio::time::pause();
+        let encoders = Encoders::start(1, slow_images(), EncoderPolicy::Soonest, 2);
+        let e = encoders.clone();
+        let first = tokio::spawn(async move { e.encode(&[(Modality::Image, 576); 2]).await });
+        tokio::task::yield_now().await;
+        assert_eq!(
+            encoders.encode(&[(Modality::Image, 576)]).await,
+            Err(Saturated)
+        );
+        assert_eq!(first.await.unwrap(), Ok(()));
+        assert_eq!(encoders.encode(&[(Modality::Image, 576)]).await, Ok(()));
     }
 }

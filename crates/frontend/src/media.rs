@@ -1,7 +1,9 @@
 //! Media in chat requests: each `image_url` part fetched or decoded, prepared off the async
 //! threads, and turned into placeholder tokens whose blocks carry the image's content hash.
 
-use std::path::PathBuf;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,16 +30,24 @@ pub struct MultimodalConfig {
     pub preprocess_queue: usize,
     /// Most media items in one request.
     pub max_items: usize,
-    /// Fetch `http(s)` media URLs (with this timeout); off: only `data:` and files.
+    /// Fetch `http(s)` media URLs (with this timeout, at most 5 redirects); off: only
+    /// `data:` and files.
     pub fetch_urls: bool,
     #[serde(with = "humantime_serde")]
     pub fetch_timeout: Duration,
+    /// Fetch from loopback, private, link-local and other non-public addresses too (off:
+    /// a client cannot make the server reach its own network).
+    pub fetch_private: bool,
+    /// Fetches at once; beyond, requests with media URLs get 503.
+    pub max_fetches: usize,
     /// `file://` URLs are read only under this directory (none: refused).
     pub media_dir: Option<PathBuf>,
     /// The token id an image's placeholder positions take.
     pub placeholder_token: u32,
-    /// Mock encoder workers in this process (0: media costs no encoding time): a request
-    /// waits for its items' batches as the cost model times them.
+    /// Mock encoder workers in this process (0, the default: media costs no encoding
+    /// time): a request waits for its items' batches as the cost model times them (with
+    /// the image settings' tokens per square as one image), to simulate encoders in front
+    /// of mock engines.
     pub encoders: usize,
     pub encoder_policy: EncoderPolicy,
     pub encoder_cost: EncoderCost,
@@ -52,9 +62,11 @@ impl Default for MultimodalConfig {
             max_items: 16,
             fetch_urls: true,
             fetch_timeout: Duration::from_secs(10),
+            fetch_private: false,
+            max_fetches: 64,
             media_dir: None,
             placeholder_token: 0,
-            encoders: 1,
+            encoders: 0,
             encoder_policy: EncoderPolicy::default(),
             encoder_cost: EncoderCost::default(),
         }
@@ -66,7 +78,9 @@ impl Default for MultimodalConfig {
 pub struct MediaStage {
     config: MultimodalConfig,
     pool: PreprocessPool,
-    client: reqwest::Client,
+    /// None if it could not be built (fetching is then refused).
+    client: Option<reqwest::Client>,
+    fetches: Arc<tokio::sync::Semaphore>,
     /// Started on first use (on the serving runtime).
     encoders: std::sync::OnceLock<Encoders>,
 }
@@ -87,12 +101,24 @@ impl MediaStage {
         } else {
             config.preprocess_threads
         };
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(config.fetch_timeout)
-            .build()
-            .unwrap_or_default();
+            .redirect(redirects(config.fetch_private));
+        if !config.fetch_private {
+            builder = builder.dns_resolver(Arc::new(PublicOnly));
+        }
+        let client = match builder.build() {
+            Ok(client) => Some(client),
+            Err(e) => {
+                tracing::error!(
+                    "cannot build the media HTTP client, media URLs will be refused: {e}"
+                );
+                None
+            }
+        };
         MediaStage {
             pool: PreprocessPool::new(threads, config.preprocess_queue),
+            fetches: Arc::new(tokio::sync::Semaphore::new(config.max_fetches.max(1))),
             config,
             client,
             encoders: std::sync::OnceLock::new(),
@@ -154,15 +180,26 @@ impl MediaStage {
         }
         if !items.is_empty() && self.config.encoders > 0 {
             let encoders = self.encoders.get_or_init(|| {
+                let cost = EncoderCost {
+                    image_tokens: self.config.image.tokens_per_square(),
+                    ..self.config.encoder_cost.clone()
+                };
                 Encoders::start(
                     self.config.encoders,
-                    self.config.encoder_cost.clone(),
+                    cost,
                     self.config.encoder_policy,
+                    self.config.preprocess_queue,
                 )
             });
             let work: Vec<(Modality, u32)> = items.iter().map(|i| (i.modality, i.tokens)).collect();
             tracing::Instrument::instrument(encoders.encode(&work), tracing::info_span!("encode"))
-                .await;
+                .await
+                .map_err(|_| {
+                    ApiError::unavailable(
+                        "The encoders are saturated; retry shortly.",
+                        Duration::from_secs(1),
+                    )
+                })?;
         }
         Ok(items)
     }
@@ -173,7 +210,10 @@ impl MediaStage {
         let bytes = match parse_url(url, settings.max_bytes, self.config.media_dir.as_deref())? {
             MediaRef::Data { bytes, .. } => bytes,
             MediaRef::Http(url) => self.fetch(&url, settings.max_bytes).await?,
-            MediaRef::File(path) => read_file(path, settings.max_bytes).await?,
+            MediaRef::File(path) => {
+                let root = self.config.media_dir.as_deref().unwrap_or(Path::new("/"));
+                read_file(path, root, settings.max_bytes).await?
+            }
         };
         let prepared = self
             .pool
@@ -202,7 +242,18 @@ impl MediaStage {
                 format!("cannot fetch the media: {}", without_url(&e))
             })
         };
-        let mut response = self.client.get(url).send().await.map_err(failed)?;
+        let Some(client) = &self.client else {
+            return Err(MediaError::BadUrl(
+                "this server cannot fetch media URLs; send the media as a data: URL".into(),
+            ));
+        };
+        if !self.config.fetch_private && !public_host(url) {
+            return Err(MediaError::BadUrl(
+                "media URLs must name a public address".into(),
+            ));
+        }
+        let _permit = self.fetches.try_acquire().map_err(|_| MediaError::Busy)?;
+        let mut response = client.get(url).send().await.map_err(failed)?;
         if !response.status().is_success() {
             return Err(MediaError::BadUrl(format!(
                 "fetching the media answered HTTP {}",
@@ -240,13 +291,22 @@ fn without_url(e: &reqwest::Error) -> String {
     last.unwrap_or_else(|| "the request failed".into())
 }
 
-async fn read_file(path: PathBuf, limit: usize) -> Result<Vec<u8>, MediaError> {
-    let shown = path.display().to_string();
-    let meta = tokio::fs::metadata(&path)
-        .await
-        .map_err(|e| MediaError::BadUrl(format!("cannot read {shown}: {e}")))?;
+async fn read_file(path: PathBuf, root: &Path, limit: usize) -> Result<Vec<u8>, MediaError> {
+    // Resolved, so a link under the directory cannot lead out of it; one message for every
+    // refusal, so the server's files are not probed through it.
+    let refused = || MediaError::BadUrl(format!("no readable media file at {}", path.display()));
+    let (Ok(real), Ok(real_root)) = (
+        tokio::fs::canonicalize(&path).await,
+        tokio::fs::canonicalize(root).await,
+    ) else {
+        return Err(refused());
+    };
+    if !real.starts_with(&real_root) {
+        return Err(refused());
+    }
+    let meta = tokio::fs::metadata(&real).await.map_err(|_| refused())?;
     if !meta.is_file() {
-        return Err(MediaError::BadUrl(format!("{shown} is not a file")));
+        return Err(refused());
     }
     if meta.len() > limit as u64 {
         return Err(MediaError::TooLarge {
@@ -254,9 +314,85 @@ async fn read_file(path: PathBuf, limit: usize) -> Result<Vec<u8>, MediaError> {
             limit: limit as u64,
         });
     }
-    tokio::fs::read(&path)
-        .await
-        .map_err(|e| MediaError::BadUrl(format!("cannot read {shown}: {e}")))
+    tokio::fs::read(&real).await.map_err(|_| refused())
+}
+
+/// Redirects: at most 5, and (unless private addresses are allowed) never to a literal
+/// non-public address (host names go through [`PublicOnly`]).
+fn redirects(private: bool) -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() >= 5 {
+            attempt.error("too many redirects")
+        } else if !private && !public_host(attempt.url().as_str()) {
+            attempt.error("a redirect to a non-public address")
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+/// Whether a URL's host is a name (checked when resolved) or a public IP address.
+fn public_host(url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => public_ip(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => public_ip(IpAddr::V6(ip)),
+        Some(url::Host::Domain(name)) => !name.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
+/// Not loopback, private, link-local, shared, documentation, unspecified or multicast.
+pub fn public_ip(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || v4.is_multicast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b)))
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return public_ip(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80)
+        }
+    }
+}
+
+/// A resolver that keeps only public addresses, so a host name cannot lead a fetch into
+/// the server's own network.
+#[derive(Debug)]
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| public_ip(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err(format!("{host} has no public address").into());
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter());
+            Ok(addrs)
+        })
+    }
 }
 
 fn media_error(param: &str, e: MediaError) -> ApiError {

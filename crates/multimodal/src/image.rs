@@ -23,8 +23,10 @@ pub struct ImageSettings {
     pub patch_size: u32,
     /// Most tiles a `high`-detail image is cut into (an overview square comes on top).
     pub max_tiles: u32,
-    /// Largest decoded side accepted, in pixels (a guard against decompression bombs).
+    /// Largest decoded side accepted, in pixels, and largest area (guards against
+    /// decompression bombs: a decoded pixel takes up to 4 bytes while it is converted).
     pub max_side: u32,
+    pub max_pixels: u64,
     /// Largest encoded image accepted, in bytes.
     pub max_bytes: usize,
 }
@@ -36,6 +38,7 @@ impl Default for ImageSettings {
             patch_size: 14,
             max_tiles: 6,
             max_side: 8_192,
+            max_pixels: 16 << 20,
             max_bytes: 20 << 20,
         }
     }
@@ -62,8 +65,8 @@ impl ImageSettings {
         if self.max_tiles == 0 || self.max_tiles > 64 {
             return Err(format!("max_tiles ({}) must be 1 to 64", self.max_tiles));
         }
-        if self.max_side == 0 || self.max_bytes == 0 {
-            return Err("max_side and max_bytes must be positive".into());
+        if self.max_side == 0 || self.max_bytes == 0 || self.max_pixels == 0 {
+            return Err("max_side, max_pixels and max_bytes must be positive".into());
         }
         Ok(())
     }
@@ -158,11 +161,15 @@ pub fn prepare_image(
             "the {format} image is empty"
         )));
     }
-    if width > settings.max_side || height > settings.max_side {
+    if width > settings.max_side
+        || height > settings.max_side
+        || u64::from(width) * u64::from(height) > settings.max_pixels
+    {
         return Err(MediaError::TooManyPixels {
             width,
             height,
-            limit: settings.max_side,
+            max_side: settings.max_side,
+            max_pixels: settings.max_pixels,
         });
     }
     reader = ImageReader::new(Cursor::new(bytes))
@@ -171,6 +178,13 @@ pub fn prepare_image(
     let mut limits = Limits::default();
     limits.max_image_width = Some(settings.max_side);
     limits.max_image_height = Some(settings.max_side);
+    // The decoded image at 4 bytes a pixel, and room for the decoder's own buffers.
+    limits.max_alloc = Some(
+        settings
+            .max_pixels
+            .saturating_mul(4)
+            .saturating_add(64 << 20),
+    );
     reader.limits(limits);
     let rgb = reader
         .decode()
@@ -450,6 +464,18 @@ mod tests {
         assert!(matches!(
             prepare_image(&encoded(101, 10, 1, ImageFormat::Png), Detail::Low, &small),
             Err(MediaError::TooManyPixels { width: 101, .. })
+        ));
+        let small_area = ImageSettings {
+            max_pixels: 10_000,
+            ..settings
+        };
+        assert!(matches!(
+            prepare_image(
+                &encoded(200, 60, 1, ImageFormat::Png),
+                Detail::Low,
+                &small_area
+            ),
+            Err(MediaError::TooManyPixels { height: 60, .. })
         ));
         let tight = ImageSettings {
             max_bytes: 100,

@@ -29,8 +29,15 @@ pub enum MediaError {
     UnknownFormat(String),
     #[error("{0}")]
     Undecodable(String),
-    #[error("the image is {width}×{height} pixels; sides up to {limit} are accepted")]
-    TooManyPixels { width: u32, height: u32, limit: u32 },
+    #[error(
+        "the image is {width}×{height} pixels; sides up to {max_side} and {max_pixels} pixels in all are accepted"
+    )]
+    TooManyPixels {
+        width: u32,
+        height: u32,
+        max_side: u32,
+        max_pixels: u64,
+    },
     #[error("{0}")]
     BadSetting(String),
     #[error("media preprocessing is saturated; retry shortly")]

@@ -153,6 +153,14 @@ async fn image_server(png: Vec<u8>) -> String {
 async fn media_is_fetched_read_from_the_allowed_directory_or_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cat.png"), png(64, 64, 5)).unwrap();
+    // A link in the media directory to a file outside it.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.png"), png(64, 64, 5)).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("secret.png"),
+        dir.path().join("link.png"),
+    )
+    .unwrap();
     let d = start(&[
         ("WORKERS__COUNT", "1"),
         (
@@ -160,6 +168,8 @@ async fn media_is_fetched_read_from_the_allowed_directory_or_refused_by_name() {
             dir.path().to_str().unwrap(),
         ),
         ("FRONTEND__MULTIMODAL__IMAGE__MAX_BYTES", "100000"),
+        // The test's image server is on loopback.
+        ("FRONTEND__MULTIMODAL__FETCH_PRIVATE", "true"),
     ])
     .await;
     let part = "messages[0].content[1].image_url";
@@ -196,6 +206,22 @@ async fn media_is_fetched_read_from_the_allowed_directory_or_refused_by_name() {
         (
             with_image(text, "file:///etc/passwd", None),
             "only read under",
+        ),
+        (
+            with_image(
+                text,
+                &format!("file://{}", dir.path().join("link.png").display()),
+                None,
+            ),
+            "no readable media file",
+        ),
+        (
+            with_image(
+                text,
+                &format!("file://{}", dir.path().join("missing.png").display()),
+                None,
+            ),
+            "no readable media file",
         ),
         (with_image(text, "gopher://x/y.png", None), "`gopher`"),
         (
@@ -249,18 +275,18 @@ async fn media_is_fetched_read_from_the_allowed_directory_or_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_frontends_encoders_add_their_time_before_the_first_token() {
-    // One token per image unit: a 576-token image costs 576 images on the batching curve
-    // (about 485 ms), long enough to see against the mock engine.
+    // One encoder taking 485 ms an image: long enough to see against the mock engine.
     let slow = start(&[
         ("WORKERS__COUNT", "1"),
-        ("FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_TOKENS", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+        (
+            "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+            "[[1, 485.0], [2, 600.0]]",
+        ),
     ])
     .await;
-    let none = start(&[
-        ("WORKERS__COUNT", "1"),
-        ("FRONTEND__MULTIMODAL__ENCODERS", "0"),
-    ])
-    .await;
+    // None by default.
+    let none = start(&[("WORKERS__COUNT", "1")]).await;
     let body = with_image("What is this?", &data_url(&png(64, 64, 9)), None);
     let timed = |d| {
         let body = body.clone();
@@ -285,6 +311,27 @@ async fn the_frontends_encoders_add_their_time_before_the_first_token() {
         .await
         .unwrap();
     none.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_media_urls_cannot_reach_the_servers_own_network() {
+    let d = start(&[("WORKERS__COUNT", "1")]).await;
+    let server = image_server(png(64, 64, 5)).await;
+    for url in [
+        format!("{server}/cat.png"),
+        "http://localhost/cat.png".to_string(),
+        "http://[::1]/cat.png".to_string(),
+        "http://10.1.2.3/cat.png".to_string(),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+    ] {
+        let (s, _, error) = post(&d, "/v1/chat/completions", &with_image("Hi", &url, None)).await;
+        assert_eq!(s, 400, "{url}: {error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("public address"), "{url}: {message}");
+    }
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();
 }

@@ -104,6 +104,7 @@ pub async fn chat(
         let request: ChatCompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
         convert::check_model(&frontend, &request.model)?;
+        convert::check_messages(&request)?;
         let media = tracing::Instrument::instrument(
             frontend.media.prepare_chat(&request),
             tracing::info_span!("media"),
