@@ -606,6 +606,11 @@ impl<'a> Fleet<'a> {
     /// them (by its queued prefill) is predicted no later than encoding first (the soonest
     /// encoders, then the soonest worker of the fleet).
     fn worth_skipping(&self, index: u32) -> Option<Vec<WorkerId>> {
+        // A disaggregated fleet routes pairs: restricting both to the holders would leave
+        // one side empty. Encode there.
+        if self.config.disagg.is_some() {
+            return None;
+        }
         let holders = self.media_holders(index)?;
         let pool = self.encoders.as_ref()?;
         let now = self.now;
@@ -632,7 +637,7 @@ impl<'a> Fleet<'a> {
             .filter(|&slot| self.slots[slot] == Slot::Up)
             .map(|slot| wait(worker_key(slot as u32).worker_id))
             .min()?;
-        (holder_wait <= encoded + fleet_wait).then_some(holders)
+        (holder_wait <= encoded.saturating_add(fleet_wait)).then_some(holders)
     }
 
     /// The serving workers whose cache holds every block of the request's media, if any.
@@ -649,7 +654,11 @@ impl<'a> Fleet<'a> {
         let holders: Vec<WorkerId> = overlaps
             .scores
             .iter()
-            .filter(|&&(key, matched)| matched >= needed && self.slots[slot_of(key)] == Slot::Up)
+            .filter(|&&(key, matched)| {
+                matched >= needed
+                    && self.slots[slot_of(key)] == Slot::Up
+                    && self.core.worker(key.worker_id).is_some_and(|w| w.serving())
+            })
             .map(|&(key, _)| key.worker_id)
             .collect();
         (!holders.is_empty()).then_some(holders)

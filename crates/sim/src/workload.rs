@@ -84,18 +84,34 @@ impl PreparedWorkload {
         } else {
             1.0
         };
-        // One token buffer, reused from prompt to prompt.
+        // Token buffers, reused from prompt to prompt.
         let mut prompt = Prompt::default();
+        let mut text: Vec<Token> = Vec::new();
         let prepared = requests
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                synthesise(i as u64, r, trace_block_size, &mut prompt.token_ids);
-                prompt.media = media_spans(&r.media, prompt.token_ids.len());
-                // Placeholder positions hold one token, as the servers write them: only the
-                // media hash tells two items apart.
-                for span in &prompt.media {
-                    prompt.token_ids[span.offset as usize..span.end() as usize].fill(0);
+                let len = r.input_tokens.max(1) as usize;
+                prompt.media = media_spans(&r.media, len);
+                if prompt.media.is_empty() {
+                    synthesise(i as u64, r, len, trace_block_size, &mut prompt.token_ids);
+                } else {
+                    // The media is inserted: the text (laid out by the hash ids as if there
+                    // were none) flows around its placeholder positions, which hold one
+                    // token, as the servers write them; only the media hash tells two
+                    // items apart.
+                    let media: usize = prompt.media.iter().map(|s| s.length as usize).sum();
+                    synthesise(i as u64, r, len - media, trace_block_size, &mut text);
+                    prompt.token_ids.clear();
+                    let mut rest = text.as_slice();
+                    for span in &prompt.media {
+                        let before = span.offset as usize - prompt.token_ids.len();
+                        let (head, tail) = rest.split_at(before.min(rest.len()));
+                        prompt.token_ids.extend_from_slice(head);
+                        prompt.token_ids.resize(span.end() as usize, 0);
+                        rest = tail;
+                    }
+                    prompt.token_ids.extend_from_slice(rest);
                 }
                 PreparedRequest {
                     arrival: (r.arrival - start).div_f64(speedup),
@@ -168,11 +184,16 @@ fn media_spans(media: &[MediaRecord], len: usize) -> Vec<MediaSpan> {
     spans
 }
 
-/// The tokens of request `index`'s prompt, into `out`: position `p` holds a token drawn
+/// The `len` text tokens of request `index`'s prompt, into `out`: position `p` holds a token drawn
 /// from the hash id covering it and its offset in that trace block, so equal ids give equal
 /// tokens; positions past the ids (or every position, without ids) are the request's own.
-fn synthesise(index: u64, request: &TraceRequest, trace_block_size: u32, out: &mut Vec<Token>) {
-    let len = request.input_tokens.max(1) as usize;
+fn synthesise(
+    index: u64,
+    request: &TraceRequest,
+    len: usize,
+    trace_block_size: u32,
+    out: &mut Vec<Token>,
+) {
     let t = trace_block_size.max(1) as usize;
     out.clear();
     out.extend((0..len).map(|p| {
@@ -227,7 +248,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(10, 20, 1), (50, 10, 4)]
         );
-        // Two requests with different text under the item (trace blocks 2 and 9) but the
+        // Two requests with different text after the item (trace blocks 2 and 9) but the
         // same item: equal blocks through it; another item: they part at its first block.
         let request = |second: u64, hash: u64| TraceRequest {
             arrival: Duration::ZERO,

@@ -137,6 +137,10 @@ async fn a_stream_whose_finish_is_lost_after_its_last_token_completes_as_it_is()
     let d = start(&[
         ("WORKERS__COUNT", "2"),
         ("WORKERS__MOCKER__SPEEDUP_RATIO", "10"),
+        // Every stream of both workers loses its finish, and each loss counts against the
+        // worker: with the default threshold both could be out of rotation before the last
+        // of the 8 streams is sent, which would then find no worker.
+        ("FRONTEND__HEALTH__FAILURE_THRESHOLD", "100"),
     ])
     .await;
     let reference = stream_all(&d, 8, 40, || {}).await;

@@ -95,10 +95,11 @@ impl MediaMix {
     }
 
     /// Gives each record its media (replacing any), deterministically from `seed`. A
-    /// request's prompt grows by the item's tokens. The draw is keyed by the trace blocks up
-    /// to the insertion point, so the turns of one conversation (which share them) carry
-    /// the same item at the same place, as a chat keeps its image in the history; a
-    /// request without hash ids draws on its own.
+    /// request's prompt grows by the item's tokens (the simulator lays the text around
+    /// it). The draw is keyed by the trace blocks before the insertion point and the one
+    /// after it (the first block a conversation has of its own, past a shared system
+    /// prompt), so the turns of one conversation carry the same item at the same place, as
+    /// a chat keeps its image in the history; a request without hash ids draws on its own.
     pub fn apply(&self, records: &mut [MooncakeRecord], seed: u64, block_size: u32) {
         let mut own = SmallRng::seed_from_u64(seed ^ 0x006d_6564_6961);
         let block = u64::from(block_size.max(1));
