@@ -364,23 +364,24 @@ mod tests {
 
     #[test]
     fn plain_tokens_are_drawn_uniformly_under_penalties() {
-        // 12,000 tokens seen and penalised out: the 20,000 plain ones must be drawn evenly
-        // (a second modulo would favour ids below 12,000).
-        let counts: FxHashMap<Token, u32> = (20_000..VOCAB_SIZE).map(|t| (t, 1)).collect();
+        // 6,000 tokens seen and penalised out: the 26,000 plain ones must be drawn evenly
+        // (a second modulo would favour the ids below 6,000: 59 % of the draws in the
+        // lower half instead of 50 %).
+        let counts: FxHashMap<Token, u32> = (26_000..VOCAB_SIZE).map(|t| (t, 1)).collect();
         let rules = TokenRules {
             presence_penalty: 50.0,
             ..TokenRules::default()
         };
         let mut low = 0u32;
-        let draws = 40_000u32;
+        let draws = 2_000u32;
         for key in 0..u64::from(draws) {
             let token = token_under(5, key, 9, &rules, &counts);
-            assert!(token < 20_000, "a penalised token came out: {token}");
-            low += u32::from(token < 10_000);
+            assert!(token < 26_000, "a penalised token came out: {token}");
+            low += u32::from(token < 13_000);
         }
         let share = f64::from(low) / f64::from(draws);
         assert!(
-            (share - 0.5).abs() < 0.02,
+            (share - 0.5).abs() < 0.045,
             "{share} of the draws in the lower half"
         );
     }
