@@ -17,7 +17,6 @@ use tokio::time::Instant;
 #[derive(Debug, Clone)]
 pub struct Encoders {
     submit: mpsc::UnboundedSender<(MediaWork, oneshot::Sender<()>)>,
-    count: usize,
     /// Items queued or being encoded, and how many may be.
     pending: Arc<AtomicUsize>,
     limit: usize,
@@ -35,14 +34,9 @@ impl Encoders {
         tokio::spawn(drive(EncoderPool::new(count, cost, policy), requests));
         Encoders {
             submit,
-            count: count.max(1),
             pending: Arc::new(AtomicUsize::new(0)),
             limit: limit.max(1),
         }
-    }
-
-    pub fn count(&self) -> usize {
-        self.count
     }
 
     /// Encodes the items (all queued at once, so they may share batches) and returns when
