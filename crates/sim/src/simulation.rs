@@ -260,8 +260,9 @@ struct Fleet<'a> {
     encoders: Option<EncoderPool>,
     media: MediaReport,
     /// Time to first token by request class (text, image, video, audio: the costliest
-    /// modality it carries).
+    /// modality it carries), kept only when the workload has media.
     ttft_by_class: BTreeMap<&'static str, LatencyRecorder>,
+    has_media: bool,
     encode_wait: LatencyRecorder,
 }
 
@@ -376,6 +377,7 @@ impl<'a> Fleet<'a> {
                 .map(|e| EncoderPool::new(e.count, e.cost.clone(), e.policy)),
             media: MediaReport::default(),
             ttft_by_class: BTreeMap::new(),
+            has_media: workload.requests.iter().any(|r| !r.media.is_empty()),
             encode_wait: LatencyRecorder::default(),
         };
         for i in 0..fleet.plan.len() {
@@ -1255,9 +1257,9 @@ impl<'a> Fleet<'a> {
                     scaling.traffic.ttft_count += 1;
                 }
                 self.ttft.record(micros(now - arrival));
-                if let Some(class) = media_class(&self.workload.requests[index].media) {
+                if self.has_media {
                     self.ttft_by_class
-                        .entry(class)
+                        .entry(media_class(&self.workload.requests[index].media))
                         .or_default()
                         .record(micros(now - arrival));
                 }
@@ -1524,10 +1526,10 @@ fn attainment(
 }
 
 /// A request's class for the per-class latencies: `text` without media, else its costliest
-/// modality (video, then audio, then image). None only for... nothing: every request has one.
-fn media_class(media: &[MediaSpan]) -> Option<&'static str> {
+/// modality (video, then audio, then image).
+fn media_class(media: &[MediaSpan]) -> &'static str {
     let has = |m: Modality| media.iter().any(|s| s.modality == m);
-    Some(if media.is_empty() {
+    if media.is_empty() {
         "text"
     } else if has(Modality::Video) {
         "video"
@@ -1535,7 +1537,7 @@ fn media_class(media: &[MediaSpan]) -> Option<&'static str> {
         "audio"
     } else {
         "image"
-    })
+    }
 }
 
 fn micros(d: Duration) -> u64 {
