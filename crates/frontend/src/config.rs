@@ -270,6 +270,10 @@ impl FrontendConfig {
             .validate()
             .map_err(|e| format!("frontend.multimodal.image: {e}"))?;
         self.multimodal
+            .audio
+            .validate()
+            .map_err(|e| format!("frontend.multimodal.audio: {e}"))?;
+        self.multimodal
             .encoder_cost
             .validate()
             .map_err(|e| format!("frontend.multimodal.encoder_cost: {e}"))?;

@@ -1,5 +1,6 @@
-//! Media in chat requests: each `image_url` part fetched or decoded, prepared off the async
-//! threads, and turned into placeholder tokens whose blocks carry the image's content hash.
+//! Media in chat requests: each `image_url`, `input_audio` and `video_url` part fetched or
+//! decoded, prepared off the async threads, and turned into placeholder tokens whose blocks
+//! carry the item's content hash.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{MediaSpan, Modality};
 use switchyard_multimodal::{
-    Detail, ImageSettings, MediaError, MediaRef, PreprocessPool, parse_url, prepare_image,
+    AudioSettings, Detail, ImageSettings, LogMel, MediaError, MediaRef, PreprocessPool,
+    decode_base64, parse_url, prepare_audio, prepare_image,
 };
 
 use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
@@ -24,9 +26,11 @@ use crate::openai::request::{ChatCompletionRequest, MessageContent};
 pub struct MultimodalConfig {
     /// The vision tower's input: square size, patch size, tiles, size limits.
     pub image: ImageSettings,
-    /// Images decoded at once (0: one per core).
+    /// The audio encoder's input: sample rate, mel bins, windows, limits.
+    pub audio: AudioSettings,
+    /// Media items prepared at once (0: one per core).
     pub preprocess_threads: usize,
-    /// Images that may wait for a thread; beyond, requests with media get 503.
+    /// Media items that may wait for a thread; beyond, requests with media get 503.
     pub preprocess_queue: usize,
     /// Most media items in one request.
     pub max_items: usize,
@@ -42,7 +46,7 @@ pub struct MultimodalConfig {
     pub max_fetches: usize,
     /// `file://` URLs are read only under this directory (none: refused).
     pub media_dir: Option<PathBuf>,
-    /// The token id an image's placeholder positions take.
+    /// The token id a media item's placeholder positions take.
     pub placeholder_token: u32,
     /// Mock encoder workers in this process (0, the default: media costs no encoding
     /// time): a request waits for its items' batches as the cost model times them (with
@@ -57,6 +61,7 @@ impl Default for MultimodalConfig {
     fn default() -> Self {
         MultimodalConfig {
             image: ImageSettings::default(),
+            audio: AudioSettings::default(),
             preprocess_threads: 0,
             preprocess_queue: 256,
             max_items: 16,
@@ -81,6 +86,7 @@ pub struct MediaStage {
     /// None if it could not be built (fetching is then refused).
     client: Option<reqwest::Client>,
     fetches: Arc<tokio::sync::Semaphore>,
+    mel: Arc<LogMel>,
     /// Started on first use (on the serving runtime).
     encoders: std::sync::OnceLock<Encoders>,
 }
@@ -119,6 +125,10 @@ impl MediaStage {
         MediaStage {
             pool: PreprocessPool::new(threads, config.preprocess_queue),
             fetches: Arc::new(tokio::sync::Semaphore::new(config.max_fetches.max(1))),
+            mel: Arc::new(LogMel::new(
+                config.audio.sample_rate,
+                config.audio.n_mels as usize,
+            )),
             config,
             client,
             encoders: std::sync::OnceLock::new(),
@@ -142,46 +152,50 @@ impl MediaStage {
             };
             for (j, part) in parts.iter().enumerate() {
                 let name = |field: &str| format!("messages[{i}].content[{j}].{field}");
-                match part.kind.as_str() {
+                let kind = part.kind.as_str();
+                if !matches!(kind, "image_url" | "input_audio" | "video_url") {
+                    continue;
+                }
+                if items.len() == self.config.max_items {
+                    return Err(ApiError::invalid_param(
+                        &name(kind),
+                        format!(
+                            "at most {} media items are accepted per request",
+                            self.config.max_items
+                        ),
+                    ));
+                }
+                let item = match kind {
                     "image_url" => {
-                        if items.len() == self.config.max_items {
-                            return Err(ApiError::invalid_param(
-                                &name("image_url"),
-                                format!(
-                                    "at most {} media items are accepted per request",
-                                    self.config.max_items
-                                ),
-                            ));
-                        }
                         let Some(image) = &part.image_url else {
                             return Err(ApiError::invalid_param(
-                                &name("image_url"),
+                                &name(kind),
                                 "an image_url part needs `image_url` with a `url`",
                             ));
                         };
-                        let item = self
-                            .image(&image.url, image.detail.as_deref())
-                            .await
-                            .map_err(|e| media_error(&name("image_url"), e))?;
-                        items.push(item);
+                        self.image(&image.url, image.detail.as_deref()).await
                     }
-                    "input_audio" | "video_url" => {
-                        return Err(ApiError::invalid_param(
-                            &name(&part.kind),
-                            format!(
-                                "`{}` parts are not supported yet; images (`image_url`) are",
-                                part.kind
-                            ),
-                        ));
+                    "input_audio" => {
+                        let Some(audio) = &part.input_audio else {
+                            return Err(ApiError::invalid_param(
+                                &name(kind),
+                                "an input_audio part needs `input_audio` with `data` and `format`",
+                            ));
+                        };
+                        self.audio(&audio.data, &audio.format).await
                     }
-                    _ => {}
-                }
+                    _ => Err(MediaError::UnknownFormat(
+                        "`video_url` parts are not supported yet; images and audio are".into(),
+                    )),
+                };
+                items.push(item.map_err(|e| media_error(&name(kind), e))?);
             }
         }
         if !items.is_empty() && self.config.encoders > 0 {
             let encoders = self.encoders.get_or_init(|| {
                 let cost = EncoderCost {
                     image_tokens: self.config.image.tokens_per_square(),
+                    audio_window_tokens: self.config.audio.tokens_per_chunk,
                     ..self.config.encoder_cost.clone()
                 };
                 Encoders::start(
@@ -221,6 +235,22 @@ impl MediaStage {
             .await?;
         Ok(MediaItem {
             modality: Modality::Image,
+            tokens: prepared.tokens,
+            hash: prepared.hash,
+        })
+    }
+
+    async fn audio(&self, data: &str, format: &str) -> Result<MediaItem, MediaError> {
+        let settings = self.config.audio;
+        let bytes = decode_base64(data, settings.max_bytes)?;
+        let format = format.to_ascii_lowercase();
+        let mel = Arc::clone(&self.mel);
+        let prepared = self
+            .pool
+            .run(move || prepare_audio(&bytes, &format, &settings, &mel))
+            .await?;
+        Ok(MediaItem {
+            modality: Modality::Audio,
             tokens: prepared.tokens,
             hash: prepared.hash,
         })

@@ -1,19 +1,22 @@
 //! Media in requests, up to what routing and engines need: where the bytes come from
-//! ([`source`]), how an image becomes patch tokens with a content hash ([`image`]), and a
-//! bounded pool that keeps that CPU work off the async threads ([`pool`]).
+//! ([`source`]), how an image becomes patch tokens with a content hash ([`image`]), how audio
+//! becomes a log-mel spectrogram and encoder tokens ([`audio`]), and a bounded pool that
+//! keeps that CPU work off the async threads ([`pool`]).
 //!
 //! The content hash of an item covers its decoded pixels and every setting that shapes its
 //! tokens; it is folded into the KV block hashes of the blocks its placeholder tokens take
 //! (`switchyard_core::MediaSpan`), so two different images never share cached KV and the
 //! same image twice does.
 
+pub mod audio;
 pub mod image;
 pub mod pool;
 pub mod source;
 
+pub use crate::audio::{AudioSettings, LogMel, PreparedAudio, prepare_audio};
 pub use crate::image::{Detail, ImageSettings, PreparedImage, best_grid, prepare_image};
 pub use crate::pool::PreprocessPool;
-pub use crate::source::{MediaRef, parse_url};
+pub use crate::source::{MediaRef, decode_base64, parse_url};
 
 use thiserror::Error;
 

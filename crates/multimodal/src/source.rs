@@ -44,28 +44,8 @@ pub fn parse_url(
                 "only base64 data: URLs are accepted (`data:TYPE;base64,...`)".into(),
             ));
         }
-        // Four base64 characters carry three bytes: refuse before decoding anything.
-        let payload = payload.trim();
-        let padding = payload.bytes().rev().take(2).filter(|&b| b == b'=').count();
-        let decoded_len = (payload.len() / 4 * 3).saturating_sub(padding);
-        if decoded_len > max_bytes {
-            return Err(MediaError::TooLarge {
-                bytes: decoded_len as u64,
-                limit: max_bytes as u64,
-            });
-        }
-        let bytes = STANDARD
-            .decode(payload)
-            .map_err(|e| MediaError::BadUrl(format!("the data: URL is not valid base64: {e}")))?;
-        if bytes.len() > max_bytes {
-            return Err(MediaError::TooLarge {
-                bytes: bytes.len() as u64,
-                limit: max_bytes as u64,
-            });
-        }
-        if bytes.is_empty() {
-            return Err(MediaError::BadUrl("the data: URL carries no data".into()));
-        }
+        let bytes =
+            decode_base64(payload, max_bytes).map_err(|e| with_context(e, "the data: URL"))?;
         return Ok(MediaRef::Data { media_type, bytes });
     }
     if strip_prefix_ignore_case(url, "http://").is_some()
@@ -89,6 +69,42 @@ pub fn parse_url(
             format!("URLs of scheme `{scheme}` are not supported; use data:, http(s): or file:")
         },
     ))
+}
+
+/// Decodes standard base64 (an `input_audio`'s `data`, a `data:` URL's payload), refusing
+/// more than `max_bytes` before decoding anything, and empty data.
+pub fn decode_base64(payload: &str, max_bytes: usize) -> Result<Vec<u8>, MediaError> {
+    // Four base64 characters carry three bytes.
+    let payload = payload.trim();
+    let padding = payload.bytes().rev().take(2).filter(|&b| b == b'=').count();
+    let decoded_len = (payload.len() / 4 * 3).saturating_sub(padding);
+    if decoded_len > max_bytes {
+        return Err(MediaError::TooLarge {
+            bytes: decoded_len as u64,
+            limit: max_bytes as u64,
+        });
+    }
+    let bytes = STANDARD
+        .decode(payload)
+        .map_err(|e| MediaError::BadUrl(format!("the data is not valid base64: {e}")))?;
+    if bytes.len() > max_bytes {
+        return Err(MediaError::TooLarge {
+            bytes: bytes.len() as u64,
+            limit: max_bytes as u64,
+        });
+    }
+    if bytes.is_empty() {
+        return Err(MediaError::BadUrl("the data is empty".into()));
+    }
+    Ok(bytes)
+}
+
+/// Names where bad base64 came from.
+fn with_context(e: MediaError, what: &str) -> MediaError {
+    match e {
+        MediaError::BadUrl(message) => MediaError::BadUrl(message.replacen("the data", what, 1)),
+        other => other,
+    }
 }
 
 /// `path` if it is absolute and lies under `root` without `..` (checked on the text, so

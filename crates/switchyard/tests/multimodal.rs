@@ -1,5 +1,6 @@
-//! Images in chat requests through `serve`: prepared off the async threads, counted as
-//! patch tokens, cached and routed by their content; bad media is a 400 naming its part.
+//! Images and audio in chat requests through `serve`: prepared off the async threads,
+//! counted as encoder tokens, cached and routed by their content; bad media is a 400 naming
+//! its part.
 
 #![allow(clippy::unwrap_used)]
 
@@ -129,6 +130,88 @@ async fn an_image_counts_its_patch_tokens_and_hits_the_cache_by_its_content() {
     )
     .await;
     assert_eq!(usage(&low).0, tokens);
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+/// An audio file from the multimodal crate's test data, base64.
+fn audio_file(name: &str) -> String {
+    let path = format!(
+        "{}/../multimodal/tests/data/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).unwrap())
+}
+
+fn with_audio(text: &str, data: &str, format: &str) -> Value {
+    json!({
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": text},
+            {"type": "input_audio", "input_audio": {"data": data, "format": format}},
+        ]}],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audio_counts_its_window_tokens_and_hits_the_cache_by_its_content() {
+    let d = start(&[("WORKERS__COUNT", "2")]).await;
+    let text = "Transcribe this recording:";
+    let (s, _, plain) = post(&d, "/v1/chat/completions", &chat(MODEL, text, 4)).await;
+    assert_eq!(s, 200, "{plain}");
+    let (text_tokens, _) = usage(&plain);
+
+    // 1.5 s of audio is one padded 30 s Whisper window: 1,500 tokens.
+    let mp3 = audio_file("tone.mp3");
+    let (s, headers, first) =
+        post(&d, "/v1/chat/completions", &with_audio(text, &mp3, "mp3")).await;
+    assert_eq!(s, 200, "{first}");
+    let (tokens, cached) = usage(&first);
+    assert!(
+        (text_tokens + 1_500..=text_tokens + 1_502).contains(&tokens),
+        "{tokens} prompt tokens with the audio, {text_tokens} without"
+    );
+    assert!(cached < 1_500, "{cached}");
+    let (_, again_headers, again) =
+        post(&d, "/v1/chat/completions", &with_audio(text, &mp3, "mp3")).await;
+    assert_eq!(
+        again_headers["x-switchyard-worker"],
+        headers["x-switchyard-worker"]
+    );
+    assert!(usage(&again).1 >= tokens / 16 * 16 - 16, "{again}");
+
+    // The same tone encoded as FLAC decodes to other samples (MP3 is lossy): another item.
+    let flac = audio_file("tone.flac");
+    let (s, _, other) = post(&d, "/v1/chat/completions", &with_audio(text, &flac, "flac")).await;
+    assert_eq!(s, 200, "{other}");
+    assert!(usage(&other).1 <= text_tokens, "{other}");
+
+    // Bad audio is a 400 naming the part.
+    let not_audio = base64::engine::general_purpose::STANDARD.encode(b"just some text");
+    for (data, format, says) in [
+        (not_audio.as_str(), "wav", "not wav, mp3"),
+        (mp3.as_str(), "aiff", "must be one of"),
+        ("%%%", "wav", "base64"),
+    ] {
+        let (s, _, body) = post(&d, "/v1/chat/completions", &with_audio(text, data, format)).await;
+        assert_eq!(s, 400, "{body}");
+        assert_eq!(
+            body["error"]["param"], "messages[0].content[1].input_audio",
+            "{body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    let (s, _, body) = post(
+        &d,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "input_audio"}]}]}),
+    )
+    .await;
+    assert_eq!(s, 400, "{body}");
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

@@ -181,6 +181,25 @@ pub struct ContentPart {
     pub text: Option<String>,
     #[serde(default)]
     pub image_url: Option<ImageUrl>,
+    #[serde(default)]
+    pub input_audio: Option<InputAudio>,
+    #[serde(default)]
+    pub video_url: Option<VideoUrl>,
+}
+
+/// An `input_audio` part's audio: base64 bytes and their format (`wav`, `mp3`, `flac`,
+/// `ogg`).
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct InputAudio {
+    pub data: String,
+    pub format: String,
+}
+
+/// A `video_url` part's video: a `data:` URL, an `http(s)` URL, or an allowed `file:` URL
+/// (MP4/H.264, animated GIF, MJPEG AVI).
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct VideoUrl {
+    pub url: String,
 }
 
 /// An `image_url` part's image: a `data:` URL, an `http(s)` URL, or an allowed `file:` URL.
@@ -226,7 +245,9 @@ impl ChatMessageIn {
                     match (part.kind.as_str(), &part.text) {
                         ("text", Some(t)) => text.push_str(&crate::media::unmark(t)),
                         // Prepared beforehand (crate::media); marked for the template.
-                        ("image_url", _) => text.push(crate::media::MEDIA_MARK),
+                        ("image_url" | "input_audio" | "video_url", _) => {
+                            text.push(crate::media::MEDIA_MARK);
+                        }
                         ("text", None) => {
                             return Err(ApiError::invalid_param(
                                 &format!("messages[{index}].content"),
@@ -237,7 +258,7 @@ impl ChatMessageIn {
                             return Err(ApiError::invalid_param(
                                 &format!("messages[{index}].content"),
                                 format!(
-                                    "content parts of type `{other}` are not supported; only `text` and `image_url`"
+                                    "content parts of type `{other}` are not supported; only `text`, `image_url`, `input_audio` and `video_url`"
                                 ),
                             ));
                         }
