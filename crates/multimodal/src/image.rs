@@ -280,7 +280,7 @@ pub fn best_grid(width: u32, height: u32, side: u32, max_tiles: u32) -> (u32, u3
 }
 
 /// The image resized to fit `to_w` × `to_h` with its aspect kept, centred on black.
-fn fit(
+pub(crate) fn fit(
     resizer: &mut Resizer,
     pixels: &mut [u8],
     width: u32,

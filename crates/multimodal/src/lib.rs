@@ -1,6 +1,7 @@
 //! Media in requests, up to what routing and engines need: where the bytes come from
 //! ([`source`]), how an image becomes patch tokens with a content hash ([`image`]), how audio
-//! becomes a log-mel spectrogram and encoder tokens ([`audio`]), and a bounded pool that
+//! becomes a log-mel spectrogram and encoder tokens ([`audio`]), how a video becomes sampled
+//! frames within a token budget ([`video`]), and a bounded pool that
 //! keeps that CPU work off the async threads ([`pool`]).
 //!
 //! The content hash of an item covers its decoded pixels and every setting that shapes its
@@ -12,11 +13,13 @@ pub mod audio;
 pub mod image;
 pub mod pool;
 pub mod source;
+pub mod video;
 
 pub use crate::audio::{AudioSettings, LogMel, PreparedAudio, prepare_audio};
 pub use crate::image::{Detail, ImageSettings, PreparedImage, best_grid, prepare_image};
 pub use crate::pool::PreprocessPool;
 pub use crate::source::{MediaRef, decode_base64, parse_url};
+pub use crate::video::{FrameStrategy, PreparedVideo, VideoSettings, prepare_video};
 
 use thiserror::Error;
 
