@@ -274,6 +274,10 @@ impl FrontendConfig {
             .validate()
             .map_err(|e| format!("frontend.multimodal.audio: {e}"))?;
         self.multimodal
+            .video
+            .validate(&self.multimodal.image)
+            .map_err(|e| format!("frontend.multimodal.video: {e}"))?;
+        self.multimodal
             .encoder_cost
             .validate()
             .map_err(|e| format!("frontend.multimodal.encoder_cost: {e}"))?;

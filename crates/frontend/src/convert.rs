@@ -20,6 +20,39 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// The checks on a chat request's messages that need no tokenizer: run before its media is
 /// fetched and decoded, so a request bound to fail does not cost that work.
+/// What a chat request's context has left for media: the context length less the text's
+/// tokens and the request's `max_tokens` (the request is checked whole once its media are
+/// counted).
+pub fn media_room(frontend: &Frontend, request: &ChatCompletionRequest) -> u32 {
+    // The rendered template, media marks removed; a request the template refuses gets its
+    // error later, from `chat`.
+    let messages: Vec<ChatMessage> = request
+        .messages
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            Some(ChatMessage {
+                role: m.role.clone(),
+                content: m.text(i).ok()?.replace(crate::media::MEDIA_MARK, ""),
+            })
+        })
+        .collect();
+    let text_tokens = frontend
+        .preprocessor
+        .render_chat(&messages)
+        .ok()
+        .and_then(|prompt| frontend.preprocessor.encode(&prompt).ok())
+        .map_or(0, |t| t.len());
+    let max_tokens = request
+        .max_completion_tokens
+        .or(request.max_tokens)
+        .unwrap_or(0);
+    let used = u32::try_from(text_tokens)
+        .unwrap_or(u32::MAX)
+        .saturating_add(max_tokens);
+    frontend.preprocessor.context_length().saturating_sub(used)
+}
+
 pub fn check_messages(request: &ChatCompletionRequest) -> Result<(), ApiError> {
     if request.messages.is_empty() {
         return Err(ApiError::invalid_param(

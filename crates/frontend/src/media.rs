@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_core::{MediaSpan, Modality};
 use switchyard_multimodal::{
     AudioSettings, Detail, ImageSettings, LogMel, MediaError, MediaRef, PreprocessPool,
-    decode_base64, parse_url, prepare_audio, prepare_image,
+    VideoSettings, decode_base64, parse_url, prepare_audio, prepare_image, prepare_video,
 };
 
 use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
@@ -28,6 +28,8 @@ pub struct MultimodalConfig {
     pub image: ImageSettings,
     /// The audio encoder's input: sample rate, mel bins, windows, limits.
     pub audio: AudioSettings,
+    /// How videos are read and sampled into frames (each frame fitted as `image` says).
+    pub video: VideoSettings,
     /// Media items prepared at once (0: one per core).
     pub preprocess_threads: usize,
     /// Media items that may wait for a thread; beyond, requests with media get 503.
@@ -62,6 +64,7 @@ impl Default for MultimodalConfig {
         MultimodalConfig {
             image: ImageSettings::default(),
             audio: AudioSettings::default(),
+            video: VideoSettings::default(),
             preprocess_threads: 0,
             preprocess_queue: 256,
             max_items: 16,
@@ -140,11 +143,15 @@ impl MediaStage {
     }
 
     /// Prepares every media part of a chat request, in order; the first bad one is a 400
-    /// naming its part.
+    /// naming its part. `room` is what the context has left for media (its length less the
+    /// text and `max_tokens`); videos share it, each sampling as many frames as fit.
     pub async fn prepare_chat(
         &self,
         request: &ChatCompletionRequest,
+        room: u32,
     ) -> Result<Vec<MediaItem>, ApiError> {
+        let videos = count_videos(request).max(1);
+        let video_room = room / videos;
         let mut items = Vec::new();
         for (i, message) in request.messages.iter().enumerate() {
             let Some(MessageContent::Parts(parts)) = &message.content else {
@@ -184,9 +191,15 @@ impl MediaStage {
                         };
                         self.audio(&audio.data, &audio.format).await
                     }
-                    _ => Err(MediaError::UnknownFormat(
-                        "`video_url` parts are not supported yet; images and audio are".into(),
-                    )),
+                    _ => {
+                        let Some(video) = &part.video_url else {
+                            return Err(ApiError::invalid_param(
+                                &name(kind),
+                                "a video_url part needs `video_url` with a `url`",
+                            ));
+                        };
+                        self.video(&video.url, video_room).await
+                    }
                 };
                 items.push(item.map_err(|e| media_error(&name(kind), e))?);
             }
@@ -196,6 +209,7 @@ impl MediaStage {
                 let cost = EncoderCost {
                     image_tokens: self.config.image.tokens_per_square(),
                     audio_window_tokens: self.config.audio.tokens_per_chunk,
+                    video_frame_tokens: self.config.video.frame_tokens(&self.config.image),
                     ..self.config.encoder_cost.clone()
                 };
                 Encoders::start(
@@ -221,14 +235,7 @@ impl MediaStage {
     async fn image(&self, url: &str, detail: Option<&str>) -> Result<MediaItem, MediaError> {
         let detail = detail.map_or(Ok(Detail::Auto), Detail::parse)?;
         let settings = self.config.image;
-        let bytes = match parse_url(url, settings.max_bytes, self.config.media_dir.as_deref())? {
-            MediaRef::Data { bytes, .. } => bytes,
-            MediaRef::Http(url) => self.fetch(&url, settings.max_bytes).await?,
-            MediaRef::File(path) => {
-                let root = self.config.media_dir.as_deref().unwrap_or(Path::new("/"));
-                read_file(path, root, settings.max_bytes).await?
-            }
-        };
+        let bytes = self.bytes(url, settings.max_bytes).await?;
         let prepared = self
             .pool
             .run(move || prepare_image(&bytes, detail, &settings))
@@ -238,6 +245,32 @@ impl MediaStage {
             tokens: prepared.tokens,
             hash: prepared.hash,
         })
+    }
+
+    async fn video(&self, url: &str, room: u32) -> Result<MediaItem, MediaError> {
+        let (image, settings) = (self.config.image, self.config.video);
+        let bytes = self.bytes(url, settings.max_bytes).await?;
+        let prepared = self
+            .pool
+            .run(move || prepare_video(&bytes, &image, &settings, room))
+            .await?;
+        Ok(MediaItem {
+            modality: Modality::Video,
+            tokens: prepared.tokens,
+            hash: prepared.hash,
+        })
+    }
+
+    /// A media URL's bytes: decoded, fetched or read, at most `limit` of them.
+    async fn bytes(&self, url: &str, limit: usize) -> Result<Vec<u8>, MediaError> {
+        match parse_url(url, limit, self.config.media_dir.as_deref())? {
+            MediaRef::Data { bytes, .. } => Ok(bytes),
+            MediaRef::Http(url) => self.fetch(&url, limit).await,
+            MediaRef::File(path) => {
+                let root = self.config.media_dir.as_deref().unwrap_or(Path::new("/"));
+                read_file(path, root, limit).await
+            }
+        }
     }
 
     async fn audio(&self, data: &str, format: &str) -> Result<MediaItem, MediaError> {
@@ -308,6 +341,20 @@ impl MediaStage {
         }
         Ok(body)
     }
+}
+
+/// The `video_url` parts of a chat request.
+pub fn count_videos(request: &ChatCompletionRequest) -> u32 {
+    let parts = request.messages.iter().filter_map(|m| match &m.content {
+        Some(MessageContent::Parts(parts)) => Some(parts),
+        _ => None,
+    });
+    parts
+        .flatten()
+        .filter(|p| p.kind == "video_url")
+        .count()
+        .try_into()
+        .unwrap_or(u32::MAX)
 }
 
 /// A reqwest error's message without the URL (which may be long, and is the client's own).

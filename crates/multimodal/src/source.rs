@@ -94,7 +94,9 @@ pub fn decode_base64(payload: &str, max_bytes: usize) -> Result<Vec<u8>, MediaEr
         });
     }
     if bytes.is_empty() {
-        return Err(MediaError::BadUrl("the data is empty: no data was sent".into()));
+        return Err(MediaError::BadUrl(
+            "the data is empty: no data was sent".into(),
+        ));
     }
     Ok(bytes)
 }

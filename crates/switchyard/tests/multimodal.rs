@@ -1,4 +1,4 @@
-//! Images and audio in chat requests through `serve`: prepared off the async threads,
+//! Images, audio and video in chat requests through `serve`: prepared off the async threads,
 //! counted as encoder tokens, cached and routed by their content; bad media is a 400 naming
 //! its part.
 
@@ -212,6 +212,104 @@ async fn audio_counts_its_window_tokens_and_hits_the_cache_by_its_content() {
     )
     .await;
     assert_eq!(s, 400, "{body}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+/// An animated GIF of `frames` 48×32 frames, 100 ms each, shaded by `seed`.
+fn gif(frames: u8, seed: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut encoder = image::codecs::gif::GifEncoder::new(&mut out);
+        for i in 0..frames {
+            let g = seed.wrapping_add(i.wrapping_mul(9));
+            let frame = image::RgbaImage::from_pixel(48, 32, image::Rgba([g, 255 - g, g / 2, 255]));
+            encoder
+                .encode_frame(image::Frame::from_parts(
+                    frame,
+                    0,
+                    0,
+                    image::Delay::from_numer_denom_ms(100, 1),
+                ))
+                .unwrap();
+        }
+    }
+    out
+}
+
+fn with_video(text: &str, url: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": text},
+            {"type": "video_url", "video_url": {"url": url}},
+        ]}],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn video_frames_fit_the_room_left_in_the_context_and_hit_the_cache() {
+    let d = start(&[
+        ("WORKERS__COUNT", "2"),
+        ("FRONTEND__CONTEXT_LENGTH", "4096"),
+    ])
+    .await;
+    let text = "What happens in this clip?";
+    let (s, _, plain) = post(&d, "/v1/chat/completions", &chat(MODEL, text, 4)).await;
+    assert_eq!(s, 200, "{plain}");
+    let (text_tokens, _) = usage(&plain);
+
+    // 12 frames, all kept (up to 32 by default), 144 tokens each (24 × 24 patches pooled
+    // 2 × 2).
+    let clip = format!(
+        "data:image/gif;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(gif(12, 10))
+    );
+    let (s, headers, first) = post(&d, "/v1/chat/completions", &with_video(text, &clip, 4)).await;
+    assert_eq!(s, 200, "{first}");
+    let (tokens, _) = usage(&first);
+    assert!(
+        (text_tokens + 12 * 144..=text_tokens + 12 * 144 + 2).contains(&tokens),
+        "{tokens} prompt tokens with the video, {text_tokens} without"
+    );
+    let (_, again_headers, again) =
+        post(&d, "/v1/chat/completions", &with_video(text, &clip, 4)).await;
+    assert_eq!(
+        again_headers["x-switchyard-worker"],
+        headers["x-switchyard-worker"]
+    );
+    assert!(usage(&again).1 >= tokens / 16 * 16 - 16, "{again}");
+
+    // Asking for 3,500 of the 4,096 tokens leaves room for 3 frames, so 3 are sampled.
+    let (s, _, tight) = post(&d, "/v1/chat/completions", &with_video(text, &clip, 3_500)).await;
+    assert_eq!(s, 200, "{tight}");
+    let (tight_tokens, _) = usage(&tight);
+    assert!(
+        (text_tokens + 3 * 144..=text_tokens + 3 * 144 + 2).contains(&tight_tokens),
+        "{tight_tokens}"
+    );
+
+    // No room for one frame; not a video; bad base64: 400s naming the part.
+    let not_video = format!(
+        "data:video/mp4;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(b"no video here")
+    );
+    for (body, says) in [
+        (with_video(text, &clip, 4_050), "room for"),
+        (with_video(text, &not_video, 4), "not a video"),
+        (with_video(text, "data:video/mp4;base64,@@", 4), "base64"),
+    ] {
+        let (s, _, body) = post(&d, "/v1/chat/completions", &body).await;
+        assert_eq!(s, 400, "{body}");
+        assert_eq!(
+            body["error"]["param"], "messages[0].content[1].video_url",
+            "{body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();
