@@ -327,4 +327,37 @@ mod h264 {
         let e = prepare_video(&cut, &image, &VideoSettings::default(), 100_000).unwrap_err();
         assert!(e.is_client_error(), "{e:?}");
     }
+
+    /// A file from ffmpeg with libx264, High profile, CABAC and two B-frames (the kind of
+    /// MP4 clients send): `tests/data/ramp-high-bframes.mp4`, 30 frames at 10 fps whose
+    /// luma is 8 × the frame number, made with
+    /// `ffmpeg -f lavfi -i "color=black:size=64x48:rate=10:duration=3,format=yuv420p,geq=lum='N*8':cb=128:cr=128" -c:v libx264 -profile:v high -bf 2 -g 15 -crf 18`.
+    #[test]
+    fn b_frames_from_libx264_come_out_in_display_order() {
+        let image = ImageSettings::default();
+        let video = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/ramp-high-bframes.mp4"
+        ))
+        .unwrap();
+        let prepared = prepare_video(
+            &video,
+            &image,
+            &settings(FrameStrategy::Uniform, 6),
+            100_000,
+        )
+        .unwrap();
+        assert_eq!(prepared.source_frames, 30);
+        assert!(
+            (prepared.seconds - 3.0).abs() < 0.05,
+            "{}",
+            prepared.seconds
+        );
+        // Frames 2, 7, 12, 17, 22, 27; video-range luma to RGB: 1.164 × (Y − 16).
+        for (square, i) in prepared.squares.iter().zip([2, 7, 12, 17, 22, 27]) {
+            let want = (1.164 * (8.0 * f64::from(i) - 16.0)).clamp(0.0, 255.0);
+            let g = grey(square, 336);
+            assert!((g - want).abs() < 6.0, "frame {i}: {g}, not {want}");
+        }
+    }
 }

@@ -315,6 +315,39 @@ async fn video_frames_fit_the_room_left_in_the_context_and_hit_the_cache() {
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mp4_video_is_read_with_the_h264_feature_and_refused_clearly_without() {
+    let d = start(&[("WORKERS__COUNT", "1")]).await;
+    let text = "What happens in this clip?";
+    let (_, _, plain) = post(&d, "/v1/chat/completions", &chat(MODEL, text, 4)).await;
+    let (text_tokens, _) = usage(&plain);
+    let path = format!(
+        "{}/../multimodal/tests/data/ramp-high-bframes.mp4",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let clip = format!(
+        "data:video/mp4;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).unwrap())
+    );
+    let (s, _, body) = post(&d, "/v1/chat/completions", &with_video(text, &clip, 4)).await;
+    if cfg!(feature = "h264") {
+        // 30 frames, all kept: 30 × 144 tokens.
+        assert_eq!(s, 200, "{body}");
+        let (tokens, _) = usage(&body);
+        assert!(
+            (text_tokens + 30 * 144..=text_tokens + 30 * 144 + 2).contains(&tokens),
+            "{tokens}"
+        );
+    } else {
+        assert_eq!(s, 400, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("`h264` feature"), "{message}");
+    }
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
 /// Serves `png` at `/cat.png` and a 404 elsewhere; returns the base URL.
 async fn image_server(png: Vec<u8>) -> String {
     let app = axum::Router::new().route(
