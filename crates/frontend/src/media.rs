@@ -30,6 +30,9 @@ pub struct MultimodalConfig {
     pub audio: AudioSettings,
     /// How videos are read and sampled into frames (each frame fitted as `image` says).
     pub video: VideoSettings,
+    /// An `ffmpeg` binary (with `ffprobe` beside it) for video containers and codecs read
+    /// nowhere else (WebM, VP8/VP9, AV1, MP4 without the `h264` feature...); none: refused.
+    pub ffmpeg: Option<PathBuf>,
     /// Media items prepared at once (0: one per core).
     pub preprocess_threads: usize,
     /// Media items that may wait for a thread; beyond, requests with media get 503.
@@ -65,6 +68,7 @@ impl Default for MultimodalConfig {
             image: ImageSettings::default(),
             audio: AudioSettings::default(),
             video: VideoSettings::default(),
+            ffmpeg: None,
             preprocess_threads: 0,
             preprocess_queue: 256,
             max_items: 16,
@@ -249,10 +253,11 @@ impl MediaStage {
 
     async fn video(&self, url: &str, room: u32) -> Result<MediaItem, MediaError> {
         let (image, settings) = (self.config.image, self.config.video);
+        let ffmpeg = self.config.ffmpeg.clone();
         let bytes = self.bytes(url, settings.max_bytes).await?;
         let prepared = self
             .pool
-            .run(move || prepare_video(&bytes, &image, &settings, room))
+            .run(move || prepare_video(&bytes, &image, &settings, room, ffmpeg.as_deref()))
             .await?;
         Ok(MediaItem {
             modality: Modality::Video,

@@ -1,5 +1,7 @@
 //! Audio preprocessing against reference values and real encoded files.
 
+#![allow(clippy::unwrap_used)]
+
 use std::f64::consts::PI;
 
 use switchyard_multimodal::MediaError;

@@ -1,6 +1,8 @@
 //! Video preprocessing: frames picked by strategy and budget from GIF, MJPEG AVI and (with
 //! the `h264` feature) MP4 files built here.
 
+#![allow(clippy::unwrap_used)]
+
 use std::io::Cursor;
 
 use image::codecs::gif::GifEncoder;
@@ -98,6 +100,7 @@ fn uniform_fps_and_keyframe_pick_the_expected_frames_of_a_gif() {
         &image,
         &settings(FrameStrategy::Uniform, 4),
         100_000,
+        None,
     )
     .unwrap();
     assert_eq!(uniform.format, "gif");
@@ -113,7 +116,14 @@ fn uniform_fps_and_keyframe_pick_the_expected_frames_of_a_gif() {
     }
 
     // 2 frames a second of a 10 fps GIF: frames 0, 5, 10, 15.
-    let fps = prepare_video(&video, &image, &settings(FrameStrategy::Fps, 32), 100_000).unwrap();
+    let fps = prepare_video(
+        &video,
+        &image,
+        &settings(FrameStrategy::Fps, 32),
+        100_000,
+        None,
+    )
+    .unwrap();
     assert_eq!(fps.times.len(), 4);
     assert!((fps.times[1] - 0.5).abs() < 1e-9, "{:?}", fps.times);
 
@@ -124,6 +134,7 @@ fn uniform_fps_and_keyframe_pick_the_expected_frames_of_a_gif() {
         &image,
         &settings(FrameStrategy::Keyframe, 32),
         100_000,
+        None,
     )
     .unwrap();
     close(&keyframes.times, &[0.0, 1.0]);
@@ -133,6 +144,7 @@ fn uniform_fps_and_keyframe_pick_the_expected_frames_of_a_gif() {
         &image,
         &settings(FrameStrategy::Keyframe, 1),
         100_000,
+        None,
     )
     .unwrap();
     assert_eq!(one.times, [0.0]);
@@ -144,11 +156,13 @@ fn the_token_budget_and_the_requests_room_pick_the_frame_count() {
     let video = gif(20, level);
     let all = settings(FrameStrategy::Uniform, 32);
     assert_eq!(
-        prepare_video(&video, &image, &all, 100_000).unwrap().tokens,
+        prepare_video(&video, &image, &all, 100_000, None)
+            .unwrap()
+            .tokens,
         20 * 144
     );
     // Room for 3 frames of 144 tokens.
-    let tight = prepare_video(&video, &image, &all, 3 * 144 + 100).unwrap();
+    let tight = prepare_video(&video, &image, &all, 3 * 144 + 100, None).unwrap();
     assert_eq!(tight.squares.len(), 3);
     assert_eq!(tight.tokens, 3 * 144);
     // Two frames pooled in time take one frame's tokens.
@@ -156,9 +170,9 @@ fn the_token_budget_and_the_requests_room_pick_the_frame_count() {
         temporal_pool: 2,
         ..all
     };
-    let p = prepare_video(&video, &image, &pooled, 3 * 144 + 100).unwrap();
+    let p = prepare_video(&video, &image, &pooled, 3 * 144 + 100, None).unwrap();
     assert_eq!((p.squares.len(), p.tokens), (6, 3 * 144));
-    let e = prepare_video(&video, &image, &all, 100).unwrap_err();
+    let e = prepare_video(&video, &image, &all, 100, None).unwrap_err();
     assert!(e.to_string().contains("room for 100"), "{e}");
 }
 
@@ -170,6 +184,7 @@ fn motion_jpeg_avi_frames_are_found_and_timed() {
         &image,
         &settings(FrameStrategy::Uniform, 2),
         100_000,
+        None,
     )
     .unwrap();
     assert_eq!(prepared.format, "avi");
@@ -187,20 +202,26 @@ fn the_hash_covers_the_kept_frames_and_settings() {
     let image = ImageSettings::default();
     let video = gif(20, level);
     let four = settings(FrameStrategy::Uniform, 4);
-    let a = prepare_video(&video, &image, &four, 100_000).unwrap();
+    let a = prepare_video(&video, &image, &four, 100_000, None).unwrap();
     assert_eq!(
         a.hash,
-        prepare_video(&video, &image, &four, 100_000).unwrap().hash
+        prepare_video(&video, &image, &four, 100_000, None)
+            .unwrap()
+            .hash
     );
     let five = settings(FrameStrategy::Uniform, 5);
     assert_ne!(
         a.hash,
-        prepare_video(&video, &image, &five, 100_000).unwrap().hash
+        prepare_video(&video, &image, &five, 100_000, None)
+            .unwrap()
+            .hash
     );
     let other = gif(20, |i| level(i) + 1);
     assert_ne!(
         a.hash,
-        prepare_video(&other, &image, &four, 100_000).unwrap().hash
+        prepare_video(&other, &image, &four, 100_000, None)
+            .unwrap()
+            .hash
     );
 }
 
@@ -208,21 +229,21 @@ fn the_hash_covers_the_kept_frames_and_settings() {
 fn bad_video_is_a_client_error() {
     let image = ImageSettings::default();
     let all = VideoSettings::default();
-    let e = prepare_video(b"plain text, not a video", &image, &all, 100_000).unwrap_err();
+    let e = prepare_video(b"plain text, not a video", &image, &all, 100_000, None).unwrap_err();
     assert!(matches!(e, MediaError::UnknownFormat(_)), "{e:?}");
     let mut truncated = gif(20, level);
     truncated.truncate(40);
-    let e = prepare_video(&truncated, &image, &all, 100_000).unwrap_err();
+    let e = prepare_video(&truncated, &image, &all, 100_000, None).unwrap_err();
     assert!(e.is_client_error(), "{e:?}");
     let short = VideoSettings {
         max_seconds: 1.0,
         ..all
     };
-    let e = prepare_video(&gif(20, level), &image, &short, 100_000).unwrap_err();
+    let e = prepare_video(&gif(20, level), &image, &short, 100_000, None).unwrap_err();
     assert!(e.to_string().contains("up to 1 s"), "{e}");
     let mut no_frames = avi(0);
     no_frames.truncate(no_frames.len());
-    let e = prepare_video(&no_frames, &image, &all, 100_000).unwrap_err();
+    let e = prepare_video(&no_frames, &image, &all, 100_000, None).unwrap_err();
     assert!(e.to_string().contains("no JPEG frames"), "{e}");
 }
 
@@ -307,6 +328,7 @@ mod h264 {
             &image,
             &settings(FrameStrategy::Uniform, 3),
             100_000,
+            None,
         )
         .unwrap();
         assert_eq!(prepared.format, "mp4");
@@ -324,7 +346,7 @@ mod h264 {
         }
         let mut cut = video.clone();
         cut.truncate(video.len() / 2);
-        let e = prepare_video(&cut, &image, &VideoSettings::default(), 100_000).unwrap_err();
+        let e = prepare_video(&cut, &image, &VideoSettings::default(), 100_000, None).unwrap_err();
         assert!(e.is_client_error(), "{e:?}");
     }
 
@@ -345,6 +367,7 @@ mod h264 {
             &image,
             &settings(FrameStrategy::Uniform, 6),
             100_000,
+            None,
         )
         .unwrap();
         assert_eq!(prepared.source_frames, 30);

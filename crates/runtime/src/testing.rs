@@ -273,6 +273,12 @@ pub fn promtool() -> PathBuf {
     )
 }
 
+/// `ffmpeg` (Debian `ffmpeg`; `ffprobe` comes with it), from `SWITCHYARD_FFMPEG` or the
+/// `PATH`.
+pub fn ffmpeg() -> PathBuf {
+    find("SWITCHYARD_FFMPEG", &[], "ffmpeg", "apt-get install ffmpeg")
+}
+
 /// A Prometheus server scraping the given targets every second, with its own storage.
 #[derive(Debug)]
 pub struct PrometheusServer {

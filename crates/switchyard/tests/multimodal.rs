@@ -348,6 +348,80 @@ async fn mp4_video_is_read_with_the_h264_feature_and_refused_clearly_without() {
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_codecs_go_through_ffmpeg_when_one_is_configured() {
+    let ffmpeg = switchyard_runtime::testing::ffmpeg();
+    // What aiperf sends by default: WebM with VP9, 2 s at 4 frames a second.
+    let dir = tempfile::tempdir().unwrap();
+    let webm = dir.path().join("clip.webm");
+    let made = std::process::Command::new(&ffmpeg)
+        .args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+        .arg("testsrc2=size=160x120:rate=4:duration=2")
+        .args(["-c:v", "libvpx-vp9", "-f", "webm"])
+        .arg(&webm)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let clip = format!(
+        "data:video/webm;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&webm).unwrap())
+    );
+    let ffmpeg_setting = ffmpeg.to_str().unwrap().to_owned();
+    let with = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__FFMPEG", ffmpeg_setting.as_str()),
+    ])
+    .await;
+    let without = start(&[("WORKERS__COUNT", "1")]).await;
+    let text = "What happens in this clip?";
+    let (_, _, plain) = post(&with, "/v1/chat/completions", &chat(MODEL, text, 4)).await;
+    let (text_tokens, _) = usage(&plain);
+
+    let (s, _, body) = post(&with, "/v1/chat/completions", &with_video(text, &clip, 4)).await;
+    assert_eq!(s, 200, "{body}");
+    let (tokens, _) = usage(&body);
+    assert!(
+        (text_tokens + 8 * 144..=text_tokens + 8 * 144 + 2).contains(&tokens),
+        "{tokens} prompt tokens, {text_tokens} without the video"
+    );
+    // A damaged file is ffmpeg's 400, not a 500.
+    let mut damaged = std::fs::read(&webm).unwrap();
+    let half = damaged.len() / 2;
+    damaged[64..half].fill(0x5a);
+    let damaged = format!(
+        "data:video/webm;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(damaged)
+    );
+    let (s, _, body) = post(
+        &with,
+        "/v1/chat/completions",
+        &with_video(text, &damaged, 4),
+    )
+    .await;
+    assert_eq!(s, 400, "{body}");
+    assert_eq!(body["error"]["param"], "messages[0].content[1].video_url");
+
+    let (s, _, body) = post(
+        &without,
+        "/v1/chat/completions",
+        &with_video(text, &clip, 4),
+    )
+    .await;
+    assert_eq!(s, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("not a video this server reads"),
+        "{message}"
+    );
+    with.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+    without
+        .shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
 /// Serves `png` at `/cat.png` and a 404 elsewhere; returns the base URL.
 async fn image_server(png: Vec<u8>) -> String {
     let app = axum::Router::new().route(
