@@ -62,6 +62,10 @@ pub struct MockRequest {
     /// they are not computed here; the last token is always computed. Lost if the request
     /// is preempted (its blocks go, so it computes everything when it comes back).
     pub imported_tokens: u32,
+    /// The position of the prompt's first media placeholder while its media is still being
+    /// encoded: prefill stops there until [`MockEngine::media_ready`]. Such requests are
+    /// admitted after those that are ready, for the text before their media.
+    pub media_gate: Option<u32>,
 }
 
 impl MockRequest {
@@ -77,6 +81,7 @@ impl MockRequest {
             rules: TokenRules::default(),
             earlier_output: Vec::new(),
             imported_tokens: 0,
+            media_gate: None,
         }
     }
 }
@@ -260,8 +265,34 @@ impl MockEngine {
             scheduled: 0,
             cached_tokens: None,
             imported: request.imported_tokens,
+            gate: request.media_gate,
         });
         Ok(())
+    }
+
+    /// Whether a request here is held at its media gate.
+    pub fn waiting_on_media(&self) -> bool {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .any(|s| s.gate.is_some())
+    }
+
+    /// The request's media is encoded: its prefill may pass its first media position.
+    /// Returns whether the request is here.
+    pub fn media_ready(&mut self, id: RequestId) -> bool {
+        match self
+            .running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|s| s.id == id)
+        {
+            Some(seq) => {
+                seq.gate = None;
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn contains(&self, id: RequestId) -> bool {
@@ -322,8 +353,8 @@ impl MockEngine {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let remaining = self.running[i].remaining();
-            let n = remaining.min(budget);
-            if !self.args.enable_chunked_prefill && n < remaining {
+            let n = remaining.min(budget).min(self.running[i].before_gate());
+            if n == 0 || (!self.args.enable_chunked_prefill && n < remaining) {
                 i += 1;
                 continue;
             }
@@ -368,38 +399,53 @@ impl MockEngine {
         self.waiting.push_front(seq);
     }
 
-    /// Admits waiting requests in order while budget, sequence slots and blocks allow.
+    /// Admits waiting requests in order while budget, sequence slots and blocks allow:
+    /// first those ready to prefill, then those waiting for their media (for the text
+    /// before it).
     fn admit_waiting(&mut self, mut budget: u32) {
         let block_size = self.args.block_size;
-        while budget > 0 && self.running.len() < self.args.max_num_seqs as usize {
-            let Some(seq) = self.waiting.front_mut() else {
-                break;
-            };
-            // A cached prefix is not recomputed, but the last token always is: its logits
-            // give the next token.
-            let cacheable = (seq.num_tokens() - 1) / block_size;
-            let hits =
-                (self.blocks.cached_prefix(seq.tokens.sequence_hashes()) as u32).min(cacheable);
-            let cached = hits * block_size;
-            let computed = cached.max(seq.imported.min(seq.num_tokens() - 1));
-            let remaining = seq.num_tokens() - computed;
-            if !self.args.enable_chunked_prefill && remaining > budget {
-                break;
-            }
-            let n = remaining.min(budget);
-            if allocate(&mut self.blocks, seq, computed + n).is_err() {
-                break;
-            }
-            seq.computed = computed;
-            seq.scheduled = n;
-            if seq.cached_tokens.is_none() {
-                seq.cached_tokens = Some(cached);
-                self.stats.prompt_tokens += u64::from(seq.prompt_tokens);
-                self.stats.cached_prompt_tokens += u64::from(cached.min(seq.prompt_tokens));
-            }
-            budget -= n;
-            if let Some(seq) = self.waiting.pop_front() {
-                self.running.push(seq);
+        'admit: for gated in [false, true] {
+            let mut i = 0;
+            while budget > 0 && self.running.len() < self.args.max_num_seqs as usize {
+                let Some(seq) = self.waiting.get_mut(i) else {
+                    break;
+                };
+                if seq.gate.is_some() != gated {
+                    i += 1;
+                    continue;
+                }
+                // A cached prefix is not recomputed, but the last token always is: its
+                // logits give the next token.
+                let cacheable = (seq.num_tokens() - 1) / block_size;
+                let hits =
+                    (self.blocks.cached_prefix(seq.tokens.sequence_hashes()) as u32).min(cacheable);
+                let cached = hits * block_size;
+                let computed = cached.max(seq.imported.min(seq.num_tokens() - 1));
+                let remaining = seq.num_tokens() - computed;
+                let allowed = seq.gate.map_or(u32::MAX, |g| g.saturating_sub(computed));
+                let n = remaining.min(budget).min(allowed);
+                if gated && (n == 0 || (!self.args.enable_chunked_prefill && n < remaining)) {
+                    // Nothing it may compute before its media: it waits, the others go on.
+                    i += 1;
+                    continue;
+                }
+                if !self.args.enable_chunked_prefill && remaining > budget {
+                    break 'admit;
+                }
+                if allocate(&mut self.blocks, seq, computed + n).is_err() {
+                    break 'admit;
+                }
+                seq.computed = computed;
+                seq.scheduled = n;
+                if seq.cached_tokens.is_none() {
+                    seq.cached_tokens = Some(cached);
+                    self.stats.prompt_tokens += u64::from(seq.prompt_tokens);
+                    self.stats.cached_prompt_tokens += u64::from(cached.min(seq.prompt_tokens));
+                }
+                budget -= n;
+                if let Some(seq) = self.waiting.remove(i) {
+                    self.running.push(seq);
+                }
             }
         }
     }

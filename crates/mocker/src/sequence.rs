@@ -38,6 +38,8 @@ pub struct Sequence {
     pub cached_tokens: Option<u32>,
     /// Leading tokens whose KV came with the request (not computed here).
     pub imported: u32,
+    /// Prefill stops at this position until the request's media is encoded.
+    pub gate: Option<u32>,
 }
 
 impl Sequence {
@@ -53,6 +55,12 @@ impl Sequence {
     /// Whether the unfilled tail block is held.
     pub fn partial_held(&self) -> bool {
         self.blocks.len() > self.full_held as usize
+    }
+
+    /// Tokens it may compute before its media gate (all of them when there is none).
+    pub fn before_gate(&self) -> u32 {
+        self.gate
+            .map_or(u32::MAX, |g| g.saturating_sub(self.computed))
     }
 
     /// Tokens still to compute before the next token can be sampled.

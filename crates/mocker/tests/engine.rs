@@ -548,3 +548,55 @@ fn a_resumed_request_with_penalties_continues_the_same_stream() {
     let forgetful = &outputs(args, vec![r])[0];
     assert_ne!(forgetful, &full[120..]);
 }
+
+#[test]
+fn a_request_waiting_for_its_media_prefills_its_text_and_lets_ready_ones_pass() {
+    let args = EngineArgs {
+        block_size: 4,
+        max_num_batched_tokens: 8,
+        num_gpu_blocks: 64,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    // Request 1: 20 prompt tokens, media from position 6 still encoding. Request 2 comes
+    // after it, ready.
+    let prompt: Vec<u32> = (0..20).collect();
+    let gated = MockRequest {
+        media_gate: Some(6),
+        ..request(1, &prompt, 4, 2)
+    };
+    e.add_request(gated).unwrap();
+    e.add_request(request(2, &(100..110).collect::<Vec<u32>>(), 4, 2))
+        .unwrap();
+    assert!(e.waiting_on_media());
+    let mut now = Duration::ZERO;
+    let mut first_token = std::collections::HashMap::new();
+    let mut prefilled = 0;
+    for _ in 0..20 {
+        let mut out = StepOutput::default();
+        e.step(now, &mut out);
+        e.validate().unwrap();
+        prefilled += out.shape.prefill_tokens;
+        now = out.finished_at();
+        for t in &out.tokens {
+            first_token.entry(t.request.0).or_insert(now);
+        }
+        if out.shape.prefill_tokens == 0 && out.shape.decode_seqs == 0 {
+            break;
+        }
+    }
+    // The ready request finished; the gated one computed its 6 text tokens and no more.
+    assert!(first_token.contains_key(&2));
+    assert!(!first_token.contains_key(&1));
+    assert_eq!(prefilled, 6 + 10);
+    assert!(e.has_work());
+    // Its media arrives: it prefills the other 14 tokens and generates.
+    assert!(e.media_ready(RequestId(1)));
+    assert!(!e.waiting_on_media());
+    let (tokens, steps) = run(&mut e);
+    let prefill: u32 = steps.iter().map(|s| s.shape.prefill_tokens).sum();
+    assert_eq!(prefill, 14);
+    let stream: Vec<u32> = tokens.iter().map(|t| t.token).collect();
+    assert_eq!(stream, expected_stream(1, 20, 2));
+    assert!(!e.media_ready(RequestId(1)), "finished requests are gone");
+}

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
+use switchyard_multimodal::ImageSettings;
 use switchyard_multimodal::audio::{AudioSettings, LogMel, prepare_audio};
 use switchyard_multimodal::video::{VideoSettings, prepare_video};
-use switchyard_multimodal::ImageSettings;
 
 #[derive(Debug, Parser)]
 struct Args {

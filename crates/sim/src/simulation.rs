@@ -101,6 +101,10 @@ pub struct EncoderSim {
     /// covering every item) skips the encoders and goes to such a worker; otherwise it is
     /// encoded, then routed on its own.
     pub joint: bool,
+    /// Overlap: a request with media goes to its LLM worker at once, which prefills the
+    /// text before its first media item while the encoders run (and other requests before
+    /// it), then the rest once every item is encoded. Off: the worker gets it encoded.
+    pub overlap: bool,
 }
 
 impl SimConfig {
@@ -585,6 +589,9 @@ impl<'a> Fleet<'a> {
             for s in started {
                 self.schedule(s.ends, Event::EncodeDone(s.encoder as u32));
             }
+            if self.overlaps() {
+                self.route_to(index, &[]);
+            }
             return;
         }
         self.route_to(index, &[]);
@@ -642,6 +649,24 @@ impl<'a> Fleet<'a> {
         (holder_wait <= encoded.saturating_add(fleet_wait)).then_some(holders)
     }
 
+    /// Whether requests go to their LLM worker while their media is encoded (not in
+    /// disaggregated fleets, whose prefill workers hand over finished prompts).
+    fn overlaps(&self) -> bool {
+        self.config.disagg.is_none() && self.config.encoders.as_ref().is_some_and(|e| e.overlap)
+    }
+
+    /// Where a request's prefill stops while its media is encoded: its first media position.
+    fn media_gate(&self, index: u32) -> Option<u32> {
+        if self.requests[index as usize].encoding == 0 || !self.overlaps() {
+            return None;
+        }
+        self.workload.requests[index as usize]
+            .media
+            .iter()
+            .map(|span| span.offset)
+            .min()
+    }
+
     /// The serving workers whose cache holds every block of the request's media, if any.
     fn media_holders(&self, index: u32) -> Option<Vec<WorkerId>> {
         let request = &self.workload.requests[index as usize];
@@ -682,7 +707,21 @@ impl<'a> Fleet<'a> {
             if state.encoding == 0 && state.outcome == Outcome::Pending {
                 self.encode_wait
                     .record(micros(self.now - state.encoding_since));
-                self.route_to(index, &[]);
+                if !self.overlaps() {
+                    self.route_to(index, &[]);
+                    continue;
+                }
+                // Its worker has it already (or it is on its way over): release its gate.
+                let Some(worker) = self.requests[index as usize].worker else {
+                    continue;
+                };
+                let slot = slot_of(worker);
+                if self.engines[slot].media_ready(RequestId(u64::from(index)))
+                    && self.step_end[slot].is_none()
+                    && self.slots[slot] != Slot::Retired
+                {
+                    self.start_step(slot, self.now);
+                }
             }
         }
     }
@@ -729,6 +768,7 @@ impl<'a> Fleet<'a> {
             rules: TokenRules::default(),
             earlier_output: Vec::new(),
             imported_tokens: 0,
+            media_gate: self.media_gate(index),
         };
         loop {
             let overlaps = self.indexer.find_matches(mock.prompt.local_hashes());
@@ -957,6 +997,7 @@ impl<'a> Fleet<'a> {
             rules: TokenRules::default(),
             earlier_output: Vec::new(),
             imported_tokens: prompt_tokens,
+            media_gate: None,
         };
         let state = &mut self.requests[index as usize];
         state.remote_prefill = None;
@@ -1321,8 +1362,14 @@ impl<'a> Fleet<'a> {
                 self.next_seq += 1;
             }
         }
+        // A step that did nothing (every request held back by its media) would be followed
+        // by another at the same instant: the engine idles until its media or a request
+        // comes.
+        let idle = out.shape.prefill_tokens == 0
+            && out.shape.decode_seqs == 0
+            && self.engines[slot].waiting_on_media();
         self.outputs[slot] = out;
-        if self.engines[slot].has_work() {
+        if self.engines[slot].has_work() && !idle {
             self.start_step(slot, now);
         } else {
             self.step_end[slot] = None;

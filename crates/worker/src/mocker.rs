@@ -168,6 +168,7 @@ impl StepEngine for SteppedMocker {
             earlier_output,
             stop_token_ids: request.sampling.stop_token_ids,
             imported_tokens,
+            media_gate: None,
         };
         self.engine.add_request(mock).map_err(engine_error)
     }

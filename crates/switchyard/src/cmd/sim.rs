@@ -176,6 +176,10 @@ pub struct SimArgs {
     /// and goes to such a worker.
     #[arg(long)]
     joint_media: bool,
+    /// Overlap: a request with media goes to its LLM worker at once, which prefills the
+    /// text before the media while the encoders run.
+    #[arg(long)]
+    overlap_media: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -363,6 +367,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                 EncoderPolicyArg::RoundRobin => EncoderPolicy::RoundRobin,
             },
             joint: args.joint_media,
+            overlap: args.overlap_media,
         }),
         ..config
     };

@@ -45,14 +45,23 @@ impl Default for MediaMix {
 impl FromStr for MediaMix {
     type Err = String;
 
-    /// `image=0.1,video=0.1,audio=0.05`.
+    /// `image=0.1,video=0.1,audio=0.05`, optionally with `offset=TOKENS` (where the item
+    /// goes in the prompt; 512 by default).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut shares = Vec::new();
+        let mut offset = MediaMix::default().offset;
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (name, share) = part
                 .split_once('=')
                 .ok_or_else(|| format!("`{part}`: expected MODALITY=SHARE, e.g. image=0.1"))?;
             let modality = match name.trim() {
+                "offset" => {
+                    offset = share
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("`{part}`: the offset must be a token count"))?;
+                    continue;
+                }
                 "image" => Modality::Image,
                 "video" => Modality::Video,
                 "audio" => Modality::Audio,
@@ -80,6 +89,7 @@ impl FromStr for MediaMix {
         }
         Ok(MediaMix {
             shares,
+            offset,
             ..MediaMix::default()
         })
     }
@@ -236,10 +246,13 @@ mod tests {
             ("image=1.5", "[0, 1]"),
             ("image=0.6,video=0.6", "more than 1"),
             ("image=0.1,image=0.2", "twice"),
+            ("video=1,offset=-3", "token count"),
         ] {
             let err = text.parse::<MediaMix>().unwrap_err();
             assert!(err.contains(says), "{text}: {err}");
         }
         assert!("".parse::<MediaMix>().unwrap().shares.is_empty());
+        let placed: MediaMix = "video=1,offset=4096".parse().unwrap();
+        assert_eq!((placed.offset, placed.shares.len()), (4_096, 1));
     }
 }
