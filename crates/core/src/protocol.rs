@@ -156,6 +156,9 @@ pub enum Phase {
     PrefillOnly,
     /// Decode, starting from blocks computed elsewhere (pulling those not held here).
     Decode { kv: KvHandle },
+    /// Encode the prompt's media items (its `media` spans; no tokens are generated):
+    /// answered with `Finished` once every item is encoded. Sent to encoder workers.
+    Encode,
 }
 
 /// A request for an engine: the prompt, already tokenized.

@@ -13,7 +13,6 @@
 pub mod auth;
 pub mod config;
 pub mod convert;
-pub mod encoders;
 pub mod http;
 pub mod media;
 pub mod metrics;

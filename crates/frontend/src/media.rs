@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{MediaSpan, Modality};
+use switchyard_core::{MediaSpan, Modality, WorkerId};
 use switchyard_multimodal::{
     AudioSettings, Detail, ImageSettings, LogMel, MediaError, MediaRef, PreprocessPool,
     VideoSettings, decode_base64, parse_url, prepare_audio, prepare_image, prepare_video,
@@ -16,7 +16,6 @@ use switchyard_multimodal::{
 
 use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
 
-use crate::encoders::Encoders;
 use crate::openai::ApiError;
 use crate::openai::request::{ChatCompletionRequest, MessageContent};
 
@@ -53,13 +52,26 @@ pub struct MultimodalConfig {
     pub media_dir: Option<PathBuf>,
     /// The token id a media item's placeholder positions take.
     pub placeholder_token: u32,
-    /// Mock encoder workers in this process (0, the default: media costs no encoding
-    /// time): a request waits for its items' batches as the cost model times them (with
-    /// the image settings' tokens per square as one image), to simulate encoders in front
-    /// of mock engines.
+    /// Mock encoder workers `serve` starts beside its LLM workers (0, the default: none,
+    /// and media costs no encoding time unless encoder workers join). With encoder workers
+    /// in the fleet (these, or `switchyard worker --role encoder` processes), a request's
+    /// media is encoded on one of them (chosen by `encoder_policy`) before it is routed.
     pub encoders: usize,
     pub encoder_policy: EncoderPolicy,
     pub encoder_cost: EncoderCost,
+}
+
+impl MultimodalConfig {
+    /// The encoders' cost model with these settings' tokens per unit (an image square, an
+    /// audio window, a video frame): what encoder workers are timed by.
+    pub fn encoder_cost(&self) -> EncoderCost {
+        EncoderCost {
+            image_tokens: self.image.tokens_per_square(),
+            audio_window_tokens: self.audio.tokens_per_chunk,
+            video_frame_tokens: self.video.frame_tokens(&self.image),
+            ..self.encoder_cost.clone()
+        }
+    }
 }
 
 impl Default for MultimodalConfig {
@@ -94,8 +106,9 @@ pub struct MediaStage {
     client: Option<reqwest::Client>,
     fetches: Arc<tokio::sync::Semaphore>,
     mel: Arc<LogMel>,
-    /// Started on first use (on the serving runtime).
-    encoders: std::sync::OnceLock<Encoders>,
+    /// The encoder workers' estimated outstanding work, in milliseconds, and the next in
+    /// turn: how the request's encoder is chosen.
+    encoder_load: parking_lot::Mutex<(usize, std::collections::HashMap<WorkerId, f64>)>,
 }
 
 /// One prepared media item, in the order of the request's parts.
@@ -138,7 +151,7 @@ impl MediaStage {
             )),
             config,
             client,
-            encoders: std::sync::OnceLock::new(),
+            encoder_load: parking_lot::Mutex::new((0, std::collections::HashMap::new())),
         }
     }
 
@@ -208,31 +221,6 @@ impl MediaStage {
                 items.push(item.map_err(|e| media_error(&name(kind), e))?);
             }
         }
-        if !items.is_empty() && self.config.encoders > 0 {
-            let encoders = self.encoders.get_or_init(|| {
-                let cost = EncoderCost {
-                    image_tokens: self.config.image.tokens_per_square(),
-                    audio_window_tokens: self.config.audio.tokens_per_chunk,
-                    video_frame_tokens: self.config.video.frame_tokens(&self.config.image),
-                    ..self.config.encoder_cost.clone()
-                };
-                Encoders::start(
-                    self.config.encoders,
-                    cost,
-                    self.config.encoder_policy,
-                    self.config.preprocess_queue,
-                )
-            });
-            let work: Vec<(Modality, u32)> = items.iter().map(|i| (i.modality, i.tokens)).collect();
-            tracing::Instrument::instrument(encoders.encode(&work), tracing::info_span!("encode"))
-                .await
-                .map_err(|_| {
-                    ApiError::unavailable(
-                        "The encoders are saturated; retry shortly.",
-                        Duration::from_secs(1),
-                    )
-                })?;
-        }
         Ok(items)
     }
 
@@ -249,6 +237,45 @@ impl MediaStage {
             tokens: prepared.tokens,
             hash: prepared.hash,
         })
+    }
+
+    /// The encoders' cost model (see [`MultimodalConfig::encoder_cost`]).
+    pub fn encoder_cost(&self) -> EncoderCost {
+        self.config.encoder_cost()
+    }
+
+    /// Orders the encoder workers by `encoder_policy`: in turn, or the least estimated
+    /// outstanding work first.
+    pub(crate) fn order_encoders(&self, encoders: &mut [switchyard_runtime::WorkerInstance]) {
+        let mut load = self.encoder_load.lock();
+        match self.config.encoder_policy {
+            EncoderPolicy::RoundRobin => {
+                encoders.sort_by_key(|e| e.worker_id);
+                let n = encoders.len().max(1);
+                encoders.rotate_left(load.0 % n);
+                load.0 = load.0.wrapping_add(1);
+            }
+            EncoderPolicy::Soonest => {
+                let outstanding = |e: &switchyard_runtime::WorkerInstance| {
+                    load.1.get(&e.worker_id).copied().unwrap_or(0.0)
+                };
+                encoders.sort_by(|a, b| {
+                    outstanding(a)
+                        .total_cmp(&outstanding(b))
+                        .then(a.worker_id.cmp(&b.worker_id))
+                });
+            }
+        }
+    }
+
+    /// Counts `ms` of estimated work on `encoder` until the guard is dropped.
+    pub(crate) fn charge(&self, encoder: WorkerId, ms: f64) -> Charge<'_> {
+        *self.encoder_load.lock().1.entry(encoder).or_insert(0.0) += ms;
+        Charge {
+            stage: self,
+            encoder,
+            ms,
+        }
     }
 
     async fn video(&self, url: &str, room: u32) -> Result<MediaItem, MediaError> {
@@ -345,6 +372,22 @@ impl MediaStage {
             body.extend_from_slice(&chunk);
         }
         Ok(body)
+    }
+}
+
+/// Estimated work charged to an encoder while a request waits on it.
+pub(crate) struct Charge<'a> {
+    stage: &'a MediaStage,
+    encoder: WorkerId,
+    ms: f64,
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        let mut load = self.stage.encoder_load.lock();
+        if let Some(v) = load.1.get_mut(&self.encoder) {
+            *v = (*v - self.ms).max(0.0);
+        }
     }
 }
 

@@ -343,18 +343,10 @@ impl Config {
                 "frontend.disagg.max_prefill_queue_tokens must be at least 1".into(),
             ));
         }
-        if !matches!(
-            self.worker.role,
-            switchyard_core::WorkerRole::Aggregated
-                | switchyard_core::WorkerRole::Prefill
-                | switchyard_core::WorkerRole::Decode
-        ) {
-            return Err(ConfigError::Check(format!(
-                "worker.role must be aggregated, prefill or decode, got {}",
-                self.worker.role
-            )));
-        }
-        if self.workers.engine == EngineKind::Openai {
+        // An encoder worker is a mock encoder whatever the engine (see `deploy`).
+        if self.workers.engine == EngineKind::Openai
+            && self.worker.role != switchyard_core::WorkerRole::Encoder
+        {
             self.workers
                 .openai
                 .validate()

@@ -201,6 +201,33 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
             .await?,
         );
     }
+    // Mock encoder workers, after the LLM workers, timed as the frontend models them.
+    let multimodal = &config.frontend.multimodal;
+    for i in 0..multimodal.encoders {
+        let id = u64::from(config.workers.count) + i as u64 + 1;
+        workers.push(
+            start_worker(
+                WorkerId(id),
+                &WorkerConfig {
+                    role: WorkerRole::Encoder,
+                    engine: EngineConfig::Encoder(switchyard_worker::EncoderConfig {
+                        cost: multimodal.encoder_cost(),
+                        encoders: 1,
+                        max_pending: multimodal.preprocess_queue,
+                    }),
+                    ..worker_config.clone()
+                },
+                &planes,
+                Serving::Local {
+                    requests: requests.clone(),
+                    snapshots: snapshots.clone(),
+                },
+                &tracker,
+                cancel.clone(),
+            )
+            .await?,
+        );
+    }
 
     stop_on_error.disarm();
     Deployment::serve(listener, frontend, workers, tracker, cancel)
@@ -256,6 +283,14 @@ impl Deployment {
 
 fn worker_config(config: &Config) -> WorkerConfig {
     let engine = match config.workers.engine {
+        // An encoder worker is a mock encoder timed by the media settings.
+        _ if config.worker.role == WorkerRole::Encoder => {
+            EngineConfig::Encoder(switchyard_worker::EncoderConfig {
+                cost: config.frontend.multimodal.encoder_cost(),
+                encoders: 1,
+                max_pending: config.frontend.multimodal.preprocess_queue,
+            })
+        }
         EngineKind::Mocker => EngineConfig::Mocker(config.workers.mocker.clone()),
         EngineKind::Echo => EngineConfig::Echo(config.workers.echo.clone()),
         EngineKind::Openai => EngineConfig::Openai(config.workers.openai.clone()),

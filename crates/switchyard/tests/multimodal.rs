@@ -623,3 +623,80 @@ async fn by_default_media_urls_cannot_reach_the_servers_own_network() {
         .await
         .unwrap();
 }
+
+/// A distributed deployment (etcd, NATS, processes): an encoder worker process encodes the
+/// media of the frontend's requests; once it is gone from discovery, requests go on
+/// without encoding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoder_worker_processes_encode_for_a_distributed_frontend() {
+    use std::time::Duration;
+    use support::cluster::*;
+    let cluster = Cluster::start();
+    // 300 ms an image: long enough to see against the mock engine.
+    let slow = [(
+        "SWITCHYARD_FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+        "[[1, 300.0], [2, 350.0]]",
+    )];
+    let _llm = cluster.worker(1, "10");
+    let mut encoder = cluster.worker_with_env(
+        "encoder-2",
+        &["--worker-id", "2", "--role", "encoder"],
+        &slow,
+    );
+    let frontend = cluster.frontend_with("frontend", 0, &slow);
+    let listing = frontend.url("/v1/internal/workers");
+    eventually(Duration::from_secs(15), "the encoder listed", || {
+        let listing = listing.clone();
+        async move {
+            let listed = get_json(&listing).await;
+            let roles: Vec<String> = listed
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|w| w["role"].as_str().unwrap_or("").to_owned())
+                .collect();
+            if roles.iter().any(|r| r == "encoder") && roles.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!("{roles:?}"))
+            }
+        }
+    })
+    .await;
+    let body = with_image("What is this?", &data_url(&png(64, 64, 4)), None);
+    let timed = || {
+        let body = body.clone();
+        let url = frontend.url("/v1/chat/completions");
+        async move {
+            let start = std::time::Instant::now();
+            let response = client().post(&url).json(&body).send().await.unwrap();
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            (status, start.elapsed(), text)
+        }
+    };
+    let (status, took, text) = timed().await;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        took >= Duration::from_millis(290),
+        "{took:?} with a 300 ms encoder process"
+    );
+    // The encoder process dies: once its lease lapses, media is no longer encoded.
+    encoder.kill9();
+    eventually(
+        Duration::from_secs(20),
+        "requests without the encoder",
+        || {
+            let timed = timed();
+            async move {
+                let (status, took, text) = timed.await;
+                if status == 200 && took < Duration::from_millis(250) {
+                    Ok(())
+                } else {
+                    Err(format!("{status} in {took:?}: {text}"))
+                }
+            }
+        },
+    )
+    .await;
+}

@@ -32,6 +32,8 @@ pub enum EngineConfig {
     /// A GGUF model on the CPU: built by the binary (its `candle` feature), which hands the
     /// engine to [`crate::Worker::start_engine`].
     Candle(CandleConfig),
+    /// A mock media encoder (role `encoder`).
+    Encoder(crate::encoder::EncoderConfig),
 }
 
 impl EngineConfig {
@@ -41,7 +43,9 @@ impl EngineConfig {
             EngineConfig::Mocker(mocker) => mocker.load_report_interval,
             EngineConfig::Echo(_) => MockerConfig::default().load_report_interval,
             EngineConfig::Openai(openai) => openai.metrics_interval,
-            EngineConfig::Candle(_) => MockerConfig::default().load_report_interval,
+            EngineConfig::Candle(_) | EngineConfig::Encoder(_) => {
+                MockerConfig::default().load_report_interval
+            }
         }
     }
 }

@@ -171,7 +171,7 @@ impl EngineService for DisaggService {
 
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
         match &request.phase {
-            Phase::Aggregated => self.inner.generate(request).await,
+            Phase::Aggregated | Phase::Encode => self.inner.generate(request).await,
             Phase::PrefillOnly => self.prefill(request).await,
             Phase::Decode { kv } => {
                 self.pull(kv).await?;

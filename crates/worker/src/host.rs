@@ -79,6 +79,9 @@ pub fn engine_from_config(
             model,
             openai.clone(),
         )?),
+        EngineConfig::Encoder(encoder) => {
+            Box::new(crate::encoder::MockEncoder::new(encoder.clone())?)
+        }
         EngineConfig::Candle(_) => {
             return Err(WorkerError::Start(
                 "the candle engine is built by the switchyard binary (feature `candle`), not here"
@@ -155,17 +158,17 @@ impl Worker {
         let timing = engine.timing();
         // Prefill-only and decode requests: engines with a transfer model and blocks.
         let transfer = TransferTiming::of(engine.as_ref()).zip(capabilities.block_size);
-        if role != WorkerRole::Aggregated && transfer.is_none() {
+        let encodes = capabilities.role == WorkerRole::Encoder;
+        if encodes != (role == WorkerRole::Encoder) {
+            return Err(WorkerError::Start(if encodes {
+                format!("a media encoder cannot serve as a {role} worker")
+            } else {
+                format!("an LLM engine cannot serve as a {role} worker")
+            }));
+        }
+        if matches!(role, WorkerRole::Prefill | WorkerRole::Decode) && transfer.is_none() {
             return Err(WorkerError::Start(format!(
                 "this engine cannot serve as a {role} worker (it cannot hand over or take KV blocks)"
-            )));
-        }
-        if !matches!(
-            role,
-            WorkerRole::Aggregated | WorkerRole::Prefill | WorkerRole::Decode
-        ) {
-            return Err(WorkerError::Start(format!(
-                "an LLM engine cannot serve as a {role} worker"
             )));
         }
         let crash = if fault_settings.crash_exits {

@@ -19,6 +19,7 @@ pub mod config;
 pub mod disagg;
 pub mod driver;
 pub mod echo;
+pub mod encoder;
 pub mod engine;
 pub mod faults;
 pub mod host;
@@ -27,5 +28,6 @@ pub mod mocker;
 pub mod openai;
 
 pub use config::{CandleConfig, EchoConfig, EngineConfig, MockerConfig, WorkerConfig};
+pub use encoder::{EncoderConfig, MockEncoder};
 pub use engine::{Engine, EngineCapabilities, RunningEngine, StepService};
 pub use host::{Serving, Worker, WorkerError, WorkerPlanes, engine_from_config};

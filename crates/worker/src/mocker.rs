@@ -133,6 +133,11 @@ impl StepEngine for SteppedMocker {
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let (max_output_tokens, imported_tokens) = match &request.phase {
             Phase::Aggregated => (request.max_tokens, 0),
+            Phase::Encode => {
+                return Err(EngineError::Unsupported(
+                    "an LLM worker does not encode media; send it to an encoder worker".into(),
+                ));
+            }
             // The prompt, for its first token only; the blocks stay cached for the decode
             // worker to pull.
             Phase::PrefillOnly => (1, 0),

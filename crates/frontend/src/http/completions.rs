@@ -115,6 +115,11 @@ pub async fn chat(
             tracing::info_span!("media"),
         )
         .await?;
+        tracing::Instrument::instrument(
+            frontend.encode_media(&media),
+            tracing::info_span!("encode"),
+        )
+        .await?;
         let (mut prepared, mode) = tracing::Instrument::instrument(
             convert_sized(&frontend, size, (request, media), convert::chat),
             tracing::info_span!("preprocess"),

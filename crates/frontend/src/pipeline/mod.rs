@@ -19,6 +19,7 @@
 
 pub mod canary;
 mod dispatch;
+mod encode;
 mod stream;
 
 use std::sync::Arc;

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use switchyard_core::protocol::Prompt;
-use switchyard_core::{LoadSnapshot, Priority, RequestId, WorkerId, WorkerKey, blocks_for};
+use switchyard_core::{
+    LoadSnapshot, Priority, RequestId, WorkerId, WorkerKey, WorkerRole, blocks_for,
+};
 use switchyard_router::HealthState;
 use switchyard_router::indexer::shared::SharedIndexer;
 use switchyard_router::routing::degradation::DegradationState;
@@ -282,8 +284,20 @@ impl RoutingService {
         let now = self.now();
         let due = self.core.lock().due_canaries(now);
         let instances = self.instances.read();
+        // Encoder workers generate no tokens to check.
         due.iter()
             .filter_map(|w| instances.get(w).cloned())
+            .filter(|i| i.role != WorkerRole::Encoder)
+            .collect()
+    }
+
+    /// The fleet's encoder workers.
+    pub fn encoders(&self) -> Vec<WorkerInstance> {
+        self.instances
+            .read()
+            .values()
+            .filter(|i| i.role == WorkerRole::Encoder)
+            .cloned()
             .collect()
     }
 

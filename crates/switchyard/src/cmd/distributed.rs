@@ -67,7 +67,8 @@ pub struct WorkerArgs {
     /// The engine it runs.
     #[arg(long, value_enum)]
     engine: Option<EngineKind>,
-    /// Its part of the work: aggregated, prefill or decode.
+    /// Its part of the work: aggregated, prefill, decode, or encoder (a mock media encoder
+    /// timed by `frontend.multimodal`'s cost model, whatever `--engine` says).
     #[arg(long)]
     role: Option<switchyard_core::WorkerRole>,
     /// Mocker: the KV link's bandwidth in GB/s (for the KV a decode worker pulls).
