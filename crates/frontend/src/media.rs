@@ -268,6 +268,16 @@ impl MediaStage {
         }
     }
 
+    /// The estimated work outstanding on `encoder`, in milliseconds.
+    pub(crate) fn outstanding_ms(&self, encoder: WorkerId) -> f64 {
+        self.encoder_load
+            .lock()
+            .1
+            .get(&encoder)
+            .copied()
+            .unwrap_or(0.0)
+    }
+
     /// Counts `ms` of estimated work on `encoder` until the guard is dropped.
     pub(crate) fn charge(&self, encoder: WorkerId, ms: f64) -> Charge<'_> {
         *self.encoder_load.lock().1.entry(encoder).or_insert(0.0) += ms;

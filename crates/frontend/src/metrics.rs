@@ -106,6 +106,9 @@ pub struct Metrics {
     pub migrations: Family<OutcomeLabels, Counter>,
     pub migration_latency: Histogram,
     pub canaries: Family<OutcomeLabels, Counter>,
+    /// Requests with media by what happened to it: encoded on an encoder worker, skipped
+    /// (joint routing found its KV on the soonest worker), failed (no encoder took it).
+    pub media_encodes: Family<OutcomeLabels, Counter>,
     /// Where requests for decode workers were prefilled.
     pub disagg_prefills: Family<OutcomeLabels, Counter>,
     /// From a remote prefill's first token to the decode worker's first (the KV transfer).
@@ -358,6 +361,12 @@ impl Metrics {
             "Canary checks by outcome (passed, or the failure kind)",
             canaries.clone(),
         );
+        let media_encodes = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "media_encodes",
+            "Requests with media by outcome: encoded, skipped (its media's KV held by the soonest worker), failed",
+            media_encodes.clone(),
+        );
         Metrics {
             registry,
             rendering: parking_lot::Mutex::new(()),
@@ -397,6 +406,7 @@ impl Metrics {
             migrations,
             migration_latency,
             canaries,
+            media_encodes,
             disagg_prefills,
             disagg_handoff,
             counted_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
@@ -466,6 +476,12 @@ impl Metrics {
 
     pub fn count_canary(&self, outcome: &'static str) {
         self.canaries
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub fn count_media_encode(&self, outcome: &'static str) {
+        self.media_encodes
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }

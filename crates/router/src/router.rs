@@ -256,6 +256,27 @@ impl Router {
         })
     }
 
+    /// The `latency` policy's predicted time to first token on a candidate and its cost
+    /// (the TTFT plus the weighted delay to running decodes, and past 90 % of the KV
+    /// blocks a penalty), in milliseconds, whatever the policy in force.
+    pub fn latency_prediction(
+        &self,
+        request: &RouteRequest<'_>,
+        candidate: &Candidate,
+    ) -> (f64, f64) {
+        let selection = Selection {
+            isl_tokens: request.isl_tokens,
+            block_size: self.config.block_size,
+            candidates: std::slice::from_ref(candidate),
+            overrides: &request.overrides,
+            timings: &self.timings,
+        };
+        policy::LatencyPolicy {
+            config: self.config.latency,
+        }
+        .predict(&selection, candidate)
+    }
+
     /// Chooses a worker and records the request as active on it.
     pub fn route(
         &mut self,

@@ -611,21 +611,25 @@ impl<'a> Fleet<'a> {
         }
     }
 
-    /// Joint routing: the workers holding the request's media, if going to the soonest of
-    /// them (by its queued prefill) is predicted no later than encoding first (the soonest
-    /// encoders, then the soonest worker of the fleet).
-    fn worth_skipping(&self, index: u32) -> Option<Vec<WorkerId>> {
+    /// Joint routing: the routing core predicts the first token on every worker, those
+    /// holding the request's media starting at once and the others after the encoders
+    /// (their predicted finish for its items, plus moving the embeddings); when the
+    /// soonest is a holder, the request goes there without encoding.
+    fn worth_skipping(&mut self, index: u32) -> Option<Vec<WorkerId>> {
         // A disaggregated fleet routes pairs: restricting both to the holders would leave
         // one side empty. Encode there.
         if self.config.disagg.is_some() {
             return None;
         }
-        let holders = self.media_holders(index)?;
+        let request = &self.workload.requests[index as usize];
+        let end = request.media.iter().map(MediaSpan::end).max()?;
+        let needed = end.div_ceil(u64::from(self.workload.block_size)) as u32;
+        if needed as usize > request.prompt.full_blocks() {
+            return None;
+        }
         let pool = self.encoders.as_ref()?;
         let now = self.now;
-        let wait = |w: WorkerId| self.core.queued_prefill_time(w, now);
-        let holder_wait = holders.iter().map(|&w| wait(w)).min()?;
-        let encoded = self.workload.requests[index as usize]
+        let encoded = request
             .media
             .iter()
             .map(|span| {
@@ -642,11 +646,22 @@ impl<'a> Fleet<'a> {
             .max()
             .unwrap_or(now)
             .saturating_sub(now);
-        let fleet_wait = (0..self.engines.len())
-            .filter(|&slot| self.slots[slot] == Slot::Up)
-            .map(|slot| wait(worker_key(slot as u32).worker_id))
-            .min()?;
-        (holder_wait <= encoded.saturating_add(fleet_wait)).then_some(holders)
+        let media_tokens: u64 = request.media.iter().map(|s| u64::from(s.length)).sum();
+        let encode = encoded + pool.cost().transfer_time(media_tokens);
+        let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
+        let query = RouteQuery {
+            id: RequestId(u64::from(index)),
+            blocks: &request.prompt,
+            overrides: RoutingOverrides::default(),
+            exclude: &[],
+        };
+        match self
+            .core
+            .joint_media_choice(&query, &overlaps, needed, encode, now)?
+        {
+            (worker, false) => Some(vec![worker]),
+            (_, true) => None,
+        }
     }
 
     /// Whether requests go to their LLM worker while their media is encoded (not in
@@ -665,30 +680,6 @@ impl<'a> Fleet<'a> {
             .iter()
             .map(|span| span.offset)
             .min()
-    }
-
-    /// The serving workers whose cache holds every block of the request's media, if any.
-    fn media_holders(&self, index: u32) -> Option<Vec<WorkerId>> {
-        let request = &self.workload.requests[index as usize];
-        let end = request.media.iter().map(MediaSpan::end).max()?;
-        let block = u64::from(self.workload.block_size);
-        // The blocks up to the one holding the media's last position.
-        let needed = end.div_ceil(block) as u32;
-        if needed as usize > request.prompt.full_blocks() {
-            return None;
-        }
-        let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
-        let holders: Vec<WorkerId> = overlaps
-            .scores
-            .iter()
-            .filter(|&&(key, matched)| {
-                matched >= needed
-                    && self.slots[slot_of(key)] == Slot::Up
-                    && self.core.worker(key.worker_id).is_some_and(|w| w.serving())
-            })
-            .map(|&(key, _)| key.worker_id)
-            .collect();
-        (!holders.is_empty()).then_some(holders)
     }
 
     /// The encoder finished a batch: requests whose every item is encoded are routed.

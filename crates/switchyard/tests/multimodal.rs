@@ -700,3 +700,55 @@ async fn encoder_worker_processes_encode_for_a_distributed_frontend() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
+    // A 400 ms encoder: the same image behind the same text a second time is found cached
+    // on a worker, predicted far sooner than encoding again.
+    let d = start(&[
+        ("WORKERS__COUNT", "2"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+        (
+            "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+            "[[1, 400.0], [2, 450.0]]",
+        ),
+    ])
+    .await;
+    let body = with_image(
+        "Describe this picture in one short sentence, please:",
+        &data_url(&png(200, 150, 21)),
+        None,
+    );
+    let timed = || {
+        let body = body.clone();
+        let d = &d;
+        async move {
+            let start = std::time::Instant::now();
+            let (s, _, b) = post(d, "/v1/chat/completions", &body).await;
+            assert_eq!(s, 200, "{b}");
+            (start.elapsed(), usage(&b).1)
+        }
+    };
+    let (first, _) = timed().await;
+    assert!(first >= std::time::Duration::from_millis(390), "{first:?}");
+    // The worker's KV events reach the frontend's index.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (second, cached) = timed().await;
+    assert!(
+        second < std::time::Duration::from_millis(300),
+        "{second:?}: encoded again"
+    );
+    assert!(cached >= 576, "{cached} tokens cached");
+    let text = scrape(&url(&d, "/metrics")).await;
+    let count = |outcome: &str| {
+        metric_value(
+            &text,
+            "switchyard_media_encodes_total",
+            Some(&format!("outcome=\"{outcome}\"")),
+        )
+    };
+    assert_eq!((count("encoded"), count("skipped")), (1.0, 1.0), "{text}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

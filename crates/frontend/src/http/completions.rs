@@ -115,14 +115,15 @@ pub async fn chat(
             tracing::info_span!("media"),
         )
         .await?;
-        tracing::Instrument::instrument(
-            frontend.encode_media(&media),
-            tracing::info_span!("encode"),
-        )
-        .await?;
+        let items = media.clone();
         let (mut prepared, mode) = tracing::Instrument::instrument(
             convert_sized(&frontend, size, (request, media), convert::chat),
             tracing::info_span!("preprocess"),
+        )
+        .await?;
+        tracing::Instrument::instrument(
+            frontend.encode_media(&items, &prepared.prompt),
+            tracing::info_span!("encode"),
         )
         .await?;
         prepared.span = tracing::Span::current();

@@ -1,7 +1,8 @@
 //! Media encoding on the fleet's encoder workers: a request's items go to one encoder
 //! worker (so they may share batches), chosen by `frontend.multimodal.encoder_policy`; a
 //! worker that cannot take them hands them to the next; the request is routed once they
-//! are encoded.
+//! are encoded. Joint routing first: when the worker predicted to answer soonest already
+//! holds the media's KV (the same image behind the same text), nothing is encoded.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -19,7 +20,7 @@ impl Frontend {
     /// Encodes the request's media on an encoder worker and returns once it is done; at
     /// once when there are no items or no encoder workers (media then costs no encoding
     /// time). A 503 when no encoder worker takes them.
-    pub async fn encode_media(&self, items: &[MediaItem]) -> Result<(), ApiError> {
+    pub async fn encode_media(&self, items: &[MediaItem], prompt: &Prompt) -> Result<(), ApiError> {
         if items.is_empty() {
             return Ok(());
         }
@@ -40,8 +41,17 @@ impl Frontend {
                 cost.batch_time(&[work]).as_secs_f64() * 1e3
             })
             .sum();
-        let mut prompt = Prompt::tokens(Vec::new());
-        prompt.media = items
+        // The soonest the media could reach a worker: the first encoder's queue, this
+        // request's batches, and the embeddings' transfer.
+        let media_tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
+        let ready = self.media.outstanding_ms(encoders[0].worker_id) + estimate_ms;
+        let encode = Duration::from_secs_f64(ready / 1e3) + cost.transfer_time(media_tokens);
+        if self.routing.holder_is_sooner(prompt, encode) {
+            self.metrics.count_media_encode("skipped");
+            return Ok(());
+        }
+        let mut job = Prompt::tokens(Vec::new());
+        job.media = items
             .iter()
             .map(|i| MediaSpan {
                 modality: i.modality,
@@ -52,7 +62,7 @@ impl Frontend {
             .collect();
         let request = GenerateRequest {
             phase: Phase::Encode,
-            prompt,
+            prompt: job,
             ..GenerateRequest::text(
                 RequestId(self.next_id.fetch_add(1, Ordering::Relaxed)),
                 Vec::new(),
@@ -72,13 +82,17 @@ impl Frontend {
                 Err(e) => Err(e.to_string()),
             };
             match outcome {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.metrics.count_media_encode("encoded");
+                    return Ok(());
+                }
                 Err(e) => {
                     tracing::warn!(encoder = %encoder.worker_id, error = %e, "an encoder worker failed; trying the next");
                     last_error = e;
                 }
             }
         }
+        self.metrics.count_media_encode("failed");
         Err(ApiError::unavailable(
             format!(
                 "No encoder worker could encode the request's media ({last_error}); retry shortly."

@@ -424,6 +424,45 @@ impl RoutingService {
 
     // ---- routing ----
 
+    /// Joint routing of a prompt with media (see `RoutingCore::joint_media_choice`):
+    /// whether the worker predicted to give the first token soonest holds the media's KV
+    /// already (so encoding it would be wasted), given `encode` until the media could reach
+    /// any other worker. False when the prompt cannot be hashed or no worker serves.
+    pub fn holder_is_sooner(&self, prompt: &Prompt, encode: Duration) -> bool {
+        let Some(end) = prompt.media.iter().map(|m| m.end()).max() else {
+            return false;
+        };
+        let block_size = self.block_size();
+        let Ok(blocks) = blocks_for(prompt, block_size) else {
+            return false;
+        };
+        // Every block the media overlaps; a media item ending in the prompt's last,
+        // partial block (never cached) counts as held with the full blocks before it: the
+        // few positions left are computed with the rest of that block.
+        let needed = end
+            .div_ceil(u64::from(block_size.max(1)))
+            .min(blocks.full_blocks() as u64);
+        if needed == 0 {
+            return false;
+        }
+        let overlaps = self.indexer.find_matches(blocks.local_hashes());
+        let now = self.now();
+        let mut core = self.core.lock();
+        if core.block_size() != block_size {
+            return false;
+        }
+        let query = RouteQuery {
+            id: RequestId(0),
+            blocks: &blocks,
+            overrides: RoutingOverrides::default(),
+            exclude: &[],
+        };
+        matches!(
+            core.joint_media_choice(&query, &overlaps, needed as u32, encode, now),
+            Some((_, false))
+        )
+    }
+
     /// Picks a worker for a prompt, other than those in `exclude` (workers that just failed
     /// it), and records the request as active on it.
     pub fn route(

@@ -33,6 +33,11 @@ pub struct EncoderCost {
     pub audio_window_tokens: u32,
     /// Most images in one batch.
     pub max_batch: u32,
+    /// Bytes of embeddings per media token sent from the encoder to the LLM worker (the
+    /// LLM's hidden size × the dtype's bytes; default 4,096 × 2, fp16 of a 7B model).
+    pub embedding_bytes_per_token: u64,
+    /// The link those embeddings cross, in GB/s (0: free, the encoder is in the process).
+    pub link_gbps: f64,
 }
 
 impl Default for EncoderCost {
@@ -51,6 +56,8 @@ impl Default for EncoderCost {
             audio_window_ms: 85.0,
             audio_window_tokens: 1_500,
             max_batch: 32,
+            embedding_bytes_per_token: 8_192,
+            link_gbps: 25.0,
         }
     }
 }
@@ -76,6 +83,15 @@ impl EncoderCost {
                 .sum(),
         };
         Duration::from_secs_f64(ms.max(0.0) / 1e3)
+    }
+
+    /// Time to move the embeddings of `tokens` media tokens to the LLM worker.
+    pub fn transfer_time(&self, tokens: u64) -> Duration {
+        if self.link_gbps <= 0.0 {
+            return Duration::ZERO;
+        }
+        let bytes = tokens.saturating_mul(self.embedding_bytes_per_token) as f64;
+        Duration::try_from_secs_f64(bytes / (self.link_gbps * 1e9)).unwrap_or(Duration::MAX)
     }
 
     /// Images, frames or windows in an item, from its tokens (at least one).
@@ -105,6 +121,7 @@ impl EncoderCost {
         for (name, value) in [
             ("video_frame_ms", self.video_frame_ms),
             ("audio_window_ms", self.audio_window_ms),
+            ("link_gbps", self.link_gbps),
         ] {
             if !value.is_finite() || value < 0.0 {
                 return Err(format!("{name} must be a finite, non-negative time"));

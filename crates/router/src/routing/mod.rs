@@ -668,6 +668,56 @@ impl RoutingCore {
         Ok(decision)
     }
 
+    /// Joint routing of a request with media (without recording it): the `latency`
+    /// policy's cost on every serving worker (its predicted time to first token, plus the
+    /// weighted delay to its running decodes and its memory penalty), where a worker
+    /// holding the request's blocks up to `needed_blocks` (its media's KV) starts at once,
+    /// and any other only once the media is encoded and moved to it (`encode`: the
+    /// encoders' predicted finish plus the transfer), its queue draining meanwhile:
+    /// max(encode, its queued prefill) + the request's own prefill. Returns the cheapest
+    /// worker and whether it needs the media encoded; none when no worker serves.
+    pub fn joint_media_choice(
+        &mut self,
+        query: &RouteQuery<'_>,
+        events: &OverlapScores,
+        needed_blocks: u32,
+        encode: Duration,
+        now: Duration,
+    ) -> Option<(WorkerId, bool)> {
+        self.tick(now);
+        let overlaps = self.overlaps(query, events, now).into_owned();
+        let keys: Vec<WorkerKey> = self
+            .registry
+            .iter()
+            .filter(|e| e.serving() && !query.exclude.contains(&e.spec.id))
+            .flat_map(|e| e.spec.keys())
+            .collect();
+        let request = route_request(query);
+        let candidates = self
+            .router
+            .candidates_among(&keys, &request, &overlaps, now);
+        let encode_ms = encode.as_secs_f64() * 1e3;
+        candidates
+            .iter()
+            .map(|c| {
+                let (_, cost) = self.router.latency_prediction(&request, c);
+                let holds = c.overlap_blocks >= needed_blocks;
+                if holds {
+                    (cost, c.worker.worker_id, false)
+                } else {
+                    let queue_ms =
+                        self.router.queued_prefill_time(c.worker, now).as_secs_f64() * 1e3;
+                    (
+                        cost - queue_ms.min(encode_ms) + encode_ms,
+                        c.worker.worker_id,
+                        true,
+                    )
+                }
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, worker, encode)| (worker, encode))
+    }
+
     /// Routes a request in a fleet that may have prefill and decode workers: picks the
     /// worker that generates its tokens as [`RoutingCore::route`] does (among aggregated
     /// and decode workers), then, when that is a decode worker, decides whether its prompt
