@@ -186,11 +186,11 @@ pub fn prepare_video(
         },
         other => other?,
     };
-    let times = source.times().to_vec();
+    let times = source.header().times.clone();
     if times.is_empty() {
         return Err(MediaError::Undecodable("the video has no frames".into()));
     }
-    let seconds = source.seconds();
+    let seconds = source.header().seconds;
     if seconds > settings.max_seconds || times.len() > settings.max_source_frames as usize {
         return Err(MediaError::BadSetting(format!(
             "the video is {seconds:.1} s and {} frames; up to {} s and {} frames are accepted",
@@ -200,7 +200,7 @@ pub fn prepare_video(
         )));
     }
     let keep = settings.frames_within(budget, image) as usize;
-    let (width, height) = source.size();
+    let (width, height) = (source.header().width, source.header().height);
     let side = image.image_size;
     let mut resizer = Resizer::new();
     let mut square = |frame: RgbImage| -> Result<Vec<u8>, MediaError> {
@@ -278,7 +278,7 @@ pub fn prepare_video(
         hasher.update(square);
     }
     Ok(PreparedVideo {
-        format: source.format(),
+        format: source.header().format,
         width,
         height,
         seconds,
@@ -335,13 +335,19 @@ fn mean_difference(a: &[u8], b: &[u8]) -> f64 {
     total as f64 / (a.len().max(1) as f64 * 255.0)
 }
 
+/// What a container says of its video.
+struct Header {
+    format: &'static str,
+    width: u32,
+    height: u32,
+    /// Each frame's presentation time, in seconds, in display order.
+    times: Vec<f64>,
+    seconds: f64,
+}
+
 /// A container's frames: their times, and decoding of chosen ones in order.
 trait FrameSource {
-    fn format(&self) -> &'static str;
-    fn size(&self) -> (u32, u32);
-    /// Each frame's presentation time, in seconds, in display order.
-    fn times(&self) -> &[f64];
-    fn seconds(&self) -> f64;
+    fn header(&self) -> &Header;
     /// Decodes the frames at `wanted` (ascending display indices), handing each to `sink`.
     fn decode(
         &mut self,
@@ -378,19 +384,19 @@ fn open<'a>(
     let check_size = |width, height| check_size(width, height, image);
     if bytes.starts_with(b"GIF8") {
         let source = Gif::open(bytes)?;
-        check_size(source.width, source.height)?;
+        check_size(source.header().width, source.header().height)?;
         return Ok(Box::new(source));
     }
     if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"AVI " {
         let source = Mjpeg::open(bytes)?;
-        check_size(source.width, source.height)?;
+        check_size(source.header().width, source.header().height)?;
         return Ok(Box::new(source));
     }
     if bytes.len() >= 12 && &bytes[4..8] == b"ftyp" {
         #[cfg(feature = "h264")]
         {
             let source = h264::Mp4::open(bytes)?;
-            check_size(source.width, source.height)?;
+            check_size(source.header().width, source.header().height)?;
             return Ok(Box::new(source));
         }
         #[cfg(not(feature = "h264"))]
@@ -407,10 +413,7 @@ fn open<'a>(
 /// An animated GIF: frames with their delays.
 struct Gif<'a> {
     bytes: &'a [u8],
-    width: u32,
-    height: u32,
-    times: Vec<f64>,
-    seconds: f64,
+    header: Header,
 }
 
 impl<'a> Gif<'a> {
@@ -435,26 +438,20 @@ impl<'a> Gif<'a> {
         }
         Ok(Gif {
             bytes,
-            width,
-            height,
-            times,
-            seconds: at,
+            header: Header {
+                format: "gif",
+                width,
+                height,
+                times,
+                seconds: at,
+            },
         })
     }
 }
 
 impl FrameSource for Gif<'_> {
-    fn format(&self) -> &'static str {
-        "gif"
-    }
-    fn size(&self) -> (u32, u32) {
-        (self.width, self.height)
-    }
-    fn times(&self) -> &[f64] {
-        &self.times
-    }
-    fn seconds(&self) -> f64 {
-        self.seconds
+    fn header(&self) -> &Header {
+        &self.header
     }
     fn decode(
         &mut self,
@@ -485,10 +482,7 @@ impl FrameSource for Gif<'_> {
 struct Mjpeg<'a> {
     bytes: &'a [u8],
     frames: Vec<(usize, usize)>,
-    width: u32,
-    height: u32,
-    times: Vec<f64>,
-    seconds: f64,
+    header: Header,
 }
 
 impl<'a> Mjpeg<'a> {
@@ -521,11 +515,14 @@ impl<'a> Mjpeg<'a> {
         let times: Vec<f64> = (0..frames.len()).map(|i| i as f64 * step).collect();
         Ok(Mjpeg {
             bytes,
-            seconds: frames.len() as f64 * step,
+            header: Header {
+                format: "avi",
+                width,
+                height,
+                times,
+                seconds: frames.len() as f64 * step,
+            },
             frames,
-            width,
-            height,
-            times,
         })
     }
 }
@@ -565,17 +562,8 @@ fn walk_riff(
 }
 
 impl FrameSource for Mjpeg<'_> {
-    fn format(&self) -> &'static str {
-        "avi"
-    }
-    fn size(&self) -> (u32, u32) {
-        (self.width, self.height)
-    }
-    fn times(&self) -> &[f64] {
-        &self.times
-    }
-    fn seconds(&self) -> f64 {
-        self.seconds
+    fn header(&self) -> &Header {
+        &self.header
     }
     fn decode(
         &mut self,
@@ -589,8 +577,8 @@ impl FrameSource for Mjpeg<'_> {
                 image::ImageFormat::Jpeg,
             );
             let mut limits = image::Limits::default();
-            limits.max_image_width = Some(self.width.max(1) * 2);
-            limits.max_image_height = Some(self.height.max(1) * 2);
+            limits.max_image_width = Some(self.header.width.max(1) * 2);
+            limits.max_image_height = Some(self.header.height.max(1) * 2);
             reader.limits(limits);
             let frame = reader
                 .decode()
@@ -613,7 +601,7 @@ mod ffmpeg {
 
     use image::RgbImage;
 
-    use super::FrameSource;
+    use super::{FrameSource, Header};
     use crate::MediaError;
     use crate::image::ImageSettings;
 
@@ -623,10 +611,7 @@ mod ffmpeg {
     pub(super) struct Ffmpeg {
         ffmpeg: PathBuf,
         file: TempFile,
-        width: u32,
-        height: u32,
-        times: Vec<f64>,
-        seconds: f64,
+        header: Header,
     }
 
     /// The video written to a file (containers such as MP4 may keep their index at the end,
@@ -695,10 +680,13 @@ mod ffmpeg {
             Ok(Ffmpeg {
                 ffmpeg: ffmpeg.to_path_buf(),
                 file,
-                width,
-                height,
-                times: (0..frames).map(|i| i as f64 * step).collect(),
-                seconds,
+                header: Header {
+                    format: "ffmpeg",
+                    width,
+                    height,
+                    times: (0..frames).map(|i| i as f64 * step).collect(),
+                    seconds,
+                },
             })
         }
     }
@@ -754,17 +742,8 @@ mod ffmpeg {
     }
 
     impl FrameSource for Ffmpeg {
-        fn format(&self) -> &'static str {
-            "ffmpeg"
-        }
-        fn size(&self) -> (u32, u32) {
-            (self.width, self.height)
-        }
-        fn times(&self) -> &[f64] {
-            &self.times
-        }
-        fn seconds(&self) -> f64 {
-            self.seconds
+        fn header(&self) -> &Header {
+            &self.header
         }
         fn decode(
             &mut self,
@@ -791,10 +770,11 @@ mod ffmpeg {
                 ])
                 .arg("pipe:1");
             let out = run(&mut command)?;
-            let frame_bytes = self.width as usize * self.height as usize * 3;
+            let frame_bytes = self.header.width as usize * self.header.height as usize * 3;
             for (&i, pixels) in wanted.iter().zip(out.chunks_exact(frame_bytes)) {
-                let frame = RgbImage::from_raw(self.width, self.height, pixels.to_vec())
-                    .ok_or_else(|| MediaError::Internal("a frame has the wrong size".into()))?;
+                let frame =
+                    RgbImage::from_raw(self.header.width, self.header.height, pixels.to_vec())
+                        .ok_or_else(|| MediaError::Internal("a frame has the wrong size".into()))?;
                 sink(i, frame)?;
             }
             Ok(())
@@ -812,7 +792,7 @@ mod h264 {
     use openh264::decoder::{Decoder, DecoderConfig, Flush};
     use openh264::formats::YUVSource;
 
-    use super::FrameSource;
+    use super::{FrameSource, Header};
     use crate::MediaError;
 
     pub(super) struct Mp4<'a> {
@@ -823,10 +803,7 @@ mod h264 {
         length_size: usize,
         /// SPS and PPS in Annex B form, sent before the first sample.
         parameters: Vec<u8>,
-        pub(super) width: u32,
-        pub(super) height: u32,
-        times: Vec<f64>,
-        seconds: f64,
+        header: Header,
     }
 
     impl<'a> Mp4<'a> {
@@ -874,10 +851,13 @@ mod h264 {
                 samples,
                 length_size: usize::from(avc.avcc.length_size_minus_one & 3) + 1,
                 parameters,
-                width: u32::from(track.width()),
-                height: u32::from(track.height()),
-                times: (0..samples).map(|i| f64::from(i) * step).collect(),
-                seconds,
+                header: Header {
+                    format: "mp4",
+                    width: u32::from(track.width()),
+                    height: u32::from(track.height()),
+                    times: (0..samples).map(|i| f64::from(i) * step).collect(),
+                    seconds,
+                },
                 reader,
             })
         }
@@ -903,17 +883,8 @@ mod h264 {
     }
 
     impl FrameSource for Mp4<'_> {
-        fn format(&self) -> &'static str {
-            "mp4"
-        }
-        fn size(&self) -> (u32, u32) {
-            (self.width, self.height)
-        }
-        fn times(&self) -> &[f64] {
-            &self.times
-        }
-        fn seconds(&self) -> f64 {
-            self.seconds
+        fn header(&self) -> &Header {
+            &self.header
         }
         fn decode(
             &mut self,

@@ -141,25 +141,9 @@ fn joint_routing_skips_the_encoders_for_media_a_worker_holds() {
 
 #[test]
 fn overlapping_text_prefill_with_encoding_cuts_video_ttft_behind_a_long_prefix() {
-    // Every request has a 30-frame video after 4,096 tokens of text.
-    let records = |offset: u64| -> PreparedWorkload {
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../testdata/mooncake_conversation_head3000.jsonl"
-        ))
-        .unwrap();
-        let mut records: Vec<MooncakeRecord> = text
-            .lines()
-            .take(300)
-            .map(|l| MooncakeRecord::parse(l).unwrap())
-            .filter(|r| r.input_length > offset)
-            .collect();
-        let mix: MediaMix = format!("video=1,offset={offset}").parse().unwrap();
-        mix.apply(&mut records, 1, 512);
-        let trace: Vec<TraceRequest> = records.iter().map(TraceRequest::from_mooncake).collect();
-        PreparedWorkload::prepare(&trace, 512, 16, 0.5)
-    };
-    let w = records(4_096);
+    // Every request has a 30-frame video after 4,096 tokens of text (or at the end of a
+    // shorter prompt).
+    let w = workload(300, "video=1,offset=4096", 100_000, 0.5);
     let sequential = config(Some((1, EncoderPolicy::Soonest, false)));
     let mut overlapped = sequential.clone();
     if let Some(e) = overlapped.encoders.as_mut() {

@@ -176,47 +176,33 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         worker_config.faults == Default::default(),
         "worker.faults applies to `switchyard worker` processes, not to `serve`'s workers"
     );
-    let mut workers = Vec::new();
-    for i in 0..config.workers.count {
-        let role = match config.workers.prefill {
-            0 => WorkerRole::Aggregated,
-            p if i < p => WorkerRole::Prefill,
-            _ => WorkerRole::Decode,
-        };
-        workers.push(
-            start_worker(
-                WorkerId(u64::from(i) + 1),
-                &WorkerConfig {
-                    role,
-                    ..worker_config.clone()
-                },
-                &planes,
-                Serving::Local {
-                    requests: requests.clone(),
-                    snapshots: snapshots.clone(),
-                },
-                &tracker,
-                cancel.clone(),
-            )
-            .await?,
-        );
-    }
-    // Mock encoder workers, after the LLM workers, timed as the frontend models them.
+    // The LLM workers, then the mock encoder workers, timed as the frontend models them.
+    let mut configs: Vec<WorkerConfig> = (0..config.workers.count)
+        .map(|i| WorkerConfig {
+            role: match config.workers.prefill {
+                0 => WorkerRole::Aggregated,
+                p if i < p => WorkerRole::Prefill,
+                _ => WorkerRole::Decode,
+            },
+            ..worker_config.clone()
+        })
+        .collect();
     let multimodal = &config.frontend.multimodal;
-    for i in 0..multimodal.encoders {
-        let id = u64::from(config.workers.count) + i as u64 + 1;
+    configs.extend((0..multimodal.encoders).map(|_| WorkerConfig {
+        role: WorkerRole::Encoder,
+        engine: EngineConfig::Encoder(switchyard_worker::EncoderConfig {
+            cost: multimodal.encoder_cost(),
+            encoders: 1,
+            max_pending: multimodal.preprocess_queue,
+        }),
+        ..worker_config.clone()
+    }));
+    let mut workers = Vec::new();
+    for (id, worker) in (1..).zip(&configs) {
         workers.push(
             start_worker(
                 WorkerId(id),
-                &WorkerConfig {
-                    role: WorkerRole::Encoder,
-                    engine: EngineConfig::Encoder(switchyard_worker::EncoderConfig {
-                        cost: multimodal.encoder_cost(),
-                        encoders: 1,
-                        max_pending: multimodal.preprocess_queue,
-                    }),
-                    ..worker_config.clone()
-                },
+                worker,
                 &planes,
                 Serving::Local {
                     requests: requests.clone(),
