@@ -160,15 +160,19 @@ impl MediaStage {
     }
 
     /// Prepares every media part of a chat request, in order; the first bad one is a 400
-    /// naming its part. `room` is what the context has left for media (its length less the
-    /// text and `max_tokens`); videos share it, each sampling as many frames as fit.
+    /// naming its part. `room` gives what the context has left for media (its length less
+    /// the text and `max_tokens`), asked only when the request has videos, which share it,
+    /// each sampling as many frames as fit.
     pub async fn prepare_chat(
         &self,
         request: &ChatCompletionRequest,
-        room: u32,
+        room: impl FnOnce() -> u32,
     ) -> Result<Vec<MediaItem>, ApiError> {
-        let videos = count_videos(request).max(1);
-        let video_room = room / videos;
+        let videos = count_videos(request);
+        let video_room = match videos {
+            0 => u32::MAX,
+            n => room() / n,
+        };
         let mut items = Vec::new();
         for (i, message) in request.messages.iter().enumerate() {
             let Some(MessageContent::Parts(parts)) = &message.content else {
@@ -317,7 +321,7 @@ impl MediaStage {
 
     async fn audio(&self, data: &str, format: &str) -> Result<MediaItem, MediaError> {
         let settings = self.config.audio;
-        let bytes = decode_base64(data, settings.max_bytes)?;
+        let bytes = decode_base64(data, settings.max_bytes, "the audio data")?;
         let format = format.to_ascii_lowercase();
         let mel = Arc::clone(&self.mel);
         let prepared = self
@@ -402,7 +406,7 @@ impl Drop for Charge<'_> {
 }
 
 /// The `video_url` parts of a chat request.
-pub fn count_videos(request: &ChatCompletionRequest) -> u32 {
+fn count_videos(request: &ChatCompletionRequest) -> u32 {
     let parts = request.messages.iter().filter_map(|m| match &m.content {
         Some(MessageContent::Parts(parts)) => Some(parts),
         _ => None,

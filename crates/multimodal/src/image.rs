@@ -71,6 +71,22 @@ impl ImageSettings {
         Ok(())
     }
 
+    /// Refuses a picture (an image, a video's frames) over the side and area limits.
+    pub fn check_pixels(&self, width: u32, height: u32) -> Result<(), MediaError> {
+        if width > self.max_side
+            || height > self.max_side
+            || u64::from(width) * u64::from(height) > self.max_pixels
+        {
+            return Err(MediaError::TooManyPixels {
+                width,
+                height,
+                max_side: self.max_side,
+                max_pixels: self.max_pixels,
+            });
+        }
+        Ok(())
+    }
+
     /// Patch tokens of one square.
     pub fn tokens_per_square(&self) -> u32 {
         let side = self.image_size / self.patch_size;
@@ -161,17 +177,7 @@ pub fn prepare_image(
             "the {format} image is empty"
         )));
     }
-    if width > settings.max_side
-        || height > settings.max_side
-        || u64::from(width) * u64::from(height) > settings.max_pixels
-    {
-        return Err(MediaError::TooManyPixels {
-            width,
-            height,
-            max_side: settings.max_side,
-            max_pixels: settings.max_pixels,
-        });
-    }
+    settings.check_pixels(width, height)?;
     reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| MediaError::Undecodable(e.to_string()))?;

@@ -44,8 +44,7 @@ pub fn parse_url(
                 "only base64 data: URLs are accepted (`data:TYPE;base64,...`)".into(),
             ));
         }
-        let bytes =
-            decode_base64(payload, max_bytes).map_err(|e| with_context(e, "the data: URL"))?;
+        let bytes = decode_base64(payload, max_bytes, "the data: URL")?;
         return Ok(MediaRef::Data { media_type, bytes });
     }
     if strip_prefix_ignore_case(url, "http://").is_some()
@@ -72,8 +71,8 @@ pub fn parse_url(
 }
 
 /// Decodes standard base64 (an `input_audio`'s `data`, a `data:` URL's payload), refusing
-/// more than `max_bytes` before decoding anything, and empty data.
-pub fn decode_base64(payload: &str, max_bytes: usize) -> Result<Vec<u8>, MediaError> {
+/// more than `max_bytes` before decoding anything, and empty data; errors name it `what`.
+pub fn decode_base64(payload: &str, max_bytes: usize, what: &str) -> Result<Vec<u8>, MediaError> {
     // Four base64 characters carry three bytes.
     let payload = payload.trim();
     let padding = payload.bytes().rev().take(2).filter(|&b| b == b'=').count();
@@ -86,7 +85,7 @@ pub fn decode_base64(payload: &str, max_bytes: usize) -> Result<Vec<u8>, MediaEr
     }
     let bytes = STANDARD
         .decode(payload)
-        .map_err(|e| MediaError::BadUrl(format!("the data is not valid base64: {e}")))?;
+        .map_err(|e| MediaError::BadUrl(format!("{what} is not valid base64: {e}")))?;
     if bytes.len() > max_bytes {
         return Err(MediaError::TooLarge {
             bytes: bytes.len() as u64,
@@ -99,14 +98,6 @@ pub fn decode_base64(payload: &str, max_bytes: usize) -> Result<Vec<u8>, MediaEr
         ));
     }
     Ok(bytes)
-}
-
-/// Names where bad base64 came from.
-fn with_context(e: MediaError, what: &str) -> MediaError {
-    match e {
-        MediaError::BadUrl(message) => MediaError::BadUrl(message.replacen("the data", what, 1)),
-        other => other,
-    }
 }
 
 /// `path` if it is absolute and lies under `root` without `..` (checked on the text, so

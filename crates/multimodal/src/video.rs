@@ -363,18 +363,7 @@ fn check_size(width: u32, height: u32, image: &ImageSettings) -> Result<(), Medi
             "the video's frames are empty".into(),
         ));
     }
-    if width > image.max_side
-        || height > image.max_side
-        || u64::from(width) * u64::from(height) > image.max_pixels
-    {
-        return Err(MediaError::TooManyPixels {
-            width,
-            height,
-            max_side: image.max_side,
-            max_pixels: image.max_pixels,
-        });
-    }
-    Ok(())
+    image.check_pixels(width, height)
 }
 
 fn open<'a>(

@@ -105,13 +105,10 @@ pub async fn chat(
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
         convert::check_model(&frontend, &request.model)?;
         convert::check_messages(&request)?;
-        let room = if crate::media::count_videos(&request) > 0 {
-            convert::media_room(&frontend, &request)
-        } else {
-            u32::MAX
-        };
         let media = tracing::Instrument::instrument(
-            frontend.media.prepare_chat(&request, room),
+            frontend
+                .media
+                .prepare_chat(&request, || convert::media_room(&frontend, &request)),
             tracing::info_span!("media"),
         )
         .await?;
