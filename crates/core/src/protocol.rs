@@ -52,6 +52,75 @@ impl MediaSpan {
     }
 }
 
+/// What an encoder computes a media item's embeddings from: the item as the frontend
+/// prepared it. Carried by `encode` requests, one per media span, in the spans' order.
+/// The buffers are shared, so cloning a request does not copy them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MediaInput {
+    /// RGB squares `side` pixels a side, 3 bytes a pixel row by row, one square after
+    /// another: an image's tiles (and overview), or a video's kept frames.
+    Squares { side: u32, rgb: bytes::Bytes },
+    /// Log-mel windows of `bins` rows of `frames` values (f32, little-endian), one window
+    /// after another.
+    Mel {
+        bins: u32,
+        frames: u32,
+        values: bytes::Bytes,
+    },
+}
+
+impl MediaInput {
+    /// Squares from separate buffers.
+    pub fn squares(side: u32, squares: &[Vec<u8>]) -> Self {
+        MediaInput::Squares {
+            side,
+            rgb: squares.concat().into(),
+        }
+    }
+
+    /// Log-mel windows from separate buffers.
+    pub fn mel(bins: u32, frames: u32, windows: &[Vec<f32>]) -> Self {
+        let values: Vec<u8> = windows
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        MediaInput::Mel {
+            bins,
+            frames,
+            values: values.into(),
+        }
+    }
+
+    /// The units an encoder batches: squares, or windows; an error when the buffer is not
+    /// a whole number of them.
+    pub fn units(&self) -> Result<usize, String> {
+        let (unit, len, what) = match self {
+            MediaInput::Squares { side, rgb } => (
+                *side as usize * *side as usize * 3,
+                rgb.len(),
+                "RGB squares",
+            ),
+            MediaInput::Mel {
+                bins,
+                frames,
+                values,
+            } => (
+                *bins as usize * *frames as usize * 4,
+                values.len(),
+                "mel windows",
+            ),
+        };
+        if unit == 0 || len % unit != 0 {
+            return Err(format!(
+                "{len} bytes are not a whole number of {what} of {unit} bytes"
+            ));
+        }
+        Ok(len / unit)
+    }
+}
+
 /// A prompt as engines and the router see it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prompt {
@@ -177,6 +246,10 @@ pub struct GenerateRequest {
     pub resume: Option<Resume>,
     #[serde(default)]
     pub phase: Phase,
+    /// For `encode` requests: each media span's prepared input, for a real encoder (empty
+    /// for encoders that only model the time).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media_inputs: Vec<MediaInput>,
 }
 
 impl GenerateRequest {
@@ -190,6 +263,7 @@ impl GenerateRequest {
             dp_rank: 0,
             resume: None,
             phase: Phase::Aggregated,
+            media_inputs: Vec::new(),
         }
     }
 

@@ -13,6 +13,8 @@
 
 use std::path::Path;
 
+use fast_image_resize::images::Image;
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use ort::session::Session;
 use ort::value::Tensor;
 use thiserror::Error;
@@ -112,6 +114,44 @@ impl VisionEncoder {
     /// Side of the squares it takes, in pixels.
     pub fn side(&self) -> usize {
         self.side
+    }
+
+    /// Encodes RGB squares of any side, one after another in `rgb` (3 bytes a pixel, row by
+    /// row), resized to [`VisionEncoder::side`] first when they are not of it.
+    pub fn encode_any(&mut self, side: usize, rgb: &[u8]) -> Result<Embeddings, EncoderError> {
+        let size = side * side * 3;
+        if side == 0 || rgb.is_empty() || !rgb.len().is_multiple_of(size) {
+            return Err(EncoderError::BadInput(format!(
+                "{} bytes are not a whole number of {side}×{side} RGB squares",
+                rgb.len()
+            )));
+        }
+        if side == self.side {
+            let squares: Vec<&[u8]> = rgb.chunks_exact(size).collect();
+            return self.encode(&squares);
+        }
+        let mut resizer = Resizer::new();
+        let to = self.side as u32;
+        let resized = rgb
+            .chunks_exact(size)
+            .map(|square| {
+                let source =
+                    Image::from_vec_u8(side as u32, side as u32, square.to_vec(), PixelType::U8x3)
+                        .map_err(|e| EncoderError::BadInput(e.to_string()))?;
+                let mut out = Image::new(to, to, PixelType::U8x3);
+                resizer
+                    .resize(
+                        &source,
+                        &mut out,
+                        &ResizeOptions::new()
+                            .resize_alg(ResizeAlg::Convolution(FilterType::CatmullRom)),
+                    )
+                    .map_err(|e| EncoderError::BadInput(e.to_string()))?;
+                Ok(out.into_vec())
+            })
+            .collect::<Result<Vec<_>, EncoderError>>()?;
+        let squares: Vec<&[u8]> = resized.iter().map(Vec::as_slice).collect();
+        self.encode(&squares)
     }
 
     /// Encodes RGB squares of [`VisionEncoder::side`] pixels (3 bytes a pixel, row by row)

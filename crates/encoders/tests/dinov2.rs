@@ -48,4 +48,24 @@ fn a_vision_tower_gives_patch_embeddings_that_follow_the_image_and_not_the_batch
     );
     let bad = encoder.encode(&[&a[..10]]);
     assert!(matches!(bad, Err(EncoderError::BadInput(_))), "{bad:?}");
+
+    // Squares of another side are resized first: a flat colour stays that colour.
+    let flat = |side: usize| -> Vec<u8> { [30u8, 140, 200].repeat(side * side) };
+    let native = encoder.encode(&[&flat(side)]).unwrap();
+    let two = [
+        flat(336),
+        a.iter().copied().cycle().take(336 * 336 * 3).collect(),
+    ]
+    .concat();
+    let resized = encoder.encode_any(336, &two).unwrap();
+    assert_eq!((resized.batch, resized.tokens), (2, 257));
+    assert!(
+        close(resized.item(0), native.item(0)),
+        "a resized flat square changed"
+    );
+    let ragged = encoder.encode_any(336, &two[..two.len() - 3]);
+    assert!(
+        matches!(ragged, Err(EncoderError::BadInput(_))),
+        "{ragged:?}"
+    );
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use switchyard_core::protocol::MediaInput;
 use switchyard_core::{MediaSpan, Modality, WorkerId};
 use switchyard_multimodal::{
     AudioSettings, Detail, ImageSettings, LogMel, MediaError, MediaRef, PreprocessPool,
@@ -112,11 +113,13 @@ pub struct MediaStage {
 }
 
 /// One prepared media item, in the order of the request's parts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MediaItem {
     pub modality: Modality,
     pub tokens: u32,
     pub hash: u64,
+    /// What a real encoder computes its embeddings from (shared, cheap to clone).
+    pub input: Option<MediaInput>,
 }
 
 impl MediaStage {
@@ -232,14 +235,19 @@ impl MediaStage {
         let detail = detail.map_or(Ok(Detail::Auto), Detail::parse)?;
         let settings = self.config.image;
         let bytes = self.bytes(url, settings.max_bytes).await?;
-        let prepared = self
+        let (prepared, input) = self
             .pool
-            .run(move || prepare_image(&bytes, detail, &settings))
+            .run(move || {
+                let prepared = prepare_image(&bytes, detail, &settings)?;
+                let input = MediaInput::squares(settings.image_size, &prepared.squares);
+                Ok::<_, MediaError>((prepared, input))
+            })
             .await?;
         Ok(MediaItem {
             modality: Modality::Image,
             tokens: prepared.tokens,
             hash: prepared.hash,
+            input: Some(input),
         })
     }
 
@@ -296,14 +304,19 @@ impl MediaStage {
         let (image, settings) = (self.config.image, self.config.video);
         let ffmpeg = self.config.ffmpeg.clone();
         let bytes = self.bytes(url, settings.max_bytes).await?;
-        let prepared = self
+        let (prepared, input) = self
             .pool
-            .run(move || prepare_video(&bytes, &image, &settings, room, ffmpeg.as_deref()))
+            .run(move || {
+                let prepared = prepare_video(&bytes, &image, &settings, room, ffmpeg.as_deref())?;
+                let input = MediaInput::squares(image.image_size, &prepared.squares);
+                Ok::<_, MediaError>((prepared, input))
+            })
             .await?;
         Ok(MediaItem {
             modality: Modality::Video,
             tokens: prepared.tokens,
             hash: prepared.hash,
+            input: Some(input),
         })
     }
 
@@ -324,14 +337,26 @@ impl MediaStage {
         let bytes = decode_base64(data, settings.max_bytes, "the audio data")?;
         let format = format.to_ascii_lowercase();
         let mel = Arc::clone(&self.mel);
-        let prepared = self
+        let (prepared, input) = self
             .pool
-            .run(move || prepare_audio(&bytes, &format, &settings, &mel))
+            .run(move || {
+                let prepared = prepare_audio(&bytes, &format, &settings, &mel)?;
+                // Windows of one length (always, when they are padded to 30 s).
+                let bins = settings.n_mels;
+                let frames = prepared.mels.first().map_or(0, |w| w.len() / bins as usize);
+                let input = prepared
+                    .mels
+                    .iter()
+                    .all(|w| w.len() == frames * bins as usize)
+                    .then(|| MediaInput::mel(bins, frames as u32, &prepared.mels));
+                Ok::<_, MediaError>((prepared, input))
+            })
             .await?;
         Ok(MediaItem {
             modality: Modality::Audio,
             tokens: prepared.tokens,
             hash: prepared.hash,
+            input,
         })
     }
 
@@ -603,6 +628,7 @@ mod tests {
             modality: Modality::Image,
             tokens,
             hash,
+            input: None,
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_frontend::FrontendConfig;
 use switchyard_worker::openai::OpenAiConfig;
-use switchyard_worker::{CandleConfig, EchoConfig, MockerConfig};
+use switchyard_worker::{CandleConfig, EchoConfig, EncoderModels, MockerConfig};
 use thiserror::Error;
 
 /// Everything `switchyard serve`, `frontend` and `worker` run.
@@ -184,6 +184,8 @@ pub struct WorkersConfig {
     pub openai: OpenAiConfig,
     /// The model of `engine = "candle"` workers.
     pub candle: CandleConfig,
+    /// Real encoders for the encoder workers (a build with the `encoders` feature).
+    pub encoder: EncoderModels,
 }
 
 impl Default for WorkersConfig {
@@ -196,6 +198,7 @@ impl Default for WorkersConfig {
             echo: EchoConfig::default(),
             openai: OpenAiConfig::default(),
             candle: CandleConfig::default(),
+            encoder: EncoderModels::default(),
         }
     }
 }

@@ -176,7 +176,8 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         worker_config.faults == Default::default(),
         "worker.faults applies to `switchyard worker` processes, not to `serve`'s workers"
     );
-    // The LLM workers, then the mock encoder workers, timed as the frontend models them.
+    // The LLM workers, then the encoder workers: timed as the frontend models them, or
+    // real for the modalities `workers.encoder` names models for.
     let mut configs: Vec<WorkerConfig> = (0..config.workers.count)
         .map(|i| WorkerConfig {
             role: match config.workers.prefill {
@@ -194,6 +195,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
             cost: multimodal.encoder_cost(),
             encoders: 1,
             max_pending: multimodal.preprocess_queue,
+            models: config.workers.encoder.clone(),
         }),
         ..worker_config.clone()
     }));
@@ -269,12 +271,14 @@ impl Deployment {
 
 fn worker_config(config: &Config) -> WorkerConfig {
     let engine = match config.workers.engine {
-        // An encoder worker is a mock encoder timed by the media settings.
+        // An encoder worker is timed by the media settings, or real for the modalities
+        // `workers.encoder` names models for.
         _ if config.worker.role == WorkerRole::Encoder => {
             EngineConfig::Encoder(switchyard_worker::EncoderConfig {
                 cost: config.frontend.multimodal.encoder_cost(),
                 encoders: 1,
                 max_pending: config.frontend.multimodal.preprocess_queue,
+                models: config.workers.encoder.clone(),
             })
         }
         EngineKind::Mocker => EngineConfig::Mocker(config.workers.mocker.clone()),

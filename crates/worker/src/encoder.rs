@@ -5,6 +5,7 @@
 //! encoders are the routing core's [`EncoderPool`] driven in real time.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -35,6 +36,9 @@ pub struct EncoderConfig {
     pub encoders: usize,
     /// Items queued or running at most; beyond, requests are refused as overloaded.
     pub max_pending: usize,
+    /// Real encoders, for the modalities they take (the others keep the cost model's
+    /// timing).
+    pub models: EncoderModels,
 }
 
 impl Default for EncoderConfig {
@@ -43,7 +47,49 @@ impl Default for EncoderConfig {
             cost: EncoderCost::default(),
             encoders: 1,
             max_pending: 256,
+            models: EncoderModels::default(),
         }
+    }
+}
+
+/// Real encoders for an encoder worker (a build with the `encoders` feature): the items of
+/// the modalities they take are encoded for real from the inputs the frontend prepared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EncoderModels {
+    /// An ONNX vision tower taking [batch, 3, 224, 224] (DINOv2 ViT-S/14), for images and
+    /// video frames.
+    pub vision: Option<PathBuf>,
+    /// ONNX Runtime's shared library (`libonnxruntime.so`), loaded for `vision`.
+    pub onnxruntime: Option<PathBuf>,
+    /// Whisper's encoder, for audio: a CTranslate2 export (`model.bin` or its directory).
+    pub audio: Option<PathBuf>,
+    /// Threads of a forward pass (0: every core).
+    pub threads: usize,
+    /// Units (image squares, video frames, audio windows) in one forward pass at most.
+    pub max_batch: usize,
+    /// How long a batch waits for more items before it runs.
+    #[serde(with = "humantime_serde")]
+    pub batch_timeout: Duration,
+}
+
+impl Default for EncoderModels {
+    fn default() -> Self {
+        EncoderModels {
+            vision: None,
+            onnxruntime: None,
+            audio: None,
+            threads: 0,
+            max_batch: 8,
+            batch_timeout: Duration::from_millis(5),
+        }
+    }
+}
+
+impl EncoderModels {
+    /// Whether it names any model.
+    pub fn any(&self) -> bool {
+        self.vision.is_some() || self.audio.is_some()
     }
 }
 
@@ -62,6 +108,16 @@ impl MockEncoder {
         if config.encoders == 0 {
             return Err(WorkerError::Start(
                 "an encoder worker needs at least one encoder".into(),
+            ));
+        }
+        if config.models.max_batch == 0 {
+            return Err(WorkerError::Start(
+                "the encoder models' max_batch must be at least 1".into(),
+            ));
+        }
+        if config.models.any() && !cfg!(feature = "encoders") {
+            return Err(WorkerError::Start(
+                "real encoder models are configured, but this build has no real encoders: build with `--features encoders`".into(),
             ));
         }
         Ok(MockEncoder { config })
@@ -94,8 +150,20 @@ impl Engine for MockEncoder {
             EncoderPolicy::Soonest,
             self.config.max_pending,
         );
+        // Loading a model reads hundreds of megabytes: off the async threads.
+        #[cfg(feature = "encoders")]
+        let real = {
+            let models = self.config.models.clone();
+            tokio::task::spawn_blocking(move || crate::real_encoders::RealEncoders::load(&models))
+                .await
+                .map_err(|e| WorkerError::Start(format!("loading the encoder models: {e}")))??
+        };
         Ok(RunningEngine {
-            service: Arc::new(EncoderService { encoders }),
+            service: Arc::new(EncoderService {
+                encoders,
+                #[cfg(feature = "encoders")]
+                real,
+            }),
             events: None,
             load: None,
         })
@@ -106,6 +174,8 @@ impl Engine for MockEncoder {
 #[derive(Debug, Clone)]
 pub struct EncoderService {
     encoders: Encoders,
+    #[cfg(feature = "encoders")]
+    real: Option<crate::real_encoders::RealEncoders>,
 }
 
 #[async_trait]
@@ -116,21 +186,67 @@ impl EngineService for EncoderService {
                 "an encoder worker only encodes media (phase `encode`)".into(),
             ));
         }
-        let items: Vec<(Modality, u32)> = request
-            .prompt
-            .media
-            .iter()
-            .map(|span| (span.modality, span.length))
-            .collect();
-        if !self.encoders.has_room(items.len()) {
+        let spans = &request.prompt.media;
+        if !self.encoders.has_room(spans.len()) {
             return Err(EngineError::Overloaded(
                 "the encoder's queue is full".into(),
             ));
         }
+        // Items a real encoder takes are encoded from their inputs; the rest are timed.
+        #[cfg(feature = "encoders")]
+        let (real, spans): (Vec<_>, Vec<_>) = {
+            let real_encoders = self.real.clone();
+            let takes = |m| real_encoders.as_ref().is_some_and(|r| r.takes(m));
+            if spans.iter().any(|s| takes(s.modality)) && request.media_inputs.len() != spans.len()
+            {
+                return Err(EngineError::Unsupported(
+                    "this encoder computes real embeddings and the request carries no prepared media inputs".into(),
+                ));
+            }
+            let mut real = Vec::new();
+            let mut timed = Vec::new();
+            for (i, span) in spans.iter().enumerate() {
+                if takes(span.modality) {
+                    real.push((span.modality, request.media_inputs[i].clone()));
+                } else {
+                    timed.push(*span);
+                }
+            }
+            (real, timed)
+        };
+        #[cfg(feature = "encoders")]
+        let real_encoders = self.real.clone();
+        let items: Vec<(Modality, u32)> = spans
+            .iter()
+            .map(|span| (span.modality, span.length))
+            .collect();
         let encoders = self.encoders.clone();
         // The items are queued when the stream is first polled; dropping it gives up the
         // wait (the items still run: a batch once started is not cut short).
         let done = async move {
+            #[cfg(feature = "encoders")]
+            if let Some(real_encoders) = &real_encoders {
+                let _held = encoders.hold(real.len()).map_err(|Saturated| {
+                    EngineError::Overloaded("the encoder's queue is full".into())
+                })?;
+                let started = std::time::Instant::now();
+                let encoded = futures::future::try_join_all(
+                    real.iter()
+                        .map(|(m, input)| real_encoders.encode(*m, input)),
+                )
+                .await?;
+                if !encoded.is_empty() {
+                    let units: usize = encoded.iter().map(Vec::len).sum();
+                    let tokens: usize = encoded.iter().flatten().map(|e| e.tokens).sum();
+                    tracing::debug!(
+                        items = encoded.len(),
+                        units,
+                        tokens,
+                        ms = started.elapsed().as_secs_f64() * 1e3,
+                        "encoded media"
+                    );
+                }
+            }
             match encoders.encode(&items).await {
                 Ok(()) => Ok(GenerateOutput::Finished {
                     reason: FinishReason::Length,
@@ -176,16 +292,21 @@ impl Encoders {
         self.pending.load(Ordering::Acquire) + n <= self.limit
     }
 
-    /// Encodes the items (all queued at once, so they may share batches) and returns when
-    /// the last is done; refused at once if they would take the encoders past their limit.
-    pub async fn encode(&self, items: &[(Modality, u32)]) -> Result<(), Saturated> {
-        let n = items.len();
+    /// Counts `n` items against the limit until the guard is dropped (when their request is
+    /// done or gone; the items finish regardless); refused past the limit.
+    pub fn hold(&self, n: usize) -> Result<impl Drop + '_, Saturated> {
         let before = self.pending.fetch_add(n, Ordering::AcqRel);
-        // Given back when this request is done or gone (its items finish regardless).
-        let _release = Release(&self.pending, n);
+        let release = Release(&self.pending, n);
         if before + n > self.limit {
             return Err(Saturated);
         }
+        Ok(release)
+    }
+
+    /// Encodes the items (all queued at once, so they may share batches) and returns when
+    /// the last is done; refused at once if they would take the encoders past their limit.
+    pub async fn encode(&self, items: &[(Modality, u32)]) -> Result<(), Saturated> {
+        let _held = self.hold(items.len())?;
         let mut done = Vec::with_capacity(items.len());
         for &(modality, tokens) in items {
             let (tx, rx) = oneshot::channel();
@@ -373,6 +494,7 @@ mod service_tests {
             },
             encoders: 1,
             max_pending: 2,
+            models: EncoderModels::default(),
         })
         .unwrap();
         assert_eq!(engine.capabilities().role, WorkerRole::Encoder);

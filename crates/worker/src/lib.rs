@@ -15,6 +15,7 @@
 //! - [`host`]: starting a worker on a set of planes.
 //! - [`kv_state`]: the worker's record of its cache, served for resynchronisation.
 
+pub mod batcher;
 pub mod config;
 pub mod disagg;
 pub mod driver;
@@ -26,8 +27,10 @@ pub mod host;
 pub mod kv_state;
 pub mod mocker;
 pub mod openai;
+#[cfg(feature = "encoders")]
+pub mod real_encoders;
 
 pub use config::{CandleConfig, EchoConfig, EngineConfig, MockerConfig, WorkerConfig};
-pub use encoder::{EncoderConfig, MockEncoder};
+pub use encoder::{EncoderConfig, EncoderModels, MockEncoder};
 pub use engine::{Engine, EngineCapabilities, RunningEngine, StepService};
 pub use host::{Serving, Worker, WorkerError, WorkerPlanes, engine_from_config};

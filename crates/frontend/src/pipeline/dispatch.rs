@@ -321,6 +321,7 @@ impl RequestRun {
                 dp_rank: worker.dp_rank,
                 resume: (generated > 0).then_some(Resume { generated }),
                 phase: Phase::Aggregated,
+                media_inputs: Vec::new(),
             };
             // Subscribe before sending: an outage during the call is not missed.
             let mut outage = frontend.routing.outages(worker.worker_id);
@@ -417,6 +418,7 @@ impl RequestRun {
             dp_rank: worker.dp_rank,
             resume: (generated > 0).then_some(Resume { generated }),
             phase: Phase::PrefillOnly,
+            media_inputs: Vec::new(),
         };
         let span = tracing::info_span!(
             parent: &self.span,
@@ -493,6 +495,7 @@ impl RequestRun {
                 generated: generated + 1,
             }),
             phase: Phase::Decode { kv },
+            media_inputs: Vec::new(),
         };
         let frontend = Arc::clone(&self.frontend);
         let instance = instance.clone();

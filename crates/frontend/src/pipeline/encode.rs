@@ -60,9 +60,13 @@ impl Frontend {
                 length: i.tokens,
             })
             .collect();
+        // The prepared inputs go along for encoders that compute real embeddings; they are
+        // all there or none is.
+        let inputs: Option<Vec<_>> = items.iter().map(|i| i.input.clone()).collect();
         let request = GenerateRequest {
             phase: Phase::Encode,
             prompt: job,
+            media_inputs: inputs.unwrap_or_default(),
             ..GenerateRequest::text(
                 RequestId(self.next_id.fetch_add(1, Ordering::Relaxed)),
                 Vec::new(),
