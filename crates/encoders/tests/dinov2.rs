@@ -68,4 +68,13 @@ fn a_vision_tower_gives_patch_embeddings_that_follow_the_image_and_not_the_batch
         matches!(ragged, Err(EncoderError::BadInput(_))),
         "{ragged:?}"
     );
+
+    // A second encoder in the process shares ONNX Runtime (it allows one environment).
+    let mut second = VisionEncoder::load(
+        &path("SWITCHYARD_ORT_DYLIB"),
+        &path("SWITCHYARD_DINOV2_ONNX"),
+        1,
+    )
+    .unwrap();
+    assert!(close(second.encode(&[&a]).unwrap().item(0), one.item(0)));
 }

@@ -269,10 +269,14 @@ pub fn run_worker(args: WorkerArgs, env: &BTreeMap<String, String>) -> Result<()
         .block_on(async {
             let process = deploy::start_distributed_worker(config.clone()).await?;
             let instance = &process.worker.instance;
+            let engine = if config.worker.role == switchyard_core::WorkerRole::Encoder {
+                "an encoder".to_owned()
+            } else {
+                format!("{:?}", config.workers.engine)
+            };
             println!(
-                "Switchyard worker {} ({:?}) is serving `{}` on {} (namespace `{}`).",
+                "Switchyard worker {} ({engine}) is serving `{}` on {} (namespace `{}`).",
                 instance.worker_id,
-                config.workers.engine,
                 instance.model,
                 instance.address.as_deref().unwrap_or_default(),
                 config.runtime.namespace,
