@@ -752,3 +752,52 @@ async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
         .await
         .unwrap();
 }
+
+/// Encoder workers with real models (a build with `--features encoders`, the models from
+/// `scripts/test`): the squares and log-mel windows the frontend prepares reach them and
+/// are encoded; windows the model cannot take are refused by the model, not timed.
+#[cfg(feature = "encoders")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_encoder_workers_encode_what_the_frontend_prepared() {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("set {name} (scripts/test fetches it)"))
+    };
+    let (vision, runtime, whisper) = (
+        var("SWITCHYARD_DINOV2_ONNX"),
+        var("SWITCHYARD_ORT_DYLIB"),
+        var("SWITCHYARD_WHISPER_CT2"),
+    );
+    let models = [
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+        ("WORKERS__ENCODER__VISION", vision.as_str()),
+        ("WORKERS__ENCODER__ONNXRUNTIME", runtime.as_str()),
+        ("WORKERS__ENCODER__AUDIO", whisper.as_str()),
+        ("WORKERS__ENCODER__THREADS", "1"),
+    ];
+    let d = start(&models).await;
+    let image = with_image("What is this?", &data_url(&png(64, 64, 21)), None);
+    let (s, _, b) = post(&d, "/v1/chat/completions", &image).await;
+    assert_eq!(s, 200, "{b}");
+    let audio = with_audio("Transcribe.", &audio_file("tone.flac"), "flac");
+    let (s, _, b) = post(&d, "/v1/chat/completions", &audio).await;
+    assert_eq!(s, 200, "{b}");
+
+    // Whisper tiny takes 80 mel bins: a frontend preparing 128 gets its audio refused by
+    // the model (a mock encoder would only have timed it), its images still encoded.
+    let mut wide = models.to_vec();
+    wide.push(("FRONTEND__MULTIMODAL__AUDIO__N_MELS", "128"));
+    let w = start(&wide).await;
+    let (s, _, b) = post(&w, "/v1/chat/completions", &audio).await;
+    assert_eq!(s, 503, "{b}");
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.contains("80 mel bins"), "{message}");
+    let other = with_image("What is this?", &data_url(&png(64, 64, 22)), None);
+    let (s, _, b) = post(&w, "/v1/chat/completions", &other).await;
+    assert_eq!(s, 200, "{b}");
+    for d in [d, w] {
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}
