@@ -29,7 +29,7 @@ pub use blocks::{InvalidPrompt, TokenBlocks, blocks_for};
 pub use event::{KvEvent, KvEventData, StorageTier, StoredBlock};
 pub use hash::{HashSeed, LocalBlockHash, SequenceHash};
 pub use load::LoadSnapshot;
-pub use protocol::{EngineError, MediaSpan, Modality, Prompt};
+pub use protocol::{EngineError, MediaSpan, Modalities, Modality, Prompt};
 pub use request::{Priority, RequestId};
 pub use worker::{WorkerId, WorkerKey, WorkerRole};
 

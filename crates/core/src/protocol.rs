@@ -33,6 +33,52 @@ impl Modality {
     }
 }
 
+/// A set of modalities: what an encoder worker encodes. Empty stands for every one (an
+/// encoder that has not said). Written as a list (`["image", "video"]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "Vec<Modality>", into = "Vec<Modality>")]
+pub struct Modalities(u8);
+
+impl Modalities {
+    const EVERY: [Modality; 3] = [Modality::Image, Modality::Audio, Modality::Video];
+
+    fn bit(m: Modality) -> u8 {
+        match m {
+            Modality::Image => 1,
+            Modality::Audio => 2,
+            Modality::Video => 4,
+        }
+    }
+
+    /// Whether it takes `m` (an empty set takes every modality).
+    pub fn contains(self, m: Modality) -> bool {
+        self.0 == 0 || self.0 & Self::bit(m) != 0
+    }
+
+    /// Whether it takes every modality.
+    pub fn is_all(&self) -> bool {
+        Self::EVERY.iter().all(|&m| self.contains(m))
+    }
+}
+
+impl From<Vec<Modality>> for Modalities {
+    fn from(list: Vec<Modality>) -> Self {
+        Modalities(list.into_iter().fold(0, |bits, m| bits | Self::bit(m)))
+    }
+}
+
+impl From<Modalities> for Vec<Modality> {
+    fn from(set: Modalities) -> Self {
+        if set.0 == 0 {
+            return Vec::new();
+        }
+        Modalities::EVERY
+            .into_iter()
+            .filter(|&m| set.contains(m))
+            .collect()
+    }
+}
+
 /// A media item in a prompt: its embeddings take the `length` placeholder positions from
 /// `offset`. `media_hash` names the item's content (decoded pixels or samples and the
 /// preprocessing settings), so two different images never share cached KV and the same one
@@ -444,6 +490,45 @@ mod tests {
         assert_eq!(plain, GenerateRequest::text(RequestId(1), vec![4], 2));
         assert_eq!(plain.stream_key(), 1);
         assert_eq!(back.generated(), 2);
+    }
+
+    #[test]
+    fn media_inputs_travel_as_binary_and_count_their_units() {
+        let mut request = GenerateRequest::text(RequestId(3), Vec::new(), 0);
+        request.phase = Phase::Encode;
+        let squares = MediaInput::squares(20, &[vec![200u8; 1200], vec![201u8; 1200]]);
+        let mel = MediaInput::mel(2, 3, &[vec![0.5f32; 6]]);
+        assert_eq!((squares.units(), mel.units()), (Ok(2), Ok(1)));
+        request.media_inputs = vec![squares, mel];
+        let bytes = rmp_serde::to_vec_named(&request).expect("encodes");
+        // 2,400 pixel bytes as binary (an array of numbers would take two bytes each).
+        assert!(bytes.len() < 2_400 + 400, "{} bytes", bytes.len());
+        let back: GenerateRequest = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(back, request);
+        let MediaInput::Mel { values, .. } = &back.media_inputs[1] else {
+            panic!("{:?}", back.media_inputs[1]);
+        };
+        assert_eq!(values[..4], 0.5f32.to_le_bytes());
+        let ragged = MediaInput::Squares {
+            side: 2,
+            rgb: vec![0u8; 13].into(),
+        };
+        assert!(ragged.units().is_err());
+    }
+
+    #[test]
+    fn modality_sets_are_lists_and_empty_means_every_modality() {
+        let audio = Modalities::from(vec![Modality::Audio]);
+        assert!(audio.contains(Modality::Audio) && !audio.contains(Modality::Video));
+        assert!(!audio.is_all());
+        let every = Modalities::default();
+        assert!(every.is_all() && every.contains(Modality::Image));
+        assert!(Modalities::from(vec![Modality::Image, Modality::Audio, Modality::Video]).is_all());
+        let json = serde_json::to_string(&Modalities::from(vec![Modality::Video, Modality::Image]))
+            .expect("encodes");
+        assert_eq!(json, r#"["image","video"]"#);
+        let back: Modalities = serde_json::from_str(r#"["audio"]"#).expect("decodes");
+        assert_eq!(back, audio);
     }
 
     #[test]

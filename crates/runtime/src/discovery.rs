@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use switchyard_core::{WorkerId, WorkerRole};
+use switchyard_core::{Modalities, WorkerId, WorkerRole};
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -51,6 +51,9 @@ pub struct WorkerInstance {
     /// carry the rendered prompt along with its tokens.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prompt_text: bool,
+    /// What an encoder worker encodes (every modality unless it says).
+    #[serde(default, skip_serializing_if = "Modalities::is_all")]
+    pub modalities: Modalities,
 }
 
 fn yes() -> bool {
@@ -74,6 +77,7 @@ impl WorkerInstance {
             perf: None,
             max_batched_tokens: None,
             prompt_text: false,
+            modalities: Modalities::default(),
         }
     }
 }

@@ -677,6 +677,32 @@ mod tests {
     }
 
     #[test]
+    fn an_encoder_workers_modalities_come_from_the_environment_as_a_list() {
+        let config = load(
+            None,
+            &env(&[(
+                "SWITCHYARD_WORKERS__ENCODER__MODALITIES",
+                r#"["audio", "video"]"#,
+            )]),
+            toml::Table::new(),
+        )
+        .unwrap();
+        use switchyard_core::Modality;
+        assert_eq!(
+            config.workers.encoder.modalities,
+            [Modality::Audio, Modality::Video]
+        );
+        let err = load(
+            None,
+            &env(&[("SWITCHYARD_WORKERS__ENCODER__MODALITIES", r#"["smell"]"#)]),
+            toml::Table::new(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("modalities"), "{err}");
+    }
+
+    #[test]
     fn the_documented_example_is_the_defaults() {
         let doc = include_str!("../../../docs/configuration.md");
         let example = doc

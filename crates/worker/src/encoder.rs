@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_core::protocol::{
     EngineError, FinishReason, GenerateOutput, GenerateRequest, Phase,
 };
-use switchyard_core::{Modality, WorkerRole};
+use switchyard_core::{Modalities, Modality, WorkerRole};
 use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy, EncoderPool, MediaWork};
 use switchyard_runtime::{EngineService, ResponseStream};
 use tokio::sync::{mpsc, oneshot};
@@ -52,11 +52,15 @@ impl Default for EncoderConfig {
     }
 }
 
-/// Real encoders for an encoder worker (a build with the `encoders` feature): the items of
-/// the modalities they take are encoded for real from the inputs the frontend prepared.
+/// What an encoder worker encodes, and with which real encoders (a build with the
+/// `encoders` feature): the items of the modalities they take are encoded for real from
+/// the inputs the frontend prepared.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EncoderModels {
+    /// The modalities the worker takes (empty: every one); the frontend sends it only
+    /// those, so a fleet can have an encoder pool per modality.
+    pub modalities: Vec<Modality>,
     /// An ONNX vision tower taking [batch, 3, 224, 224] (DINOv2 ViT-S/14), for images and
     /// video frames.
     pub vision: Option<PathBuf>,
@@ -76,6 +80,7 @@ pub struct EncoderModels {
 impl Default for EncoderModels {
     fn default() -> Self {
         EncoderModels {
+            modalities: Vec::new(),
             vision: None,
             onnxruntime: None,
             audio: None,
@@ -136,6 +141,7 @@ impl Engine for MockEncoder {
             max_num_seqs: None,
             dp_size: 1,
             prompt_text: false,
+            modalities: Modalities::from(self.config.models.modalities.clone()),
         }
     }
 
@@ -161,6 +167,7 @@ impl Engine for MockEncoder {
         Ok(RunningEngine {
             service: Arc::new(EncoderService {
                 encoders,
+                modalities: Modalities::from(self.config.models.modalities.clone()),
                 #[cfg(feature = "encoders")]
                 real,
             }),
@@ -174,6 +181,7 @@ impl Engine for MockEncoder {
 #[derive(Debug, Clone)]
 pub struct EncoderService {
     encoders: Encoders,
+    modalities: Modalities,
     #[cfg(feature = "encoders")]
     real: Option<crate::real_encoders::RealEncoders>,
 }
@@ -187,6 +195,12 @@ impl EngineService for EncoderService {
             ));
         }
         let spans = &request.prompt.media;
+        if let Some(other) = spans.iter().find(|s| !self.modalities.contains(s.modality)) {
+            return Err(EngineError::Unsupported(format!(
+                "this encoder does not encode {}",
+                other.modality.name()
+            )));
+        }
         if !self.encoders.has_room(spans.len()) {
             return Err(EngineError::Overloaded(
                 "the encoder's queue is full".into(),
@@ -533,5 +547,38 @@ mod service_tests {
             })
             .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn an_encoder_worker_of_some_modalities_says_so_and_refuses_the_others() {
+        let engine = MockEncoder::new(EncoderConfig {
+            models: EncoderModels {
+                modalities: vec![Modality::Audio],
+                ..EncoderModels::default()
+            },
+            ..EncoderConfig::default()
+        })
+        .unwrap();
+        let announced = engine.capabilities().modalities;
+        assert!(announced.contains(Modality::Audio) && !announced.contains(Modality::Image));
+        let service = Box::new(engine)
+            .start(&TaskTracker::new(), CancellationToken::new())
+            .await
+            .unwrap()
+            .service;
+        assert!(matches!(
+            service
+                .generate(encode_request(&[(Modality::Audio, 1500), (Modality::Image, 576)]))
+                .await,
+            Err(EngineError::Unsupported(m)) if m.contains("image")
+        ));
+        let mut stream = service
+            .generate(encode_request(&[(Modality::Audio, 1500)]))
+            .await
+            .unwrap();
+        assert!(matches!(
+            stream.next().await,
+            Some(Ok(GenerateOutput::Finished { .. }))
+        ));
     }
 }

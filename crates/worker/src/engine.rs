@@ -17,7 +17,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest};
-use switchyard_core::{KvEvent, LoadSnapshot, SequenceHash, WorkerRole};
+use switchyard_core::{KvEvent, LoadSnapshot, Modalities, SequenceHash, WorkerRole};
 use switchyard_runtime::{EngineService, ResponseStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,8 @@ pub struct EngineCapabilities {
     /// It takes the prompt as text (an OpenAI-compatible upstream): frontends send it
     /// rendered along with the tokens.
     pub prompt_text: bool,
+    /// What it encodes, for an encoder (every modality unless it says).
+    pub modalities: Modalities,
 }
 
 /// A started engine, as the host uses it.

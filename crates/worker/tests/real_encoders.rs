@@ -25,6 +25,7 @@ fn path(var: &str) -> PathBuf {
 
 fn models(batch_timeout: Duration) -> EncoderModels {
     EncoderModels {
+        modalities: Vec::new(),
         vision: Some(path("SWITCHYARD_DINOV2_ONNX")),
         onnxruntime: Some(path("SWITCHYARD_ORT_DYLIB")),
         audio: Some(path("SWITCHYARD_WHISPER_CT2")),

@@ -1,6 +1,7 @@
-//! Media encoding on the fleet's encoder workers: a request's items go to one encoder
-//! worker (so they may share batches), chosen by `frontend.multimodal.encoder_policy`; a
-//! worker that cannot take them hands them to the next; the request is routed once they
+//! Media encoding on the fleet's encoder workers: a request's items go to the encoder
+//! workers that take their modality, the items one pool takes to one worker of it (so they
+//! may share batches), chosen by `frontend.multimodal.encoder_policy`; a worker that cannot
+//! take them hands them to the next; the request is routed once they
 //! are encoded. Joint routing first: when the worker predicted to answer soonest already
 //! holds the media's KV (the same image behind the same text), nothing is encoded.
 
@@ -11,47 +12,90 @@ use futures::StreamExt;
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest, Phase, Prompt};
 use switchyard_core::{MediaSpan, RequestId};
 use switchyard_router::routing::encoders::MediaWork;
+use switchyard_runtime::WorkerInstance;
 
 use super::Frontend;
 use crate::media::MediaItem;
 use crate::openai::ApiError;
 
 impl Frontend {
-    /// Encodes the request's media on an encoder worker and returns once it is done; at
-    /// once when there are no items or no encoder workers (media then costs no encoding
-    /// time). A 503 when no encoder worker takes them.
+    /// Encodes the request's media on encoder workers and returns once it is done; at once
+    /// when there are no items or no encoder workers (media then costs no encoding time).
+    /// Items go to the workers that take their modality, all the items one set of workers
+    /// takes to one of them (so they may share batches); items no encoder worker takes are
+    /// not encoded. A 503 when no encoder worker takes a group.
     pub async fn encode_media(&self, items: &[MediaItem], prompt: &Prompt) -> Result<(), ApiError> {
         if items.is_empty() {
             return Ok(());
         }
-        let mut encoders = self.routing.encoders();
+        let encoders = self.routing.encoders();
         if encoders.is_empty() {
             return Ok(());
         }
-        self.media.order_encoders(&mut encoders);
+        let mut groups = group_by_takers(items, &encoders);
+        if groups.is_empty() {
+            return Ok(());
+        }
         let cost = self.media.encoder_cost();
-        let estimate_ms: f64 = items
-            .iter()
-            .map(|i| {
-                let work = MediaWork {
-                    owner: 0,
-                    modality: i.modality,
-                    tokens: i.tokens,
-                };
-                cost.batch_time(&[work]).as_secs_f64() * 1e3
-            })
-            .sum();
-        // The soonest the media could reach a worker: the first encoder's queue, this
-        // request's batches, and the embeddings' transfer.
+        let estimate_ms = |members: &[&MediaItem]| -> f64 {
+            members
+                .iter()
+                .map(|i| {
+                    let work = MediaWork {
+                        owner: 0,
+                        modality: i.modality,
+                        tokens: i.tokens,
+                    };
+                    cost.batch_time(&[work]).as_secs_f64() * 1e3
+                })
+                .sum()
+        };
+        // The soonest the media could reach a worker: per group, the first encoder's queue
+        // and the group's batches; the last group to finish, and the embeddings' transfer.
+        let mut ready_ms = 0f64;
+        for (takers, members) in &mut groups {
+            self.media.order_encoders(takers);
+            ready_ms =
+                ready_ms.max(self.media.outstanding_ms(takers[0].worker_id) + estimate_ms(members));
+        }
         let media_tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
-        let ready = self.media.outstanding_ms(encoders[0].worker_id) + estimate_ms;
-        let encode = Duration::from_secs_f64(ready / 1e3) + cost.transfer_time(media_tokens);
+        let encode = Duration::from_secs_f64(ready_ms / 1e3) + cost.transfer_time(media_tokens);
         if self.routing.holder_is_sooner(prompt, encode) {
             self.metrics.count_media_encode("skipped");
             return Ok(());
         }
+        let outcomes = futures::future::join_all(
+            groups
+                .iter()
+                .map(|(takers, members)| self.encode_group(takers, members, estimate_ms(members))),
+        )
+        .await;
+        match outcomes.into_iter().find_map(Result::err) {
+            None => {
+                self.metrics.count_media_encode("encoded");
+                Ok(())
+            }
+            Some(last_error) => {
+                self.metrics.count_media_encode("failed");
+                Err(ApiError::unavailable(
+                    format!(
+                        "No encoder worker could encode the request's media ({last_error}); retry shortly."
+                    ),
+                    Duration::from_secs(1),
+                ))
+            }
+        }
+    }
+
+    /// Encodes `members` on the first of `takers` that succeeds; the last error otherwise.
+    async fn encode_group(
+        &self,
+        takers: &[WorkerInstance],
+        members: &[&MediaItem],
+        estimate_ms: f64,
+    ) -> Result<(), String> {
         let mut job = Prompt::tokens(Vec::new());
-        job.media = items
+        job.media = members
             .iter()
             .map(|i| MediaSpan {
                 modality: i.modality,
@@ -62,7 +106,7 @@ impl Frontend {
             .collect();
         // The prepared inputs go along for encoders that compute real embeddings; they are
         // all there or none is.
-        let inputs: Option<Vec<_>> = items.iter().map(|i| i.input.clone()).collect();
+        let inputs: Option<Vec<_>> = members.iter().map(|i| i.input.clone()).collect();
         let request = GenerateRequest {
             phase: Phase::Encode,
             prompt: job,
@@ -74,7 +118,7 @@ impl Frontend {
             )
         };
         let mut last_error = String::from("no encoder worker answered");
-        for encoder in &encoders {
+        for encoder in takers {
             let _charge = self.media.charge(encoder.worker_id, estimate_ms);
             let outcome = match self.requests.generate(encoder, request.clone()).await {
                 Ok(mut stream) => match stream.next().await {
@@ -86,22 +130,106 @@ impl Frontend {
                 Err(e) => Err(e.to_string()),
             };
             match outcome {
-                Ok(()) => {
-                    self.metrics.count_media_encode("encoded");
-                    return Ok(());
-                }
+                Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(encoder = %encoder.worker_id, error = %e, "an encoder worker failed; trying the next");
                     last_error = e;
                 }
             }
         }
-        self.metrics.count_media_encode("failed");
-        Err(ApiError::unavailable(
-            format!(
-                "No encoder worker could encode the request's media ({last_error}); retry shortly."
-            ),
-            Duration::from_secs(1),
-        ))
+        Err(last_error)
+    }
+}
+
+/// A request's items grouped by the encoder workers that take their modality; items no
+/// encoder worker takes are left out.
+fn group_by_takers<'a>(
+    items: &'a [MediaItem],
+    encoders: &[WorkerInstance],
+) -> Vec<(Vec<WorkerInstance>, Vec<&'a MediaItem>)> {
+    let mut groups: Vec<(Vec<WorkerInstance>, Vec<&MediaItem>)> = Vec::new();
+    for item in items {
+        let takers: Vec<WorkerInstance> = encoders
+            .iter()
+            .filter(|e| e.modalities.contains(item.modality))
+            .cloned()
+            .collect();
+        if takers.is_empty() {
+            continue;
+        }
+        match groups.iter_mut().find(|(t, _)| same_workers(t, &takers)) {
+            Some((_, members)) => members.push(item),
+            None => groups.push((takers, vec![item])),
+        }
+    }
+    groups
+}
+
+/// Whether two lists name the same workers (in any order).
+fn same_workers(a: &[WorkerInstance], b: &[WorkerInstance]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .all(|x| b.iter().any(|y| y.worker_id == x.worker_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_core::{Modalities, Modality, WorkerId, WorkerRole};
+
+    use super::*;
+
+    fn encoder(id: u64, modalities: &[Modality]) -> WorkerInstance {
+        WorkerInstance {
+            role: WorkerRole::Encoder,
+            modalities: Modalities::from(modalities.to_vec()),
+            ..WorkerInstance::new(WorkerId(id), "m")
+        }
+    }
+
+    fn item(modality: Modality, hash: u64) -> MediaItem {
+        MediaItem {
+            modality,
+            tokens: 10,
+            hash,
+            input: None,
+        }
+    }
+
+    fn ids(workers: &[WorkerInstance]) -> Vec<u64> {
+        let mut ids: Vec<u64> = workers.iter().map(|w| w.worker_id.0).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn items_go_to_the_encoders_of_their_modality_and_share_one_when_the_pool_is_the_same() {
+        use Modality::*;
+        let fleet = [
+            encoder(1, &[]),
+            encoder(2, &[Audio]),
+            encoder(3, &[Image, Video]),
+        ];
+        let items = [
+            item(Image, 1),
+            item(Audio, 2),
+            item(Video, 3),
+            item(Image, 4),
+        ];
+        let groups = group_by_takers(&items, &fleet);
+        let shape: Vec<(Vec<u64>, Vec<u64>)> = groups
+            .iter()
+            .map(|(t, m)| (ids(t), m.iter().map(|i| i.hash).collect()))
+            .collect();
+        // Images and video: worker 1 (everything) and 3; audio: 1 and 2.
+        assert_eq!(
+            shape,
+            vec![(vec![1, 3], vec![1, 3, 4]), (vec![1, 2], vec![2])]
+        );
+        // No encoder takes images: they are not encoded; audio still is.
+        let audio_only = [encoder(2, &[Audio])];
+        let groups = group_by_takers(&items, &audio_only);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].1.len(), 1);
+        assert_eq!(groups[0].1[0].modality, Audio);
     }
 }
