@@ -13,6 +13,7 @@ pub mod audio;
 pub mod image;
 pub mod pool;
 pub mod source;
+pub mod store;
 pub mod video;
 
 pub use crate::audio::{AudioSettings, LogMel, PreparedAudio, prepare_audio};
