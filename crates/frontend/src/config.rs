@@ -284,6 +284,9 @@ impl FrontendConfig {
         if self.multimodal.fetch_timeout.is_zero() {
             return Err("frontend.multimodal.fetch_timeout must be longer than zero".into());
         }
+        if self.multimodal.encode_timeout.is_zero() {
+            return Err("frontend.multimodal.encode_timeout must be longer than zero".into());
+        }
         let c = &self.connections;
         if c.header_read_timeout.is_zero() || c.body_read_timeout.is_zero() {
             return Err(

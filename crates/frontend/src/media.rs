@@ -60,6 +60,25 @@ pub struct MultimodalConfig {
     pub encoders: usize,
     pub encoder_policy: EncoderPolicy,
     pub encoder_cost: EncoderCost,
+    /// How long a request's media may take to encode, from sending it to an encoder
+    /// worker to its answer (retries on other workers included).
+    #[serde(with = "humantime_serde")]
+    pub encode_timeout: Duration,
+    /// What a request whose media cannot be encoded (every encoder failed, or the
+    /// timeout passed) gets: a 503, or its text alone.
+    pub on_encoder_failure: OnEncoderFailure,
+}
+
+/// What a request whose media could not be encoded gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnEncoderFailure {
+    /// A 503 saying why (the client may retry).
+    #[default]
+    Fail,
+    /// The request runs on its text alone (the media's placeholders stripped), with a
+    /// warning in the response's `x-switchyard-warning` header.
+    TextOnly,
 }
 
 impl MultimodalConfig {
@@ -94,6 +113,8 @@ impl Default for MultimodalConfig {
             encoders: 0,
             encoder_policy: EncoderPolicy::default(),
             encoder_cost: EncoderCost::default(),
+            encode_timeout: Duration::from_secs(30),
+            on_encoder_failure: OnEncoderFailure::Fail,
         }
     }
 }
@@ -249,6 +270,11 @@ impl MediaStage {
             hash: prepared.hash,
             input: Some(input),
         })
+    }
+
+    /// What a request whose media could not be encoded gets, and how long encoding may take.
+    pub fn on_encoder_failure(&self) -> (OnEncoderFailure, Duration) {
+        (self.config.on_encoder_failure, self.config.encode_timeout)
     }
 
     /// The encoders' cost model (see [`MultimodalConfig::encoder_cost`]).

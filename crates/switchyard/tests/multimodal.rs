@@ -801,3 +801,59 @@ async fn real_encoder_workers_encode_what_the_frontend_prepared() {
             .unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn media_that_cannot_be_encoded_in_time_fails_or_falls_back_to_the_text_by_configuration() {
+    // One encoder taking 2 s an image, against a 200 ms encode timeout.
+    let slow = [
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+        (
+            "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+            "[[1, 2000.0], [2, 2500.0]]",
+        ),
+        ("FRONTEND__MULTIMODAL__ENCODE_TIMEOUT", "200ms"),
+    ];
+    let failing = start(&slow).await;
+    let body = with_image("What is this?", &data_url(&png(64, 64, 31)), None);
+    let started = std::time::Instant::now();
+    let (s, headers, b) = post(&failing, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 503, "{b}");
+    assert!(started.elapsed() < std::time::Duration::from_millis(1_500));
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.contains("200ms"), "{message}");
+    assert!(headers.get("x-switchyard-warning").is_none());
+
+    let mut text_only = slow.to_vec();
+    text_only.push(("FRONTEND__MULTIMODAL__ON_ENCODER_FAILURE", "text_only"));
+    let falling_back = start(&text_only).await;
+    let (s, headers, b) = post(&falling_back, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{b}");
+    let warning = headers["x-switchyard-warning"].to_str().unwrap();
+    assert!(warning.contains("text alone"), "{warning}");
+    // The image's 576 placeholder positions are gone from the prompt.
+    let (prompt_tokens, _) = usage(&b);
+    let plain = json!({
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}],
+    });
+    let (s, _, plain) = post(&falling_back, "/v1/chat/completions", &plain).await;
+    assert_eq!(s, 200, "{plain}");
+    assert!(prompt_tokens < 576, "{prompt_tokens} prompt tokens");
+    assert_eq!(prompt_tokens, usage(&plain).0);
+    let text = scrape(&url(&falling_back, "/metrics")).await;
+    let count = |outcome: &str| {
+        metric_value(
+            &text,
+            "switchyard_media_encodes_total",
+            Some(&format!("outcome=\"{outcome}\"")),
+        )
+    };
+    assert_eq!((count("timeout"), count("text_only")), (1.0, 1.0), "{text}");
+    for d in [failing, falling_back] {
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}

@@ -24,7 +24,7 @@ use crate::openai::response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
     Completion, CompletionChoice, Usage,
 };
-use crate::pipeline::{Frontend, Generation, Piece, Prepared};
+use crate::pipeline::{Frontend, Generation, Piece, Prepared, WARNING_HEADER};
 
 /// Bodies at least this large are converted (chat template, tokenizer) on the blocking
 /// pool: a long prompt takes milliseconds to tokenize, which must not stall the async
@@ -118,8 +118,8 @@ pub async fn chat(
             tracing::info_span!("preprocess"),
         )
         .await?;
-        tracing::Instrument::instrument(
-            frontend.encode_media(&items, &prepared.prompt),
+        let warning = tracing::Instrument::instrument(
+            frontend.encode_or_fall_back(&items, &mut prepared.prompt),
             tracing::info_span!("encode"),
         )
         .await?;
@@ -130,11 +130,12 @@ pub async fn chat(
             format!("chatcmpl-{:016x}", dispatched.id.0),
             dispatched,
             mode,
+            warning,
         ))
     }
     .instrument(span)
     .await;
-    let (id, dispatched, mode) = match result {
+    let (id, dispatched, mode, warning) = match result {
         Ok(ok) => ok,
         Err(e) => return e.into_response(),
     };
@@ -163,7 +164,23 @@ pub async fn chat(
             Err(e) => e.into_response(),
         }
     };
-    with_worker(response, worker)
+    let mut response = with_worker(response, worker);
+    // Header values are visible ASCII: anything else becomes `?`.
+    let warning = warning.map(|w| {
+        w.chars()
+            .map(|c| {
+                if c == ' ' || c.is_ascii_graphic() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect::<String>()
+    });
+    if let Some(value) = warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
+        response.headers_mut().insert(WARNING_HEADER, value);
+    }
+    response
 }
 
 /// Text completion: JSON, or server-sent events when `stream` is true.

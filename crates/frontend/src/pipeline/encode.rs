@@ -15,10 +15,52 @@ use switchyard_router::routing::encoders::MediaWork;
 use switchyard_runtime::WorkerInstance;
 
 use super::Frontend;
-use crate::media::MediaItem;
+use crate::media::{MediaItem, OnEncoderFailure};
 use crate::openai::ApiError;
 
+/// The response header that carries a warning about how the request was served.
+pub const WARNING_HEADER: &str = "x-switchyard-warning";
+
 impl Frontend {
+    /// Encodes the request's media as [`Frontend::encode_media`] does, within
+    /// `frontend.multimodal.encode_timeout`. When it cannot be encoded, either the request
+    /// fails (a 503) or, with `on_encoder_failure = "text_only"`, its media placeholders
+    /// are stripped from `prompt` and the request goes on from its text alone: the warning
+    /// to send with the response.
+    pub async fn encode_or_fall_back(
+        &self,
+        items: &[MediaItem],
+        prompt: &mut Prompt,
+    ) -> Result<Option<String>, ApiError> {
+        let (policy, timeout) = self.media.on_encoder_failure();
+        let outcome = match tokio::time::timeout(timeout, self.encode_media(items, prompt)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.metrics.count_media_encode("timeout");
+                Err(ApiError::unavailable(
+                    format!(
+                        "The request's media took longer than {} to encode; retry shortly.",
+                        humantime::format_duration(timeout)
+                    ),
+                    Duration::from_secs(1),
+                ))
+            }
+        };
+        match (outcome, policy) {
+            (Ok(()), _) => Ok(None),
+            (Err(e), OnEncoderFailure::Fail) => Err(e),
+            (Err(e), OnEncoderFailure::TextOnly) => {
+                strip_media(prompt);
+                self.metrics.count_media_encode("text_only");
+                tracing::warn!(error = %e.message, "media not encoded; answering from the text alone");
+                Ok(Some(format!(
+                    "media not encoded, answered from the text alone: {}",
+                    e.message
+                )))
+            }
+        }
+    }
+
     /// Encodes the request's media on encoder workers and returns once it is done; at once
     /// when there are no items or no encoder workers (media then costs no encoding time).
     /// Items go to the workers that take their modality, all the items one set of workers
@@ -141,6 +183,21 @@ impl Frontend {
     }
 }
 
+/// Removes the media's placeholder positions from the prompt: the text alone is left.
+fn strip_media(prompt: &mut Prompt) {
+    let spans = std::mem::take(&mut prompt.media);
+    let mut kept = Vec::with_capacity(prompt.token_ids.len());
+    let mut at = 0usize;
+    for span in &spans {
+        let start = (span.offset as usize).min(prompt.token_ids.len());
+        let end = (span.end() as usize).min(prompt.token_ids.len());
+        kept.extend_from_slice(&prompt.token_ids[at.min(start)..start]);
+        at = at.max(end);
+    }
+    kept.extend_from_slice(&prompt.token_ids[at.min(prompt.token_ids.len())..]);
+    prompt.token_ids = kept;
+}
+
 /// A request's items grouped by the encoder workers that take their modality; items no
 /// encoder worker takes are left out.
 fn group_by_takers<'a>(
@@ -199,6 +256,23 @@ mod tests {
         let mut ids: Vec<u64> = workers.iter().map(|w| w.worker_id.0).collect();
         ids.sort_unstable();
         ids
+    }
+
+    #[test]
+    fn stripping_media_leaves_the_text_around_it_in_order() {
+        let mut prompt = Prompt::tokens(vec![1, 2, 0, 0, 0, 3, 0, 0, 4]);
+        prompt.media = [(2, 3), (6, 2)]
+            .into_iter()
+            .map(|(offset, length)| MediaSpan {
+                modality: Modality::Image,
+                media_hash: 9,
+                offset,
+                length,
+            })
+            .collect();
+        strip_media(&mut prompt);
+        assert_eq!(prompt.token_ids, vec![1, 2, 3, 4]);
+        assert!(prompt.media.is_empty());
     }
 
     #[test]

@@ -20,6 +20,7 @@
 pub mod canary;
 mod dispatch;
 mod encode;
+pub use encode::WARNING_HEADER;
 mod stream;
 
 use std::sync::Arc;
