@@ -13,6 +13,7 @@
 pub mod auth;
 pub mod config;
 pub mod convert;
+pub mod features;
 pub mod http;
 pub mod media;
 pub mod metrics;

@@ -67,6 +67,9 @@ pub struct MultimodalConfig {
     /// What a request whose media cannot be encoded (every encoder failed, or the
     /// timeout passed) gets: a 503, or its text alone.
     pub on_encoder_failure: OnEncoderFailure,
+    /// Encoded features kept across requests (memory budgets, and what happens after
+    /// prefill).
+    pub feature_store: crate::features::FeatureStoreConfig,
 }
 
 /// What a request whose media could not be encoded gets.
@@ -115,6 +118,7 @@ impl Default for MultimodalConfig {
             encoder_cost: EncoderCost::default(),
             encode_timeout: Duration::from_secs(30),
             on_encoder_failure: OnEncoderFailure::Fail,
+            feature_store: crate::features::FeatureStoreConfig::default(),
         }
     }
 }

@@ -49,6 +49,11 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureStateLabels {
+    pub state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabels {
     pub tenant: String,
     pub outcome: &'static str,
@@ -109,6 +114,14 @@ pub struct Metrics {
     /// Requests with media by what happened to it: encoded on an encoder worker, skipped
     /// (joint routing found its KV on the soonest worker), failed (no encoder took it).
     pub media_encodes: Family<OutcomeLabels, Counter>,
+    /// Encode jobs sent to encoder workers (one per pool a request's items need).
+    pub encoder_jobs: Counter,
+    /// Media items found encoded in the feature store (not sent to an encoder).
+    pub feature_store_hits: Counter,
+    pub feature_store_evictions: Counter,
+    pub feature_store_waits: Counter,
+    /// The store's memory by lifecycle state.
+    pub feature_store_bytes: Family<FeatureStateLabels, Gauge>,
     /// Where requests for decode workers were prefilled.
     pub disagg_prefills: Family<OutcomeLabels, Counter>,
     /// From a remote prefill's first token to the decode worker's first (the KV transfer).
@@ -367,6 +380,36 @@ impl Metrics {
             "Requests with media by outcome: encoded, skipped (its media's KV held by the soonest worker), failed",
             media_encodes.clone(),
         );
+        let encoder_jobs = Counter::default();
+        registry.register(
+            "encoder_jobs",
+            "Encode jobs sent to encoder workers",
+            encoder_jobs.clone(),
+        );
+        let feature_store_hits = Counter::default();
+        registry.register(
+            "feature_store_hits",
+            "Media items whose features were in the feature store (no encoding)",
+            feature_store_hits.clone(),
+        );
+        let feature_store_evictions = Counter::default();
+        registry.register(
+            "feature_store_evictions",
+            "Kept features evicted from the feature store for room",
+            feature_store_evictions.clone(),
+        );
+        let feature_store_waits = Counter::default();
+        registry.register(
+            "feature_store_waits",
+            "Times a request waited for feature store memory",
+            feature_store_waits.clone(),
+        );
+        let feature_store_bytes = Family::<FeatureStateLabels, Gauge>::default();
+        registry.register(
+            "feature_store_bytes",
+            "Feature store memory by lifecycle state",
+            feature_store_bytes.clone(),
+        );
         Metrics {
             registry,
             rendering: parking_lot::Mutex::new(()),
@@ -407,6 +450,11 @@ impl Metrics {
             migration_latency,
             canaries,
             media_encodes,
+            encoder_jobs,
+            feature_store_hits,
+            feature_store_evictions,
+            feature_store_waits,
+            feature_store_bytes,
             disagg_prefills,
             disagg_handoff,
             counted_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),

@@ -857,3 +857,47 @@ async fn media_that_cannot_be_encoded_in_time_fails_or_falls_back_to_the_text_by
             .unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_sending_its_image_again_skips_the_encoder_when_features_are_kept() {
+    let encoder = [
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+    ];
+    let mut keep = encoder.to_vec();
+    keep.push((
+        "FRONTEND__MULTIMODAL__FEATURE_STORE__AFTER_PREFILL",
+        "keep_cpu",
+    ));
+    let image = data_url(&png(64, 64, 41));
+    // Two turns: other text before the same image, so its KV is not what makes it cheap.
+    let first = with_image("Describe this.", &image, None);
+    let second = with_image("Now, in one word: what colour is it?", &image, None);
+    for (overrides, kept) in [(keep, true), (encoder.to_vec(), false)] {
+        let d = start(&overrides).await;
+        for body in [&first, &second] {
+            let (s, _, b) = post(&d, "/v1/chat/completions", body).await;
+            assert_eq!(s, 200, "{b}");
+        }
+        let text = scrape(&url(&d, "/metrics")).await;
+        let value = |name: &str, labels: Option<&str>| metric_value(&text, name, labels);
+        let jobs = value("switchyard_encoder_jobs_total", None);
+        let hits = value("switchyard_feature_store_hits_total", None);
+        let kept_bytes = value(
+            "switchyard_feature_store_bytes",
+            Some("state=\"encoded_cpu\""),
+        );
+        if kept {
+            // 576 tokens × 8,192 bytes, encoded once and kept.
+            assert_eq!((jobs, hits), (1.0, 1.0), "{text}");
+            assert_eq!(kept_bytes, 576.0 * 8192.0, "{text}");
+        } else {
+            // Discarded after the first turn: encoded again, nothing left behind.
+            assert_eq!((jobs, hits), (2.0, 0.0), "{text}");
+            assert_eq!(kept_bytes, 0.0, "{text}");
+        }
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}

@@ -118,14 +118,22 @@ pub async fn chat(
             tracing::info_span!("preprocess"),
         )
         .await?;
-        let warning = tracing::Instrument::instrument(
+        let (warning, hold) = tracing::Instrument::instrument(
             frontend.encode_or_fall_back(&items, &mut prepared.prompt),
             tracing::info_span!("encode"),
         )
         .await?;
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
-        let dispatched = frontend.generate(prepared).await?;
+        let mut dispatched = frontend.generate(prepared).await?;
+        // The media's features stay held until the response ends.
+        dispatched.generation = dispatched
+            .generation
+            .map(move |piece| {
+                let _ = &hold;
+                piece
+            })
+            .boxed();
         Ok::<_, ApiError>((
             format!("chatcmpl-{:016x}", dispatched.id.0),
             dispatched,

@@ -5,16 +5,19 @@
 //! are encoded. Joint routing first: when the worker predicted to answer soonest already
 //! holds the media's KV (the same image behind the same text), nothing is encoded.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest, Phase, Prompt};
 use switchyard_core::{MediaSpan, RequestId};
+use switchyard_multimodal::store::{Acquired, FeatureState};
 use switchyard_router::routing::encoders::MediaWork;
 use switchyard_runtime::WorkerInstance;
 
 use super::Frontend;
+use crate::features::FeatureHold;
 use crate::media::{MediaItem, OnEncoderFailure};
 use crate::openai::ApiError;
 
@@ -23,17 +26,26 @@ pub const WARNING_HEADER: &str = "x-switchyard-warning";
 
 impl Frontend {
     /// Encodes the request's media as [`Frontend::encode_media`] does, within
-    /// `frontend.multimodal.encode_timeout`. When it cannot be encoded, either the request
+    /// `frontend.multimodal.encode_timeout`, except items whose features the feature store
+    /// has (another turn sent them). When the media cannot be encoded, either the request
     /// fails (a 503) or, with `on_encoder_failure = "text_only"`, its media placeholders
     /// are stripped from `prompt` and the request goes on from its text alone: the warning
-    /// to send with the response.
+    /// to send with the response. The hold keeps the request's items in the store until it
+    /// is dropped (when the response ends).
     pub async fn encode_or_fall_back(
         &self,
         items: &[MediaItem],
         prompt: &mut Prompt,
-    ) -> Result<Option<String>, ApiError> {
+    ) -> Result<(Option<String>, FeatureHold), ApiError> {
         let (policy, timeout) = self.media.on_encoder_failure();
-        let outcome = match tokio::time::timeout(timeout, self.encode_media(items, prompt)).await {
+        let mut hold = FeatureHold::new(Arc::clone(&self.features));
+        let mut reserved = Vec::new();
+        let outcome = tokio::time::timeout(timeout, async {
+            let to_encode = self.hold_features(items, &mut hold, &mut reserved).await;
+            self.encode_media(&to_encode, prompt).await
+        })
+        .await;
+        let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(_) => {
                 self.metrics.count_media_encode("timeout");
@@ -46,37 +58,120 @@ impl Frontend {
                 ))
             }
         };
+        // The items this request reserved are encoded now, or leave the store.
+        let encoded: &[u64] = outcome.as_ref().map_or(&[], Vec::as_slice);
+        let gone: Vec<u64> = reserved
+            .iter()
+            .copied()
+            .filter(|h| !encoded.contains(h))
+            .collect();
+        self.features.with(|store| {
+            for &hash in &reserved {
+                let settled = if encoded.contains(&hash) {
+                    store.encoded(hash)
+                } else {
+                    store.failed(hash)
+                };
+                if let Err(e) = settled {
+                    tracing::warn!(error = %e, "the feature store could not settle an item");
+                }
+            }
+        });
+        for hash in gone {
+            hold.forget(hash);
+        }
         match (outcome, policy) {
-            (Ok(()), _) => Ok(None),
+            (Ok(_), _) => Ok((None, hold)),
             (Err(e), OnEncoderFailure::Fail) => Err(e),
             (Err(e), OnEncoderFailure::TextOnly) => {
                 strip_media(prompt);
                 self.metrics.count_media_encode("text_only");
                 tracing::warn!(error = %e.message, "media not encoded; answering from the text alone");
-                Ok(Some(format!(
-                    "media not encoded, answered from the text alone: {}",
-                    e.message
-                )))
+                Ok((
+                    Some(format!(
+                        "media not encoded, answered from the text alone: {}",
+                        e.message
+                    )),
+                    hold,
+                ))
             }
         }
     }
 
-    /// Encodes the request's media on encoder workers and returns once it is done; at once
-    /// when there are no items or no encoder workers (media then costs no encoding time).
+    /// Takes the request's items in the feature store: those it has are not encoded
+    /// again; the others are reserved (`reserved`) and returned, to encode. An item a
+    /// request sends twice is encoded once. Waits while the store has no room (bounded by
+    /// the caller's timeout). Without encoder workers nothing is encoded, so nothing is
+    /// stored.
+    async fn hold_features(
+        &self,
+        items: &[MediaItem],
+        hold: &mut FeatureHold,
+        reserved: &mut Vec<u64>,
+    ) -> Vec<MediaItem> {
+        if items.is_empty() || self.routing.encoders().is_empty() {
+            return items.to_vec();
+        }
+        let per_token = self.media.encoder_cost().embedding_bytes_per_token;
+        let mut to_encode: Vec<MediaItem> = Vec::new();
+        for item in items {
+            if to_encode.iter().any(|i| i.hash == item.hash) || hold.holds(item.hash) {
+                continue;
+            }
+            let bytes = u64::from(item.tokens).saturating_mul(per_token);
+            loop {
+                match self.features.with(|store| store.acquire(item.hash, bytes)) {
+                    Ok(Acquired::Hit(FeatureState::Encoding)) => {
+                        // Another request is encoding it: encode it too rather than wait.
+                        hold.push(item.hash);
+                        to_encode.push(item.clone());
+                    }
+                    Ok(Acquired::Hit(_)) => {
+                        hold.push(item.hash);
+                        self.metrics.feature_store_hits.inc();
+                    }
+                    Ok(Acquired::Encode) => {
+                        hold.push(item.hash);
+                        reserved.push(item.hash);
+                        to_encode.push(item.clone());
+                    }
+                    Ok(Acquired::Wait) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        // Larger than the whole store: encoded, not kept.
+                        tracing::debug!(error = %e, "a media item bypasses the feature store");
+                        to_encode.push(item.clone());
+                    }
+                }
+                break;
+            }
+        }
+        to_encode
+    }
+
+    /// Encodes the request's media on encoder workers and returns once it is done (with the
+    /// hashes of the items encoded); at once when there are no items or no encoder workers
+    /// (media then costs no encoding time).
     /// Items go to the workers that take their modality, all the items one set of workers
     /// takes to one of them (so they may share batches); items no encoder worker takes are
     /// not encoded. A 503 when no encoder worker takes a group.
-    pub async fn encode_media(&self, items: &[MediaItem], prompt: &Prompt) -> Result<(), ApiError> {
+    pub async fn encode_media(
+        &self,
+        items: &[MediaItem],
+        prompt: &Prompt,
+    ) -> Result<Vec<u64>, ApiError> {
         if items.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let encoders = self.routing.encoders();
         if encoders.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut groups = group_by_takers(items, &encoders);
         if groups.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let cost = self.media.encoder_cost();
         let estimate_ms = |members: &[&MediaItem]| -> f64 {
@@ -104,7 +199,7 @@ impl Frontend {
         let encode = Duration::from_secs_f64(ready_ms / 1e3) + cost.transfer_time(media_tokens);
         if self.routing.holder_is_sooner(prompt, encode) {
             self.metrics.count_media_encode("skipped");
-            return Ok(());
+            return Ok(Vec::new());
         }
         let outcomes = futures::future::join_all(
             groups
@@ -115,7 +210,10 @@ impl Frontend {
         match outcomes.into_iter().find_map(Result::err) {
             None => {
                 self.metrics.count_media_encode("encoded");
-                Ok(())
+                Ok(groups
+                    .iter()
+                    .flat_map(|(_, members)| members.iter().map(|i| i.hash))
+                    .collect())
             }
             Some(last_error) => {
                 self.metrics.count_media_encode("failed");
@@ -162,6 +260,7 @@ impl Frontend {
         let mut last_error = String::from("no encoder worker answered");
         for encoder in takers {
             let _charge = self.media.charge(encoder.worker_id, estimate_ms);
+            self.metrics.encoder_jobs.inc();
             let outcome = match self.requests.generate(encoder, request.clone()).await {
                 Ok(mut stream) => match stream.next().await {
                     Some(Ok(GenerateOutput::Finished { .. })) => Ok(()),

@@ -61,6 +61,8 @@ pub struct Frontend {
     pub keys: KeyTable,
     /// Media in requests: fetched, decoded and prepared off the async threads.
     pub media: crate::media::MediaStage,
+    /// Which media items' encoded features exist (see [`crate::features`]).
+    pub features: Arc<crate::features::SharedFeatureStore>,
 }
 
 /// A validated request, tokenized.
@@ -155,8 +157,11 @@ impl Frontend {
         let budget = config.migration.budget_max;
         let metrics = Metrics::new(routing.model());
         let media = crate::media::MediaStage::new(config.multimodal.clone());
+        let features =
+            crate::features::SharedFeatureStore::new(&config.multimodal.feature_store, &metrics);
         Frontend {
             media,
+            features,
             config,
             preprocessor,
             routing,
