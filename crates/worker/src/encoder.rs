@@ -92,6 +92,11 @@ impl Default for EncoderModels {
 }
 
 impl EncoderModels {
+    /// The modalities the worker takes, as it announces them.
+    pub fn modality_set(&self) -> Modalities {
+        Modalities::from(self.modalities.clone())
+    }
+
     /// Whether it names any model.
     pub fn any(&self) -> bool {
         self.vision.is_some() || self.audio.is_some()
@@ -141,7 +146,7 @@ impl Engine for MockEncoder {
             max_num_seqs: None,
             dp_size: 1,
             prompt_text: false,
-            modalities: Modalities::from(self.config.models.modalities.clone()),
+            modalities: self.config.models.modality_set(),
         }
     }
 
@@ -167,7 +172,7 @@ impl Engine for MockEncoder {
         Ok(RunningEngine {
             service: Arc::new(EncoderService {
                 encoders,
-                modalities: Modalities::from(self.config.models.modalities.clone()),
+                modalities: self.config.models.modality_set(),
                 #[cfg(feature = "encoders")]
                 real,
             }),
