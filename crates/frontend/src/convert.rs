@@ -353,6 +353,7 @@ fn common(
             policy: routing.policy,
             overlap_weight: routing.overlap_weight,
             temperature: routing.temperature,
+            worker: None,
         },
     };
     Ok((prepared, mode))

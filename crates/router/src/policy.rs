@@ -9,8 +9,8 @@ use std::str::FromStr;
 use rand::Rng;
 use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
-use switchyard_core::WorkerKey;
 use switchyard_core::perf::{PerfModel, StepShape};
+use switchyard_core::{WorkerId, WorkerKey};
 use thiserror::Error;
 
 /// What a policy knows about one worker for one request.
@@ -92,6 +92,10 @@ pub struct RoutingOverrides {
     pub policy: Option<PolicyKind>,
     pub overlap_weight: Option<f64>,
     pub temperature: Option<f64>,
+    /// The worker the request goes to whenever it may take it (serving, not excluded),
+    /// whatever the policy would choose: joint routing sends media it did not encode to the
+    /// worker holding their KV.
+    pub worker: Option<WorkerId>,
 }
 
 /// One request, as the policies see it.

@@ -664,3 +664,50 @@ fn with_a_wait_target_a_worker_with_long_queued_prefill_is_busy() {
     route(&mut core, 1, &prompt, &none, &[]).unwrap();
     assert!(!core.all_busy());
 }
+
+#[test]
+fn a_pinned_request_goes_to_its_worker_while_that_may_take_it() {
+    use switchyard_router::routing::health::Failure;
+    let mut core = core(PolicyKind::RoundRobin);
+    for id in 1..=3 {
+        core.add_worker(spec(id)).unwrap();
+    }
+    let prompt = blocks(&[1, 2, 3, 4]);
+    let none = OverlapScores::default();
+    let pinned = |core: &mut RoutingCore, id: u64, worker: u64, exclude: &[WorkerId]| {
+        core.route(
+            &RouteQuery {
+                id: RequestId(id),
+                blocks: &prompt,
+                overrides: RoutingOverrides {
+                    worker: Some(WorkerId(worker)),
+                    ..RoutingOverrides::default()
+                },
+                exclude,
+            },
+            &none,
+            T0,
+        )
+        .ok()
+        .map(|d| d.worker.worker_id)
+    };
+    // Round robin would spread them; the pin keeps every one on worker 2.
+    for id in 0..6 {
+        assert_eq!(pinned(&mut core, id, 2, &[]), Some(WorkerId(2)));
+    }
+    // A suspicious worker still takes what is pinned to it (it holds the request's KV).
+    core.observe_failure(WorkerId(3), Failure::Disconnected, T0);
+    for id in 10..30 {
+        assert_eq!(pinned(&mut core, id, 3, &[]), Some(WorkerId(3)));
+        core.finish(RequestId(id));
+    }
+    // Excluded (it failed the request), unknown or out of rotation: routed as usual.
+    let other = pinned(&mut core, 40, 2, &[WorkerId(2)]);
+    assert!(other.is_some() && other != Some(WorkerId(2)), "{other:?}");
+    assert!(pinned(&mut core, 42, 9, &[]).is_some());
+    core.observe_failure(WorkerId(3), Failure::Stalled, T0);
+    core.observe_failure(WorkerId(3), Failure::Stalled, T0);
+    for id in 50..60 {
+        assert_ne!(pinned(&mut core, id, 3, &[]), Some(WorkerId(3)));
+    }
+}

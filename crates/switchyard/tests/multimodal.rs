@@ -704,9 +704,11 @@ async fn encoder_worker_processes_encode_for_a_distributed_frontend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
     // A 400 ms encoder: the same image behind the same text a second time is found cached
-    // on a worker, predicted far sooner than encoding again.
+    // on a worker, predicted far sooner than encoding again. Round robin would send it to
+    // the other worker: skipping the encoder pins it to the one holding its KV.
     let d = start(&[
         ("WORKERS__COUNT", "2"),
+        ("FRONTEND__ROUTER__POLICY", "round-robin"),
         ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
         (
             "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
@@ -724,20 +726,22 @@ async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
         let d = &d;
         async move {
             let start = std::time::Instant::now();
-            let (s, _, b) = post(d, "/v1/chat/completions", &body).await;
+            let (s, h, b) = post(d, "/v1/chat/completions", &body).await;
             assert_eq!(s, 200, "{b}");
-            (start.elapsed(), usage(&b).1)
+            let worker = h["x-switchyard-worker"].to_str().unwrap().to_owned();
+            (start.elapsed(), usage(&b).1, worker)
         }
     };
-    let (first, _) = timed().await;
+    let (first, _, holder) = timed().await;
     assert!(first >= std::time::Duration::from_millis(390), "{first:?}");
     // The worker's KV events reach the frontend's index.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let (second, cached) = timed().await;
+    let (second, cached, worker) = timed().await;
     assert!(
         second < std::time::Duration::from_millis(300),
         "{second:?}: encoded again"
     );
+    assert_eq!(worker, holder, "not sent where the media's KV is");
     assert!(cached >= 576, "{cached} tokens cached");
     let text = scrape(&url(&d, "/metrics")).await;
     let count = |outcome: &str| {

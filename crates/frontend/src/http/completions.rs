@@ -118,11 +118,14 @@ pub async fn chat(
             tracing::info_span!("preprocess"),
         )
         .await?;
-        let (warning, hold) = tracing::Instrument::instrument(
+        let ready = tracing::Instrument::instrument(
             frontend.encode_or_fall_back(&items, &mut prepared.prompt),
             tracing::info_span!("encode"),
         )
         .await?;
+        // Media not encoded because a worker holds their KV go to that worker.
+        prepared.overrides.worker = ready.worker;
+        let (warning, hold) = (ready.warning, ready.hold);
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
         let mut dispatched = frontend.generate(prepared).await?;

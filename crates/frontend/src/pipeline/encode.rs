@@ -3,7 +3,8 @@
 //! may share batches), chosen by `frontend.multimodal.encoder_policy`; a worker that cannot
 //! take them hands them to the next; the request is routed once they
 //! are encoded. Joint routing first: when the worker predicted to answer soonest already
-//! holds the media's KV (the same image behind the same text), nothing is encoded.
+//! holds the media's KV (the same image behind the same text), nothing is encoded and the
+//! request is pinned to that worker.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest, Phase, Prompt};
-use switchyard_core::{MediaSpan, RequestId};
+use switchyard_core::{MediaSpan, RequestId, WorkerId};
 use switchyard_multimodal::store::{Acquired, FeatureState};
 use switchyard_router::routing::encoders::MediaWork;
 use switchyard_runtime::WorkerInstance;
@@ -23,6 +24,28 @@ use crate::openai::ApiError;
 
 /// The response header that carries a warning about how the request was served.
 pub const WARNING_HEADER: &str = "x-switchyard-warning";
+
+/// A request's media, ready for its LLM worker.
+#[derive(Debug)]
+pub struct MediaReady {
+    /// How the request is served differently from what it asked (its media were dropped).
+    pub warning: Option<String>,
+    /// Keeps the request's items in the feature store until it is dropped.
+    pub hold: FeatureHold,
+    /// The worker the request must go to: it holds the media's KV, which is why they were
+    /// not encoded.
+    pub worker: Option<WorkerId>,
+}
+
+/// What [`Frontend::encode_media`] did.
+#[derive(Debug, Default)]
+pub struct Encoded {
+    /// The items encoded.
+    pub hashes: Vec<u64>,
+    /// Nothing was encoded because this worker holds the media's KV and is predicted to
+    /// answer soonest: the request is to go there.
+    pub holder: Option<WorkerId>,
+}
 
 impl Frontend {
     /// Encodes the request's media as [`Frontend::encode_media`] does, within
@@ -36,7 +59,7 @@ impl Frontend {
         &self,
         items: &[MediaItem],
         prompt: &mut Prompt,
-    ) -> Result<(Option<String>, FeatureHold), ApiError> {
+    ) -> Result<MediaReady, ApiError> {
         let (policy, timeout) = self.media.on_encoder_failure();
         let mut hold = FeatureHold::new(Arc::clone(&self.features));
         let mut reserved = Vec::new();
@@ -59,7 +82,7 @@ impl Frontend {
             }
         };
         // The items this request reserved are encoded now, or leave the store.
-        let encoded: &[u64] = outcome.as_ref().map_or(&[], Vec::as_slice);
+        let encoded: &[u64] = outcome.as_ref().map_or(&[], |e| e.hashes.as_slice());
         let gone: Vec<u64> = reserved
             .iter()
             .copied()
@@ -81,19 +104,24 @@ impl Frontend {
             hold.forget(hash);
         }
         match (outcome, policy) {
-            (Ok(_), _) => Ok((None, hold)),
+            (Ok(encoded), _) => Ok(MediaReady {
+                warning: None,
+                hold,
+                worker: encoded.holder,
+            }),
             (Err(e), OnEncoderFailure::Fail) => Err(e),
             (Err(e), OnEncoderFailure::TextOnly) => {
                 strip_media(prompt);
                 self.metrics.count_media_encode("text_only");
                 tracing::warn!(error = %e.message, "media not encoded; answering from the text alone");
-                Ok((
-                    Some(format!(
+                Ok(MediaReady {
+                    warning: Some(format!(
                         "media not encoded, answered from the text alone: {}",
                         e.message
                     )),
                     hold,
-                ))
+                    worker: None,
+                })
             }
         }
     }
@@ -161,17 +189,17 @@ impl Frontend {
         &self,
         items: &[MediaItem],
         prompt: &Prompt,
-    ) -> Result<Vec<u64>, ApiError> {
+    ) -> Result<Encoded, ApiError> {
         if items.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Encoded::default());
         }
         let encoders = self.routing.encoders();
         if encoders.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Encoded::default());
         }
         let mut groups = group_by_takers(items, &encoders);
         if groups.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Encoded::default());
         }
         let cost = self.media.encoder_cost();
         let estimate_ms = |members: &[&MediaItem]| -> f64 {
@@ -197,9 +225,12 @@ impl Frontend {
         }
         let media_tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
         let encode = Duration::from_secs_f64(ready_ms / 1e3) + cost.transfer_time(media_tokens);
-        if self.routing.holder_is_sooner(prompt, encode) {
+        if let Some(holder) = self.routing.sooner_holder(prompt, encode) {
             self.metrics.count_media_encode("skipped");
-            return Ok(Vec::new());
+            return Ok(Encoded {
+                hashes: Vec::new(),
+                holder: Some(holder),
+            });
         }
         let outcomes = futures::future::join_all(
             groups
@@ -210,10 +241,13 @@ impl Frontend {
         match outcomes.into_iter().find_map(Result::err) {
             None => {
                 self.metrics.count_media_encode("encoded");
-                Ok(groups
-                    .iter()
-                    .flat_map(|(_, members)| members.iter().map(|i| i.hash))
-                    .collect())
+                Ok(Encoded {
+                    hashes: groups
+                        .iter()
+                        .flat_map(|(_, members)| members.iter().map(|i| i.hash))
+                        .collect(),
+                    holder: None,
+                })
             }
             Some(last_error) => {
                 self.metrics.count_media_encode("failed");

@@ -424,18 +424,15 @@ impl RoutingService {
 
     // ---- routing ----
 
-    /// Joint routing of a prompt with media (see `RoutingCore::joint_media_choice`):
-    /// whether the worker predicted to give the first token soonest holds the media's KV
-    /// already (so encoding it would be wasted), given `encode` until the media could reach
-    /// any other worker. False when the prompt cannot be hashed or no worker serves.
-    pub fn holder_is_sooner(&self, prompt: &Prompt, encode: Duration) -> bool {
-        let Some(end) = prompt.media.iter().map(|m| m.end()).max() else {
-            return false;
-        };
+    /// Joint routing of a prompt with media (see `RoutingCore::joint_media_choice`): the
+    /// worker predicted to give the first token soonest when it holds the media's KV
+    /// already (so encoding it would be wasted: the request is to go there), given
+    /// `encode` until the media could reach any other worker. None when that worker needs
+    /// the media encoded, the prompt cannot be hashed or no worker serves.
+    pub fn sooner_holder(&self, prompt: &Prompt, encode: Duration) -> Option<WorkerId> {
+        let end = prompt.media.iter().map(|m| m.end()).max()?;
         let block_size = self.block_size();
-        let Ok(blocks) = blocks_for(prompt, block_size) else {
-            return false;
-        };
+        let blocks = blocks_for(prompt, block_size).ok()?;
         // Every block the media overlaps; a media item ending in the prompt's last,
         // partial block (never cached) counts as held with the full blocks before it: the
         // few positions left are computed with the rest of that block.
@@ -443,13 +440,13 @@ impl RoutingService {
             .div_ceil(u64::from(block_size.max(1)))
             .min(blocks.full_blocks() as u64);
         if needed == 0 {
-            return false;
+            return None;
         }
         let overlaps = self.indexer.find_matches(blocks.local_hashes());
         let now = self.now();
         let mut core = self.core.lock();
         if core.block_size() != block_size {
-            return false;
+            return None;
         }
         let query = RouteQuery {
             id: RequestId(0),
@@ -457,10 +454,10 @@ impl RoutingService {
             overrides: RoutingOverrides::default(),
             exclude: &[],
         };
-        matches!(
-            core.joint_media_choice(&query, &overlaps, needed as u32, encode, now),
-            Some((_, false))
-        )
+        match core.joint_media_choice(&query, &overlaps, needed as u32, encode, now)? {
+            (holder, false) => Some(holder),
+            (_, true) => None,
+        }
     }
 
     /// Picks a worker for a prompt, other than those in `exclude` (workers that just failed

@@ -820,11 +820,21 @@ impl RoutingCore {
             .iter()
             .filter(|e| eligible(e) && !query.exclude.contains(&e.spec.id))
             .collect();
+        // A pinned request goes to its worker when that may take it, even a suspicious one.
+        let pinned: Vec<&WorkerEntry> = all
+            .iter()
+            .copied()
+            .filter(|e| query.overrides.worker == Some(e.spec.id))
+            .collect();
         let mut chosen: Vec<&WorkerEntry> = Vec::with_capacity(all.len());
-        for &e in &all {
-            if e.health.state == HealthState::Healthy || self.rng.random::<f64>() < weight {
-                chosen.push(e);
+        if pinned.is_empty() {
+            for &e in &all {
+                if e.health.state == HealthState::Healthy || self.rng.random::<f64>() < weight {
+                    chosen.push(e);
+                }
             }
+        } else {
+            chosen = pinned;
         }
         if chosen.is_empty() {
             chosen = all;
