@@ -296,6 +296,11 @@ pub struct GenerateRequest {
     /// for encoders that only model the time).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub media_inputs: Vec<MediaInput>,
+    /// The prompt's media are still being encoded (the frontend sent the request ahead of
+    /// them): an engine that can computes the prompt up to its first media position and
+    /// waits there for `media_ready`; one that cannot takes the placeholders as they are.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub media_pending: bool,
 }
 
 impl GenerateRequest {
@@ -310,6 +315,7 @@ impl GenerateRequest {
             resume: None,
             phase: Phase::Aggregated,
             media_inputs: Vec::new(),
+            media_pending: false,
         }
     }
 

@@ -7,9 +7,9 @@
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use switchyard_core::SequenceHash;
 pub use switchyard_core::protocol::EngineError;
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest};
+use switchyard_core::{RequestId, SequenceHash};
 
 use crate::discovery::WorkerInstance;
 
@@ -38,6 +38,21 @@ pub trait RequestPlane: Send + Sync + std::fmt::Debug {
             worker.worker_id
         )))
     }
+
+    /// Tells `worker` that request `id`'s media are encoded (it was sent with
+    /// `media_pending`): its prefill may go past its first media position. Whether the
+    /// request was there, held at its media.
+    async fn media_ready(
+        &self,
+        worker: &WorkerInstance,
+        id: RequestId,
+    ) -> Result<bool, EngineError> {
+        let _ = id;
+        Err(EngineError::Unsupported(format!(
+            "this request plane cannot tell worker {} that media are ready",
+            worker.worker_id
+        )))
+    }
 }
 
 /// The worker side: what serves requests.
@@ -52,5 +67,13 @@ pub trait EngineService: Send + Sync + std::fmt::Debug {
         Err(EngineError::Unsupported(
             "this engine does not share its KV blocks".into(),
         ))
+    }
+
+    /// Request `id`'s media are encoded: its prefill may go past its first media position.
+    /// Whether the request was here, held at its media; engines that do not hold requests
+    /// at their media (they take the placeholders as they come) answer false.
+    async fn media_ready(&self, id: RequestId) -> Result<bool, EngineError> {
+        let _ = id;
+        Ok(false)
     }
 }

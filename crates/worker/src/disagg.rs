@@ -169,6 +169,10 @@ impl EngineService for DisaggService {
         self.inner.held_blocks(blocks).await
     }
 
+    async fn media_ready(&self, id: switchyard_core::RequestId) -> Result<bool, EngineError> {
+        self.inner.media_ready(id).await
+    }
+
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
         match &request.phase {
             Phase::Aggregated | Phase::Encode => self.inner.generate(request).await,

@@ -60,6 +60,12 @@ pub trait StepEngine: Send + 'static {
         let _ = blocks;
         0
     }
+    /// Request `id`'s media are encoded: its prefill may pass its first media position.
+    /// Whether it was here, held at its media (engines that hold none answer false).
+    fn media_ready(&mut self, id: RequestId) -> bool {
+        let _ = id;
+        false
+    }
 }
 
 enum Command {
@@ -71,6 +77,8 @@ enum Command {
     Cancel(RequestId),
     /// How many of these blocks the cache holds.
     Held(Vec<SequenceHash>, oneshot::Sender<u32>),
+    /// A request's media are encoded; whether it was held at them.
+    MediaReady(RequestId, oneshot::Sender<bool>),
     /// Stops a threaded driver (which cannot wait on the cancellation token).
     Stop,
 }
@@ -112,6 +120,7 @@ impl std::fmt::Debug for Command {
             Command::Add { request, .. } => write!(f, "Add({})", request.id),
             Command::Cancel(id) => write!(f, "Cancel({id})"),
             Command::Held(blocks, _) => write!(f, "Held({} blocks)", blocks.len()),
+            Command::MediaReady(id, _) => write!(f, "MediaReady({id})"),
             Command::Stop => write!(f, "Stop"),
         }
     }
@@ -144,6 +153,16 @@ impl DriverHandle {
         let (reply, held) = oneshot::channel();
         self.commands
             .send(Command::Held(blocks, reply))
+            .await
+            .map_err(|_| EngineError::Stopping)?;
+        held.await.map_err(|_| EngineError::Stopping)
+    }
+
+    /// Request `id`'s media are encoded (see [`StepEngine::media_ready`]).
+    pub async fn media_ready(&self, id: RequestId) -> Result<bool, EngineError> {
+        let (reply, held) = oneshot::channel();
+        self.commands
+            .send(Command::MediaReady(id, reply))
             .await
             .map_err(|_| EngineError::Stopping)?;
         held.await.map_err(|_| EngineError::Stopping)
@@ -221,6 +240,9 @@ impl<E: StepEngine> Core<E> {
             }
             Command::Held(blocks, reply) => {
                 let _ = reply.send(self.engine.held_prefix(&blocks));
+            }
+            Command::MediaReady(id, reply) => {
+                let _ = reply.send(self.engine.media_ready(id));
             }
             Command::Stop => return false,
         }

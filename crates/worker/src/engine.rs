@@ -17,7 +17,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest};
-use switchyard_core::{KvEvent, LoadSnapshot, Modalities, SequenceHash, WorkerRole};
+use switchyard_core::{KvEvent, LoadSnapshot, Modalities, RequestId, SequenceHash, WorkerRole};
 use switchyard_runtime::{EngineService, ResponseStream};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -114,6 +114,10 @@ enum State {
 impl EngineService for StepService {
     async fn held_blocks(&self, blocks: &[SequenceHash]) -> Result<u32, EngineError> {
         self.engine.held_prefix(blocks.to_vec()).await
+    }
+
+    async fn media_ready(&self, id: RequestId) -> Result<bool, EngineError> {
+        self.engine.media_ready(id).await
     }
 
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {

@@ -435,6 +435,15 @@ impl EngineService for FaultyService {
         self.inner.held_blocks(blocks).await
     }
 
+    async fn media_ready(&self, id: switchyard_core::RequestId) -> Result<bool, EngineError> {
+        if self.faults.flags() & (CRASHED | REFUSING | HUNG) != 0 {
+            return Err(EngineError::Unreachable(
+                "connection refused (injected fault)".into(),
+            ));
+        }
+        self.inner.media_ready(id).await
+    }
+
     async fn generate(&self, request: GenerateRequest) -> Result<ResponseStream, EngineError> {
         let faults = &self.faults;
         if faults.flags() & (CRASHED | REFUSING) != 0 {

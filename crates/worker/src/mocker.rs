@@ -103,6 +103,9 @@ pub struct SteppedMocker {
     out: StepOutput,
     /// Slows its steps down (fault injection).
     pace: Option<Pace>,
+    /// Its last step did nothing: every request it has waits on its media. It has no work
+    /// until something changes (a request comes or goes, media arrive).
+    stalled: bool,
 }
 
 impl SteppedMocker {
@@ -111,6 +114,7 @@ impl SteppedMocker {
             engine,
             out: StepOutput::default(),
             pace: None,
+            stalled: false,
         }
     }
 }
@@ -174,17 +178,30 @@ impl StepEngine for SteppedMocker {
             earlier_output,
             stop_token_ids: request.sampling.stop_token_ids,
             imported_tokens,
-            media_gate: None,
+            // Sent ahead of its media: its prefill stops at the first of them until they
+            // are ready.
+            media_gate: request
+                .media_pending
+                .then(|| request.prompt.media.iter().map(|m| m.offset).min())
+                .flatten(),
         };
+        self.stalled = false;
         self.engine.add_request(mock).map_err(engine_error)
     }
 
     fn cancel(&mut self, id: RequestId) -> bool {
+        self.stalled = false;
         self.engine.cancel(id)
     }
 
     fn has_work(&self) -> bool {
-        self.engine.has_work()
+        self.engine.has_work() && !self.stalled
+    }
+
+    fn media_ready(&mut self, id: RequestId) -> bool {
+        let held = self.engine.media_ready(id);
+        self.stalled &= !held;
+        held
     }
 
     fn step(
@@ -194,6 +211,9 @@ impl StepEngine for SteppedMocker {
         events: &mut Vec<KvEvent>,
     ) -> Duration {
         self.engine.step(now, &mut self.out);
+        self.stalled = self.out.shape.prefill_tokens == 0
+            && self.out.shape.decode_seqs == 0
+            && self.engine.waiting_on_media();
         tokens.append(&mut self.out.tokens);
         events.append(&mut self.out.events);
         match &self.pace {

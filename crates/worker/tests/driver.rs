@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use switchyard_core::protocol::{
-    EngineError, FinishReason, GenerateRequest, Phase, Resume, TokenOutput,
+    EngineError, FinishReason, GenerateOutput, GenerateRequest, Phase, Resume, TokenOutput,
 };
 use switchyard_core::{RequestId, WorkerKey};
 use switchyard_mocker::perf::StepShape;
@@ -272,4 +272,50 @@ async fn the_threaded_driver_serves_and_stops() {
         handle.submit(request(200, 10, 1)).await.err(),
         Some(EngineError::Stopping)
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_sent_ahead_of_its_media_waits_at_them_until_told_they_are_ready() {
+    use futures::StreamExt;
+    use switchyard_core::{MediaSpan, Modality};
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let running = mocker(EngineArgs::default())
+        .start(&tracker, cancel.clone())
+        .await
+        .unwrap();
+    let mut events = running.events.unwrap();
+    // 256 tokens of text, then an image's 64 placeholder positions.
+    let mut ahead = request(1, 320, 2);
+    ahead.prompt.media = vec![MediaSpan {
+        modality: Modality::Image,
+        media_hash: 7,
+        offset: 256,
+        length: 64,
+    }];
+    ahead.media_pending = true;
+    let mut items = running.service.generate(ahead).await.unwrap();
+    // Not ready: nothing comes, however long it waits...
+    let waited = tokio::time::timeout(Duration::from_secs(30), items.next()).await;
+    assert!(waited.is_err(), "{waited:?}");
+    // ...but the text before the media was computed (and stored: 16 blocks of 16).
+    let mut stored = 0;
+    while let Ok(batch) = events.try_recv() {
+        stored += batch.iter().map(|e| e.block_count()).sum::<usize>();
+    }
+    assert_eq!(stored, 16);
+    // Other requests are served meanwhile: the engine is not stuck behind it.
+    let mut other = running.service.generate(request(2, 32, 2)).await.unwrap();
+    assert!(matches!(
+        other.next().await,
+        Some(Ok(GenerateOutput::Tokens { .. }))
+    ));
+    // Ready: it goes on, and only a request held there counts as held.
+    assert!(running.service.media_ready(RequestId(1)).await.unwrap());
+    assert!(!running.service.media_ready(RequestId(9)).await.unwrap());
+    let first = tokio::time::timeout(Duration::from_secs(5), items.next()).await;
+    assert!(
+        matches!(first, Ok(Some(Ok(GenerateOutput::Tokens { .. })))),
+        "{first:?}"
+    );
+    cancel.cancel();
 }

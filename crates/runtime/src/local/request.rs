@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use parking_lot::RwLock;
 use switchyard_core::protocol::GenerateRequest;
-use switchyard_core::{SequenceHash, WorkerId};
+use switchyard_core::{RequestId, SequenceHash, WorkerId};
 
 use crate::discovery::WorkerInstance;
 use crate::request::{EngineError, EngineService, RequestPlane, ResponseStream};
@@ -59,5 +59,14 @@ impl RequestPlane for LocalRequestPlane {
     ) -> Result<u32, EngineError> {
         let service = self.service(worker)?;
         service.held_blocks(&blocks).await
+    }
+
+    async fn media_ready(
+        &self,
+        worker: &WorkerInstance,
+        id: RequestId,
+    ) -> Result<bool, EngineError> {
+        let service = self.service(worker)?;
+        service.media_ready(id).await
     }
 }

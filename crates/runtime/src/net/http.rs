@@ -28,8 +28,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Buf, BufMut, BytesMut};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use switchyard_core::SequenceHash;
 use switchyard_core::protocol::{GenerateOutput, GenerateRequest};
+use switchyard_core::{RequestId, SequenceHash};
 
 use crate::discovery::WorkerInstance;
 use crate::request::{EngineError, EngineService, RequestPlane, ResponseStream};
@@ -38,6 +38,8 @@ pub const GENERATE_PATH: &str = "/v1/internal/generate";
 /// Which of a list of KV blocks the worker holds: a MessagePack list of sequence hashes
 /// in, the number held from the first out.
 pub const HELD_BLOCKS_PATH: &str = "/v1/internal/kv/held";
+/// Where a frontend tells a worker that a request's media are encoded.
+pub const MEDIA_READY_PATH: &str = "/v1/internal/media/ready";
 /// Largest generate request a worker accepts (a prompt of several million tokens).
 pub const MAX_REQUEST_BYTES: usize = 64 << 20;
 /// Largest response frame a frontend accepts.
@@ -105,6 +107,7 @@ pub fn routes(service: Arc<dyn EngineService>) -> Router {
     Router::new()
         .route(GENERATE_PATH, axum::routing::post(generate))
         .route(HELD_BLOCKS_PATH, axum::routing::post(held_blocks))
+        .route(MEDIA_READY_PATH, axum::routing::post(media_ready))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(service)
 }
@@ -148,16 +151,38 @@ async fn generate(
 }
 
 async fn held_blocks(State(service): State<Arc<dyn EngineService>>, body: Bytes) -> Response {
-    let blocks: Vec<SequenceHash> = match rmp_serde::from_slice(&body) {
+    answer(
+        &body,
+        "block list",
+        |blocks: Vec<SequenceHash>| async move { service.held_blocks(&blocks).await },
+    )
+    .await
+}
+
+async fn media_ready(State(service): State<Arc<dyn EngineService>>, body: Bytes) -> Response {
+    answer(&body, "request id", |id: RequestId| async move {
+        service.media_ready(id).await
+    })
+    .await
+}
+
+/// Answers a one-shot call: `body` decoded, `serve`'s answer encoded (MessagePack both).
+async fn answer<B, A, F>(body: &[u8], what: &str, serve: impl FnOnce(B) -> F) -> Response
+where
+    B: serde::de::DeserializeOwned,
+    A: serde::Serialize,
+    F: std::future::Future<Output = Result<A, EngineError>>,
+{
+    let decoded: B = match rmp_serde::from_slice(body) {
         Ok(b) => b,
         Err(e) => {
-            return refusal(&EngineError::Invalid(format!(
-                "undecodable block list: {e}"
-            )));
+            return refusal(&EngineError::Invalid(format!("undecodable {what}: {e}")));
         }
     };
-    match service.held_blocks(&blocks).await {
-        Ok(held) => rmp_serde::to_vec(&held).unwrap_or_default().into_response(),
+    match serve(decoded).await {
+        Ok(answer) => rmp_serde::to_vec(&answer)
+            .unwrap_or_default()
+            .into_response(),
         Err(error) => refusal(&error),
     }
 }
@@ -169,6 +194,39 @@ pub struct HttpRequestPlane {
 }
 
 impl HttpRequestPlane {
+    /// A one-shot call on a worker: `body` and the answer in MessagePack; `what` names
+    /// the body in errors.
+    async fn call<B: serde::Serialize, A: serde::de::DeserializeOwned>(
+        &self,
+        worker: &WorkerInstance,
+        path: &str,
+        body: &B,
+        what: &str,
+    ) -> Result<A, EngineError> {
+        let address = worker.address.as_deref().ok_or_else(|| {
+            EngineError::Unreachable(format!("{} has no request-plane address", worker.worker_id))
+        })?;
+        let body = rmp_serde::to_vec(body)
+            .map_err(|e| EngineError::Invalid(format!("cannot encode {what}: {e}")))?;
+        let response = self
+            .client
+            .post(format!("http://{address}{path}"))
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;
+        if status != StatusCode::OK {
+            return Err(error_of(status, &body, address));
+        }
+        rmp_serde::from_slice(&body)
+            .map_err(|e| EngineError::Internal(format!("{address}: undecodable answer: {e}")))
+    }
+
     pub fn new() -> Result<Self, EngineError> {
         Self::with_secret(None)
     }
@@ -327,27 +385,16 @@ impl RequestPlane for HttpRequestPlane {
         worker: &WorkerInstance,
         blocks: Vec<SequenceHash>,
     ) -> Result<u32, EngineError> {
-        let address = worker.address.as_deref().ok_or_else(|| {
-            EngineError::Unreachable(format!("{} has no request-plane address", worker.worker_id))
-        })?;
-        let body = rmp_serde::to_vec(&blocks)
-            .map_err(|e| EngineError::Invalid(format!("cannot encode the block list: {e}")))?;
-        let response = self
-            .client
-            .post(format!("http://{address}{HELD_BLOCKS_PATH}"))
-            .body(body)
-            .send()
+        self.call(worker, HELD_BLOCKS_PATH, &blocks, "the block list")
             .await
-            .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;
-        let status = response.status();
-        let body = response
-            .bytes()
+    }
+
+    async fn media_ready(
+        &self,
+        worker: &WorkerInstance,
+        id: RequestId,
+    ) -> Result<bool, EngineError> {
+        self.call(worker, MEDIA_READY_PATH, &id, "the request id")
             .await
-            .map_err(|e| EngineError::Unreachable(format!("{address}: {e}")))?;
-        if status != StatusCode::OK {
-            return Err(error_of(status, &body, address));
-        }
-        rmp_serde::from_slice(&body)
-            .map_err(|e| EngineError::Internal(format!("{address}: undecodable answer: {e}")))
     }
 }
