@@ -355,6 +355,7 @@ fn common(
             temperature: routing.temperature,
             worker: None,
         },
+        media: None,
     };
     Ok((prepared, mode))
 }

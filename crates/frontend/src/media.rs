@@ -67,6 +67,10 @@ pub struct MultimodalConfig {
     /// What a request whose media cannot be encoded (every encoder failed, or the
     /// timeout passed) gets: a 503, or its text alone.
     pub on_encoder_failure: OnEncoderFailure,
+    /// Send a request to its LLM worker while its media are encoded: the worker computes
+    /// the prompt up to its first media position (and other requests) meanwhile, and goes
+    /// on once told the media are ready. Off: the request is routed once they are.
+    pub overlap: bool,
     /// Encoded features kept across requests (memory budgets, and what happens after
     /// prefill).
     pub feature_store: crate::features::FeatureStoreConfig,
@@ -118,6 +122,7 @@ impl Default for MultimodalConfig {
             encoder_cost: EncoderCost::default(),
             encode_timeout: Duration::from_secs(30),
             on_encoder_failure: OnEncoderFailure::Fail,
+            overlap: true,
             feature_store: crate::features::FeatureStoreConfig::default(),
         }
     }
@@ -284,6 +289,11 @@ impl MediaStage {
     /// The encoders' cost model (see [`MultimodalConfig::encoder_cost`]).
     pub fn encoder_cost(&self) -> EncoderCost {
         self.config.encoder_cost()
+    }
+
+    /// Whether requests go to their LLM worker while their media are encoded.
+    pub fn overlap(&self) -> bool {
+        self.config.overlap
     }
 
     /// Orders the encoder workers by `encoder_policy`: in turn, or the least estimated

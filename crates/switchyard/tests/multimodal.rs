@@ -757,6 +757,53 @@ async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_prefills_its_text_on_its_worker_while_its_media_encode() {
+    // A 1.5 s encoder, and a long text before the image: sent ahead of its media, the
+    // request's text is in its worker's KV cache while the image is still being encoded;
+    // sent after them, the worker has nothing yet.
+    for overlap in [true, false] {
+        let d = start(&[
+            ("WORKERS__COUNT", "1"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+            (
+                "FRONTEND__MULTIMODAL__OVERLAP",
+                if overlap { "true" } else { "false" },
+            ),
+            (
+                "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+                "[[1, 1500.0], [2, 1600.0]]",
+            ),
+        ])
+        .await;
+        let text = "Describe the picture that follows, in detail. ".repeat(60);
+        let body = with_image(&text, &data_url(&png(200, 150, 33)), None);
+        let started = std::time::Instant::now();
+        let ((s, _, b), mid) = tokio::join!(post(&d, "/v1/chat/completions", &body), async {
+            tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+            scrape(&url(&d, "/metrics")).await
+        });
+        assert_eq!(s, 200, "{b}");
+        // The first token waits for the media either way.
+        assert!(started.elapsed() >= std::time::Duration::from_millis(1450));
+        let usage_mid = metric_value(&mid, "switchyard_engine_kv_usage", None);
+        if overlap {
+            assert!(
+                usage_mid > 0.0,
+                "overlapped: nothing computed while encoding\n{mid}"
+            );
+        } else {
+            assert_eq!(
+                usage_mid, 0.0,
+                "sequential: computed before the media were ready"
+            );
+        }
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}
+
 /// Encoder workers with real models (a build with `--features encoders`, the models from
 /// `scripts/test`): the squares and log-mel windows the frontend prepares reach them and
 /// are encoded; windows the model cannot take are refused by the model, not timed.
@@ -855,6 +902,15 @@ async fn media_that_cannot_be_encoded_in_time_fails_or_falls_back_to_the_text_by
         )
     };
     assert_eq!((count("timeout"), count("text_only")), (1.0, 1.0), "{text}");
+    // Neither left anything in the feature store.
+    for d in [&failing, &falling_back] {
+        let text = scrape(&url(d, "/metrics")).await;
+        assert_eq!(
+            metric_value(&text, "switchyard_feature_store_bytes", None),
+            0.0,
+            "{text}"
+        );
+    }
     for d in [failing, falling_back] {
         d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
             .await
@@ -904,4 +960,49 @@ async fn a_conversation_sending_its_image_again_skips_the_encoder_when_features_
             .await
             .unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_encoders_and_bad_media_leave_nothing_in_the_feature_store() {
+    use switchyard_worker::faults::Fault;
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "2"),
+    ])
+    .await;
+    let encoders: Vec<_> = d.workers[1..].iter().map(|w| w.worker_id()).collect();
+    assert_eq!(encoders.len(), 2);
+    let image = |seed| with_image("What is this?", &data_url(&png(64, 64, seed)), None);
+    let store = |text: &str| metric_value(text, "switchyard_feature_store_bytes", None);
+    // Undecodable media: refused before anything is stored.
+    let corrupt = with_image(
+        "What is this?",
+        "data:image/png;base64,iVBORw0KGgoAAAA",
+        None,
+    );
+    let (s, _, b) = post(&d, "/v1/chat/completions", &corrupt).await;
+    assert_eq!(s, 400, "{b}");
+    // One encoder killed: its job goes to the other.
+    inject(&d, encoders[0], Fault::Crash);
+    let (s, _, b) = post(&d, "/v1/chat/completions", &image(51)).await;
+    assert_eq!(s, 200, "{b}");
+    // Both: the request fails, saying why.
+    inject(&d, encoders[1], Fault::Crash);
+    let (s, _, b) = post(&d, "/v1/chat/completions", &image(52)).await;
+    assert_eq!(s, 503, "{b}");
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.contains("encoder"), "{message}");
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert_eq!(store(&text), 0.0, "{text}");
+    let count = |outcome: &str| {
+        metric_value(
+            &text,
+            "switchyard_media_encodes_total",
+            Some(&format!("outcome=\"{outcome}\"")),
+        )
+    };
+    assert_eq!((count("encoded"), count("failed")), (1.0, 1.0), "{text}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
 }

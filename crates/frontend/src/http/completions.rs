@@ -18,12 +18,14 @@ use super::body;
 use super::service::unix_now;
 use crate::auth::Grant;
 use crate::convert::{self, Mode};
+use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
 use crate::openai::request::{ChatCompletionRequest, CompletionRequest};
 use crate::openai::response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
     Completion, CompletionChoice, Usage,
 };
+use crate::pipeline::encode::{MediaStatus, text_only_warning};
 use crate::pipeline::{Frontend, Generation, Piece, Prepared, WARNING_HEADER};
 
 /// Bodies at least this large are converted (chat template, tokenizer) on the blocking
@@ -125,7 +127,8 @@ pub async fn chat(
         .await?;
         // Media not encoded because a worker holds their KV go to that worker.
         prepared.overrides.worker = ready.worker;
-        let (warning, hold) = (ready.warning, ready.hold);
+        prepared.media = ready.pending.clone();
+        let (warning, hold, pending) = (ready.warning, ready.hold, ready.pending);
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
         let mut dispatched = frontend.generate(prepared).await?;
@@ -142,14 +145,16 @@ pub async fn chat(
             dispatched,
             mode,
             warning,
+            pending,
         ))
     }
     .instrument(span)
     .await;
-    let (id, dispatched, mode, warning) = match result {
+    let (id, dispatched, mode, warning, pending) = match result {
         Ok(ok) => ok,
         Err(e) => return e.into_response(),
     };
+    let text_only = frontend.media.on_encoder_failure().0 == OnEncoderFailure::TextOnly;
     let worker = dispatched.worker;
     let response = if mode.stream {
         chat_stream(frontend, id, dispatched.generation, mode).into_response()
@@ -176,6 +181,12 @@ pub async fn chat(
         }
     };
     let mut response = with_worker(response, worker);
+    // Media that failed behind the request (sent ahead of them), known once it is
+    // answered whole: a stream's headers went before.
+    let warning = warning.or_else(|| match pending.as_ref().map(|p| p.borrow().clone()) {
+        Some(MediaStatus::Failed(why)) if text_only => Some(text_only_warning(&why)),
+        _ => None,
+    });
     // Header values are visible ASCII: anything else becomes `?`.
     let warning = warning.map(|w| {
         w.chars()

@@ -18,7 +18,9 @@ use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::encode::MediaStatus;
 use super::{Frontend, Prepared, failure_of};
+use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
 use crate::routing::{Progress, RouteFailure};
 
@@ -33,6 +35,9 @@ pub(super) struct Attempt {
     /// Its first token came from a remote prefill: the decode worker's first one follows
     /// a KV transfer, and is waited for as a first token, not as the next one.
     pub(super) handoff: bool,
+    /// The worker got the request ahead of its media: it is to be told when they are
+    /// ready.
+    pub(super) media_on: Option<WorkerInstance>,
 }
 
 /// Why a request leaves a worker.
@@ -82,6 +87,8 @@ pub(super) struct RequestRun {
     tenant: Option<Arc<str>>,
     /// The request's trace span.
     pub(super) span: tracing::Span,
+    /// Its media, while they are being encoded (it went ahead of them).
+    pub(super) media: Option<watch::Receiver<MediaStatus>>,
 }
 
 impl Drop for RequestRun {
@@ -97,6 +104,9 @@ impl Drop for RequestRun {
         }
     }
 }
+
+/// Why a request's media are taken as failed when their encoding ends without a word.
+pub(super) const MEDIA_LOST: &str = "the encoding of the request's media stopped";
 
 /// How often a request under way that no worker can take looks again, between changes of
 /// the fleet.
@@ -123,6 +133,7 @@ impl RequestRun {
             guard: None,
             tenant: prepared.tenant.clone(),
             span: prepared.span.clone(),
+            media: prepared.media.clone(),
         }
     }
 
@@ -151,6 +162,57 @@ impl RequestRun {
             0.0
         };
         base.mul_f64(1.0 + jitter)
+    }
+
+    /// Where its media stand, if it went ahead of them: `Some(true)` while they are being
+    /// encoded, `Some(false)` once they are ready (and from then on none). Media that could
+    /// not be encoded fail the request, or are stripped from its prompt (see
+    /// [`Self::media_failed`]).
+    pub(super) fn media_pending(&mut self) -> Result<Option<bool>, ApiError> {
+        let Some(media) = &mut self.media else {
+            return Ok(None);
+        };
+        let status = media.borrow_and_update().clone();
+        match status {
+            MediaStatus::Encoding => Ok(Some(true)),
+            MediaStatus::Ready => {
+                self.media = None;
+                Ok(Some(false))
+            }
+            MediaStatus::Failed(why) => self.media_failed(why).map(|()| Some(false)),
+        }
+    }
+
+    /// Its media could not be encoded (`why`): a 503, or (`on_encoder_failure =
+    /// "text_only"`) its prompt without them.
+    pub(super) fn media_failed(&mut self, why: String) -> Result<(), ApiError> {
+        self.media = None;
+        match self.frontend.media.on_encoder_failure().0 {
+            OnEncoderFailure::Fail => Err(ApiError::unavailable(why, Duration::from_secs(1))),
+            OnEncoderFailure::TextOnly => {
+                self.frontend.text_only(&mut self.prompt, &why);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether its prompt still has media (they are dropped when they cannot be encoded
+    /// and the request goes on from its text).
+    pub(super) fn has_media(&self) -> bool {
+        !self.prompt.media.is_empty()
+    }
+
+    /// Waits until its media are encoded, or could not be (see [`Self::media_pending`]).
+    async fn media_settled(&mut self) -> Result<(), ApiError> {
+        while self.media_pending()? == Some(true) {
+            let Some(media) = &mut self.media else {
+                break;
+            };
+            if media.changed().await.is_err() {
+                return self.media_failed(MEDIA_LOST.to_owned());
+            }
+        }
+        Ok(())
     }
 
     /// Routes and sends the request (resumed after what was generated, if anything),
@@ -247,6 +309,13 @@ impl RequestRun {
                 }
                 None => {}
             }
+            if routed.prefill.is_some() && self.media_pending()? == Some(true) {
+                // A prefill worker hands over a finished prompt: its media come first (the
+                // pair is chosen again once they are, its prompt may have changed).
+                frontend.routing.finish(self.id);
+                self.media_settled().await?;
+                continue;
+            }
             if let Some((prefill_instance, prefill)) = &routed.prefill {
                 let done = self
                     .remote_prefill(prefill_instance, prefill.worker, &prompt, generated)
@@ -271,6 +340,7 @@ impl RequestRun {
                             outage,
                             progress: frontend.routing.progress(worker.worker_id),
                             handoff: true,
+                            media_on: None,
                         });
                     }
                     Err(EngineError::Invalid(message)) => {
@@ -313,6 +383,18 @@ impl RequestRun {
                     }
                 }
             }
+            let media_pending = match self.media_pending() {
+                Ok(pending) => pending == Some(true),
+                Err(e) => {
+                    frontend.routing.finish(self.id);
+                    return Err(e);
+                }
+            };
+            if prompt.media.len() != self.prompt.media.len() {
+                // Its media were dropped (text only) since it was routed: routed again.
+                frontend.routing.finish(self.id);
+                continue;
+            }
             let request = GenerateRequest {
                 id: self.id,
                 prompt,
@@ -322,6 +404,7 @@ impl RequestRun {
                 resume: (generated > 0).then_some(Resume { generated }),
                 phase: Phase::Aggregated,
                 media_inputs: Vec::new(),
+                media_pending,
             };
             // Subscribe before sending: an outage during the call is not missed.
             let mut outage = frontend.routing.outages(worker.worker_id);
@@ -357,6 +440,7 @@ impl RequestRun {
                         outage,
                         progress: frontend.routing.progress(worker.worker_id),
                         handoff: false,
+                        media_on: media_pending.then(|| routed.instance.clone()),
                     });
                 }
                 Ok(Err(EngineError::Invalid(message))) => {
@@ -419,6 +503,7 @@ impl RequestRun {
             resume: (generated > 0).then_some(Resume { generated }),
             phase: Phase::PrefillOnly,
             media_inputs: Vec::new(),
+            media_pending: false,
         };
         let span = tracing::info_span!(
             parent: &self.span,
@@ -496,6 +581,7 @@ impl RequestRun {
             }),
             phase: Phase::Decode { kv },
             media_inputs: Vec::new(),
+            media_pending: false,
         };
         let frontend = Arc::clone(&self.frontend);
         let instance = instance.clone();

@@ -16,6 +16,7 @@ use switchyard_core::{MediaSpan, RequestId, WorkerId};
 use switchyard_multimodal::store::{Acquired, FeatureState};
 use switchyard_router::routing::encoders::MediaWork;
 use switchyard_runtime::WorkerInstance;
+use tokio::sync::watch;
 
 use super::Frontend;
 use crate::features::FeatureHold;
@@ -25,16 +26,33 @@ use crate::openai::ApiError;
 /// The response header that carries a warning about how the request was served.
 pub const WARNING_HEADER: &str = "x-switchyard-warning";
 
-/// A request's media, ready for its LLM worker.
+/// Where a request sent ahead of its media stands with them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MediaStatus {
+    Encoding,
+    Ready,
+    /// They could not be encoded: why, for the client.
+    Failed(String),
+}
+
+/// A request's items held in the feature store, shared by the request and the encoding
+/// that goes on behind it: let go when both are done.
+pub type SharedHold = Arc<parking_lot::Mutex<FeatureHold>>;
+
+/// A request's media, ready for its LLM worker or on their way to it.
 #[derive(Debug)]
 pub struct MediaReady {
     /// How the request is served differently from what it asked (its media were dropped).
     pub warning: Option<String>,
-    /// Keeps the request's items in the feature store until it is dropped.
-    pub hold: FeatureHold,
+    /// Keeps the request's items in the feature store until dropped (when the response
+    /// ends).
+    pub hold: SharedHold,
     /// The worker the request must go to: it holds the media's KV, which is why they were
     /// not encoded.
     pub worker: Option<WorkerId>,
+    /// The media are still being encoded and the request goes ahead of them
+    /// (`frontend.multimodal.overlap`): this says when they are ready, or why not.
+    pub pending: Option<watch::Receiver<MediaStatus>>,
 }
 
 /// What [`Frontend::encode_media`] did.
@@ -47,49 +65,133 @@ pub struct Encoded {
     pub holder: Option<WorkerId>,
 }
 
+/// Items that go to the same encoder workers (the best first), and how long they are
+/// estimated to take.
+struct Group {
+    takers: Vec<WorkerInstance>,
+    members: Vec<MediaItem>,
+    estimate_ms: f64,
+}
+
+/// What encoding a request's media takes.
+enum Plan {
+    /// Nothing: no items, or no encoder worker takes them.
+    Nothing,
+    /// Nothing: the worker predicted to answer soonest holds the media's KV.
+    Held(WorkerId),
+    Encode(Vec<Group>),
+}
+
 impl Frontend {
     /// Encodes the request's media as [`Frontend::encode_media`] does, within
     /// `frontend.multimodal.encode_timeout`, except items whose features the feature store
-    /// has (another turn sent them). When the media cannot be encoded, either the request
-    /// fails (a 503) or, with `on_encoder_failure = "text_only"`, its media placeholders
-    /// are stripped from `prompt` and the request goes on from its text alone: the warning
-    /// to send with the response. The hold keeps the request's items in the store until it
-    /// is dropped (when the response ends).
+    /// has (another turn sent them). With `frontend.multimodal.overlap`, the encoding goes
+    /// on behind the request (see [`MediaReady::pending`]). When the media cannot be
+    /// encoded, either the request fails (a 503) or, with `on_encoder_failure =
+    /// "text_only"`, its media placeholders are stripped from `prompt` and the request goes
+    /// on from its text alone: the warning to send with the response.
     pub async fn encode_or_fall_back(
-        &self,
+        self: &Arc<Self>,
         items: &[MediaItem],
         prompt: &mut Prompt,
     ) -> Result<MediaReady, ApiError> {
         let (policy, timeout) = self.media.on_encoder_failure();
+        let deadline = tokio::time::Instant::now() + timeout;
         let mut hold = FeatureHold::new(Arc::clone(&self.features));
         let mut reserved = Vec::new();
-        let outcome = tokio::time::timeout(timeout, async {
-            let to_encode = self.hold_features(items, &mut hold, &mut reserved).await;
-            self.encode_media(&to_encode, prompt).await
-        })
+        let held = tokio::time::timeout_at(
+            deadline,
+            self.hold_features(items, &mut hold, &mut reserved),
+        )
         .await;
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                self.metrics.count_media_encode("timeout");
-                Err(ApiError::unavailable(
-                    format!(
-                        "The request's media took longer than {} to encode; retry shortly.",
-                        humantime::format_duration(timeout)
-                    ),
-                    Duration::from_secs(1),
-                ))
-            }
+        let outcome = match held {
+            Ok(to_encode) => match self.plan_encoding(&to_encode, prompt) {
+                Plan::Nothing => Ok(Encoded::default()),
+                Plan::Held(worker) => Ok(Encoded {
+                    hashes: Vec::new(),
+                    holder: Some(worker),
+                }),
+                Plan::Encode(groups) if self.media.overlap() => {
+                    // The request goes ahead; its media follow.
+                    let hold = Arc::new(parking_lot::Mutex::new(hold));
+                    let (status, pending) = watch::channel(MediaStatus::Encoding);
+                    let frontend = Arc::clone(self);
+                    let behind = Arc::clone(&hold);
+                    tokio::spawn(async move {
+                        let outcome = tokio::time::timeout_at(deadline, frontend.run_plan(&groups))
+                            .await
+                            .unwrap_or_else(|_| Err(frontend.timed_out(timeout)));
+                        let encoded = outcome.as_ref().map_or(&[][..], Vec::as_slice);
+                        frontend.settle(&reserved, encoded, &mut behind.lock());
+                        status.send_replace(match outcome {
+                            Ok(_) => MediaStatus::Ready,
+                            Err(e) => MediaStatus::Failed(e.message),
+                        });
+                    });
+                    return Ok(MediaReady {
+                        warning: None,
+                        hold,
+                        worker: None,
+                        pending: Some(pending),
+                    });
+                }
+                Plan::Encode(groups) => tokio::time::timeout_at(deadline, self.run_plan(&groups))
+                    .await
+                    .unwrap_or_else(|_| Err(self.timed_out(timeout)))
+                    .map(|hashes| Encoded {
+                        hashes,
+                        holder: None,
+                    }),
+            },
+            Err(_) => Err(self.timed_out(timeout)),
         };
         // The items this request reserved are encoded now, or leave the store.
         let encoded: &[u64] = outcome.as_ref().map_or(&[], |e| e.hashes.as_slice());
-        let gone: Vec<u64> = reserved
-            .iter()
-            .copied()
-            .filter(|h| !encoded.contains(h))
-            .collect();
+        self.settle(&reserved, encoded, &mut hold);
+        let hold = Arc::new(parking_lot::Mutex::new(hold));
+        match (outcome, policy) {
+            (Ok(encoded), _) => Ok(MediaReady {
+                warning: None,
+                hold,
+                worker: encoded.holder,
+                pending: None,
+            }),
+            (Err(e), OnEncoderFailure::Fail) => Err(e),
+            (Err(e), OnEncoderFailure::TextOnly) => Ok(MediaReady {
+                warning: Some(self.text_only(prompt, &e.message)),
+                hold,
+                worker: None,
+                pending: None,
+            }),
+        }
+    }
+
+    /// Strips the media from `prompt` (they could not be encoded: `why`): the warning to
+    /// send with the response.
+    pub(super) fn text_only(&self, prompt: &mut Prompt, why: &str) -> String {
+        strip_media(prompt);
+        self.metrics.count_media_encode("text_only");
+        tracing::warn!(error = %why, "media not encoded; answering from the text alone");
+        text_only_warning(why)
+    }
+
+    /// The error for media that took longer than `timeout` to encode.
+    fn timed_out(&self, timeout: Duration) -> ApiError {
+        self.metrics.count_media_encode("timeout");
+        ApiError::unavailable(
+            format!(
+                "The request's media took longer than {} to encode; retry shortly.",
+                humantime::format_duration(timeout)
+            ),
+            Duration::from_secs(1),
+        )
+    }
+
+    /// Settles the items a request reserved in the feature store: those `encoded` are
+    /// recorded; the others leave it (and the request's hold).
+    fn settle(&self, reserved: &[u64], encoded: &[u64], hold: &mut FeatureHold) {
         self.features.with(|store| {
-            for &hash in &reserved {
+            for &hash in reserved {
                 let settled = if encoded.contains(&hash) {
                     store.encoded(hash)
                 } else {
@@ -100,29 +202,8 @@ impl Frontend {
                 }
             }
         });
-        for hash in gone {
+        for &hash in reserved.iter().filter(|h| !encoded.contains(h)) {
             hold.forget(hash);
-        }
-        match (outcome, policy) {
-            (Ok(encoded), _) => Ok(MediaReady {
-                warning: None,
-                hold,
-                worker: encoded.holder,
-            }),
-            (Err(e), OnEncoderFailure::Fail) => Err(e),
-            (Err(e), OnEncoderFailure::TextOnly) => {
-                strip_media(prompt);
-                self.metrics.count_media_encode("text_only");
-                tracing::warn!(error = %e.message, "media not encoded; answering from the text alone");
-                Ok(MediaReady {
-                    warning: Some(format!(
-                        "media not encoded, answered from the text alone: {}",
-                        e.message
-                    )),
-                    hold,
-                    worker: None,
-                })
-            }
         }
     }
 
@@ -190,64 +271,88 @@ impl Frontend {
         items: &[MediaItem],
         prompt: &Prompt,
     ) -> Result<Encoded, ApiError> {
+        match self.plan_encoding(items, prompt) {
+            Plan::Nothing => Ok(Encoded::default()),
+            Plan::Held(worker) => Ok(Encoded {
+                hashes: Vec::new(),
+                holder: Some(worker),
+            }),
+            Plan::Encode(groups) => Ok(Encoded {
+                hashes: self.run_plan(&groups).await?,
+                holder: None,
+            }),
+        }
+    }
+
+    /// Groups the items by the encoder workers that take them and, jointly with routing,
+    /// decides whether to encode them at all.
+    fn plan_encoding(&self, items: &[MediaItem], prompt: &Prompt) -> Plan {
         if items.is_empty() {
-            return Ok(Encoded::default());
+            return Plan::Nothing;
         }
         let encoders = self.routing.encoders();
         if encoders.is_empty() {
-            return Ok(Encoded::default());
-        }
-        let mut groups = group_by_takers(items, &encoders);
-        if groups.is_empty() {
-            return Ok(Encoded::default());
+            return Plan::Nothing;
         }
         let cost = self.media.encoder_cost();
-        let estimate_ms = |members: &[&MediaItem]| -> f64 {
-            members
-                .iter()
-                .map(|i| {
-                    let work = MediaWork {
-                        owner: 0,
-                        modality: i.modality,
-                        tokens: i.tokens,
-                    };
-                    cost.batch_time(&[work]).as_secs_f64() * 1e3
-                })
-                .sum()
-        };
+        let groups: Vec<Group> = group_by_takers(items, &encoders)
+            .into_iter()
+            .map(|(mut takers, members)| {
+                self.media.order_encoders(&mut takers);
+                let estimate_ms = members
+                    .iter()
+                    .map(|i| {
+                        let work = MediaWork {
+                            owner: 0,
+                            modality: i.modality,
+                            tokens: i.tokens,
+                        };
+                        cost.batch_time(&[work]).as_secs_f64() * 1e3
+                    })
+                    .sum();
+                Group {
+                    takers,
+                    members: members.into_iter().cloned().collect(),
+                    estimate_ms,
+                }
+            })
+            .collect();
+        if groups.is_empty() {
+            return Plan::Nothing;
+        }
         // The soonest the media could reach a worker: per group, the first encoder's queue
         // and the group's batches; the last group to finish, and the embeddings' transfer.
-        let mut ready_ms = 0f64;
-        for (takers, members) in &mut groups {
-            self.media.order_encoders(takers);
-            ready_ms =
-                ready_ms.max(self.media.outstanding_ms(takers[0].worker_id) + estimate_ms(members));
-        }
+        let ready_ms = groups
+            .iter()
+            .map(|g| self.media.outstanding_ms(g.takers[0].worker_id) + g.estimate_ms)
+            .fold(0f64, f64::max);
         let media_tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
         let encode = Duration::from_secs_f64(ready_ms / 1e3) + cost.transfer_time(media_tokens);
-        if let Some(holder) = self.routing.sooner_holder(prompt, encode) {
-            self.metrics.count_media_encode("skipped");
-            return Ok(Encoded {
-                hashes: Vec::new(),
-                holder: Some(holder),
-            });
+        match self.routing.sooner_holder(prompt, encode) {
+            Some(holder) => {
+                self.metrics.count_media_encode("skipped");
+                Plan::Held(holder)
+            }
+            None => Plan::Encode(groups),
         }
+    }
+
+    /// Encodes every group (at once, each on its first worker that succeeds): the hashes
+    /// of the items encoded, or a 503 when a group could not be.
+    async fn run_plan(&self, groups: &[Group]) -> Result<Vec<u64>, ApiError> {
         let outcomes = futures::future::join_all(
             groups
                 .iter()
-                .map(|(takers, members)| self.encode_group(takers, members, estimate_ms(members))),
+                .map(|g| self.encode_group(&g.takers, &g.members, g.estimate_ms)),
         )
         .await;
         match outcomes.into_iter().find_map(Result::err) {
             None => {
                 self.metrics.count_media_encode("encoded");
-                Ok(Encoded {
-                    hashes: groups
-                        .iter()
-                        .flat_map(|(_, members)| members.iter().map(|i| i.hash))
-                        .collect(),
-                    holder: None,
-                })
+                Ok(groups
+                    .iter()
+                    .flat_map(|g| g.members.iter().map(|i| i.hash))
+                    .collect())
             }
             Some(last_error) => {
                 self.metrics.count_media_encode("failed");
@@ -265,7 +370,7 @@ impl Frontend {
     async fn encode_group(
         &self,
         takers: &[WorkerInstance],
-        members: &[&MediaItem],
+        members: &[MediaItem],
         estimate_ms: f64,
     ) -> Result<(), String> {
         let mut job = Prompt::tokens(Vec::new());
@@ -314,6 +419,11 @@ impl Frontend {
         }
         Err(last_error)
     }
+}
+
+/// The warning a request answered from its text alone carries (`why`: what failed).
+pub fn text_only_warning(why: &str) -> String {
+    format!("media not encoded, answered from the text alone: {why}")
 }
 
 /// Removes the media's placeholder positions from the prompt: the text alone is left.

@@ -19,7 +19,7 @@
 
 pub mod canary;
 mod dispatch;
-mod encode;
+pub mod encode;
 pub use encode::WARNING_HEADER;
 mod stream;
 
@@ -80,6 +80,9 @@ pub struct Prepared {
     /// The request's trace span (`request`); its children: admission, route, dispatch,
     /// first token (and the worker's, through the request plane).
     pub span: tracing::Span,
+    /// Its media are still being encoded: it goes ahead of them (see
+    /// [`encode::MediaReady::pending`]).
+    pub media: Option<tokio::sync::watch::Receiver<encode::MediaStatus>>,
 }
 
 impl Prepared {
@@ -94,6 +97,7 @@ impl Prepared {
             tenant: None,
             span: tracing::Span::none(),
             overrides: RoutingOverrides::default(),
+            media: None,
         }
     }
 }

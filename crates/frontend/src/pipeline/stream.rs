@@ -32,6 +32,9 @@ enum Woken {
     Stalled,
     Outage,
     OutageClosed,
+    /// The request went ahead of its media, and where they stand changed (false: the
+    /// encoding ended without a word).
+    Media(bool),
 }
 
 pub(super) struct Streaming {
@@ -195,13 +198,59 @@ impl Streaming {
                 // Already counted against the worker by whoever found it unhealthy.
                 Woken::Outage => self.move_on(Leave::Outage),
                 Woken::OutageClosed => self.outage_open = false,
+                Woken::Media(ok) => self.on_media(ok),
             }
+        }
+    }
+
+    /// Where the request's media stand changed while its worker waits for them (`ok`
+    /// false: their encoding ended without a word). Ready: the worker is told, and the
+    /// first token's deadline starts. Dropped (text only): the request is sent again
+    /// without them. Failed: so is the request.
+    fn on_media(&mut self, ok: bool) {
+        let outcome = if ok {
+            self.run.media_pending()
+        } else {
+            self.run
+                .media_failed(super::dispatch::MEDIA_LOST.to_owned())
+                .map(|()| Some(false))
+        };
+        match outcome {
+            Ok(Some(true)) => {}
+            Ok(_) if !self.run.has_media() => {
+                // Its worker has the prompt with the media's placeholders: it goes again
+                // without them (dropping the attempt cancels it there).
+                self.attempt = None;
+                self.run.frontend.routing.finish(self.run.id);
+                self.prompt_tokens = self.run.prompt_tokens();
+            }
+            Ok(_) => {
+                let Some(instance) = self.attempt.as_mut().and_then(|a| a.media_on.take()) else {
+                    return;
+                };
+                let frontend = std::sync::Arc::clone(&self.run.frontend);
+                let id = self.run.id;
+                tokio::spawn(async move {
+                    match frontend.requests.media_ready(&instance, id).await {
+                        Ok(held) => {
+                            tracing::debug!(request = %id, worker = %instance.worker_id, held, "media ready")
+                        }
+                        // The worker is gone or failing: its stream says so.
+                        Err(error) => {
+                            tracing::warn!(request = %id, worker = %instance.worker_id, %error, "cannot tell the worker the media are ready")
+                        }
+                    }
+                });
+                self.deadline.as_mut().reset(Instant::now() + self.stall);
+            }
+            Err(e) => self.fail(e),
         }
     }
 
     /// Waits for the worker's next item, the stall deadline, or the worker's outage.
     async fn wait(&mut self) -> Woken {
         let Streaming {
+            run,
             attempt,
             deadline,
             outage_open,
@@ -210,6 +259,14 @@ impl Streaming {
         let Some(attempt) = attempt.as_mut() else {
             return Woken::Item(None);
         };
+        // While the worker waits for the request's media, its first token is not late.
+        let waiting_on_media = attempt.media_on.is_some();
+        let media_changed = async {
+            match &mut run.media {
+                Some(media) if waiting_on_media => media.changed().await.is_ok(),
+                _ => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             item = attempt.stream.next() => Woken::Item(item),
@@ -217,7 +274,8 @@ impl Streaming {
                 Ok(()) => Woken::Outage,
                 Err(_) => Woken::OutageClosed,
             },
-            () = deadline.as_mut() => Woken::Stalled,
+            ok = media_changed => Woken::Media(ok),
+            () = deadline.as_mut(), if !waiting_on_media => Woken::Stalled,
         }
     }
 
