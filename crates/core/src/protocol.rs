@@ -416,6 +416,10 @@ pub enum EngineError {
     /// The request is invalid for any worker (a 400 for the client).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The engine's memory cannot hold the request's work (an encoder's item too large for
+    /// its device): a smaller input may fit; not a fault of the worker's.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     /// The engine failed while serving it.
     #[error("the engine failed: {0}")]
     Internal(String),
@@ -460,6 +464,8 @@ mod tests {
         assert!(!EngineError::Unsupported("x".into()).is_worker_fault());
         let lost = EngineError::KvLost("x".into());
         assert!(lost.retry_elsewhere() && !lost.is_worker_fault());
+        let oom = EngineError::OutOfMemory("x".into());
+        assert!(oom.retry_elsewhere() && !oom.is_worker_fault());
     }
 
     #[test]

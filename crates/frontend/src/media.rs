@@ -12,7 +12,8 @@ use switchyard_core::protocol::MediaInput;
 use switchyard_core::{MediaSpan, Modality, WorkerId};
 use switchyard_multimodal::{
     AudioSettings, Detail, ImageSettings, LogMel, MediaError, MediaRef, PreprocessPool,
-    VideoSettings, decode_base64, parse_url, prepare_audio, prepare_image, prepare_video,
+    VideoSettings, decode_base64, halve_squares, parse_url, prepare_audio, prepare_image,
+    prepare_video, reduced_hash,
 };
 
 use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
@@ -294,6 +295,58 @@ impl MediaStage {
     /// Whether requests go to their LLM worker while their media are encoded.
     pub fn overlap(&self) -> bool {
         self.config.overlap
+    }
+
+    /// The item made smaller for an encoder that ran out of memory on it: a video with half
+    /// its frames (every other one), an image at half the resolution (a quarter of the
+    /// tokens). It is another item (its own hash). None for audio, or when nothing is
+    /// left to halve.
+    pub fn reduced(&self, item: &MediaItem) -> Option<MediaItem> {
+        let (image, video) = (&self.config.image, &self.config.video);
+        let (tokens, input) = match (item.modality, &item.input) {
+            (Modality::Audio, _) => return None,
+            (Modality::Image, Some(MediaInput::Squares { side, rgb })) => {
+                let (half, smaller) = halve_squares(*side, rgb, image.patch_size)?;
+                let squares = rgb.len() / (*side as usize * *side as usize * 3).max(1);
+                let per_square = (half / image.patch_size).pow(2);
+                let input = MediaInput::Squares {
+                    side: half,
+                    rgb: smaller.into(),
+                };
+                (per_square * squares as u32, Some(input))
+            }
+            (Modality::Video, Some(MediaInput::Squares { side, rgb })) => {
+                let size = *side as usize * *side as usize * 3;
+                let frames = rgb.len() / size.max(1);
+                if frames < 2 {
+                    return None;
+                }
+                let kept: Vec<u8> = rgb
+                    .chunks_exact(size)
+                    .step_by(2)
+                    .flatten()
+                    .copied()
+                    .collect();
+                let input = MediaInput::Squares {
+                    side: *side,
+                    rgb: kept.into(),
+                };
+                (
+                    video.tokens_for(frames.div_ceil(2) as u32, image),
+                    Some(input),
+                )
+            }
+            // Timed items only (no input): their token counts alone.
+            (Modality::Image, _) if item.tokens >= 4 => (item.tokens / 4, None),
+            (Modality::Video, _) if item.tokens >= 2 => (item.tokens.div_ceil(2), None),
+            _ => return None,
+        };
+        Some(MediaItem {
+            modality: item.modality,
+            tokens,
+            hash: reduced_hash(item.hash, 1),
+            input,
+        })
     }
 
     /// Orders the encoder workers by `encoder_policy`: in turn, or the least estimated

@@ -285,6 +285,34 @@ pub fn best_grid(width: u32, height: u32, side: u32, max_tiles: u32) -> (u32, u3
     best
 }
 
+/// Squares (`side` pixels a side, RGB, one after another) at half their resolution: what an
+/// encoder that ran out of memory is given again. None when a square would be smaller
+/// than `min_side`, or `rgb` is not whole squares.
+pub fn halve_squares(side: u32, rgb: &[u8], min_side: u32) -> Option<(u32, Vec<u8>)> {
+    let half = side / 2;
+    let size = (side as usize) * (side as usize) * 3;
+    if half < min_side.max(1) || size == 0 || !rgb.len().is_multiple_of(size) {
+        return None;
+    }
+    let mut resizer = Resizer::new();
+    let mut out = Vec::with_capacity(rgb.len() / 4);
+    for square in rgb.chunks_exact(size) {
+        let mut pixels = square.to_vec();
+        out.extend(fit(&mut resizer, &mut pixels, side, side, half, half).ok()?);
+    }
+    Some((half, out))
+}
+
+/// The hash of an item made smaller (see [`halve_squares`]) from the item hashed `hash`,
+/// `times` halvings on: another item, which never shares the original's cached KV.
+pub fn reduced_hash(hash: u64, times: u32) -> u64 {
+    let mut hasher = Xxh3::new();
+    hasher.update(b"reduced/1");
+    hasher.update(&hash.to_le_bytes());
+    hasher.update(&times.to_le_bytes());
+    hasher.digest()
+}
+
 /// The image resized to fit `to_w` × `to_h` with its aspect kept, centred on black.
 pub(crate) fn fit(
     resizer: &mut Resizer,
@@ -404,6 +432,34 @@ mod tests {
             prepare_image(&bytes, Detail::High, &settings).unwrap().grid,
             (4, 2)
         );
+    }
+
+    #[test]
+    fn halved_squares_keep_the_picture_at_a_quarter_of_the_pixels() {
+        // Two 8-pixel squares: the left half red and the right blue, then all green.
+        let mut rgb = Vec::new();
+        for _ in 0..8 {
+            for x in 0..8 {
+                rgb.extend_from_slice(if x < 4 { &[255, 0, 0] } else { &[0, 0, 255] });
+            }
+        }
+        for _ in 0..64 {
+            rgb.extend_from_slice(&[0, 255, 0]);
+        }
+        let (side, half) = halve_squares(8, &rgb, 2).unwrap();
+        assert_eq!((side, half.len()), (4, 2 * 4 * 4 * 3));
+        let pixel = |square: usize, x: usize, y: usize| {
+            let at = square * 48 + (y * 4 + x) * 3;
+            [half[at], half[at + 1], half[at + 2]]
+        };
+        assert_eq!(pixel(0, 0, 0), [255, 0, 0]);
+        assert_eq!(pixel(0, 3, 3), [0, 0, 255]);
+        assert_eq!(pixel(1, 2, 1), [0, 255, 0]);
+        // Not below the smallest side, nor from broken input.
+        assert!(halve_squares(4, &half[..48], 3).is_none());
+        assert!(halve_squares(8, &rgb[..100], 2).is_none());
+        assert_ne!(reduced_hash(5, 1), reduced_hash(5, 2));
+        assert_ne!(reduced_hash(5, 1), reduced_hash(6, 1));
     }
 
     #[test]

@@ -17,7 +17,9 @@ pub mod store;
 pub mod video;
 
 pub use crate::audio::{AudioSettings, LogMel, PreparedAudio, prepare_audio};
-pub use crate::image::{Detail, ImageSettings, PreparedImage, best_grid, prepare_image};
+pub use crate::image::{
+    Detail, ImageSettings, PreparedImage, best_grid, halve_squares, prepare_image, reduced_hash,
+};
 pub use crate::pool::PreprocessPool;
 pub use crate::source::{MediaRef, decode_base64, parse_url};
 pub use crate::video::{FrameStrategy, PreparedVideo, VideoSettings, prepare_video};

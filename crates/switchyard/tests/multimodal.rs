@@ -1006,3 +1006,81 @@ async fn killed_encoders_and_bad_media_leave_nothing_in_the_feature_store() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn media_an_encoder_has_no_memory_for_go_again_at_half_size() {
+    // An encoder holding 300 tokens an item: an image of 576 (one 336-pixel square) is
+    // encoded at half the resolution (144), whether the request goes ahead of its media or
+    // waits for them; one holding 5 takes none, however small (3 halvings: 9 tokens).
+    let image = with_image("What is this?", &data_url(&png(64, 64, 61)), None);
+    let plain = json!({
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}]}],
+    });
+    for overlap in ["true", "false"] {
+        let d = start(&[
+            ("WORKERS__COUNT", "1"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
+            ("WORKERS__ENCODER__MAX_ITEM_TOKENS", "300"),
+        ])
+        .await;
+        let (s, headers, b) = post(&d, "/v1/chat/completions", &image).await;
+        assert_eq!(s, 200, "{b}");
+        let warning = headers["x-switchyard-warning"].to_str().unwrap();
+        assert!(warning.contains("half size"), "{warning}");
+        let (s, _, text) = post(&d, "/v1/chat/completions", &plain).await;
+        assert_eq!(s, 200, "{text}");
+        assert_eq!(usage(&b).0, usage(&text).0 + 144, "overlap {overlap}");
+        let metrics = scrape(&url(&d, "/metrics")).await;
+        let count = |outcome: &str| {
+            metric_value(
+                &metrics,
+                "switchyard_media_encodes_total",
+                Some(&format!("outcome=\"{outcome}\"")),
+            )
+        };
+        assert_eq!(
+            (count("encoded"), count("reduced")),
+            (1.0, 1.0),
+            "{metrics}"
+        );
+        // Two encoder runs: the image as sent, then halved.
+        assert_eq!(
+            metric_value(&metrics, "switchyard_encoder_jobs_total", None),
+            2.0
+        );
+        assert_eq!(
+            metric_value(&metrics, "switchyard_feature_store_bytes", None),
+            0.0,
+            "{metrics}"
+        );
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+        ("WORKERS__ENCODER__MAX_ITEM_TOKENS", "5"),
+    ])
+    .await;
+    let (s, _, b) = post(&d, "/v1/chat/completions", &image).await;
+    assert_eq!(s, 503, "{b}");
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.contains("out of memory"), "{message}");
+    let metrics = scrape(&url(&d, "/metrics")).await;
+    assert_eq!(
+        metric_value(&metrics, "switchyard_encoder_jobs_total", None),
+        4.0
+    );
+    assert_eq!(
+        metric_value(&metrics, "switchyard_feature_store_bytes", None),
+        0.0,
+        "{metrics}"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

@@ -75,6 +75,10 @@ pub struct EncoderModels {
     /// How long a batch waits for more items before it runs.
     #[serde(with = "humantime_serde")]
     pub batch_timeout: Duration,
+    /// The largest item, in tokens, the encoder's memory holds (0: no limit): larger ones
+    /// fail as out of memory, as on a device whose memory an item's activations overflow;
+    /// the frontend then sends them again smaller.
+    pub max_item_tokens: u32,
 }
 
 impl Default for EncoderModels {
@@ -87,6 +91,7 @@ impl Default for EncoderModels {
             threads: 0,
             max_batch: 8,
             batch_timeout: Duration::from_millis(5),
+            max_item_tokens: 0,
         }
     }
 }
@@ -173,6 +178,7 @@ impl Engine for MockEncoder {
             service: Arc::new(EncoderService {
                 encoders,
                 modalities: self.config.models.modality_set(),
+                max_item_tokens: self.config.models.max_item_tokens,
                 #[cfg(feature = "encoders")]
                 real,
             }),
@@ -187,6 +193,7 @@ impl Engine for MockEncoder {
 pub struct EncoderService {
     encoders: Encoders,
     modalities: Modalities,
+    max_item_tokens: u32,
     #[cfg(feature = "encoders")]
     real: Option<crate::real_encoders::RealEncoders>,
 }
@@ -204,6 +211,17 @@ impl EngineService for EncoderService {
             return Err(EngineError::Unsupported(format!(
                 "this encoder does not encode {}",
                 other.modality.name()
+            )));
+        }
+        if let Some(large) = spans
+            .iter()
+            .find(|s| self.max_item_tokens > 0 && s.length > self.max_item_tokens)
+        {
+            return Err(EngineError::OutOfMemory(format!(
+                "the {} item of {} tokens does not fit the encoder's memory ({} tokens at most)",
+                large.modality.name(),
+                large.length,
+                self.max_item_tokens
             )));
         }
         if !self.encoders.has_room(spans.len()) {

@@ -25,7 +25,7 @@ use crate::openai::response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
     Completion, CompletionChoice, Usage,
 };
-use crate::pipeline::encode::{MediaStatus, text_only_warning};
+use crate::pipeline::encode::{MediaStatus, resized_warning, text_only_warning};
 use crate::pipeline::{Frontend, Generation, Piece, Prepared, WARNING_HEADER};
 
 /// Bodies at least this large are converted (chat template, tokenizer) on the blocking
@@ -185,6 +185,9 @@ pub async fn chat(
     // answered whole: a stream's headers went before.
     let warning = warning.or_else(|| match pending.as_ref().map(|p| p.borrow().clone()) {
         Some(MediaStatus::Failed(why)) if text_only => Some(text_only_warning(&why)),
+        Some(MediaStatus::Ready(resized)) if !resized.is_empty() => {
+            Some(resized_warning(resized.len()))
+        }
         _ => None,
     });
     // Header values are visible ASCII: anything else becomes `?`.

@@ -18,7 +18,7 @@ use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::encode::MediaStatus;
+use super::encode::{MediaStatus, resize_media};
 use super::{Frontend, Prepared, failure_of};
 use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
@@ -38,6 +38,8 @@ pub(super) struct Attempt {
     /// The worker got the request ahead of its media: it is to be told when they are
     /// ready.
     pub(super) media_on: Option<WorkerInstance>,
+    /// The prompt it was sent (see [`RequestRun::prompt_version`]).
+    pub(super) prompt_version: u32,
 }
 
 /// Why a request leaves a worker.
@@ -89,6 +91,8 @@ pub(super) struct RequestRun {
     pub(super) span: tracing::Span,
     /// Its media, while they are being encoded (it went ahead of them).
     pub(super) media: Option<watch::Receiver<MediaStatus>>,
+    /// See [`Self::prompt_version`].
+    prompt_version: u32,
 }
 
 impl Drop for RequestRun {
@@ -134,6 +138,7 @@ impl RequestRun {
             tenant: prepared.tenant.clone(),
             span: prepared.span.clone(),
             media: prepared.media.clone(),
+            prompt_version: 0,
         }
     }
 
@@ -175,8 +180,11 @@ impl RequestRun {
         let status = media.borrow_and_update().clone();
         match status {
             MediaStatus::Encoding => Ok(Some(true)),
-            MediaStatus::Ready => {
+            MediaStatus::Ready(resized) => {
                 self.media = None;
+                if resize_media(&mut self.prompt, &resized).is_some() {
+                    self.prompt_version += 1;
+                }
                 Ok(Some(false))
             }
             MediaStatus::Failed(why) => self.media_failed(why).map(|()| Some(false)),
@@ -191,15 +199,16 @@ impl RequestRun {
             OnEncoderFailure::Fail => Err(ApiError::unavailable(why, Duration::from_secs(1))),
             OnEncoderFailure::TextOnly => {
                 self.frontend.text_only(&mut self.prompt, &why);
+                self.prompt_version += 1;
                 Ok(())
             }
         }
     }
 
-    /// Whether its prompt still has media (they are dropped when they cannot be encoded
-    /// and the request goes on from its text).
-    pub(super) fn has_media(&self) -> bool {
-        !self.prompt.media.is_empty()
+    /// Which prompt it has: a new one each time its media change behind it (encoded
+    /// smaller, or dropped).
+    pub(super) fn prompt_version(&self) -> u32 {
+        self.prompt_version
     }
 
     /// Waits until its media are encoded, or could not be (see [`Self::media_pending`]).
@@ -238,6 +247,7 @@ impl RequestRun {
             }
             tries += 1;
             let prompt = self.current_prompt();
+            let sent_version = self.prompt_version;
             let route_span = tracing::info_span!(parent: &self.span, "route", attempt = tries);
             let waiting_since = std::time::Instant::now();
             let mut waiting = false;
@@ -341,6 +351,7 @@ impl RequestRun {
                             progress: frontend.routing.progress(worker.worker_id),
                             handoff: true,
                             media_on: None,
+                            prompt_version: self.prompt_version,
                         });
                     }
                     Err(EngineError::Invalid(message)) => {
@@ -390,8 +401,9 @@ impl RequestRun {
                     return Err(e);
                 }
             };
-            if prompt.media.len() != self.prompt.media.len() {
-                // Its media were dropped (text only) since it was routed: routed again.
+            if self.prompt_version != sent_version {
+                // Its media changed (encoded smaller, or dropped) since it was routed:
+                // routed again.
                 frontend.routing.finish(self.id);
                 continue;
             }
@@ -441,6 +453,7 @@ impl RequestRun {
                         progress: frontend.routing.progress(worker.worker_id),
                         handoff: false,
                         media_on: media_pending.then(|| routed.instance.clone()),
+                        prompt_version: sent_version,
                     });
                 }
                 Ok(Err(EngineError::Invalid(message))) => {

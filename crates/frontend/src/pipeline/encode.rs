@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_core::protocol::{GenerateOutput, GenerateRequest, Phase, Prompt};
+use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest, Phase, Prompt};
 use switchyard_core::{MediaSpan, RequestId, WorkerId};
 use switchyard_multimodal::store::{Acquired, FeatureState};
 use switchyard_router::routing::encoders::MediaWork;
@@ -30,7 +30,8 @@ pub const WARNING_HEADER: &str = "x-switchyard-warning";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MediaStatus {
     Encoding,
-    Ready,
+    /// Encoded; these items smaller than the prompt has them.
+    Ready(Vec<Resized>),
     /// They could not be encoded: why, for the client.
     Failed(String),
 }
@@ -55,11 +56,34 @@ pub struct MediaReady {
     pub pending: Option<watch::Receiver<MediaStatus>>,
 }
 
+/// How many times an item an encoder has no memory for is halved before the request fails.
+pub const MAX_HALVINGS: u32 = 3;
+
+/// An item encoded smaller than the request sent it (its encoder ran out of memory): the
+/// prompt's span of item `from` becomes `tokens` positions of item `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resized {
+    pub from: u64,
+    pub to: u64,
+    pub tokens: u32,
+}
+
+/// Why a group of items could not be encoded.
+#[derive(Debug)]
+struct GroupFailure {
+    /// The last encoder's error.
+    message: String,
+    /// An encoder had no memory for the items: smaller ones may fit.
+    out_of_memory: bool,
+}
+
 /// What [`Frontend::encode_media`] did.
 #[derive(Debug, Default)]
 pub struct Encoded {
-    /// The items encoded.
+    /// The items encoded as they were.
     pub hashes: Vec<u64>,
+    /// The items encoded smaller.
+    pub resized: Vec<Resized>,
     /// Nothing was encoded because this worker holds the media's KV and is predicted to
     /// answer soonest: the request is to go there.
     pub holder: Option<WorkerId>,
@@ -108,8 +132,8 @@ impl Frontend {
             Ok(to_encode) => match self.plan_encoding(&to_encode, prompt) {
                 Plan::Nothing => Ok(Encoded::default()),
                 Plan::Held(worker) => Ok(Encoded {
-                    hashes: Vec::new(),
                     holder: Some(worker),
+                    ..Encoded::default()
                 }),
                 Plan::Encode(groups) if self.media.overlap() => {
                     // The request goes ahead; its media follow.
@@ -121,10 +145,10 @@ impl Frontend {
                         let outcome = tokio::time::timeout_at(deadline, frontend.run_plan(&groups))
                             .await
                             .unwrap_or_else(|_| Err(frontend.timed_out(timeout)));
-                        let encoded = outcome.as_ref().map_or(&[][..], Vec::as_slice);
+                        let encoded = outcome.as_ref().map_or(&[][..], |e| e.hashes.as_slice());
                         frontend.settle(&reserved, encoded, &mut behind.lock());
                         status.send_replace(match outcome {
-                            Ok(_) => MediaStatus::Ready,
+                            Ok(encoded) => MediaStatus::Ready(encoded.resized),
                             Err(e) => MediaStatus::Failed(e.message),
                         });
                     });
@@ -137,11 +161,7 @@ impl Frontend {
                 }
                 Plan::Encode(groups) => tokio::time::timeout_at(deadline, self.run_plan(&groups))
                     .await
-                    .unwrap_or_else(|_| Err(self.timed_out(timeout)))
-                    .map(|hashes| Encoded {
-                        hashes,
-                        holder: None,
-                    }),
+                    .unwrap_or_else(|_| Err(self.timed_out(timeout))),
             },
             Err(_) => Err(self.timed_out(timeout)),
         };
@@ -151,7 +171,7 @@ impl Frontend {
         let hold = Arc::new(parking_lot::Mutex::new(hold));
         match (outcome, policy) {
             (Ok(encoded), _) => Ok(MediaReady {
-                warning: None,
+                warning: resize_media(prompt, &encoded.resized),
                 hold,
                 worker: encoded.holder,
                 pending: None,
@@ -274,13 +294,10 @@ impl Frontend {
         match self.plan_encoding(items, prompt) {
             Plan::Nothing => Ok(Encoded::default()),
             Plan::Held(worker) => Ok(Encoded {
-                hashes: Vec::new(),
                 holder: Some(worker),
+                ..Encoded::default()
             }),
-            Plan::Encode(groups) => Ok(Encoded {
-                hashes: self.run_plan(&groups).await?,
-                holder: None,
-            }),
+            Plan::Encode(groups) => self.run_plan(&groups).await,
         }
     }
 
@@ -337,33 +354,95 @@ impl Frontend {
         }
     }
 
-    /// Encodes every group (at once, each on its first worker that succeeds): the hashes
-    /// of the items encoded, or a 503 when a group could not be.
-    async fn run_plan(&self, groups: &[Group]) -> Result<Vec<u64>, ApiError> {
-        let outcomes = futures::future::join_all(
-            groups
-                .iter()
-                .map(|g| self.encode_group(&g.takers, &g.members, g.estimate_ms)),
-        )
-        .await;
-        match outcomes.into_iter().find_map(Result::err) {
+    /// Encodes every group (at once, each on its first worker that succeeds): the items
+    /// encoded, or a 503 when a group could not be. A group an encoder has no memory for
+    /// is sent again smaller (see [`Frontend::encode_shrinking`]).
+    async fn run_plan(&self, groups: &[Group]) -> Result<Encoded, ApiError> {
+        let outcomes =
+            futures::future::join_all(groups.iter().map(|g| self.encode_shrinking(g))).await;
+        let mut encoded = Encoded::default();
+        let mut failure = None;
+        for outcome in outcomes {
+            match outcome {
+                Ok((hashes, resized)) => {
+                    encoded.hashes.extend(hashes);
+                    encoded.resized.extend(resized);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        match failure {
             None => {
                 self.metrics.count_media_encode("encoded");
-                Ok(groups
-                    .iter()
-                    .flat_map(|g| g.members.iter().map(|i| i.hash))
-                    .collect())
+                if !encoded.resized.is_empty() {
+                    self.metrics.count_media_encode("reduced");
+                }
+                Ok(encoded)
             }
-            Some(last_error) => {
+            Some(last) => {
                 self.metrics.count_media_encode("failed");
                 Err(ApiError::unavailable(
                     format!(
-                        "No encoder worker could encode the request's media ({last_error}); retry shortly."
+                        "No encoder worker could encode the request's media ({}); retry shortly.",
+                        last.message
                     ),
                     Duration::from_secs(1),
                 ))
             }
         }
+    }
+
+    /// Encodes a group; when its encoders run out of memory on it, sends its items again
+    /// halved (half the frames of a video, half the resolution of an image; up to
+    /// [`MAX_HALVINGS`] times). The hashes of the items encoded as they were, and the items
+    /// encoded smaller.
+    async fn encode_shrinking(
+        &self,
+        group: &Group,
+    ) -> Result<(Vec<u64>, Vec<Resized>), GroupFailure> {
+        let mut members = group.members.clone();
+        let mut estimate_ms = group.estimate_ms;
+        for halvings in 0.. {
+            match self
+                .encode_group(&group.takers, &members, estimate_ms)
+                .await
+            {
+                Ok(()) => {
+                    let (same, resized) = group.members.iter().zip(&members).fold(
+                        (Vec::new(), Vec::new()),
+                        |(mut same, mut resized), (original, now)| {
+                            if original.hash == now.hash {
+                                same.push(now.hash);
+                            } else {
+                                resized.push(Resized {
+                                    from: original.hash,
+                                    to: now.hash,
+                                    tokens: now.tokens,
+                                });
+                            }
+                            (same, resized)
+                        },
+                    );
+                    return Ok((same, resized));
+                }
+                Err(failure) if failure.out_of_memory && halvings < MAX_HALVINGS => {
+                    let smaller: Vec<Option<MediaItem>> =
+                        members.iter().map(|m| self.media.reduced(m)).collect();
+                    if smaller.iter().all(Option::is_none) {
+                        return Err(failure);
+                    }
+                    tracing::info!(error = %failure.message, halvings = halvings + 1, "an encoder ran out of memory: sending the media again smaller");
+                    members = members
+                        .into_iter()
+                        .zip(smaller)
+                        .map(|(m, s)| s.unwrap_or(m))
+                        .collect();
+                    estimate_ms /= 2.0;
+                }
+                Err(failure) => return Err(failure),
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     /// Encodes `members` on the first of `takers` that succeeds; the last error otherwise.
@@ -372,7 +451,7 @@ impl Frontend {
         takers: &[WorkerInstance],
         members: &[MediaItem],
         estimate_ms: f64,
-    ) -> Result<(), String> {
+    ) -> Result<(), GroupFailure> {
         let mut job = Prompt::tokens(Vec::new());
         job.media = members
             .iter()
@@ -396,34 +475,79 @@ impl Frontend {
                 0,
             )
         };
-        let mut last_error = String::from("no encoder worker answered");
+        let mut failure = GroupFailure {
+            message: String::from("no encoder worker answered"),
+            out_of_memory: false,
+        };
         for encoder in takers {
             let _charge = self.media.charge(encoder.worker_id, estimate_ms);
             self.metrics.encoder_jobs.inc();
             let outcome = match self.requests.generate(encoder, request.clone()).await {
                 Ok(mut stream) => match stream.next().await {
                     Some(Ok(GenerateOutput::Finished { .. })) => Ok(()),
-                    Some(Ok(_)) => Err("an encoder worker answered with tokens".to_owned()),
-                    Some(Err(e)) => Err(e.to_string()),
-                    None => Err("the encoder worker's answer ended early".to_owned()),
+                    Some(Ok(_)) => Err(EngineError::Internal(
+                        "an encoder worker answered with tokens".to_owned(),
+                    )),
+                    Some(Err(e)) => Err(e),
+                    None => Err(EngineError::Disconnected),
                 },
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             };
             match outcome {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(encoder = %encoder.worker_id, error = %e, "an encoder worker failed; trying the next");
-                    last_error = e;
+                    failure.out_of_memory |= matches!(e, EngineError::OutOfMemory(_));
+                    failure.message = e.to_string();
                 }
             }
         }
-        Err(last_error)
+        Err(failure)
     }
 }
 
 /// The warning a request answered from its text alone carries (`why`: what failed).
 pub fn text_only_warning(why: &str) -> String {
     format!("media not encoded, answered from the text alone: {why}")
+}
+
+/// Gives the prompt's media the sizes they were encoded at (see [`Resized`]): each span
+/// of a resized item takes its new length (in the placeholder token it had) and hash, the
+/// positions after it move. The warning to send with the response, when any was.
+pub fn resize_media(prompt: &mut Prompt, resized: &[Resized]) -> Option<String> {
+    if resized.is_empty() {
+        return None;
+    }
+    let mut tokens = Vec::with_capacity(prompt.token_ids.len());
+    let mut at = 0usize;
+    let mut shift = 0i64;
+    for span in &mut prompt.media {
+        let start = (span.offset as usize).min(prompt.token_ids.len());
+        let end = (span.end() as usize).min(prompt.token_ids.len());
+        tokens.extend_from_slice(&prompt.token_ids[at.min(start)..start]);
+        span.offset = (i64::from(span.offset) + shift) as u32;
+        match resized.iter().find(|r| r.from == span.media_hash) {
+            Some(r) => {
+                let placeholder = prompt.token_ids.get(start).copied().unwrap_or_default();
+                tokens.extend(std::iter::repeat_n(placeholder, r.tokens as usize));
+                shift += i64::from(r.tokens) - i64::from(span.length);
+                span.media_hash = r.to;
+                span.length = r.tokens;
+            }
+            None => tokens.extend_from_slice(&prompt.token_ids[start..end]),
+        }
+        at = at.max(end);
+    }
+    tokens.extend_from_slice(&prompt.token_ids[at.min(prompt.token_ids.len())..]);
+    prompt.token_ids = tokens;
+    Some(resized_warning(resized.len()))
+}
+
+/// The warning a request whose media were encoded smaller carries (`n` items).
+pub fn resized_warning(n: usize) -> String {
+    format!(
+        "{n} media item(s) did not fit the encoder's memory and were encoded at half size or less"
+    )
 }
 
 /// Removes the media's placeholder positions from the prompt: the text alone is left.
@@ -516,6 +640,47 @@ mod tests {
         strip_media(&mut prompt);
         assert_eq!(prompt.token_ids, vec![1, 2, 3, 4]);
         assert!(prompt.media.is_empty());
+    }
+
+    #[test]
+    fn an_item_encoded_smaller_takes_fewer_positions_and_the_rest_moves_up() {
+        // Text, a video of 4 positions (hash 7), text, an image of 2 (hash 8), text.
+        let mut prompt = Prompt::tokens(vec![1, 2, 0, 0, 0, 0, 3, 5, 5, 4]);
+        prompt.media = [(Modality::Video, 7, 2, 4), (Modality::Image, 8, 7, 2)]
+            .into_iter()
+            .map(|(modality, media_hash, offset, length)| MediaSpan {
+                modality,
+                media_hash,
+                offset,
+                length,
+            })
+            .collect();
+        let original = prompt.clone();
+        assert!(resize_media(&mut prompt, &[]).is_none());
+        assert_eq!(prompt, original);
+        let resized = [Resized {
+            from: 7,
+            to: 70,
+            tokens: 2,
+        }];
+        let warning = resize_media(&mut prompt, &resized).unwrap();
+        assert!(warning.contains("1 media item"), "{warning}");
+        assert_eq!(prompt.token_ids, vec![1, 2, 0, 0, 3, 5, 5, 4]);
+        let spans: Vec<_> = prompt
+            .media
+            .iter()
+            .map(|s| (s.media_hash, s.offset, s.length))
+            .collect();
+        assert_eq!(spans, vec![(70, 2, 2), (8, 5, 2)]);
+        // The image, now: its placeholder token is kept.
+        let resized = [Resized {
+            from: 8,
+            to: 80,
+            tokens: 1,
+        }];
+        resize_media(&mut prompt, &resized).unwrap();
+        assert_eq!(prompt.token_ids, vec![1, 2, 0, 0, 3, 5, 4]);
+        assert_eq!(prompt.media[1].length, 1);
     }
 
     #[test]

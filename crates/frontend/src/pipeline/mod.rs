@@ -139,6 +139,7 @@ pub(crate) fn failure_of(error: &EngineError) -> Option<Failure> {
         | EngineError::Overloaded(_)
         | EngineError::Unsupported(_)
         | EngineError::KvLost(_)
+        | EngineError::OutOfMemory(_)
         | EngineError::Invalid(_) => None,
     }
 }

@@ -217,9 +217,15 @@ impl Streaming {
         };
         match outcome {
             Ok(Some(true)) => {}
-            Ok(_) if !self.run.has_media() => {
-                // Its worker has the prompt with the media's placeholders: it goes again
-                // without them (dropping the attempt cancels it there).
+            Ok(_)
+                if self
+                    .attempt
+                    .as_ref()
+                    .is_some_and(|a| a.prompt_version != self.run.prompt_version()) =>
+            {
+                // Its worker has the prompt as it was (the media encoded smaller since, or
+                // dropped): it goes again with the new one (dropping the attempt cancels
+                // it there).
                 self.attempt = None;
                 self.run.frontend.routing.finish(self.run.id);
                 self.prompt_tokens = self.run.prompt_tokens();

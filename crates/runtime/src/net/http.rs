@@ -58,6 +58,7 @@ fn status_of(error: &EngineError) -> StatusCode {
         EngineError::Invalid(_) => StatusCode::BAD_REQUEST,
         EngineError::Unsupported(_) => StatusCode::UNPROCESSABLE_ENTITY,
         EngineError::KvLost(_) => StatusCode::GONE,
+        EngineError::OutOfMemory(_) => StatusCode::INSUFFICIENT_STORAGE,
         EngineError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
         EngineError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
         EngineError::Unreachable(_) | EngineError::Disconnected | EngineError::Internal(_) => {
@@ -82,6 +83,7 @@ fn error_of(status: StatusCode, body: &[u8], address: &str) -> EngineError {
         }
         StatusCode::UNPROCESSABLE_ENTITY => EngineError::Unsupported(text),
         StatusCode::TOO_MANY_REQUESTS => EngineError::Overloaded(text),
+        StatusCode::INSUFFICIENT_STORAGE => EngineError::OutOfMemory(text),
         StatusCode::UNAUTHORIZED => EngineError::Unreachable(format!(
             "{address} refused this frontend's request-plane secret: {text}"
         )),
