@@ -32,6 +32,7 @@ fn models(batch_timeout: Duration) -> EncoderModels {
         threads: 2,
         max_batch: 8,
         batch_timeout,
+        ..EncoderModels::default()
     }
 }
 
