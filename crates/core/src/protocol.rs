@@ -96,6 +96,13 @@ impl MediaSpan {
     pub fn end(&self) -> u64 {
         u64::from(self.offset) + u64::from(self.length)
     }
+
+    /// Where a prompt's media start and how many positions they take in all; none
+    /// without media.
+    pub fn extent(spans: &[MediaSpan]) -> Option<(u32, u32)> {
+        let first = spans.iter().map(|m| m.offset).min()?;
+        Some((first, spans.iter().map(|m| m.length).sum()))
+    }
 }
 
 /// What an encoder computes a media item's embeddings from: the item as the frontend

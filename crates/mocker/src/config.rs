@@ -31,6 +31,11 @@ pub struct EngineArgs {
     pub preemption_mode: PreemptionMode,
     /// Simulated time runs this many times faster than the timing model says.
     pub speedup_ratio: f64,
+    /// Media positions whose encoded features the engine's staging memory holds at once (0:
+    /// no limit; the default is 4 GiB of 8 KiB-a-token embeddings). A request's media are
+    /// staged once encoded, and its prefill stops at them until they are; they leave when
+    /// its prompt is computed. A request whose media alone exceed it is staged alone.
+    pub staging_tokens: u64,
 }
 
 impl Default for EngineArgs {
@@ -44,9 +49,13 @@ impl Default for EngineArgs {
             enable_chunked_prefill: true,
             preemption_mode: PreemptionMode::Lifo,
             speedup_ratio: 1.0,
+            staging_tokens: DEFAULT_STAGING_TOKENS,
         }
     }
 }
+
+/// 4 GiB of staging memory at 8 KiB a token (a 4,096-wide float16 embedding).
+pub const DEFAULT_STAGING_TOKENS: u64 = (4 << 30) / 8192;
 
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum InvalidArgs {

@@ -66,6 +66,9 @@ pub struct MockRequest {
     /// encoded: prefill stops there until [`MockEngine::media_ready`]. Such requests are
     /// admitted after those that are ready, for the text before their media.
     pub media_gate: Option<u32>,
+    /// Its media's first position and positions in all, for staging (see
+    /// [`EngineArgs::staging_tokens`]); none: no media, or staging not modelled.
+    pub media: Option<(u32, u32)>,
 }
 
 impl MockRequest {
@@ -82,6 +85,7 @@ impl MockRequest {
             earlier_output: Vec::new(),
             imported_tokens: 0,
             media_gate: None,
+            media: None,
         }
     }
 }
@@ -142,6 +146,8 @@ pub struct EngineStats {
     pub output_tokens: u64,
     pub finished: u64,
     pub cancelled: u64,
+    /// Requests whose encoded media waited for staging memory.
+    pub staging_waits: u64,
 }
 
 /// A simulated inference engine.
@@ -156,6 +162,9 @@ pub struct MockEngine {
     running: Vec<Sequence>,
     next_event_id: u64,
     stats: EngineStats,
+    /// Media positions staged now, and the requests waiting to stage theirs, in order.
+    staged_tokens: u64,
+    staging_queue: VecDeque<RequestId>,
 }
 
 impl MockEngine {
@@ -178,6 +187,8 @@ impl MockEngine {
             running: Vec::new(),
             next_event_id: 0,
             stats: EngineStats::default(),
+            staged_tokens: 0,
+            staging_queue: VecDeque::new(),
         })
     }
 
@@ -266,8 +277,79 @@ impl MockEngine {
             cached_tokens: None,
             imported: request.imported_tokens,
             gate: request.media_gate,
+            media: request.media,
+            encoded: request.media_gate.is_none(),
+            staged: false,
         });
+        if request.media_gate.is_none() && request.media.is_some() {
+            self.stage_or_queue(request.id);
+        }
         Ok(())
+    }
+
+    /// Media positions staged now.
+    pub fn staged_tokens(&self) -> u64 {
+        self.staged_tokens
+    }
+
+    fn sequence_mut(&mut self, id: RequestId) -> Option<&mut Sequence> {
+        self.running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|s| s.id == id)
+    }
+
+    /// Stages request `id`'s encoded media if the staging memory has room (or holds
+    /// nothing: media larger than all of it go alone), opening its gate. Whether it did.
+    fn try_stage(&mut self, id: RequestId) -> bool {
+        let (limit, staged) = (self.args.staging_tokens, self.staged_tokens);
+        let Some(seq) = self.sequence_mut(id) else {
+            return true;
+        };
+        let tokens = u64::from(seq.media.map_or(0, |(_, t)| t));
+        if limit != 0 && staged != 0 && staged + tokens > limit {
+            return false;
+        }
+        seq.staged = true;
+        seq.gate = None;
+        self.staged_tokens += tokens;
+        true
+    }
+
+    /// Stages request `id`'s encoded media, or queues it behind those waiting (its prefill
+    /// stopped at its media) until there is room.
+    fn stage_or_queue(&mut self, id: RequestId) {
+        if self.staging_queue.is_empty() && self.try_stage(id) {
+            return;
+        }
+        if let Some(seq) = self.sequence_mut(id) {
+            seq.gate = seq.media.map(|(first, _)| first);
+        }
+        self.staging_queue.push_back(id);
+        self.stats.staging_waits += 1;
+    }
+
+    /// `tokens` media positions staged for request `id` leave the staging memory (its
+    /// prompt is computed, or it left: then it leaves the queue too); those waiting are
+    /// staged in order while there is room.
+    fn unstage(&mut self, id: RequestId, tokens: u64) {
+        self.staged_tokens = self.staged_tokens.saturating_sub(tokens);
+        self.staging_queue.retain(|&q| q != id);
+        while let Some(&next) = self.staging_queue.front() {
+            if !self.try_stage(next) {
+                break;
+            }
+            self.staging_queue.pop_front();
+        }
+    }
+
+    /// Media positions of `seq` staged now.
+    fn staged_of(seq: &Sequence) -> u64 {
+        if seq.staged {
+            u64::from(seq.media.map_or(0, |(_, t)| t))
+        } else {
+            0
+        }
     }
 
     /// Whether a request here is held at its media gate.
@@ -281,18 +363,15 @@ impl MockEngine {
     /// The request's media is encoded: its prefill may pass its first media position.
     /// Returns whether the request is here.
     pub fn media_ready(&mut self, id: RequestId) -> bool {
-        match self
-            .running
-            .iter_mut()
-            .chain(self.waiting.iter_mut())
-            .find(|s| s.id == id)
-        {
-            Some(seq) => {
-                seq.gate = None;
-                true
-            }
-            None => false,
+        let Some(seq) = self.sequence_mut(id) else {
+            return false;
+        };
+        if seq.media.is_none() {
+            seq.gate = None;
+        } else if !std::mem::replace(&mut seq.encoded, true) {
+            self.stage_or_queue(id);
         }
+        true
     }
 
     pub fn contains(&self, id: RequestId) -> bool {
@@ -301,15 +380,22 @@ impl MockEngine {
 
     /// Drops a request; its blocks stay cached for reuse. Returns whether it was here.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let seq = self.running.remove(i);
             release(&mut self.blocks, &seq);
-        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            seq
+        } else if let Some(seq) = self
+            .waiting
+            .iter()
+            .position(|s| s.id == id)
+            .and_then(|i| self.waiting.remove(i))
+        {
             // Waiting requests hold no blocks.
-            self.waiting.remove(i);
+            seq
         } else {
             return false;
-        }
+        };
+        self.unstage(seq.id, Self::staged_of(&seq));
         self.stats.cancelled += 1;
         true
     }
@@ -482,6 +568,13 @@ impl MockEngine {
                 i += 1;
                 continue;
             }
+            if seq.staged {
+                // Its prompt is computed: its media's features leave the staging memory.
+                let (id, tokens) = (seq.id, Self::staged_of(seq));
+                seq.staged = false;
+                self.unstage(id, tokens);
+            }
+            let seq = &mut self.running[i];
             let token = token_under(
                 self.seed,
                 seq.stream_key,

@@ -17,7 +17,7 @@ pub mod perf;
 mod sequence;
 pub mod tokens;
 
-pub use config::{EngineArgs, PreemptionMode};
+pub use config::{DEFAULT_STAGING_TOKENS, EngineArgs, PreemptionMode};
 pub use engine::{EngineStats, MockEngine, MockRequest, Rejected, StepOutput};
 pub use perf::{PerfModel, StepShape};
 pub use switchyard_core::protocol::TokenOutput;

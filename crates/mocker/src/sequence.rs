@@ -38,8 +38,14 @@ pub struct Sequence {
     pub cached_tokens: Option<u32>,
     /// Leading tokens whose KV came with the request (not computed here).
     pub imported: u32,
-    /// Prefill stops at this position until the request's media is encoded.
+    /// Prefill stops at this position until the request's media is encoded and staged.
     pub gate: Option<u32>,
+    /// Its media: first position and positions in all (staged together).
+    pub media: Option<(u32, u32)>,
+    /// Its media are encoded (they may be staged).
+    pub encoded: bool,
+    /// Its media hold staging memory.
+    pub staged: bool,
 }
 
 impl Sequence {

@@ -600,3 +600,115 @@ fn a_request_waiting_for_its_media_prefills_its_text_and_lets_ready_ones_pass() 
     assert_eq!(stream, expected_stream(1, 20, 2));
     assert!(!e.media_ready(RequestId(1)), "finished requests are gone");
 }
+
+#[test]
+fn media_wait_for_staging_memory_in_order_and_leave_it_once_their_prompt_is_computed() {
+    // Room for 10 media positions; three requests with 8 each, encoded on arrival.
+    let args = EngineArgs {
+        block_size: 4,
+        max_num_batched_tokens: 16,
+        num_gpu_blocks: 64,
+        staging_tokens: 10,
+        ..EngineArgs::default()
+    };
+    let mut e = engine(args);
+    for id in 1..=3u64 {
+        let prompt: Vec<u32> = (0..20).map(|t| t + 100 * id as u32).collect();
+        e.add_request(MockRequest {
+            media: Some((4, 8)),
+            ..request(id, &prompt, 4, 2)
+        })
+        .unwrap();
+    }
+    assert_eq!(e.staged_tokens(), 8);
+    assert_eq!(e.stats().staging_waits, 2);
+    assert!(e.waiting_on_media(), "two wait at their media");
+    let (tokens, _) = run(&mut e);
+    // All three finish, one after another's prompt is computed; nothing stays staged.
+    let finished: Vec<u64> = tokens
+        .iter()
+        .filter(|t| t.finish.is_some())
+        .map(|t| t.request.0)
+        .collect();
+    assert_eq!(finished.len(), 3);
+    assert_eq!(e.staged_tokens(), 0);
+    assert!(!e.waiting_on_media());
+    // Media larger than the whole staging memory go alone.
+    e.add_request(MockRequest {
+        media: Some((2, 30)),
+        ..request(9, &(0..40).collect::<Vec<u32>>(), 4, 1)
+    })
+    .unwrap();
+    assert_eq!(e.staged_tokens(), 30);
+    run(&mut e);
+    assert_eq!(e.staged_tokens(), 0);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Against a naive count: staged positions never exceed the budget (unless one
+    /// request's alone), cancelled and finished requests give theirs back, and every
+    /// request completes.
+    #[test]
+    fn staging_never_overflows_and_every_request_completes(
+        limit in 1u64..40,
+        requests in proptest::collection::vec((1u32..24, 0u32..3, proptest::bool::ANY), 1..12),
+    ) {
+        let args = EngineArgs {
+            block_size: 4,
+            max_num_batched_tokens: 16,
+            num_gpu_blocks: 256,
+            staging_tokens: limit,
+            ..EngineArgs::default()
+        };
+        let mut e = engine(args);
+        let mut media = std::collections::HashMap::new();
+        for (i, &(tokens, gated, cancel)) in requests.iter().enumerate() {
+            let id = i as u64 + 1;
+            let prompt: Vec<u32> = (0..tokens + 8).map(|t| t + 1000 * id as u32).collect();
+            e.add_request(MockRequest {
+                media: Some((4, tokens)),
+                media_gate: (gated == 0).then_some(4),
+                ..request(id, &prompt, 4, 2)
+            })
+            .unwrap();
+            media.insert(id, (tokens, gated == 0, cancel));
+        }
+        let mut now = Duration::ZERO;
+        let mut finished = std::collections::HashSet::new();
+        for step in 0..400 {
+            // Media arrive for the gated ones after a few steps; some requests leave.
+            if step == 3 {
+                for (&id, &(_, gated, _)) in &media {
+                    if gated {
+                        proptest::prop_assert!(e.media_ready(RequestId(id)));
+                    }
+                }
+            }
+            if step == 5 {
+                for (&id, &(_, _, cancel)) in &media {
+                    if cancel && !finished.contains(&id) {
+                        e.cancel(RequestId(id));
+                        finished.insert(id);
+                    }
+                }
+            }
+            let staged = e.staged_tokens();
+            let largest = media.values().map(|m| u64::from(m.0)).max().unwrap_or(0);
+            proptest::prop_assert!(staged <= limit.max(largest), "{staged} staged over {limit}");
+            let mut out = StepOutput::default();
+            e.step(now, &mut out);
+            e.validate().unwrap();
+            now = out.finished_at();
+            for t in out.tokens.iter().filter(|t| t.finish.is_some()) {
+                finished.insert(t.request.0);
+            }
+            if !e.has_work() {
+                break;
+            }
+        }
+        proptest::prop_assert_eq!(finished.len(), media.len());
+        proptest::prop_assert_eq!(e.staged_tokens(), 0);
+    }
+}

@@ -73,6 +73,7 @@ fn args() -> impl Strategy<Value = EngineArgs> {
                     PreemptionMode::Fifo
                 },
                 speedup_ratio: 1.0,
+                ..EngineArgs::default()
             },
         )
 }

@@ -760,6 +760,7 @@ impl<'a> Fleet<'a> {
             earlier_output: Vec::new(),
             imported_tokens: 0,
             media_gate: self.media_gate(index),
+            media: MediaSpan::extent(&self.workload.requests[index as usize].media),
         };
         loop {
             let overlaps = self.indexer.find_matches(mock.prompt.local_hashes());
@@ -989,6 +990,7 @@ impl<'a> Fleet<'a> {
             earlier_output: Vec::new(),
             imported_tokens: prompt_tokens,
             media_gate: None,
+            media: None,
         };
         let state = &mut self.requests[index as usize];
         state.remote_prefill = None;

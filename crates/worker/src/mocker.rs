@@ -184,6 +184,10 @@ impl StepEngine for SteppedMocker {
                 .media_pending
                 .then(|| request.prompt.media.iter().map(|m| m.offset).min())
                 .flatten(),
+            // Staged before its prefill reaches them, unless their KV came over.
+            media: (imported_tokens == 0)
+                .then(|| switchyard_core::MediaSpan::extent(&request.prompt.media))
+                .flatten(),
         };
         self.stalled = false;
         self.engine.add_request(mock).map_err(engine_error)

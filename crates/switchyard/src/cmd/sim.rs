@@ -88,6 +88,10 @@ pub struct SimArgs {
     no_prefix_caching: bool,
     #[arg(long)]
     no_chunked_prefill: bool,
+    /// Media positions whose encoded features an engine's staging memory holds at once
+    /// (0: no limit; default: 4 GiB of 8 KiB-a-token embeddings)
+    #[arg(long, default_value_t = switchyard_mocker::DEFAULT_STAGING_TOKENS)]
+    staging_tokens: u64,
     /// Which running request to preempt when KV blocks run out.
     #[arg(long, value_enum, default_value_t = Preemption::Lifo)]
     preemption: Preemption,
@@ -290,6 +294,7 @@ pub fn run(args: SimArgs) -> Result<()> {
             Preemption::Fifo => PreemptionMode::Fifo,
         },
         speedup_ratio: 1.0,
+        staging_tokens: args.staging_tokens,
     };
     engine.validate().context("invalid engine arguments")?;
     let mut perf = Vec::new();
