@@ -53,6 +53,15 @@ fn with_image(text: &str, url: &str, detail: Option<&str>) -> Value {
     })
 }
 
+/// `switchyard_media_encodes_total{outcome}` in Prometheus text.
+fn encodes(metrics: &str, outcome: &str) -> f64 {
+    metric_value(
+        metrics,
+        "switchyard_media_encodes_total",
+        Some(&format!("outcome=\"{outcome}\"")),
+    )
+}
+
 fn usage(body: &Value) -> (u64, u64) {
     (
         body["usage"]["prompt_tokens"].as_u64().unwrap(),
@@ -744,13 +753,7 @@ async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
     assert_eq!(worker, holder, "not sent where the media's KV is");
     assert!(cached >= 576, "{cached} tokens cached");
     let text = scrape(&url(&d, "/metrics")).await;
-    let count = |outcome: &str| {
-        metric_value(
-            &text,
-            "switchyard_media_encodes_total",
-            Some(&format!("outcome=\"{outcome}\"")),
-        )
-    };
+    let count = |outcome: &str| encodes(&text, outcome);
     assert_eq!((count("encoded"), count("skipped")), (1.0, 1.0), "{text}");
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
@@ -894,13 +897,7 @@ async fn media_that_cannot_be_encoded_in_time_fails_or_falls_back_to_the_text_by
     assert!(prompt_tokens < 576, "{prompt_tokens} prompt tokens");
     assert_eq!(prompt_tokens, usage(&plain).0);
     let text = scrape(&url(&falling_back, "/metrics")).await;
-    let count = |outcome: &str| {
-        metric_value(
-            &text,
-            "switchyard_media_encodes_total",
-            Some(&format!("outcome=\"{outcome}\"")),
-        )
-    };
+    let count = |outcome: &str| encodes(&text, outcome);
     assert_eq!((count("timeout"), count("text_only")), (1.0, 1.0), "{text}");
     // Neither left anything in the feature store.
     for d in [&failing, &falling_back] {
@@ -994,13 +991,7 @@ async fn killed_encoders_and_bad_media_leave_nothing_in_the_feature_store() {
     assert!(message.contains("encoder"), "{message}");
     let text = scrape(&url(&d, "/metrics")).await;
     assert_eq!(store(&text), 0.0, "{text}");
-    let count = |outcome: &str| {
-        metric_value(
-            &text,
-            "switchyard_media_encodes_total",
-            Some(&format!("outcome=\"{outcome}\"")),
-        )
-    };
+    let count = |outcome: &str| encodes(&text, outcome);
     assert_eq!((count("encoded"), count("failed")), (1.0, 1.0), "{text}");
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
@@ -1034,13 +1025,7 @@ async fn media_an_encoder_has_no_memory_for_go_again_at_half_size() {
         assert_eq!(s, 200, "{text}");
         assert_eq!(usage(&b).0, usage(&text).0 + 144, "overlap {overlap}");
         let metrics = scrape(&url(&d, "/metrics")).await;
-        let count = |outcome: &str| {
-            metric_value(
-                &metrics,
-                "switchyard_media_encodes_total",
-                Some(&format!("outcome=\"{outcome}\"")),
-            )
-        };
+        let count = |outcome: &str| encodes(&metrics, outcome);
         assert_eq!(
             (count("encoded"), count("reduced")),
             (1.0, 1.0),
