@@ -30,6 +30,7 @@ fn main() {
                 tokens: input,
                 kv: &mut kv,
                 logits: true,
+                embeds: Vec::new(),
             }])
             .unwrap();
         let logits = logits[0].as_ref().unwrap();

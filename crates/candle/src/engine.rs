@@ -12,8 +12,15 @@
 //! instead of computing them (all but the last prompt token, whose logits are needed).
 //! Stores and evictions are published as KV events, so KV-aware routing sees the real
 //! cache. The cache holds copies: evicting a block never touches a running sequence.
+//!
+//! Media are merged: a prompt's media spans take the input embeddings projected from the
+//! embeddings its encoder computed (carried in `media_inputs`, one per span) in place of
+//! their placeholder tokens. A request sent ahead of its media (`media_pending`) computes
+//! its text up to its first media position and waits there; its frontend sends it again
+//! with the embeddings, and the text computed meanwhile is found in the prefix cache. A
+//! request with media and no embeddings is served only when its media's KV is cached.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use candle_core::Tensor;
 use hashlink::LinkedHashMap;
@@ -82,12 +89,35 @@ struct Sequence {
     cached_tokens: u32,
     /// Output tokens so far, counting those before a resume.
     generated: u32,
+    /// The media spans' input embeddings: (offset, rows [length, hidden]).
+    media: Vec<(usize, Tensor)>,
+    /// Its media are being encoded: its prefill stops before this position.
+    hold: Option<usize>,
+    /// It came with media and no embeddings: the prefix cache must hold up to here.
+    needs_cached: usize,
 }
 
 impl Sequence {
     /// Whether more than the last token is still to compute (else it decodes).
     fn prefilling(&self) -> bool {
         self.kv.len() + 1 < self.tokens.len()
+    }
+
+    /// Whether it waits for its media with everything before them computed.
+    fn waits_for_media(&self) -> bool {
+        self.hold.is_some_and(|h| self.kv.len() >= h)
+    }
+
+    /// The media embeddings for its positions `from..to`, as [`StepInput::embeds`].
+    fn embeds(&self, from: usize, to: usize) -> Result<Vec<(usize, Tensor)>, candle_core::Error> {
+        let mut out = Vec::new();
+        for (offset, rows) in &self.media {
+            let (lo, hi) = ((*offset).max(from), (offset + rows.dim(0)?).min(to));
+            if lo < hi {
+                out.push((lo - from, rows.narrow(0, lo - offset, hi - lo)?));
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -108,6 +138,8 @@ pub struct CandleEngine {
     /// running measurement, so the same work is chunked the same way every time, as the
     /// mocker replaying the profile chunks it).
     timing: Option<(PerfModel, u32)>,
+    /// Media projectors by encoder width (see [`Model::media_projector`]).
+    projectors: HashMap<usize, Tensor>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -140,7 +172,42 @@ impl CandleEngine {
             vocab,
             per_token: None,
             timing: None,
+            projectors: HashMap::new(),
         }
+    }
+
+    /// The input embeddings of `request`'s media spans, from the embeddings it carries.
+    fn merge_inputs(
+        &mut self,
+        request: &GenerateRequest,
+    ) -> Result<Vec<(usize, Tensor)>, EngineError> {
+        let spans = &request.prompt.media;
+        if request.media_inputs.len() != spans.len() {
+            return Err(EngineError::Invalid(format!(
+                "{} media spans and {} media inputs",
+                spans.len(),
+                request.media_inputs.len()
+            )));
+        }
+        let failed = |e: crate::model::ModelError| EngineError::Internal(e.to_string());
+        let mut media = Vec::with_capacity(spans.len());
+        for (span, input) in spans.iter().zip(&request.media_inputs) {
+            let (_, dim, rows) = input.embedding_rows().map_err(EngineError::Invalid)?;
+            let projector = match self.projectors.get(&dim) {
+                Some(p) => p.clone(),
+                None => {
+                    let p = self.model.media_projector(dim).map_err(failed)?;
+                    self.projectors.insert(dim, p.clone());
+                    p
+                }
+            };
+            let rows = self
+                .model
+                .media_embeddings(&projector, &rows, dim, span.length as usize)
+                .map_err(failed)?;
+            media.push((span.offset as usize, rows));
+        }
+        Ok(media)
     }
 
     /// Takes a timing profile of this engine: its step budget becomes the most tokens whose
@@ -389,11 +456,6 @@ impl StepEngine for CandleEngine {
                 "the candle engine serves aggregated requests only".into(),
             ));
         }
-        if !request.prompt.media.is_empty() {
-            return Err(EngineError::Unsupported(
-                "the candle engine serves text prompts only".into(),
-            ));
-        }
         if request.prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty".into()));
         }
@@ -431,8 +493,30 @@ impl StepEngine for CandleEngine {
         }
         let blocks = blocks_for(&request.prompt, self.config.block_size)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let spans = &request.prompt.media;
+        let (mut media, mut hold, mut needs_cached) = (Vec::new(), None, 0);
+        if !request.media_inputs.is_empty() {
+            media = self.merge_inputs(&request)?;
+        } else if request.media_pending && !spans.is_empty() {
+            hold = Some(spans[0].offset as usize);
+        } else if let Some(end) = spans.iter().map(|s| s.end() as usize).max() {
+            // Only a cached prefix can stand for media it was not given.
+            let size = self.config.block_size as usize;
+            let usable = (request.prompt.len() - 1) / size;
+            let cached =
+                self.held_prefix(&blocks.sequence_hashes()[..usable.min(blocks.full_blocks())]);
+            if (cached as usize) * size < end {
+                return Err(EngineError::Unsupported(
+                    "this engine merges media embeddings: the request carries none, and its media's KV is not cached here".into(),
+                ));
+            }
+            needs_cached = end;
+        }
         let tokens = request.prompt.token_ids.clone();
         self.waiting.push_back(Sequence {
+            media,
+            hold,
+            needs_cached,
             prompt_len: tokens.len(),
             tokens,
             kv: SeqKv::new(&self.model.shape),
@@ -453,7 +537,9 @@ impl StepEngine for CandleEngine {
     }
 
     fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        // Requests waiting at their media do nothing until they are sent again.
+        self.running.iter().any(|s| !s.waits_for_media())
+            || (!self.waiting.is_empty() && self.running.len() < self.config.max_num_seqs as usize)
     }
 
     fn step(
@@ -467,6 +553,18 @@ impl StepEngine for CandleEngine {
                 break;
             };
             match self.admit(seq) {
+                Ok(seq) if seq.kv.len() < seq.needs_cached => {
+                    // Its media's KV left the cache since it came: it goes elsewhere, or
+                    // again with its embeddings.
+                    tracing::info!(request = %seq.request.id, "the cached media a request relied on were evicted");
+                    tokens.push(TokenOutput {
+                        request: seq.request.id,
+                        token: 0,
+                        index: seq.generated,
+                        cached_tokens: 0,
+                        finish: Some(FinishReason::Cancelled),
+                    });
+                }
                 Ok(seq) => self.running.push(seq),
                 Err(e) => tracing::error!(error = %e, "cannot start a request"),
             }
@@ -495,9 +593,11 @@ impl StepEngine for CandleEngine {
             }
         }
         for (i, seq) in self.running.iter().enumerate() {
-            if seq.prefilling() && budget > 0 {
+            if seq.prefilling() && budget > 0 && !seq.waits_for_media() {
                 let from = seq.kv.len();
-                let to = (from + budget).min(seq.tokens.len());
+                let to = (from + budget)
+                    .min(seq.tokens.len())
+                    .min(seq.hold.unwrap_or(usize::MAX));
                 budget -= to - from;
                 plan.push((i, from, to));
             }
@@ -514,6 +614,17 @@ impl StepEngine for CandleEngine {
             .iter()
             .map(|&(i, _, to)| to == self.running[i].tokens.len())
             .collect();
+        let embeds: Result<Vec<Vec<(usize, Tensor)>>, _> = plan
+            .iter()
+            .map(|&(i, from, to)| self.running[i].embeds(from, to))
+            .collect();
+        let mut embeds = match embeds {
+            Ok(embeds) => embeds.into_iter(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot slice media embeddings");
+                return std::time::Duration::ZERO;
+            }
+        };
         let logits = {
             let mut kvs: Vec<(usize, &mut Sequence)> = self
                 .running
@@ -528,6 +639,7 @@ impl StepEngine for CandleEngine {
                     tokens,
                     kv: &mut seq.kv,
                     logits,
+                    embeds: embeds.next().unwrap_or_default(),
                 })
                 .collect();
             let started = std::time::Instant::now();

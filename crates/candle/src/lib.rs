@@ -73,6 +73,7 @@ impl Engine for CandleWorker {
             max_num_seqs: Some(self.config.max_num_seqs),
             dp_size: 1,
             prompt_text: false,
+            media_embeddings: true,
             modalities: switchyard_core::Modalities::default(),
         }
     }

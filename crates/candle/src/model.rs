@@ -104,6 +104,8 @@ struct Layer {
 pub struct Model {
     pub shape: ModelShape,
     embed: Tensor,
+    /// The root mean square of the token embeddings.
+    embed_rms: f32,
     layers: Vec<Layer>,
     norm: Tensor,
     head: Weight,
@@ -307,9 +309,11 @@ impl Model {
         }
         let norm = gguf.vector("output_norm.weight")?;
         let (cos, sin) = rope_tables(&shape)?;
+        let embed_rms = embed.sqr()?.mean_all()?.sqrt()?.to_scalar::<f32>()?;
         Ok(Model {
             shape,
             embed,
+            embed_rms,
             layers,
             norm,
             head,
@@ -317,6 +321,53 @@ impl Model {
             sin,
             device: Device::Cpu,
         })
+    }
+
+    /// The fixed projection of encoder embeddings `dim` values wide into the model's
+    /// embedding space: a seeded random matrix [dim, hidden] of unit-variance outputs for
+    /// unit-variance inputs. This model comes with no trained projector for any encoder;
+    /// the merge is real (the sequence's media positions take these rows, and they shape
+    /// every later token), the meaning of the projected rows is not.
+    pub fn media_projector(&self, dim: usize) -> Result<Tensor, ModelError> {
+        use rand::{Rng, SeedableRng};
+        let hidden = self.shape.hidden;
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(0x6d65_6469_6100 ^ dim as u64);
+        let bound = (3.0 / dim as f32).sqrt();
+        let values: Vec<f32> = (0..dim * hidden)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        Ok(Tensor::from_vec(values, (dim, hidden), &self.device)?)
+    }
+
+    /// The input embeddings of a media span of `length` positions from an item's encoder
+    /// rows (`rows`, `dim` values each; `projector` from [`Self::media_projector`]): each
+    /// position takes the row at its place in the item (position j of `length` ← row
+    /// j·rows/length), normalised to zero mean and unit variance, projected, and scaled to
+    /// the token embeddings' magnitude. [length, hidden].
+    pub fn media_embeddings(
+        &self,
+        projector: &Tensor,
+        rows: &[f32],
+        dim: usize,
+        length: usize,
+    ) -> Result<Tensor, ModelError> {
+        let count = rows.len() / dim.max(1);
+        if count == 0 || length == 0 || projector.dims() != [dim, self.shape.hidden] {
+            return Err(ModelError::Compute(candle_core::Error::Msg(format!(
+                "cannot merge {count} rows of {dim} values into {length} positions"
+            ))));
+        }
+        let mut picked = Vec::with_capacity(length * dim);
+        for j in 0..length {
+            let r = j * count / length;
+            let row = &rows[r * dim..(r + 1) * dim];
+            let mean = row.iter().sum::<f32>() / dim as f32;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / dim as f32;
+            let scale = 1.0 / (var + 1e-6).sqrt();
+            picked.extend(row.iter().map(|v| (v - mean) * scale));
+        }
+        let x = Tensor::from_vec(picked, (length, dim), &self.device)?;
+        Ok((x.matmul(projector)? * f64::from(self.embed_rms))?)
     }
 
     /// Computes one step. Each input's tokens are appended to its keys and values, at the
@@ -350,6 +401,14 @@ impl Model {
         let cos = self.cos.index_select(&positions, 0)?;
         let sin = self.sin.index_select(&positions, 0)?;
         let mut x = self.embed.index_select(&ids, 0)?;
+        // Media positions take their embeddings instead of their placeholder's.
+        let mut start = 0;
+        for input in inputs.iter() {
+            for (at, rows) in &input.embeds {
+                x = x.slice_scatter0(rows, start + at)?;
+            }
+            start += input.tokens.len();
+        }
         for (l, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, s.rms_eps as f32)?;
             let q = rotate(&layer.q.forward(&h)?, s.heads, s.head_dim, &cos, &sin)?;
@@ -497,6 +556,9 @@ pub struct StepInput<'a> {
     pub kv: &'a mut SeqKv,
     /// Whether the last token's logits are needed (the end of a prompt, or a decode).
     pub logits: bool,
+    /// Input embeddings that replace the tokens' own, as (index among `tokens`, rows
+    /// [n, hidden]): the media merged into the sequence.
+    pub embeds: Vec<(usize, Tensor)>,
 }
 
 /// A sequence's keys and values, per layer, contiguous and grown by doubling.

@@ -337,3 +337,170 @@ fn a_timing_profile_is_announced_and_sizes_every_prompt_chunk() {
     .to_string();
     assert!(bad.contains("invalid profile"), "{bad}");
 }
+
+/// `rows` encoder embeddings of 384 values (DINOv2 ViT-S/14's width), seeded.
+fn encoder_rows(rows: usize, seed: u32) -> Vec<f32> {
+    (0..rows * 384)
+        .map(|i| {
+            (i as u32)
+                .wrapping_add(seed.wrapping_mul(1_000_003))
+                .wrapping_mul(2_654_435_761) as f32
+                / u32::MAX as f32
+                - 0.5
+        })
+        .collect()
+}
+
+/// `text` tokens, then an image of `length` placeholder positions (hash `hash`), then the
+/// end of a chat turn.
+fn with_media(hash: u64, length: u32, embeddings: Option<&[f32]>) -> GenerateRequest {
+    let mut tokens = vec![1, 4093, 198];
+    tokens.extend(long_prompt(29, 3));
+    let offset = tokens.len() as u32;
+    tokens.extend(std::iter::repeat_n(49_151, length as usize));
+    tokens.extend([2, 198, 1, 520, 9531, 198]);
+    let mut r = greedy(0, tokens, 6);
+    r.prompt.media = vec![switchyard_core::MediaSpan {
+        modality: switchyard_core::Modality::Image,
+        media_hash: hash,
+        offset,
+        length,
+    }];
+    if let Some(values) = embeddings {
+        r.media_inputs = vec![switchyard_core::protocol::MediaInput::embeddings(
+            384, values,
+        )];
+    }
+    r
+}
+
+#[test]
+fn media_embeddings_take_their_positions_in_the_prefill() {
+    let mut gguf = Gguf::open(&model_path()).unwrap();
+    let model = Model::load(&mut gguf, false).unwrap();
+    let projector = model.media_projector(384).unwrap();
+    assert_eq!(projector.dims(), [384, model.shape.hidden]);
+    // The same rows give the same embeddings; 257 encoder rows spread over 64 positions.
+    let (a, b) = (encoder_rows(257, 1), encoder_rows(257, 2));
+    let ea = model.media_embeddings(&projector, &a, 384, 64).unwrap();
+    assert_eq!(ea.dims(), [64, model.shape.hidden]);
+    let again = model.media_embeddings(&projector, &a, 384, 64).unwrap();
+    let diff = |x: &candle_core::Tensor, y: &candle_core::Tensor| {
+        (x - y)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    assert_eq!(diff(&ea, &again), 0.0);
+    let eb = model.media_embeddings(&projector, &b, 384, 64).unwrap();
+    assert!(diff(&ea, &eb) > 0.1);
+    assert!(
+        model
+            .media_embeddings(&projector, &a[..10], 384, 64)
+            .is_err()
+    );
+    // The last token's logits after a prompt whose middle positions take the embeddings:
+    // other embeddings, or none (the placeholders' own), give other logits; the same give
+    // the same.
+    let prompt: Vec<u32> = (0..80).map(|i| 300 + i * 11).collect();
+    let logits = |embeds: Option<&candle_core::Tensor>| {
+        let mut kv = switchyard_candle::model::SeqKv::new(&model.shape);
+        kv.reserve(prompt.len()).unwrap();
+        let out = model
+            .forward(&mut [switchyard_candle::model::StepInput {
+                tokens: &prompt,
+                kv: &mut kv,
+                logits: true,
+                embeds: embeds.map(|e| vec![(8, e.clone())]).unwrap_or_default(),
+            }])
+            .unwrap();
+        out[0].clone().unwrap()
+    };
+    let gap = |x: &[f32], y: &[f32]| {
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max)
+    };
+    let (la, la2, lb, plain) = (
+        logits(Some(&ea)),
+        logits(Some(&ea)),
+        logits(Some(&eb)),
+        logits(None),
+    );
+    assert_eq!(gap(&la, &la2), 0.0);
+    assert!(gap(&la, &lb) > 0.01, "{}", gap(&la, &lb));
+    assert!(gap(&la, &plain) > 0.01, "{}", gap(&la, &plain));
+}
+
+#[test]
+fn the_engine_merges_media_caches_them_by_hash_and_waits_for_them() {
+    let mut e = engine(config());
+    let a = encoder_rows(257, 1);
+    // With its embeddings: served; the same again comes from the cache. (Its answer may
+    // differ from the first in a near tie: a prefill of 6 rows and one of 102 take
+    // different matrix products.)
+    e.add(with_media(0xA, 64, Some(&a))).unwrap();
+    let (first, _) = run(&mut e);
+    assert_eq!(first.last().unwrap().finish, Some(FinishReason::Length));
+    assert_eq!(of(&first, 0).len(), 6);
+    let mut again = with_media(0xA, 64, Some(&a));
+    again.id = RequestId(1);
+    e.add(again).unwrap();
+    let (second, _) = run(&mut e);
+    assert_eq!(second[0].cached_tokens, 96);
+    // Without embeddings, the cached KV of the same item stands in for them (the same
+    // answer as with them, from the same cache); an item whose KV is not here cannot be
+    // served without them.
+    let mut cached = with_media(0xA, 64, None);
+    cached.id = RequestId(2);
+    e.add(cached).unwrap();
+    let (third, _) = run(&mut e);
+    assert_eq!(third[0].cached_tokens, 96);
+    assert_eq!(of(&third, 2), of(&second, 1));
+    assert!(matches!(
+        e.add(with_media(0xB, 64, None)),
+        Err(EngineError::Unsupported(m)) if m.contains("embeddings")
+    ));
+    // Other embeddings under another hash: computed afresh (the text before them cached).
+    let mut other = with_media(0xB, 64, Some(&encoder_rows(257, 2)));
+    other.id = RequestId(3);
+    e.add(other).unwrap();
+    let (fourth, _) = run(&mut e);
+    assert_eq!(fourth[0].cached_tokens, 32);
+    // Embeddings that do not fit the spans are refused.
+    let mut ragged = with_media(0xC, 64, Some(&a));
+    ragged.media_inputs.push(ragged.media_inputs[0].clone());
+    assert!(matches!(e.add(ragged), Err(EngineError::Invalid(_))));
+
+    // Sent ahead of its media: its text is computed and cached, then it waits, idle,
+    // while another request is served.
+    let mut fresh = engine(config());
+    let mut ahead = with_media(0xD, 64, None);
+    ahead.id = RequestId(10);
+    ahead.media_pending = true;
+    fresh.add(ahead).unwrap();
+    fresh.add(greedy(11, FRANCE.to_vec(), 4)).unwrap();
+    let (tokens, _) = run(&mut fresh);
+    assert!(of(&tokens, 10).is_empty());
+    assert_eq!(of(&tokens, 11).len(), 4);
+    assert!(!fresh.has_work());
+    let blocks = blocks_for(&with_media(0xD, 64, None).prompt, 16).unwrap();
+    assert_eq!(
+        fresh.held_prefix(blocks.sequence_hashes()),
+        2,
+        "the 32 text tokens before the media are cached, nothing after"
+    );
+    // Sent again with its embeddings: the text comes from the cache.
+    assert!(fresh.cancel(RequestId(10)));
+    let mut ready = with_media(0xD, 64, Some(&a));
+    ready.id = RequestId(12);
+    fresh.add(ready).unwrap();
+    let (tokens, _) = run(&mut fresh);
+    assert_eq!(tokens[0].cached_tokens, 32);
+    assert_eq!(of(&tokens, 12).len(), 6);
+}

@@ -121,9 +121,53 @@ pub enum MediaInput {
         frames: u32,
         values: bytes::Bytes,
     },
+    /// An item's embeddings as its encoder computed them: `tokens` rows of `dim` values
+    /// (f32, little-endian), one row after another. Carried by requests to LLM workers that
+    /// merge media embeddings into the sequence they prefill (`media_embeddings` in their
+    /// registration), one per media span; and by an encoder's answer.
+    Embeddings {
+        tokens: u32,
+        dim: u32,
+        values: bytes::Bytes,
+    },
 }
 
 impl MediaInput {
+    /// Embeddings of `dim` values a row (`values.len() / dim` rows).
+    pub fn embeddings(dim: u32, values: &[f32]) -> Self {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        MediaInput::Embeddings {
+            tokens: (values.len() / dim.max(1) as usize) as u32,
+            dim,
+            values: bytes.into(),
+        }
+    }
+
+    /// The rows of [`MediaInput::Embeddings`]: (rows, dim, values); an error for other
+    /// inputs, or when the buffer does not hold `tokens` rows of `dim` values.
+    pub fn embedding_rows(&self) -> Result<(usize, usize, Vec<f32>), String> {
+        let MediaInput::Embeddings {
+            tokens,
+            dim,
+            values,
+        } = self
+        else {
+            return Err("the media input is not embeddings".to_owned());
+        };
+        let (tokens, dim) = (*tokens as usize, *dim as usize);
+        if tokens == 0 || dim == 0 || values.len() != tokens * dim * 4 {
+            return Err(format!(
+                "{} bytes are not {tokens} embedding rows of {dim} values",
+                values.len()
+            ));
+        }
+        let rows = values
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Ok((tokens, dim, rows))
+    }
+
     /// Squares from separate buffers.
     pub fn squares(side: u32, squares: &[Vec<u8>]) -> Self {
         MediaInput::Squares {
@@ -164,6 +208,9 @@ impl MediaInput {
                 values.len(),
                 "mel windows",
             ),
+            MediaInput::Embeddings { dim, values, .. } => {
+                (*dim as usize * 4, values.len(), "embedding rows")
+            }
         };
         if unit == 0 || len % unit != 0 {
             return Err(format!(
@@ -389,6 +436,10 @@ pub enum GenerateOutput {
         kv: KvHandle,
         cached_tokens: u32,
     },
+    /// An encoder's embeddings of the request's media items, one per media span in the
+    /// spans' order ([`MediaInput::Embeddings`]), before it finishes; encoders that only
+    /// model their timing send none.
+    Features { items: Vec<MediaInput> },
     /// The end of the stream.
     Finished {
         reason: FinishReason,

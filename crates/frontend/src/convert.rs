@@ -356,6 +356,7 @@ fn common(
             worker: None,
         },
         media: None,
+        features: Default::default(),
     };
     Ok((prepared, mode))
 }

@@ -3,8 +3,11 @@
 //! the memory budgets of `frontend.multimodal.feature_store`. The bookkeeping is
 //! [`switchyard_multimodal::store::FeatureStore`]; this wraps it for concurrent requests
 //! and keeps its metrics current. A request holds its items from encoding until its
-//! response ends ([`FeatureHold`]); then the policy drops or keeps them.
+//! response ends ([`FeatureHold`]); then the policy drops or keeps them. Beside the
+//! bookkeeping it keeps the embeddings real encoders computed, for as long as the store
+//! keeps their item.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -12,6 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
+use switchyard_core::protocol::MediaInput;
 use switchyard_multimodal::store::{AfterPrefill, FeatureState, FeatureStore, StoreStats};
 
 use crate::metrics::{FeatureStateLabels, Metrics};
@@ -39,10 +43,19 @@ impl Default for FeatureStoreConfig {
     }
 }
 
+#[derive(Debug)]
+struct Inner {
+    store: FeatureStore,
+    /// The stats the metrics show.
+    reported: StoreStats,
+    /// The embeddings of items in the store, by item hash.
+    payloads: HashMap<u64, MediaInput>,
+}
+
 /// The store, shared by the frontend's requests.
 #[derive(Debug)]
 pub struct SharedFeatureStore {
-    inner: Mutex<(FeatureStore, StoreStats)>,
+    inner: Mutex<Inner>,
     bytes: Family<FeatureStateLabels, Gauge>,
     evictions: Counter,
     waits: Counter,
@@ -56,7 +69,11 @@ impl SharedFeatureStore {
             config.after_prefill,
         );
         Arc::new(SharedFeatureStore {
-            inner: Mutex::new((store, StoreStats::default())),
+            inner: Mutex::new(Inner {
+                store,
+                reported: StoreStats::default(),
+                payloads: HashMap::new(),
+            }),
             bytes: metrics.feature_store_bytes.clone(),
             evictions: metrics.feature_store_evictions.clone(),
             waits: metrics.feature_store_waits.clone(),
@@ -65,9 +82,25 @@ impl SharedFeatureStore {
 
     /// Runs `f` on the store, then brings the metrics up to date.
     pub fn with<R>(&self, f: impl FnOnce(&mut FeatureStore) -> R) -> R {
+        self.with_payloads(|store, _| f(store))
+    }
+
+    /// Runs `f` on the store and the embeddings it keeps, then drops the embeddings of
+    /// items no longer in it and brings the metrics up to date.
+    pub fn with_payloads<R>(
+        &self,
+        f: impl FnOnce(&mut FeatureStore, &mut HashMap<u64, MediaInput>) -> R,
+    ) -> R {
         let mut inner = self.inner.lock();
-        let (store, reported) = &mut *inner;
-        let out = f(store);
+        let Inner {
+            store,
+            reported,
+            payloads,
+        } = &mut *inner;
+        let out = f(store, payloads);
+        if !payloads.is_empty() {
+            payloads.retain(|&hash, _| store.state(hash).is_some());
+        }
         let stats = store.stats();
         self.evictions.inc_by(stats.evictions - reported.evictions);
         self.waits.inc_by(stats.waits - reported.waits);
@@ -80,6 +113,16 @@ impl SharedFeatureStore {
                 .set(i64::try_from(store.bytes_in(state)).unwrap_or(i64::MAX));
         }
         out
+    }
+
+    /// The embeddings the store keeps for item `hash`.
+    pub fn payload(&self, hash: u64) -> Option<MediaInput> {
+        self.inner.lock().payloads.get(&hash).cloned()
+    }
+
+    /// How many items' embeddings it keeps.
+    pub fn payloads(&self) -> usize {
+        self.inner.lock().payloads.len()
     }
 }
 

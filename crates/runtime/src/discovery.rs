@@ -51,6 +51,10 @@ pub struct WorkerInstance {
     /// carry the rendered prompt along with its tokens.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prompt_text: bool,
+    /// Its engine merges media embeddings into the sequences it prefills (a real model):
+    /// requests with media carry the items' embeddings, or wait for them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub media_embeddings: bool,
     /// What an encoder worker encodes (every modality unless it says).
     #[serde(default, skip_serializing_if = "Modalities::is_all")]
     pub modalities: Modalities,
@@ -77,6 +81,7 @@ impl WorkerInstance {
             perf: None,
             max_batched_tokens: None,
             prompt_text: false,
+            media_embeddings: false,
             modalities: Modalities::default(),
         }
     }

@@ -41,6 +41,7 @@ impl Engine for Echo {
             max_num_seqs: None,
             dp_size: 1,
             prompt_text: false,
+            media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
         }
     }

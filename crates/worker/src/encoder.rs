@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use switchyard_core::protocol::{
-    EngineError, FinishReason, GenerateOutput, GenerateRequest, Phase,
+    EngineError, FinishReason, GenerateOutput, GenerateRequest, MediaInput, Phase,
 };
 use switchyard_core::{Modalities, Modality, WorkerRole};
 use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy, EncoderPool, MediaWork};
@@ -151,6 +151,7 @@ impl Engine for MockEncoder {
             max_num_seqs: None,
             dp_size: 1,
             prompt_text: false,
+            media_embeddings: false,
             modalities: self.config.models.modality_set(),
         }
     }
@@ -258,43 +259,73 @@ impl EngineService for EncoderService {
             .map(|span| (span.modality, span.length))
             .collect();
         let encoders = self.encoders.clone();
+        let spans_total = request.prompt.media.len();
         // The items are queued when the stream is first polled; dropping it gives up the
         // wait (the items still run: a batch once started is not cut short).
         let done = async move {
+            // The items' embeddings, when a real encoder computed every one of them.
             #[cfg(feature = "encoders")]
-            if let Some(real_encoders) = &real_encoders {
-                let _held = encoders.hold(real.len()).map_err(|Saturated| {
-                    EngineError::Overloaded("the encoder's queue is full".into())
-                })?;
-                let started = std::time::Instant::now();
-                let encoded = futures::future::try_join_all(
-                    real.iter()
-                        .map(|(m, input)| real_encoders.encode(*m, input)),
-                )
-                .await?;
-                if !encoded.is_empty() {
-                    let units: usize = encoded.iter().map(Vec::len).sum();
-                    let tokens: usize = encoded.iter().flatten().map(|e| e.tokens).sum();
-                    tracing::debug!(
-                        items = encoded.len(),
-                        units,
-                        tokens,
-                        ms = started.elapsed().as_secs_f64() * 1e3,
-                        "encoded media"
-                    );
+            let features = match &real_encoders {
+                Some(real_encoders) => {
+                    let _held = encoders.hold(real.len()).map_err(|Saturated| {
+                        EngineError::Overloaded("the encoder's queue is full".into())
+                    })?;
+                    let started = std::time::Instant::now();
+                    let encoded = futures::future::try_join_all(
+                        real.iter()
+                            .map(|(m, input)| real_encoders.encode(*m, input)),
+                    )
+                    .await?;
+                    if !encoded.is_empty() {
+                        let units: usize = encoded.iter().map(Vec::len).sum();
+                        let tokens: usize = encoded.iter().flatten().map(|e| e.tokens).sum();
+                        tracing::debug!(
+                            items = encoded.len(),
+                            units,
+                            tokens,
+                            ms = started.elapsed().as_secs_f64() * 1e3,
+                            "encoded media"
+                        );
+                    }
+                    (encoded.len() == spans_total)
+                        .then(|| {
+                            encoded
+                                .iter()
+                                .map(|units| crate::real_encoders::item_embeddings(units))
+                                .collect::<Option<Vec<MediaInput>>>()
+                        })
+                        .flatten()
                 }
-            }
+                None => None,
+            };
+            #[cfg(not(feature = "encoders"))]
+            let features: Option<Vec<MediaInput>> = {
+                let _ = spans_total;
+                None
+            };
             match encoders.encode(&items).await {
-                Ok(()) => Ok(GenerateOutput::Finished {
-                    reason: FinishReason::Length,
-                    completion_tokens: 0,
-                }),
+                Ok(()) => {
+                    let mut outputs = Vec::with_capacity(2);
+                    if let Some(items) = features {
+                        outputs.push(Ok(GenerateOutput::Features { items }));
+                    }
+                    outputs.push(Ok(GenerateOutput::Finished {
+                        reason: FinishReason::Length,
+                        completion_tokens: 0,
+                    }));
+                    Ok(outputs)
+                }
                 Err(Saturated) => Err(EngineError::Overloaded(
                     "the encoder's queue is full".into(),
                 )),
             }
         };
-        Ok(Box::pin(futures::stream::once(done)))
+        let stream =
+            futures::StreamExt::flat_map(futures::stream::once(done), |outcome| match outcome {
+                Ok(outputs) => futures::stream::iter(outputs),
+                Err(e) => futures::stream::iter(vec![Err(e)]),
+            });
+        Ok(Box::pin(stream))
     }
 }
 

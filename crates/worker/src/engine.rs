@@ -43,6 +43,9 @@ pub struct EngineCapabilities {
     /// It takes the prompt as text (an OpenAI-compatible upstream): frontends send it
     /// rendered along with the tokens.
     pub prompt_text: bool,
+    /// It merges media embeddings into the sequences it prefills: requests with media must
+    /// carry them (`media_inputs`).
+    pub media_embeddings: bool,
     /// What it encodes, for an encoder (every modality unless it says).
     pub modalities: Modalities,
 }

@@ -326,6 +326,7 @@ fn instance(
         max_num_seqs: capabilities.max_num_seqs,
         kv_events: capabilities.kv_events,
         prompt_text: capabilities.prompt_text,
+        media_embeddings: capabilities.media_embeddings,
         modalities: capabilities.modalities,
         dp_size: capabilities.dp_size.max(1),
         // Random per start: a worker restarted under the same id is told apart.

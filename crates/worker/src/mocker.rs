@@ -58,6 +58,7 @@ impl Engine for Mocker {
             max_num_seqs: Some(args.max_num_seqs),
             dp_size: 1,
             prompt_text: false,
+            media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
         }
     }

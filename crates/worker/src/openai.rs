@@ -175,6 +175,7 @@ impl Engine for OpenAiUpstream {
             max_num_seqs: self.config.max_num_seqs,
             dp_size: 1,
             prompt_text: self.config.prompt == PromptFormat::Text,
+            media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
         }
     }

@@ -1,9 +1,8 @@
 //! Real encoders behind an encoder worker (feature `encoders`): a DINOv2-style vision tower
 //! on ONNX Runtime for images and video frames, Whisper's audio encoder on candle for
 //! audio. Each runs on its own batcher thread, so items of one modality from different
-//! requests share forward passes. The embeddings are computed for real and then dropped:
-//! the LLM engines here take placeholder tokens, and moving embeddings into an engine is
-//! the feature store's work.
+//! requests share forward passes. The embeddings go back to the frontend, which hands them
+//! to LLM workers that merge them into the sequences they prefill.
 
 use bytes::Bytes;
 use switchyard_core::Modality;
@@ -14,11 +13,26 @@ use crate::batcher::{BatchModel, Batcher};
 use crate::encoder::EncoderModels;
 use crate::host::WorkerError;
 
-/// The shape of one unit's embeddings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One unit's embeddings: `tokens` rows of `dim` values.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Encoded {
     pub tokens: usize,
     pub dim: usize,
+    pub values: Vec<f32>,
+}
+
+/// An item's units' embeddings as one input for an LLM worker: their rows one after
+/// another (units of one item share their width).
+pub fn item_embeddings(units: &[Encoded]) -> Option<MediaInput> {
+    let dim = units.first()?.dim;
+    if units.iter().any(|u| u.dim != dim) {
+        return None;
+    }
+    let values: Vec<f32> = units
+        .iter()
+        .flat_map(|u| u.values.iter().copied())
+        .collect();
+    Some(MediaInput::embeddings(dim as u32, &values))
 }
 
 /// The real encoders of one worker.
@@ -163,9 +177,10 @@ impl BatchModel for Vision {
                 .flat_map(|(_, b)| b.iter().copied())
                 .collect();
             let embeddings = self.0.encode_any(side, &rgb).map_err(|e| e.to_string())?;
-            out.extend((0..embeddings.batch).map(|_| Encoded {
+            out.extend((0..embeddings.batch).map(|i| Encoded {
                 tokens: embeddings.tokens,
                 dim: embeddings.dim,
+                values: embeddings.item(i).to_vec(),
             }));
             rest = &rest[run..];
         }
@@ -192,9 +207,10 @@ impl BatchModel for Audio {
         let refs: Vec<&[f32]> = windows.iter().map(Vec::as_slice).collect();
         let embeddings = self.0.encode(&refs).map_err(|e| e.to_string())?;
         Ok((0..embeddings.batch)
-            .map(|_| Encoded {
+            .map(|i| Encoded {
                 tokens: embeddings.tokens,
                 dim: embeddings.dim,
+                values: embeddings.item(i).to_vec(),
             })
             .collect())
     }

@@ -12,7 +12,7 @@ use switchyard_core::protocol::{
     EngineError, GenerateOutput, GenerateRequest, MediaInput, Phase, Prompt,
 };
 use switchyard_core::{MediaSpan, Modality, RequestId};
-use switchyard_worker::real_encoders::{Encoded, RealEncoders};
+use switchyard_worker::real_encoders::{Encoded, RealEncoders, item_embeddings};
 use switchyard_worker::{EncoderConfig, EncoderModels, Engine, MockEncoder};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -89,22 +89,24 @@ async fn real_encoders_compute_embeddings_per_unit_and_batch_items_across_reques
         real.encode(Modality::Image, &image),
         real.encode(Modality::Video, &video),
     );
-    let patches = Encoded {
-        tokens: 257,
-        dim: 384,
+    let shape = |units: &[Encoded]| -> Vec<(usize, usize, usize)> {
+        units
+            .iter()
+            .map(|u| (u.tokens, u.dim, u.values.len()))
+            .collect()
     };
-    assert_eq!(a.unwrap(), vec![patches; 2]);
-    assert_eq!(b.unwrap(), vec![patches; 3]);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(shape(&a), vec![(257, 384, 257 * 384); 2]);
+    assert_eq!(shape(&b), vec![(257, 384, 257 * 384); 3]);
+    assert!(a.iter().flat_map(|u| &u.values).all(|v| v.is_finite()));
+    // Squares that differ give different embeddings; an item's units go out as one input.
+    assert_ne!(a[0].values, b[0].values);
+    let item = item_embeddings(&b).unwrap();
+    assert_eq!(item.embedding_rows().unwrap().0, 3 * 257);
     assert_eq!(real.passes().0, 1);
     // One 30-second window: 1,500 embeddings.
     let audio = real.encode(Modality::Audio, &mel(80)).await.unwrap();
-    assert_eq!(
-        audio,
-        vec![Encoded {
-            tokens: 1500,
-            dim: 384
-        }]
-    );
+    assert_eq!(shape(&audio), vec![(1500, 384, 1500 * 384)]);
     // Inputs the models cannot take.
     assert!(matches!(
         real.encode(Modality::Audio, &mel(128)).await,

@@ -128,6 +128,7 @@ pub async fn chat(
         // Media not encoded because a worker holds their KV go to that worker.
         prepared.overrides.worker = ready.worker;
         prepared.media = ready.pending.clone();
+        prepared.features = ready.features.clone();
         let (warning, hold, pending) = (ready.warning, ready.hold, ready.pending);
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
@@ -185,7 +186,7 @@ pub async fn chat(
     // answered whole: a stream's headers went before.
     let warning = warning.or_else(|| match pending.as_ref().map(|p| p.borrow().clone()) {
         Some(MediaStatus::Failed(why)) if text_only => Some(text_only_warning(&why)),
-        Some(MediaStatus::Ready(resized)) if !resized.is_empty() => {
+        Some(MediaStatus::Ready(resized, _)) if !resized.is_empty() => {
             Some(resized_warning(resized.len()))
         }
         _ => None,

@@ -8,8 +8,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use rand::Rng;
 use switchyard_core::protocol::{
-    EngineError, FinishReason, GenerateOutput, GenerateRequest, KvHandle, Phase, Prompt, Resume,
-    SamplingParams,
+    EngineError, FinishReason, GenerateOutput, GenerateRequest, KvHandle, MediaInput, Phase,
+    Prompt, Resume, SamplingParams,
 };
 use switchyard_core::{RequestId, Token, WorkerId, WorkerKey};
 use switchyard_router::routing::health::Failure;
@@ -91,6 +91,8 @@ pub(super) struct RequestRun {
     pub(super) span: tracing::Span,
     /// Its media, while they are being encoded (it went ahead of them).
     pub(super) media: Option<watch::Receiver<MediaStatus>>,
+    /// Its media items' embeddings, for workers that merge them.
+    pub(super) features: super::encode::MediaFeatures,
     /// See [`Self::prompt_version`].
     prompt_version: u32,
 }
@@ -138,6 +140,7 @@ impl RequestRun {
             tenant: prepared.tenant.clone(),
             span: prepared.span.clone(),
             media: prepared.media.clone(),
+            features: prepared.features.clone(),
             prompt_version: 0,
         }
     }
@@ -180,8 +183,9 @@ impl RequestRun {
         let status = media.borrow_and_update().clone();
         match status {
             MediaStatus::Encoding => Ok(Some(true)),
-            MediaStatus::Ready(resized) => {
+            MediaStatus::Ready(resized, features) => {
                 self.media = None;
+                self.features = features;
                 if resize_media(&mut self.prompt, &resized).is_some() {
                     self.prompt_version += 1;
                 }
@@ -203,6 +207,17 @@ impl RequestRun {
                 Ok(())
             }
         }
+    }
+
+    /// The embeddings of `prompt`'s media, one per span, for a worker that merges them;
+    /// none when any is missing (the worker then needs their KV cached, or refuses).
+    fn media_inputs(&self, prompt: &Prompt) -> Vec<MediaInput> {
+        prompt
+            .media
+            .iter()
+            .map(|span| self.features.get(&span.media_hash).cloned())
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default()
     }
 
     /// Which prompt it has: a new one each time its media change behind it (encoded
@@ -407,6 +422,12 @@ impl RequestRun {
                 frontend.routing.finish(self.id);
                 continue;
             }
+            // A worker that merges the media's embeddings gets them (once they are there).
+            let media_inputs = if routed.instance.media_embeddings && !media_pending {
+                self.media_inputs(&prompt)
+            } else {
+                Vec::new()
+            };
             let request = GenerateRequest {
                 id: self.id,
                 prompt,
@@ -415,7 +436,7 @@ impl RequestRun {
                 dp_rank: worker.dp_rank,
                 resume: (generated > 0).then_some(Resume { generated }),
                 phase: Phase::Aggregated,
-                media_inputs: Vec::new(),
+                media_inputs,
                 media_pending,
             };
             // Subscribe before sending: an outage during the call is not missed.

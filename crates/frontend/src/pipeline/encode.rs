@@ -6,12 +6,15 @@
 //! holds the media's KV (the same image behind the same text), nothing is encoded and the
 //! request is pinned to that worker.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest, Phase, Prompt};
+use switchyard_core::protocol::{
+    EngineError, GenerateOutput, GenerateRequest, MediaInput, Phase, Prompt,
+};
 use switchyard_core::{MediaSpan, RequestId, WorkerId};
 use switchyard_multimodal::store::{Acquired, FeatureState};
 use switchyard_router::routing::encoders::MediaWork;
@@ -26,12 +29,16 @@ use crate::openai::ApiError;
 /// The response header that carries a warning about how the request was served.
 pub const WARNING_HEADER: &str = "x-switchyard-warning";
 
+/// Media items' embeddings by item hash, for LLM workers that merge them into the
+/// sequences they prefill (real encoders compute them; modelled ones compute none).
+pub type MediaFeatures = Arc<HashMap<u64, MediaInput>>;
+
 /// Where a request sent ahead of its media stands with them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MediaStatus {
     Encoding,
-    /// Encoded; these items smaller than the prompt has them.
-    Ready(Vec<Resized>),
+    /// Encoded; these items smaller than the prompt has them; the embeddings computed.
+    Ready(Vec<Resized>, MediaFeatures),
     /// They could not be encoded: why, for the client.
     Failed(String),
 }
@@ -54,6 +61,8 @@ pub struct MediaReady {
     /// The media are still being encoded and the request goes ahead of them
     /// (`frontend.multimodal.overlap`): this says when they are ready, or why not.
     pub pending: Option<watch::Receiver<MediaStatus>>,
+    /// The embeddings of the items encoded (or found in the feature store) by now.
+    pub features: MediaFeatures,
 }
 
 /// How many times an item an encoder has no memory for is halved before the request fails.
@@ -67,6 +76,10 @@ pub struct Resized {
     pub to: u64,
     pub tokens: u32,
 }
+
+/// A group encoded: the items encoded as they were, those encoded smaller, and the
+/// embeddings computed.
+type EncodedGroup = (Vec<u64>, Vec<Resized>, HashMap<u64, MediaInput>);
 
 /// Why a group of items could not be encoded.
 #[derive(Debug)]
@@ -87,6 +100,8 @@ pub struct Encoded {
     /// Nothing was encoded because this worker holds the media's KV and is predicted to
     /// answer soonest: the request is to go there.
     pub holder: Option<WorkerId>,
+    /// The embeddings the encoders computed, by the hash of the item encoded.
+    pub features: HashMap<u64, MediaInput>,
 }
 
 /// Items that go to the same encoder workers (the best first), and how long they are
@@ -123,9 +138,11 @@ impl Frontend {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut hold = FeatureHold::new(Arc::clone(&self.features));
         let mut reserved = Vec::new();
+        // The embeddings of the items the store has.
+        let mut features = HashMap::new();
         let held = tokio::time::timeout_at(
             deadline,
-            self.hold_features(items, &mut hold, &mut reserved),
+            self.hold_features(items, &mut hold, &mut reserved, &mut features),
         )
         .await;
         let outcome = match held {
@@ -141,14 +158,18 @@ impl Frontend {
                     let (status, pending) = watch::channel(MediaStatus::Encoding);
                     let frontend = Arc::clone(self);
                     let behind = Arc::clone(&hold);
+                    let found = features.clone();
                     tokio::spawn(async move {
                         let outcome = tokio::time::timeout_at(deadline, frontend.run_plan(&groups))
                             .await
                             .unwrap_or_else(|_| Err(frontend.timed_out(timeout)));
-                        let encoded = outcome.as_ref().map_or(&[][..], |e| e.hashes.as_slice());
-                        frontend.settle(&reserved, encoded, &mut behind.lock());
+                        frontend.settle(&reserved, outcome.as_ref().ok(), &mut behind.lock());
                         status.send_replace(match outcome {
-                            Ok(encoded) => MediaStatus::Ready(encoded.resized),
+                            Ok(encoded) => {
+                                let mut features = found;
+                                features.extend(encoded.features);
+                                MediaStatus::Ready(encoded.resized, Arc::new(features))
+                            }
                             Err(e) => MediaStatus::Failed(e.message),
                         });
                     });
@@ -157,6 +178,7 @@ impl Frontend {
                         hold,
                         worker: None,
                         pending: Some(pending),
+                        features: Arc::new(features),
                     });
                 }
                 Plan::Encode(groups) => tokio::time::timeout_at(deadline, self.run_plan(&groups))
@@ -166,22 +188,26 @@ impl Frontend {
             Err(_) => Err(self.timed_out(timeout)),
         };
         // The items this request reserved are encoded now, or leave the store.
-        let encoded: &[u64] = outcome.as_ref().map_or(&[], |e| e.hashes.as_slice());
-        self.settle(&reserved, encoded, &mut hold);
+        self.settle(&reserved, outcome.as_ref().ok(), &mut hold);
         let hold = Arc::new(parking_lot::Mutex::new(hold));
         match (outcome, policy) {
-            (Ok(encoded), _) => Ok(MediaReady {
-                warning: resize_media(prompt, &encoded.resized),
-                hold,
-                worker: encoded.holder,
-                pending: None,
-            }),
+            (Ok(encoded), _) => {
+                features.extend(encoded.features);
+                Ok(MediaReady {
+                    warning: resize_media(prompt, &encoded.resized),
+                    hold,
+                    worker: encoded.holder,
+                    pending: None,
+                    features: Arc::new(features),
+                })
+            }
             (Err(e), OnEncoderFailure::Fail) => Err(e),
             (Err(e), OnEncoderFailure::TextOnly) => Ok(MediaReady {
                 warning: Some(self.text_only(prompt, &e.message)),
                 hold,
                 worker: None,
                 pending: None,
+                features: Arc::default(),
             }),
         }
     }
@@ -208,21 +234,30 @@ impl Frontend {
     }
 
     /// Settles the items a request reserved in the feature store: those `encoded` are
-    /// recorded; the others leave it (and the request's hold).
-    fn settle(&self, reserved: &[u64], encoded: &[u64], hold: &mut FeatureHold) {
-        self.features.with(|store| {
+    /// recorded, with their embeddings when the encoders computed them; the others leave
+    /// it (and the request's hold).
+    fn settle(&self, reserved: &[u64], encoded: Option<&Encoded>, hold: &mut FeatureHold) {
+        let encoded_hashes: &[u64] = encoded.map_or(&[], |e| e.hashes.as_slice());
+        self.features.with_payloads(|store, payloads| {
             for &hash in reserved {
-                let settled = if encoded.contains(&hash) {
+                let settled = if encoded_hashes.contains(&hash) {
                     store.encoded(hash)
                 } else {
                     store.failed(hash)
                 };
-                if let Err(e) = settled {
-                    tracing::warn!(error = %e, "the feature store could not settle an item");
+                match settled {
+                    Ok(()) => {
+                        if let Some(input) = encoded.and_then(|e| e.features.get(&hash)) {
+                            payloads.insert(hash, input.clone());
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the feature store could not settle an item")
+                    }
                 }
             }
         });
-        for &hash in reserved.iter().filter(|h| !encoded.contains(h)) {
+        for &hash in reserved.iter().filter(|h| !encoded_hashes.contains(h)) {
             hold.forget(hash);
         }
     }
@@ -237,6 +272,7 @@ impl Frontend {
         items: &[MediaItem],
         hold: &mut FeatureHold,
         reserved: &mut Vec<u64>,
+        features: &mut HashMap<u64, MediaInput>,
     ) -> Vec<MediaItem> {
         if items.is_empty() || self.routing.encoders().is_empty() {
             return items.to_vec();
@@ -258,6 +294,9 @@ impl Frontend {
                     Ok(Acquired::Hit(_)) => {
                         hold.push(item.hash);
                         self.metrics.feature_store_hits.inc();
+                        if let Some(input) = self.features.payload(item.hash) {
+                            features.insert(item.hash, input);
+                        }
                     }
                     Ok(Acquired::Encode) => {
                         hold.push(item.hash);
@@ -364,9 +403,10 @@ impl Frontend {
         let mut failure = None;
         for outcome in outcomes {
             match outcome {
-                Ok((hashes, resized)) => {
+                Ok((hashes, resized, features)) => {
                     encoded.hashes.extend(hashes);
                     encoded.resized.extend(resized);
+                    encoded.features.extend(features);
                 }
                 Err(e) => failure = Some(e),
             }
@@ -394,12 +434,9 @@ impl Frontend {
 
     /// Encodes a group; when its encoders run out of memory on it, sends its items again
     /// halved (half the frames of a video, half the resolution of an image; up to
-    /// [`MAX_HALVINGS`] times). The hashes of the items encoded as they were, and the items
-    /// encoded smaller.
-    async fn encode_shrinking(
-        &self,
-        group: &Group,
-    ) -> Result<(Vec<u64>, Vec<Resized>), GroupFailure> {
+    /// [`MAX_HALVINGS`] times). The hashes of the items encoded as they were, the items
+    /// encoded smaller, and the embeddings computed (by the hash of the item encoded).
+    async fn encode_shrinking(&self, group: &Group) -> Result<EncodedGroup, GroupFailure> {
         let mut members = group.members.clone();
         let mut estimate_ms = group.estimate_ms;
         for halvings in 0.. {
@@ -407,7 +444,12 @@ impl Frontend {
                 .encode_group(&group.takers, &members, estimate_ms)
                 .await
             {
-                Ok(()) => {
+                Ok(inputs) => {
+                    let features = members
+                        .iter()
+                        .map(|m| m.hash)
+                        .zip(inputs.unwrap_or_default())
+                        .collect();
                     let (same, resized) = group.members.iter().zip(&members).fold(
                         (Vec::new(), Vec::new()),
                         |(mut same, mut resized), (original, now)| {
@@ -423,7 +465,7 @@ impl Frontend {
                             (same, resized)
                         },
                     );
-                    return Ok((same, resized));
+                    return Ok((same, resized, features));
                 }
                 Err(failure) if failure.out_of_memory && halvings < MAX_HALVINGS => {
                     let smaller: Vec<Option<MediaItem>> =
@@ -445,13 +487,15 @@ impl Frontend {
         unreachable!("the loop returns")
     }
 
-    /// Encodes `members` on the first of `takers` that succeeds; the last error otherwise.
+    /// Encodes `members` on the first of `takers` that succeeds (with the items'
+    /// embeddings, one per member, when that encoder computed them); the last error
+    /// otherwise.
     async fn encode_group(
         &self,
         takers: &[WorkerInstance],
         members: &[MediaItem],
         estimate_ms: f64,
-    ) -> Result<(), GroupFailure> {
+    ) -> Result<Option<Vec<MediaInput>>, GroupFailure> {
         let mut job = Prompt::tokens(Vec::new());
         job.media = members
             .iter()
@@ -483,18 +527,30 @@ impl Frontend {
             let _charge = self.media.charge(encoder.worker_id, estimate_ms);
             self.metrics.encoder_jobs.inc();
             let outcome = match self.requests.generate(encoder, request.clone()).await {
-                Ok(mut stream) => match stream.next().await {
-                    Some(Ok(GenerateOutput::Finished { .. })) => Ok(()),
-                    Some(Ok(_)) => Err(EngineError::Internal(
-                        "an encoder worker answered with tokens".to_owned(),
-                    )),
-                    Some(Err(e)) => Err(e),
-                    None => Err(EngineError::Disconnected),
-                },
+                Ok(mut stream) => {
+                    let mut features = None;
+                    loop {
+                        match stream.next().await {
+                            Some(Ok(GenerateOutput::Features { items }))
+                                if items.len() == members.len() =>
+                            {
+                                features = Some(items);
+                            }
+                            Some(Ok(GenerateOutput::Finished { .. })) => break Ok(features),
+                            Some(Ok(_)) => {
+                                break Err(EngineError::Internal(
+                                    "an encoder worker answered with something else than embeddings".to_owned(),
+                                ));
+                            }
+                            Some(Err(e)) => break Err(e),
+                            None => break Err(EngineError::Disconnected),
+                        }
+                    }
+                }
                 Err(e) => Err(e),
             };
             match outcome {
-                Ok(()) => return Ok(()),
+                Ok(features) => return Ok(features),
                 Err(e) => {
                     tracing::warn!(encoder = %encoder.worker_id, error = %e, "an encoder worker failed; trying the next");
                     failure.out_of_memory |= matches!(e, EngineError::OutOfMemory(_));

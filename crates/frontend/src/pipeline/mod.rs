@@ -83,6 +83,8 @@ pub struct Prepared {
     /// Its media are still being encoded: it goes ahead of them (see
     /// [`encode::MediaReady::pending`]).
     pub media: Option<tokio::sync::watch::Receiver<encode::MediaStatus>>,
+    /// Its media items' embeddings known by now (see [`encode::MediaFeatures`]).
+    pub features: encode::MediaFeatures,
 }
 
 impl Prepared {
@@ -98,6 +100,7 @@ impl Prepared {
             span: tracing::Span::none(),
             overrides: RoutingOverrides::default(),
             media: None,
+            features: encode::MediaFeatures::default(),
         }
     }
 }

@@ -168,11 +168,11 @@ impl Streaming {
                     // is never reported as complete; it goes on elsewhere.
                     FinishReason::Cancelled => self.move_on(Leave::Cancelled),
                 },
-                Woken::Item(Some(Ok(GenerateOutput::PrefillDone { .. }))) => {
-                    self.fail(ApiError::internal(
-                        "The worker answered with output this frontend does not expect.",
-                    ))
-                }
+                Woken::Item(Some(Ok(
+                    GenerateOutput::PrefillDone { .. } | GenerateOutput::Features { .. },
+                ))) => self.fail(ApiError::internal(
+                    "The worker answered with output this frontend does not expect.",
+                )),
                 // The KV it was to decode from is gone: prefilled again (here or elsewhere).
                 Woken::Item(Some(Err(EngineError::KvLost(_)))) => self.move_on(Leave::KvLost),
                 Woken::Item(Some(Err(error))) if !error.retry_elsewhere() => self.fail(
@@ -218,14 +218,15 @@ impl Streaming {
         match outcome {
             Ok(Some(true)) => {}
             Ok(_)
-                if self
-                    .attempt
-                    .as_ref()
-                    .is_some_and(|a| a.prompt_version != self.run.prompt_version()) =>
+                if self.attempt.as_ref().is_some_and(|a| {
+                    a.prompt_version != self.run.prompt_version()
+                        || a.media_on.as_ref().is_some_and(|i| i.media_embeddings)
+                }) =>
             {
                 // Its worker has the prompt as it was (the media encoded smaller since, or
-                // dropped): it goes again with the new one (dropping the attempt cancels
-                // it there).
+                // dropped), or it merges the media's embeddings, which go with the request:
+                // it goes again with the new one (dropping the attempt cancels it there;
+                // the text computed meanwhile is in its prefix cache).
                 self.attempt = None;
                 self.run.frontend.routing.finish(self.run.id);
                 self.prompt_tokens = self.run.prompt_tokens();
