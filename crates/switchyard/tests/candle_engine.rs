@@ -112,3 +112,148 @@ async fn a_repeated_long_prompt_goes_to_the_worker_holding_its_cache() {
         .await
         .unwrap();
 }
+
+/// A chat request for the real model: `text`, then the image at `url`, answered greedily.
+fn with_image(text: &str, url: &str) -> serde_json::Value {
+    json!({
+        "model": "smollm2",
+        "max_tokens": 6,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]}],
+    })
+}
+
+fn answer(body: &serde_json::Value) -> (String, u64, u64) {
+    (
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+        body["usage"]["prompt_tokens"].as_u64().unwrap(),
+        body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+    )
+}
+
+/// With a real vision encoder (DINOv2 on ONNX Runtime, feature `encoders`), an image's
+/// embeddings reach the CPU engine, which merges them into its prefill: the same image
+/// comes back from the prefix cache, another image changes the answer, and with modelled
+/// encoders (no embeddings) the engine says what it lacks.
+#[cfg(feature = "encoders")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_encoders_embeddings_are_merged_into_the_real_models_prefill() {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("set {name} (scripts/test fetches it)"))
+    };
+    let (vision, runtime, model) = (
+        var("SWITCHYARD_DINOV2_ONNX"),
+        var("SWITCHYARD_ORT_DYLIB"),
+        model(),
+    );
+    let text = "Describe the picture in one word.";
+    for overlap in ["true", "false"] {
+        let d = support::start(&[
+            ("WORKERS__ENGINE", "candle"),
+            ("WORKERS__COUNT", "1"),
+            ("WORKERS__CANDLE__MODEL", &model),
+            ("FRONTEND__MODEL", "smollm2"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
+            ("WORKERS__ENCODER__VISION", &vision),
+            ("WORKERS__ENCODER__ONNXRUNTIME", &runtime),
+            ("WORKERS__ENCODER__THREADS", "1"),
+        ])
+        .await;
+        let image = |seed| with_image(text, &support::data_url(&support::png(64, 64, seed)));
+        let (s, _, b) = support::post(&d, "/v1/chat/completions", &image(1)).await;
+        assert_eq!(s, 200, "{b}");
+        let (first, prompt_tokens, _) = answer(&b);
+        let (s, _, b) = support::post(&d, "/v1/chat/completions", &image(1)).await;
+        assert_eq!(s, 200, "{b}");
+        let (_, again_tokens, cached) = answer(&b);
+        assert_eq!(again_tokens, prompt_tokens);
+        // Everything but the last few tokens after the image, from the cache.
+        assert!(
+            cached + 16 >= prompt_tokens,
+            "overlap {overlap}: {cached} of {prompt_tokens} cached"
+        );
+        let (s, _, b) = support::post(&d, "/v1/chat/completions", &image(200)).await;
+        assert_eq!(s, 200, "{b}");
+        let (other, _, cached) = answer(&b);
+        assert!(
+            cached < prompt_tokens / 2,
+            "another image shares no KV: {cached}"
+        );
+        assert_ne!(first, other, "overlap {overlap}: two images, one answer");
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+
+    // Features kept after the prefill (`keep_cpu`): the same image after other text (its
+    // KV not cached) skips the encoder, and the store's copy of its embeddings is merged.
+    let d = support::start(&[
+        ("WORKERS__ENGINE", "candle"),
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__CANDLE__MODEL", &model),
+        ("FRONTEND__MODEL", "smollm2"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+        (
+            "FRONTEND__MULTIMODAL__FEATURE_STORE__AFTER_PREFILL",
+            "keep_cpu",
+        ),
+        ("WORKERS__ENCODER__VISION", &vision),
+        ("WORKERS__ENCODER__ONNXRUNTIME", &runtime),
+        ("WORKERS__ENCODER__THREADS", "1"),
+    ])
+    .await;
+    let url = support::data_url(&support::png(64, 64, 9));
+    let (s, _, b) = support::post(&d, "/v1/chat/completions", &with_image(text, &url)).await;
+    assert_eq!(s, 200, "{b}");
+    let metrics = |name: &str, text: &str| support::metric_value(text, name, None);
+    let before = support::scrape(&support::url(&d, "/metrics")).await;
+    let other_text = "Another turn, another question entirely: what colour dominates?";
+    let (s, _, b) = support::post(&d, "/v1/chat/completions", &with_image(other_text, &url)).await;
+    assert_eq!(s, 200, "{b}");
+    let (_, _, cached) = answer(&b);
+    assert!(
+        cached < 32,
+        "the second turn's prefix is new: {cached} cached"
+    );
+    let after = support::scrape(&support::url(&d, "/metrics")).await;
+    assert_eq!(
+        metrics("switchyard_encoder_jobs_total", &after),
+        metrics("switchyard_encoder_jobs_total", &before),
+        "{after}"
+    );
+    assert_eq!(
+        metrics("switchyard_feature_store_hits_total", &after),
+        metrics("switchyard_feature_store_hits_total", &before) + 1.0,
+        "{after}"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+
+    // Modelled encoders time the image but compute no embeddings: the engine cannot serve it.
+    let d = support::start(&[
+        ("WORKERS__ENGINE", "candle"),
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__CANDLE__MODEL", &model),
+        ("FRONTEND__MODEL", "smollm2"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+    ])
+    .await;
+    let body = with_image(text, &support::data_url(&support::png(64, 64, 3)));
+    let (s, _, b) = support::post(&d, "/v1/chat/completions", &body).await;
+    assert_ne!(s, 200, "{b}");
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.contains("embeddings"), "{s} {message}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

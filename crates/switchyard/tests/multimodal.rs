@@ -6,36 +6,11 @@
 
 mod support;
 
-use std::io::Cursor;
-
 use base64::Engine as _;
 use serde_json::{Value, json};
 use support::*;
 
 const MODEL: &str = "switchyard-mock";
-
-/// A PNG whose pixels depend on `seed`.
-fn png(width: u32, height: u32, seed: u8) -> Vec<u8> {
-    let img = image::RgbImage::from_fn(width, height, |x, y| {
-        image::Rgb([
-            (x % 251) as u8,
-            (y % 241) as u8,
-            seed.wrapping_add((x ^ y) as u8),
-        ])
-    });
-    let mut out = Cursor::new(Vec::new());
-    image::DynamicImage::ImageRgb8(img)
-        .write_to(&mut out, image::ImageFormat::Png)
-        .unwrap();
-    out.into_inner()
-}
-
-fn data_url(bytes: &[u8]) -> String {
-    format!(
-        "data:image/png;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    )
-}
 
 /// A chat request: text, then an image part (`url`, with `detail` when given).
 fn with_image(text: &str, url: &str, detail: Option<&str>) -> Value {

@@ -147,6 +147,16 @@ async fn an_encoder_worker_with_real_models_encodes_what_the_frontend_prepared()
         .generate(request(items.clone(), true))
         .await
         .unwrap();
+    // The items' embeddings, one per item (an image's 257 rows; a video's 4 frames'), then
+    // the end.
+    let Some(Ok(GenerateOutput::Features { items: features })) = stream.next().await else {
+        panic!("no embeddings");
+    };
+    let rows: Vec<usize> = features
+        .iter()
+        .map(|f| f.embedding_rows().unwrap().0)
+        .collect();
+    assert_eq!(rows, vec![257, 1500, 4 * 257]);
     assert!(matches!(
         stream.next().await,
         Some(Ok(GenerateOutput::Finished { .. }))
@@ -169,6 +179,10 @@ async fn an_encoder_worker_with_real_models_encodes_what_the_frontend_prepared()
         .generate(request(vec![(Modality::Image, squares(224, 1, 5))], true))
         .await
         .unwrap();
+    assert!(matches!(
+        stream.next().await,
+        Some(Ok(GenerateOutput::Features { .. }))
+    ));
     assert!(matches!(
         stream.next().await,
         Some(Ok(GenerateOutput::Finished { .. }))

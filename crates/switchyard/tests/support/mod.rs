@@ -322,3 +322,26 @@ pub async fn python_checks(d: &Deployment, script: &str, model: &str) {
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+/// A PNG whose pixels depend on `seed`.
+pub fn png(width: u32, height: u32, seed: u8) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(width, height, |x, y| {
+        image::Rgb([
+            (x % 251) as u8,
+            (y % 241) as u8,
+            seed.wrapping_add((x ^ y) as u8),
+        ])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(&mut out, image::ImageFormat::Png)
+        .unwrap();
+    out.into_inner()
+}
+
+pub fn data_url(bytes: &[u8]) -> String {
+    format!(
+        "data:image/png;base64,{}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
+    )
+}
