@@ -35,6 +35,31 @@ pub fn item_embeddings(units: &[Encoded]) -> Option<MediaInput> {
     Some(MediaInput::embeddings(dim as u32, &values))
 }
 
+/// A model's failure as the request's error: an allocation failure (ONNX Runtime's
+/// "Failed to allocate memory", `bad_alloc`, a tensor library's "out of memory") is
+/// [`EngineError::OutOfMemory`], so the frontend sends the item again smaller; anything
+/// else is internal.
+pub fn model_error(modality: Modality, message: String) -> EngineError {
+    let lower = message.to_lowercase();
+    let allocation = [
+        "out of memory",
+        "failed to allocate",
+        "bad_alloc",
+        "bad allocation",
+        "cannot allocate",
+        "memory allocation",
+    ]
+    .iter()
+    .any(|m| lower.contains(m));
+    if allocation {
+        EngineError::OutOfMemory(format!(
+            "the {modality:?} encoder ran out of memory: {message}"
+        ))
+    } else {
+        EngineError::Internal(format!("the {modality:?} encoder failed: {message}"))
+    }
+}
+
 /// The real encoders of one worker.
 #[derive(Debug, Clone)]
 pub struct RealEncoders {
@@ -113,8 +138,7 @@ impl RealEncoders {
                 "a {modality:?} item came with the wrong kind of input for this encoder"
             ))
         };
-        let run =
-            |e: String| EngineError::Internal(format!("the {modality:?} encoder failed: {e}"));
+        let run = |e: String| model_error(modality, e);
         match (modality, input) {
             (Modality::Image | Modality::Video, MediaInput::Squares { side, rgb }) => {
                 let vision = self.vision.as_ref().ok_or_else(wrong)?;
@@ -213,5 +237,28 @@ impl BatchModel for Audio {
                 values: embeddings.item(i).to_vec(),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_failures_are_out_of_memory_and_others_internal() {
+        for message in [
+            "Non-zero status code returned while running MatMul node. Failed to allocate memory for requested buffer of size 1073741824",
+            "std::bad_alloc",
+            "CUDA error: out of memory",
+        ] {
+            assert!(
+                matches!(model_error(Modality::Image, message.into()), EngineError::OutOfMemory(m) if m.contains(message)),
+                "{message}"
+            );
+        }
+        assert!(matches!(
+            model_error(Modality::Audio, "shape mismatch in Conv".into()),
+            EngineError::Internal(_)
+        ));
     }
 }
