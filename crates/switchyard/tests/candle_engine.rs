@@ -139,6 +139,32 @@ fn answer(body: &serde_json::Value) -> (String, u64, u64) {
     )
 }
 
+/// One CPU-engine worker and one encoder worker: real (DINOv2 on ONNX Runtime) when
+/// `vision` names the model and `runtime` ONNX Runtime, modelled otherwise; `extra`
+/// settings on top.
+async fn with_encoder(
+    vision: Option<(&str, &str)>,
+    extra: &[(&str, &str)],
+) -> switchyard::deploy::Deployment {
+    let model = model();
+    let mut settings = vec![
+        ("WORKERS__ENGINE", "candle"),
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__CANDLE__MODEL", model.as_str()),
+        ("FRONTEND__MODEL", "smollm2"),
+        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+    ];
+    if let Some((vision, runtime)) = vision {
+        settings.extend([
+            ("WORKERS__ENCODER__VISION", vision),
+            ("WORKERS__ENCODER__ONNXRUNTIME", runtime),
+            ("WORKERS__ENCODER__THREADS", "1"),
+        ]);
+    }
+    settings.extend_from_slice(extra);
+    support::start(&settings).await
+}
+
 /// With a real vision encoder (DINOv2 on ONNX Runtime, feature `encoders`), an image's
 /// embeddings reach the CPU engine, which merges them into its prefill: the same image
 /// comes back from the prefix cache, another image changes the answer, and with modelled
@@ -149,25 +175,11 @@ async fn a_real_encoders_embeddings_are_merged_into_the_real_models_prefill() {
     let var = |name: &str| {
         std::env::var(name).unwrap_or_else(|_| panic!("set {name} (scripts/test fetches it)"))
     };
-    let (vision, runtime, model) = (
-        var("SWITCHYARD_DINOV2_ONNX"),
-        var("SWITCHYARD_ORT_DYLIB"),
-        model(),
-    );
+    let (vision, runtime) = (var("SWITCHYARD_DINOV2_ONNX"), var("SWITCHYARD_ORT_DYLIB"));
+    let real = Some((vision.as_str(), runtime.as_str()));
     let text = "Describe the picture in one word.";
     for overlap in ["true", "false"] {
-        let d = support::start(&[
-            ("WORKERS__ENGINE", "candle"),
-            ("WORKERS__COUNT", "1"),
-            ("WORKERS__CANDLE__MODEL", &model),
-            ("FRONTEND__MODEL", "smollm2"),
-            ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
-            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
-            ("WORKERS__ENCODER__VISION", &vision),
-            ("WORKERS__ENCODER__ONNXRUNTIME", &runtime),
-            ("WORKERS__ENCODER__THREADS", "1"),
-        ])
-        .await;
+        let d = with_encoder(real, &[("FRONTEND__MULTIMODAL__OVERLAP", overlap)]).await;
         let image = |seed| with_image(text, &support::data_url(&support::png(64, 64, seed)));
         let (s, _, b) = support::post(&d, "/v1/chat/completions", &image(1)).await;
         assert_eq!(s, 200, "{b}");
@@ -196,20 +208,13 @@ async fn a_real_encoders_embeddings_are_merged_into_the_real_models_prefill() {
 
     // Features kept after the prefill (`keep_cpu`): the same image after other text (its
     // KV not cached) skips the encoder, and the store's copy of its embeddings is merged.
-    let d = support::start(&[
-        ("WORKERS__ENGINE", "candle"),
-        ("WORKERS__COUNT", "1"),
-        ("WORKERS__CANDLE__MODEL", &model),
-        ("FRONTEND__MODEL", "smollm2"),
-        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
-        (
+    let d = with_encoder(
+        real,
+        &[(
             "FRONTEND__MULTIMODAL__FEATURE_STORE__AFTER_PREFILL",
             "keep_cpu",
-        ),
-        ("WORKERS__ENCODER__VISION", &vision),
-        ("WORKERS__ENCODER__ONNXRUNTIME", &runtime),
-        ("WORKERS__ENCODER__THREADS", "1"),
-    ])
+        )],
+    )
     .await;
     let url = support::data_url(&support::png(64, 64, 9));
     let (s, _, b) = support::post(&d, "/v1/chat/completions", &with_image(text, &url)).await;
@@ -240,14 +245,7 @@ async fn a_real_encoders_embeddings_are_merged_into_the_real_models_prefill() {
         .unwrap();
 
     // Modelled encoders time the image but compute no embeddings: the engine cannot serve it.
-    let d = support::start(&[
-        ("WORKERS__ENGINE", "candle"),
-        ("WORKERS__COUNT", "1"),
-        ("WORKERS__CANDLE__MODEL", &model),
-        ("FRONTEND__MODEL", "smollm2"),
-        ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
-    ])
-    .await;
+    let d = with_encoder(None, &[]).await;
     let body = with_image(text, &support::data_url(&support::png(64, 64, 3)));
     let (s, _, b) = support::post(&d, "/v1/chat/completions", &body).await;
     assert_ne!(s, 200, "{b}");
