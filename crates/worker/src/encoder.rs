@@ -259,11 +259,11 @@ impl EngineService for EncoderService {
             .map(|span| (span.modality, span.length))
             .collect();
         let encoders = self.encoders.clone();
-        let spans_total = request.prompt.media.len();
         // The items are queued when the stream is first polled; dropping it gives up the
         // wait (the items still run: a batch once started is not cut short).
         let done = async move {
-            // The items' embeddings, when a real encoder computed every one of them.
+            // The items' embeddings, when a real encoder computed every one of them (none
+            // is left to time).
             #[cfg(feature = "encoders")]
             let features = match &real_encoders {
                 Some(real_encoders) => {
@@ -287,7 +287,8 @@ impl EngineService for EncoderService {
                             "encoded media"
                         );
                     }
-                    (encoded.len() == spans_total)
+                    items
+                        .is_empty()
                         .then(|| {
                             encoded
                                 .iter()
@@ -299,10 +300,7 @@ impl EngineService for EncoderService {
                 None => None,
             };
             #[cfg(not(feature = "encoders"))]
-            let features: Option<Vec<MediaInput>> = {
-                let _ = spans_total;
-                None
-            };
+            let features: Option<Vec<MediaInput>> = None;
             match encoders.encode(&items).await {
                 Ok(()) => {
                     let mut outputs = Vec::with_capacity(2);
@@ -320,11 +318,9 @@ impl EngineService for EncoderService {
                 )),
             }
         };
-        let stream =
-            futures::StreamExt::flat_map(futures::stream::once(done), |outcome| match outcome {
-                Ok(outputs) => futures::stream::iter(outputs),
-                Err(e) => futures::stream::iter(vec![Err(e)]),
-            });
+        let stream = futures::StreamExt::flat_map(futures::stream::once(done), |outcome| {
+            futures::stream::iter(outcome.unwrap_or_else(|e| vec![Err(e)]))
+        });
         Ok(Box::pin(stream))
     }
 }

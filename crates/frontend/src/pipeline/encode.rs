@@ -77,10 +77,6 @@ pub struct Resized {
     pub tokens: u32,
 }
 
-/// A group encoded: the items encoded as they were, those encoded smaller, and the
-/// embeddings computed.
-type EncodedGroup = (Vec<u64>, Vec<Resized>, HashMap<u64, MediaInput>);
-
 /// Why a group of items could not be encoded.
 #[derive(Debug)]
 struct GroupFailure {
@@ -403,10 +399,10 @@ impl Frontend {
         let mut failure = None;
         for outcome in outcomes {
             match outcome {
-                Ok((hashes, resized, features)) => {
-                    encoded.hashes.extend(hashes);
-                    encoded.resized.extend(resized);
-                    encoded.features.extend(features);
+                Ok(group) => {
+                    encoded.hashes.extend(group.hashes);
+                    encoded.resized.extend(group.resized);
+                    encoded.features.extend(group.features);
                 }
                 Err(e) => failure = Some(e),
             }
@@ -434,9 +430,8 @@ impl Frontend {
 
     /// Encodes a group; when its encoders run out of memory on it, sends its items again
     /// halved (half the frames of a video, half the resolution of an image; up to
-    /// [`MAX_HALVINGS`] times). The hashes of the items encoded as they were, the items
-    /// encoded smaller, and the embeddings computed (by the hash of the item encoded).
-    async fn encode_shrinking(&self, group: &Group) -> Result<EncodedGroup, GroupFailure> {
+    /// [`MAX_HALVINGS`] times).
+    async fn encode_shrinking(&self, group: &Group) -> Result<Encoded, GroupFailure> {
         let mut members = group.members.clone();
         let mut estimate_ms = group.estimate_ms;
         for halvings in 0.. {
@@ -465,7 +460,12 @@ impl Frontend {
                             (same, resized)
                         },
                     );
-                    return Ok((same, resized, features));
+                    return Ok(Encoded {
+                        hashes: same,
+                        resized,
+                        holder: None,
+                        features,
+                    });
                 }
                 Err(failure) if failure.out_of_memory && halvings < MAX_HALVINGS => {
                     let smaller: Vec<Option<MediaItem>> =
