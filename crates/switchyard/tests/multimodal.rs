@@ -28,6 +28,11 @@ fn with_image(text: &str, url: &str, detail: Option<&str>) -> Value {
     })
 }
 
+/// The feature store's bytes, in every state, in Prometheus text.
+fn store_bytes(metrics: &str) -> f64 {
+    metric_value(metrics, "switchyard_feature_store_bytes", None)
+}
+
 /// `switchyard_media_encodes_total{outcome}` in Prometheus text.
 fn encodes(metrics: &str, outcome: &str) -> f64 {
     metric_value(
@@ -877,11 +882,7 @@ async fn media_that_cannot_be_encoded_in_time_fails_or_falls_back_to_the_text_by
     // Neither left anything in the feature store.
     for d in [&failing, &falling_back] {
         let text = scrape(&url(d, "/metrics")).await;
-        assert_eq!(
-            metric_value(&text, "switchyard_feature_store_bytes", None),
-            0.0,
-            "{text}"
-        );
+        assert_eq!(store_bytes(&text), 0.0, "{text}");
     }
     for d in [failing, falling_back] {
         d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
@@ -945,7 +946,6 @@ async fn killed_encoders_and_bad_media_leave_nothing_in_the_feature_store() {
     let encoders: Vec<_> = d.workers[1..].iter().map(|w| w.worker_id()).collect();
     assert_eq!(encoders.len(), 2);
     let image = |seed| with_image("What is this?", &data_url(&png(64, 64, seed)), None);
-    let store = |text: &str| metric_value(text, "switchyard_feature_store_bytes", None);
     // Undecodable media: refused before anything is stored.
     let corrupt = with_image(
         "What is this?",
@@ -965,7 +965,7 @@ async fn killed_encoders_and_bad_media_leave_nothing_in_the_feature_store() {
     let message = b["error"]["message"].as_str().unwrap();
     assert!(message.contains("encoder"), "{message}");
     let text = scrape(&url(&d, "/metrics")).await;
-    assert_eq!(store(&text), 0.0, "{text}");
+    assert_eq!(store_bytes(&text), 0.0, "{text}");
     let count = |outcome: &str| encodes(&text, outcome);
     assert_eq!((count("encoded"), count("failed")), (1.0, 1.0), "{text}");
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
@@ -1011,11 +1011,7 @@ async fn media_an_encoder_has_no_memory_for_go_again_at_half_size() {
             metric_value(&metrics, "switchyard_encoder_jobs_total", None),
             2.0
         );
-        assert_eq!(
-            metric_value(&metrics, "switchyard_feature_store_bytes", None),
-            0.0,
-            "{metrics}"
-        );
+        assert_eq!(store_bytes(&metrics), 0.0, "{metrics}");
         d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
             .await
             .unwrap();
@@ -1035,11 +1031,7 @@ async fn media_an_encoder_has_no_memory_for_go_again_at_half_size() {
         metric_value(&metrics, "switchyard_encoder_jobs_total", None),
         4.0
     );
-    assert_eq!(
-        metric_value(&metrics, "switchyard_feature_store_bytes", None),
-        0.0,
-        "{metrics}"
-    );
+    assert_eq!(store_bytes(&metrics), 0.0, "{metrics}");
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();
