@@ -15,9 +15,9 @@
 //! # Concurrency
 //!
 //! Everything here is a plain value owned by one caller. In a server, request handlers look
-//! up the index while events stream in: [`indexer::shared::SharedIndexer`] keeps two copies
-//! of the tree (left-right), so lookups read a published copy on the caller's thread without
-//! waiting while the writer applies events to the other; the routing core itself sits
+//! up the index while events stream in: [`indexer::shared::SharedIndexer`] keeps one tree
+//! that one writer at a time changes and lookups read on the caller's thread without a lock
+//! (atomic node fields, pages that never move); the routing core itself sits
 //! behind a mutex (a decision takes microseconds), and is handed the index's matches.
 //! `indexer-bench` (`cargo run --release -p switchyard-router --example indexer-bench`)
 //! measures lookup latency while a writer thread ingests at full speed.

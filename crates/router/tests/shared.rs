@@ -1,4 +1,5 @@
-//! The shared (left-right) indexer gives the same answers as a plain one, across threads.
+//! The shared indexer gives the same answers as a plain one, read from other threads while
+//! events are applied.
 
 #![allow(clippy::unwrap_used)]
 
@@ -75,45 +76,102 @@ fn stream() -> Vec<KvEvent> {
     events
 }
 
+/// Every worker of the stream, renumbered so that slots run past the 320 kept inline in a
+/// node (`spread` workers in all).
+fn spread(events: &[KvEvent], spread: u64) -> Vec<KvEvent> {
+    let mut out = Vec::new();
+    for copy in 0..spread / 4 {
+        for e in events {
+            let mut e = e.clone();
+            e.worker_id = WorkerId(e.worker_id.0 + 4 * copy);
+            out.push(e);
+        }
+    }
+    out
+}
+
 #[test]
-fn shared_matches_plain_and_reads_concurrently() {
-    let events = stream();
+fn lookups_on_other_threads_match_the_writer_and_never_fail_meanwhile() {
+    // 400 workers: bits in extension blocks too. Removals recycle nodes under the readers.
+    let events = spread(&stream(), 400);
     let mut plain = Indexer::new(IndexerConfig::default());
     for e in &events {
         plain.apply(e);
     }
-    // A small publish bound forces many publishes while a reader thread queries.
-    let shared = Arc::new(SharedIndexer::with_publish_bound(
-        Indexer::new(IndexerConfig::default()),
-        16,
-    ));
-    let reader = {
-        let shared = Arc::clone(&shared);
-        std::thread::spawn(move || {
-            // Every answer is internally consistent: a worker never matches more blocks
-            // than it caches or than the query has.
-            for i in 0..20_000u64 {
-                let scores = shared.find_matches(&path(i % 400, 12));
-                for &(worker, score) in &scores.scores {
-                    assert!(score <= 12);
-                    assert!(
-                        u64::from(score) <= scores.cached(worker),
-                        "{worker}: {score}"
-                    );
+    let shared = Arc::new(SharedIndexer::new(Indexer::new(IndexerConfig::default())));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (shared, done) = (Arc::clone(&shared), Arc::clone(&done));
+            std::thread::spawn(move || {
+                // Answers taken mid-event may be a block early or late, but are always
+                // well formed: sorted by worker, every scored worker known, no score
+                // longer than the query.
+                let mut lookups = 0u64;
+                let mut i = r;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) || lookups < 1000 {
+                    let scores = shared.find_matches(&path(i % 400, 12));
+                    assert!(scores.scores.windows(2).all(|w| w[0].0 < w[1].0));
+                    assert!(scores.cached_blocks.windows(2).all(|w| w[0].0 < w[1].0));
+                    for &(worker, score) in &scores.scores {
+                        assert!((1..=12).contains(&score), "{worker}: {score}");
+                        assert!(
+                            scores
+                                .cached_blocks
+                                .binary_search_by_key(&worker, |e| e.0)
+                                .is_ok()
+                        );
+                    }
+                    lookups += 1;
+                    i += 7;
                 }
-            }
+                lookups
+            })
         })
-    };
+        .collect();
     for chunk in events.chunks(7) {
         assert!(shared.apply_all(chunk.iter().cloned()).is_empty());
     }
-    reader.join().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        assert!(reader.join().unwrap() >= 1000);
+    }
+    let mut best = 0;
+    for s in 0..400 {
+        let q = path(s, 12);
+        let answer = shared.find_matches(&q);
+        assert_eq!(answer, plain.find_matches(&q));
+        best = best.max(answer.scores.len());
+    }
+    assert!(
+        best > 320,
+        "some query is held by workers past the inline slots"
+    );
+    shared.read(|i| i.validate()).unwrap();
+    assert_eq!(shared.read(|i| i.stats().clone()), plain.stats().clone());
+}
+
+#[test]
+fn an_index_shared_after_it_was_filled_answers_like_the_plain_one() {
+    let events = stream();
+    let mut plain = Indexer::new(IndexerConfig::default());
+    for e in &events[..events.len() / 2] {
+        plain.apply(e);
+    }
+    let shared = SharedIndexer::new(plain.clone());
+    // Branches made before and after sharing are both visible to other threads.
+    assert!(
+        shared
+            .apply_all(events[events.len() / 2..].iter().cloned())
+            .is_empty()
+    );
+    for e in &events[events.len() / 2..] {
+        plain.apply(e);
+    }
     for s in 0..400 {
         let q = path(s, 12);
         assert_eq!(shared.find_matches(&q), plain.find_matches(&q));
     }
-    shared.read(|i| i.validate()).unwrap();
-    assert_eq!(shared.read(|i| i.stats().clone()), plain.stats().clone());
 }
 
 #[test]

@@ -55,9 +55,6 @@ struct Args {
     /// Seconds of lookups under concurrent ingestion.
     #[arg(long, default_value_t = 2.0)]
     concurrent_secs: f64,
-    /// Bound on blocks applied between publishes under concurrent ingestion.
-    #[arg(long, default_value_t = switchyard_router::indexer::shared::DEFAULT_MAX_BLOCKS_PER_PUBLISH)]
-    max_blocks_per_publish: usize,
     /// Skip the mixed replay (no trace needed).
     #[arg(long)]
     no_mixed: bool,
@@ -150,7 +147,6 @@ fn main() -> Result<()> {
         ingest.indexer,
         &synth,
         Duration::from_secs_f64(args.concurrent_secs),
-        args.max_blocks_per_publish,
         args.seed,
     );
 

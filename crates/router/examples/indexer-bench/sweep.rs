@@ -30,6 +30,7 @@ use crate::mixed::{Op, OpStream};
 pub const CANDIDATES: &[&str] = &[
     "shared",
     "shared-channel",
+    "left-right",
     "mutex",
     "mutex-chunked",
     "rwlock",
@@ -60,13 +61,95 @@ impl Candidate for Shared {
         self.applied.fetch_add(n, Ordering::Release);
     }
     fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.index.read(|ix| ix.find_matches_into(query, out));
+        self.index.find_matches_into(query, out);
     }
     fn applied(&self) -> u64 {
         self.applied.load(Ordering::Acquire)
     }
     fn worker_blocks(&self) -> u64 {
         self.index.read(Indexer::worker_block_count)
+    }
+}
+
+/// The production design before this sweep: left-right, two copies of the plain index,
+/// every event applied to one copy, published by swapping, then applied to the other;
+/// lookups read the published copy without waiting.
+struct LeftRight {
+    writer: Mutex<left_right::WriteHandle<Copy, KvEvent>>,
+    readers: left_right::ReadHandleFactory<Copy>,
+    applied: AtomicU64,
+}
+
+/// One of the two copies.
+#[derive(Clone)]
+struct Copy(Indexer);
+
+impl left_right::Absorb<KvEvent> for Copy {
+    fn absorb_first(&mut self, event: &mut KvEvent, _other: &Self) {
+        self.0.apply(event);
+    }
+    fn absorb_second(&mut self, event: KvEvent, _other: &Self) {
+        self.0.apply(&event);
+    }
+    fn sync_with(&mut self, first: &Self) {
+        *self = first.clone();
+    }
+}
+
+thread_local! {
+    static LEFT_RIGHT_READER: std::cell::RefCell<Option<left_right::ReadHandle<Copy>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl LeftRight {
+    fn new(index: Indexer) -> Self {
+        let (writer, reader) = left_right::new_from_empty::<Copy, KvEvent>(Copy(index));
+        LeftRight {
+            writer: Mutex::new(writer),
+            readers: reader.factory(),
+            applied: AtomicU64::new(0),
+        }
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&Indexer) -> R) -> R {
+        LEFT_RIGHT_READER.with(|handle| {
+            let mut handle = handle.borrow_mut();
+            // A sweep builds one candidate at a time, so a thread's handle is for the
+            // current one; threads are spawned per try.
+            let handle = handle.get_or_insert_with(|| self.readers.handle());
+            match handle.enter() {
+                Some(copy) => f(&copy.0),
+                None => f(&Indexer::default()),
+            }
+        })
+    }
+}
+
+impl Candidate for LeftRight {
+    fn publish(&self, events: Vec<KvEvent>) {
+        let n = events.len() as u64;
+        let mut writer = self.writer.lock();
+        let mut pending = 0;
+        for event in events {
+            pending += event.block_count().max(1);
+            writer.append(event);
+            // Published every 4,096 blocks, as the production indexer did.
+            if pending >= 4096 {
+                writer.publish();
+                pending = 0;
+            }
+        }
+        writer.publish();
+        self.applied.fetch_add(n, Ordering::Release);
+    }
+    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+        self.read(|ix| ix.find_matches_into(query, out));
+    }
+    fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+    fn worker_blocks(&self) -> u64 {
+        self.read(Indexer::worker_block_count)
     }
 }
 
@@ -278,6 +361,7 @@ fn make(name: &str, shards: usize, stream: &OpStream) -> Option<Box<dyn Candidat
             applied: AtomicU64::new(0),
         }),
         "shared-channel" => Box::new(SharedChannel::new(fresh())),
+        "left-right" => Box::new(LeftRight::new(fresh())),
         "mutex" => Box::new(Locked {
             index: Mutex::new(fresh()),
             applied: AtomicU64::new(0),

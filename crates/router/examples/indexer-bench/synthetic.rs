@@ -224,7 +224,6 @@ pub struct ConcurrentReport {
     pub find_matches_p99_us: f64,
     pub find_matches_max_us: f64,
     pub ingest_blocks_per_sec: f64,
-    pub max_blocks_per_publish: usize,
 }
 
 /// One thread looks up 128-block queries while another stores and removes sequences.
@@ -232,7 +231,6 @@ pub fn measure_concurrent(
     indexer: Indexer,
     synth: &Synthetic,
     duration: Duration,
-    max_blocks_per_publish: usize,
     seed: u64,
 ) -> ConcurrentReport {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xc0c);
@@ -273,10 +271,7 @@ pub fn measure_concurrent(
     }
     let queries: Vec<_> = (0..4096).map(|_| query(synth, &mut rng, 128)).collect();
 
-    let shared = Arc::new(SharedIndexer::with_publish_bound(
-        indexer,
-        max_blocks_per_publish,
-    ));
+    let shared = Arc::new(SharedIndexer::new(indexer));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
@@ -314,6 +309,5 @@ pub fn measure_concurrent(
         find_matches_p99_us: s.p99_us,
         find_matches_max_us: s.max_us,
         ingest_blocks_per_sec: blocks as f64 / writer_secs,
-        max_blocks_per_publish,
     }
 }

@@ -52,14 +52,14 @@ impl Indexer {
         // Each held node hangs under its nearest held ancestor (or the root).
         let mut below: FxHashMap<NodeId, Vec<NodeId>> = FxHashMap::default();
         for &node in held.keys() {
-            let mut anchor = self.tree.node(node).parent;
+            let mut anchor = self.tree.parent(node);
             while anchor != ROOT && !held.contains_key(&anchor) {
-                anchor = self.tree.node(anchor).parent;
+                anchor = self.tree.parent(anchor);
             }
             below.entry(anchor).or_default().push(node);
         }
         for nodes in below.values_mut() {
-            nodes.sort_unstable_by_key(|&n| self.tree.node(n).local);
+            nodes.sort_unstable_by_key(|&n| self.tree.local(n));
         }
 
         let mut placeholders = Placeholders::new(worker, &state.blocks);
@@ -82,11 +82,11 @@ impl Indexer {
                     let hashes = &held[&node];
                     blocks.push(StoredBlock {
                         seq_hash: hashes[0],
-                        local_hash: self.tree.node(node).local,
+                        local_hash: self.tree.local(node),
                     });
                     extras.extend(hashes[1..].iter().map(|&h| (node, h)));
                     match below.get(&node).map(Vec::as_slice) {
-                        Some([only]) if self.tree.node(*only).parent == node => node = *only,
+                        Some([only]) if self.tree.parent(*only) == node => node = *only,
                         _ => break,
                     }
                 }
@@ -105,15 +105,15 @@ impl Indexer {
 
         // Second and later hashes of a node: stored again under the node's parent.
         for (node, hash) in extras {
-            let mut anchor = self.tree.node(node).parent;
+            let mut anchor = self.tree.parent(node);
             while anchor != ROOT && !held.contains_key(&anchor) {
-                anchor = self.tree.node(anchor).parent;
+                anchor = self.tree.parent(anchor);
             }
             let filler = placeholders.path(self, anchor, node);
             let mut blocks = filler.clone();
             blocks.push(StoredBlock {
                 seq_hash: hash,
-                local_hash: self.tree.node(node).local,
+                local_hash: self.tree.local(node),
             });
             events.push(KvEventData::Stored {
                 parent: held.get(&anchor).map(|h| h[0]),
@@ -179,10 +179,10 @@ impl<'a> Placeholders<'a> {
     /// Placeholder blocks for the nodes strictly between `anchor` and `node`.
     fn path(&mut self, indexer: &Indexer, anchor: NodeId, node: NodeId) -> Vec<StoredBlock> {
         let mut locals: Vec<LocalBlockHash> = Vec::new();
-        let mut cursor = indexer.tree.node(node).parent;
+        let mut cursor = indexer.tree.parent(node);
         while cursor != anchor {
-            locals.push(indexer.tree.node(cursor).local);
-            cursor = indexer.tree.node(cursor).parent;
+            locals.push(indexer.tree.local(cursor));
+            cursor = indexer.tree.parent(cursor);
         }
         locals.reverse();
         locals

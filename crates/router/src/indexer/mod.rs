@@ -32,10 +32,13 @@ use switchyard_core::{
     KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerKey,
 };
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering::{Acquire, Release};
+
 use bits::Ones;
 pub use dump::WorkerSnapshot;
 pub use streams::{EventStreams, StreamCheck};
-use tree::{NodeId, ROOT, Tree};
+use tree::{Live, Node, NodeId, ROOT, Tree};
 
 /// Counters of what the indexer has seen.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -147,9 +150,12 @@ pub struct Indexer {
     workers: Vec<Option<WorkerState>>,
     free_slots: Vec<u32>,
     /// Distinct nodes held, by slot (kept apart from the worker state so that building
-    /// the per-lookup list of counts reads one small array).
+    /// the per-lookup list of counts reads one small array). Published to lookups on
+    /// other threads once per event, not per block, so that their cache lines are not
+    /// taken from the readers at every block.
     cached: Vec<u64>,
-    /// (key, slot), sorted by key: the order of every per-worker list.
+    /// (key, slot), sorted by key: the order of every per-worker list. Published to
+    /// lookups on other threads as `Live::by_key` whenever it changes.
     by_key: Vec<(WorkerKey, u32)>,
     /// key -> slot, for the per-event lookup.
     slots: FxHashMap<WorkerKey, u32>,
@@ -180,7 +186,7 @@ impl Indexer {
     pub fn worker_block_count(&self) -> u64 {
         self.by_key
             .iter()
-            .map(|&(_, slot)| self.cached[slot as usize])
+            .map(|&(_, slot)| self.cached_by_slot(slot))
             .sum()
     }
 
@@ -191,7 +197,7 @@ impl Indexer {
 
     /// Blocks cached by `worker` (0 when unknown).
     pub fn cached_blocks(&self, worker: WorkerKey) -> u64 {
-        self.slot(worker).map_or(0, |s| self.cached[s as usize])
+        self.slot(worker).map_or(0, |s| self.cached_by_slot(s))
     }
 
     /// The sequence hashes `worker` holds, in no particular order.
@@ -207,28 +213,42 @@ impl Indexer {
 
     /// Applies one event.
     pub fn apply(&mut self, event: &KvEvent) -> ApplyOutcome {
+        self.apply_reporting_gap(event).0
+    }
+
+    /// [`Indexer::apply`], also returning a gap in the event ids even when the event itself
+    /// is of another tier.
+    pub(crate) fn apply_reporting_gap(
+        &mut self,
+        event: &KvEvent,
+    ) -> (ApplyOutcome, Option<EventGap>) {
         let worker = event.worker();
         let slot = self.slot_or_insert(worker);
-        let outcome = match self.streams.observe(worker, event.event_id) {
+        let (outcome, gap) = match self.streams.observe(worker, event.event_id) {
             StreamCheck::Stale { last_event_id } => {
                 self.stats.stale_events += 1;
-                return ApplyOutcome::Stale { last_event_id };
+                return (ApplyOutcome::Stale { last_event_id }, None);
             }
             StreamCheck::Gap(gap) => {
                 self.stats.gaps += 1;
-                ApplyOutcome::AppliedAfterGap(gap)
+                (ApplyOutcome::AppliedAfterGap(gap), Some(gap))
             }
-            StreamCheck::InOrder => ApplyOutcome::Applied,
+            StreamCheck::InOrder => (ApplyOutcome::Applied, None),
         };
         if event.tier != self.config.tier {
             self.stats.other_tier_events += 1;
-            return ApplyOutcome::OtherTier;
+            return (ApplyOutcome::OtherTier, gap);
         }
         self.apply_data(slot, &event.data);
-        outcome
+        (outcome, gap)
     }
 
     fn apply_data(&mut self, slot: u32, data: &KvEventData) {
+        self.apply_data_unpublished(slot, data);
+        self.tree.set_cached(slot, self.cached[slot as usize]);
+    }
+
+    fn apply_data_unpublished(&mut self, slot: u32, data: &KvEventData) {
         self.stats.events_applied += 1;
         match data {
             KvEventData::Stored { parent, blocks } => self.store(slot, *parent, blocks),
@@ -268,7 +288,11 @@ impl Indexer {
             },
         };
         for block in blocks {
-            let child = self.tree.child_or_insert(node, block.local_hash);
+            let Some(child) = self.tree.child_or_insert(node, block.local_hash) else {
+                // The arena is full (2^31 nodes): the rest of the event cannot be indexed.
+                self.stats.unknown_parent_blocks += 1;
+                return;
+            };
             match self.state_mut(slot).blocks.insert(block.seq_hash, child) {
                 None => {
                     self.stats.blocks_stored += 1;
@@ -287,7 +311,7 @@ impl Indexer {
 
     /// Records one more reference from `slot` to `node`.
     fn acquire(&mut self, slot: u32, node: NodeId) {
-        if self.tree.node_mut(node).workers.insert(slot) {
+        if self.tree.hold(node, slot) {
             self.cached[slot as usize] += 1;
         } else {
             *self.state_mut(slot).extra_refs.entry(node).or_insert(0) += 1;
@@ -308,7 +332,7 @@ impl Indexer {
             return;
         }
         self.cached[slot as usize] -= 1;
-        self.tree.node_mut(node).workers.remove(slot);
+        self.tree.unhold(node, slot);
         self.tree.prune(node);
     }
 
@@ -317,12 +341,13 @@ impl Indexer {
         let mut nodes: Vec<NodeId> = std::mem::take(&mut state.blocks).into_values().collect();
         state.extra_refs.clear();
         self.cached[slot as usize] = 0;
+        self.tree.set_cached(slot, 0);
         // Highest ids first, so the free list hands them back lowest first: the next chains
         // stored reuse the arena in address order and stay contiguous for the match walk.
         nodes.sort_unstable_by(|a, b| b.cmp(a));
         for node in nodes {
             // A node referenced twice appears twice; the second removal is a no-op.
-            if self.tree.node_mut(node).workers.remove(slot) {
+            if self.tree.unhold(node, slot) {
                 self.tree.prune(node);
             }
         }
@@ -340,6 +365,7 @@ impl Indexer {
         self.slots.remove(&worker);
         if let Ok(i) = self.by_key.binary_search_by_key(&worker, |e| e.0) {
             self.by_key.remove(i);
+            self.publish_workers();
         }
         true
     }
@@ -353,58 +379,36 @@ impl Indexer {
 
     /// [`Indexer::find_matches`] into a caller's buffers, to reuse their allocations.
     pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        // Depths by slot, then one pass in key order emits both lists already sorted.
-        let mut depth_by_slot: smallvec::SmallVec<[u32; 256]> =
-            smallvec::smallvec![0; self.workers.len()];
-        self.match_walk(query, |slot, depth| depth_by_slot[slot] = depth);
-        out.scores.clear();
-        out.cached_blocks.clear();
-        out.cached_blocks.reserve(self.by_key.len());
-        for &(key, slot) in &self.by_key {
-            let depth = depth_by_slot[slot as usize];
-            if depth > 0 {
-                out.scores.push((key, depth));
-            }
-            out.cached_blocks.push((key, self.cached[slot as usize]));
-        }
+        let live = self.tree.live();
+        let by_key = &self.by_key;
+        collect_matches(
+            live,
+            self.tree.node(ROOT),
+            query,
+            self.workers.len(),
+            by_key,
+            |_, parent, local| self.tree.child_of(parent, local),
+            |slot| self.cached_by_slot(slot),
+            out,
+        );
     }
 
-    /// The match walk: follows `query` down the tree, narrowing the set of workers that
-    /// hold every block so far; a worker leaving the set at depth `d` matched `d` blocks.
-    /// Reports each worker with a match of at least one block.
-    fn match_walk(&self, query: &[LocalBlockHash], mut report: impl FnMut(usize, u32)) {
-        let mut node = ROOT;
-        let mut active: smallvec::SmallVec<[u64; 4]> = smallvec::SmallVec::new();
-        let mut depth = 0u32;
-        for &local in query {
-            let Some(child) = self.tree.child(node, local) else {
-                break;
-            };
-            let held = self.tree.node(child).workers.words();
-            if depth == 0 {
-                active.extend_from_slice(held);
-            } else {
-                let mut any = 0;
-                for (i, word) in active.iter_mut().enumerate() {
-                    let keep = *word & held.get(i).copied().unwrap_or(0);
-                    for bit in Ones(*word & !keep) {
-                        report(i * 64 + bit as usize, depth);
-                    }
-                    *word = keep;
-                    any |= keep;
-                }
-                if any == 0 {
-                    return;
-                }
-            }
-            depth += 1;
-            node = child;
-        }
-        for (i, &word) in active.iter().enumerate() {
-            for bit in Ones(word) {
-                report(i * 64 + bit as usize, depth);
-            }
-        }
+    /// The half of the index that lookups on other threads read, from now on kept whole
+    /// for them (see [`shared::SharedIndexer`]).
+    pub(crate) fn share(&mut self) -> Arc<Live> {
+        self.tree.share();
+        Arc::clone(self.tree.live())
+    }
+
+    fn cached_by_slot(&self, slot: u32) -> u64 {
+        self.cached[slot as usize]
+    }
+
+    /// Publishes the worker list to lookups on other threads.
+    fn publish_workers(&self) {
+        let live = self.tree.live();
+        live.slots.store(self.workers.len() as u32, Release);
+        live.by_key.store(Arc::new(self.by_key.clone()));
     }
 
     /// Checks the tree against the per-worker tables; for tests and debugging.
@@ -419,17 +423,16 @@ impl Indexer {
         let mut held: FxHashMap<(u32, NodeId), u32> = FxHashMap::default();
         while let Some(id) = stack.pop() {
             for (local, child) in self.tree.children(id) {
-                let c = self.tree.node(child);
-                if c.parent != id || c.local != local {
+                let (parent, key) = (self.tree.parent(child), self.tree.local(child));
+                if parent != id || key != local {
                     return Err(format!(
-                        "node {child} is linked under {id} but says parent {} local {:?}",
-                        c.parent, c.local
+                        "node {child} is linked under {id} but says parent {parent} local {key:?}"
                     ));
                 }
-                if c.workers.is_empty() && !c.has_children() {
+                if self.tree.is_unheld(child) && !self.tree.has_children(child) {
                     return Err(format!("node {child} is empty but still in the tree"));
                 }
-                for slot in c.workers.iter() {
+                for slot in self.tree.holders(child) {
                     held.insert((slot, child), 0);
                 }
                 seen += 1;
@@ -449,7 +452,7 @@ impl Indexer {
                 *refs.entry(node).or_insert(0) += 1;
             }
             for (&node, &count) in &refs {
-                if !self.tree.node(node).workers.contains(slot) {
+                if !self.tree.holds(node, slot) {
                     return Err(format!(
                         "{key} maps a hash to node {node} without holding it"
                     ));
@@ -465,10 +468,10 @@ impl Indexer {
             if state.extra_refs.keys().any(|n| !refs.contains_key(n)) {
                 return Err(format!("{key} has extra refs to a node it does not map"));
             }
-            if self.cached[slot as usize] != refs.len() as u64 {
+            if self.cached_by_slot(slot) != refs.len() as u64 {
                 return Err(format!(
                     "{key} counts {} cached but holds {}",
-                    self.cached[slot as usize],
+                    self.cached_by_slot(slot),
                     refs.len()
                 ));
             }
@@ -497,13 +500,16 @@ impl Indexer {
                     None => {
                         self.workers.push(None);
                         self.cached.push(0);
+                        self.tree.ensure_slot(self.workers.len() as u32 - 1);
                         (self.workers.len() - 1) as u32
                     }
                 };
                 self.workers[slot as usize] = Some(WorkerState::new());
                 self.cached[slot as usize] = 0;
+                self.tree.set_cached(slot, 0);
                 self.by_key.insert(i, (worker, slot));
                 self.slots.insert(worker, slot);
+                self.publish_workers();
                 slot
             }
         }
@@ -521,5 +527,110 @@ impl Indexer {
             Some(state) => state,
             None => unreachable!("slot {slot} is mapped but vacant"),
         }
+    }
+}
+
+/// The match walk and the answer it builds, shared by the owner of an index (which finds
+/// children through its own maps) and lookups on other threads (through the live edges).
+#[allow(clippy::too_many_arguments)]
+fn collect_matches<'a>(
+    live: &'a Live,
+    root: &'a Node,
+    query: &[LocalBlockHash],
+    slots: usize,
+    by_key: &[(WorkerKey, u32)],
+    child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
+    cached: impl Fn(u32) -> u64,
+    out: &mut OverlapScores,
+) {
+    // Depths by slot, then one pass in key order emits both lists already sorted.
+    let mut depth_by_slot: smallvec::SmallVec<[u32; 256]> = smallvec::smallvec![0; slots];
+    match_walk(
+        live,
+        root,
+        query,
+        slots.div_ceil(64),
+        child,
+        |slot, depth| {
+            if let Some(d) = depth_by_slot.get_mut(slot) {
+                *d = depth;
+            }
+        },
+    );
+    out.scores.clear();
+    out.cached_blocks.clear();
+    out.cached_blocks.reserve(by_key.len());
+    for &(key, slot) in by_key {
+        let depth = depth_by_slot.get(slot as usize).copied().unwrap_or(0);
+        if depth > 0 {
+            out.scores.push((key, depth));
+        }
+        out.cached_blocks.push((key, cached(slot)));
+    }
+}
+
+/// The match walk: follows `query` down the tree, narrowing the set of workers that hold
+/// every block so far; a worker leaving the set at depth `d` matched `d` blocks. Reports
+/// each worker with a match of at least one block.
+fn match_walk<'a>(
+    live: &'a Live,
+    root: &'a Node,
+    query: &[LocalBlockHash],
+    words: usize,
+    child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
+    mut report: impl FnMut(usize, u32),
+) {
+    let mut node = (ROOT, root);
+    let mut active: smallvec::SmallVec<[u64; tree::INLINE_WORDS]> = smallvec::smallvec![0; words];
+    let mut held = active.clone();
+    let mut depth = 0u32;
+    for &local in query {
+        let Some(next) = child(node.0, node.1, local) else {
+            break;
+        };
+        if depth == 0 {
+            live.words_into(next.1, &mut active);
+        } else {
+            live.words_into(next.1, &mut held);
+            let mut any = 0;
+            for (i, (word, &held)) in active.iter_mut().zip(&held).enumerate() {
+                let keep = *word & held;
+                for bit in Ones(*word & !keep) {
+                    report(i * 64 + bit as usize, depth);
+                }
+                *word = keep;
+                any |= keep;
+            }
+            if any == 0 {
+                return;
+            }
+        }
+        depth += 1;
+        node = next;
+    }
+    for (i, &word) in active.iter().enumerate() {
+        for bit in Ones(word) {
+            report(i * 64 + bit as usize, depth);
+        }
+    }
+}
+
+impl Live {
+    /// [`Indexer::find_matches_into`] for a lookup on another thread than the writer's,
+    /// without waiting for it.
+    pub(crate) fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+        let by_key = self.by_key.load();
+        let slots = self.slots.load(Acquire) as usize;
+        let guard = self.guard();
+        collect_matches(
+            self,
+            self.root(),
+            query,
+            slots,
+            &by_key,
+            |id, parent, local| self.child(id, parent, local, &guard),
+            |slot| self.cached(slot),
+            out,
+        );
     }
 }

@@ -1,154 +1,78 @@
 //! Sharing one indexer between request handlers and event ingestion.
 //!
-//! Design: left-right, two copies of a plain [`Indexer`]. Lookups read the published copy
-//! on the caller's thread, wait-free: they never wait behind ingestion, whatever the event
-//! rate, and never take a lock. The writer applies events to the other copy and publishes
-//! by swapping the copies, then replays the same events onto the copy it got back. The price
-//! is twice the memory and every event applied twice, paid on the ingestion side.
+//! Design: one tree, one writer, lock-free readers. Ingestion applies events to the plain
+//! [`Indexer`] under a mutex (one writer at a time); lookups walk the same tree on the
+//! caller's thread through its live half (`tree::Live`: nodes whose fields are atomics,
+//! pages that never move, branching edges mirrored in a lock-free map, the worker list
+//! behind an `ArcSwap`). A lookup never takes a lock and never waits for ingestion,
+//! whatever the event rate; ingestion applies each event once, to the only copy.
 //!
-//! Publishing happens after each bounded batch of blocks, so the index lookups see is at
-//! most one batch behind the event stream. Gap detection runs on the writer side as events
-//! arrive, so callers learn of gaps immediately.
+//! What a lookup gives up is atomicity: it sees a batch, even an event, applied block by
+//! block, and may for that one lookup count a block a moment early or late, exactly as if
+//! the event had reached the index a moment earlier or later. Routing takes such answers
+//! anyway (events are always somewhat behind the engines).
 //!
-//! A plain read-write lock was measured first and rejected: under sustained ingestion,
-//! readers that found the lock taken parked and paid wake-up latencies of 100 µs and more
-//! (see docs/benchmarks.md).
+//! Two earlier designs were measured and replaced (see docs/benchmarks.md): a read-write
+//! lock, whose readers parked behind ingestion (p99 of 100 µs and more), and left-right
+//! (two copies, every event applied twice), whose lookups never waited but which carried
+//! half the event rate of one copy at twice the memory.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use left_right::{Absorb, ReadHandle, ReadHandleFactory, WriteHandle};
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 use switchyard_core::{KvEvent, LocalBlockHash, WorkerKey};
 
-use super::{EventGap, EventStreams, Indexer, OverlapScores, StreamCheck, WorkerSnapshot};
+use super::tree::Live;
+use super::{EventGap, Indexer, OverlapScores, WorkerSnapshot};
 
-/// Default bound on the blocks applied between two publishes.
-pub const DEFAULT_MAX_BLOCKS_PER_PUBLISH: usize = 4096;
-
-/// A write to the index, as logged for both copies.
-#[derive(Debug, Clone)]
-pub enum IndexOp {
-    Event(KvEvent),
-    RemoveWorker(WorkerKey),
-    Restore(WorkerSnapshot),
-}
-
-impl Indexer {
-    fn absorb_op(&mut self, op: &IndexOp) {
-        match op {
-            IndexOp::Event(event) => {
-                self.apply(event);
-            }
-            IndexOp::RemoveWorker(worker) => {
-                self.remove_worker(*worker);
-            }
-            IndexOp::Restore(snapshot) => self.restore(snapshot),
-        }
-    }
-}
-
-impl Absorb<IndexOp> for Indexer {
-    fn absorb_first(&mut self, op: &mut IndexOp, _other: &Self) {
-        self.absorb_op(op);
-    }
-
-    fn absorb_second(&mut self, op: IndexOp, _other: &Self) {
-        self.absorb_op(&op);
-    }
-
-    fn sync_with(&mut self, first: &Self) {
-        *self = first.clone();
-    }
-}
-
-struct Writer {
-    handle: WriteHandle<Indexer, IndexOp>,
-    /// Mirrors the copies' stream bookkeeping, to report gaps as events arrive.
-    streams: EventStreams,
-}
-
-/// An [`Indexer`] shared between threads: wait-free lookups, one writer at a time.
+/// An [`Indexer`] shared between threads: lock-free lookups, one writer at a time.
 pub struct SharedIndexer {
-    id: u64,
-    writer: Mutex<Writer>,
-    readers: ReadHandleFactory<Indexer>,
-    max_blocks_per_publish: usize,
+    writer: Mutex<Indexer>,
+    live: Arc<Live>,
 }
 
 impl std::fmt::Debug for SharedIndexer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedIndexer")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
+        f.debug_struct("SharedIndexer").finish_non_exhaustive()
     }
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    /// Each thread's read handles, by indexer id: a handle is cheap to use but costly to
-    /// make, and cannot be shared between threads.
-    static READ_HANDLES: RefCell<FxHashMap<u64, ReadHandle<Indexer>>> = RefCell::new(FxHashMap::default());
 }
 
 impl SharedIndexer {
-    pub fn new(indexer: Indexer) -> Self {
-        Self::with_publish_bound(indexer, DEFAULT_MAX_BLOCKS_PER_PUBLISH)
-    }
-
-    pub fn with_publish_bound(indexer: Indexer, max_blocks_per_publish: usize) -> Self {
-        let streams = indexer.streams.clone();
-        let (handle, reader) = left_right::new_from_empty::<Indexer, IndexOp>(indexer);
+    pub fn new(mut indexer: Indexer) -> Self {
+        let live = indexer.share();
         SharedIndexer {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            writer: Mutex::new(Writer { handle, streams }),
-            readers: reader.factory(),
-            max_blocks_per_publish: max_blocks_per_publish.max(1),
+            writer: Mutex::new(indexer),
+            live,
         }
     }
 
-    /// Runs `f` on the published copy, on this thread, without waiting for the writer.
+    /// Runs `f` on the whole index (its per-worker tables included), waiting for the
+    /// writer: for inspection (statistics, dumps, views), not for the lookup path.
     pub fn read<R>(&self, f: impl FnOnce(&Indexer) -> R) -> R {
-        READ_HANDLES.with(|handles| {
-            let mut handles = handles.borrow_mut();
-            let handle = handles
-                .entry(self.id)
-                .or_insert_with(|| self.readers.handle());
-            match handle.enter() {
-                Some(guard) => f(&guard),
-                // Only when the writer is gone, which cannot happen while `self` lives.
-                None => f(&Indexer::default()),
-            }
-        })
+        f(&self.writer.lock())
     }
 
+    /// For each worker, how many of `query`'s blocks it holds consecutively from the
+    /// first; lock-free.
     pub fn find_matches(&self, query: &[LocalBlockHash]) -> OverlapScores {
-        self.read(|indexer| indexer.find_matches(query))
+        let mut out = OverlapScores::default();
+        self.find_matches_into(query, &mut out);
+        out
     }
 
-    /// Applies events in order, publishing after every bounded batch and at the end.
-    /// Returns the gaps detected, for the caller to resynchronise those workers.
+    /// [`SharedIndexer::find_matches`] into a caller's buffers.
+    pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+        self.live.find_matches_into(query, out);
+    }
+
+    /// Applies events in order. Returns the gaps detected, for the caller to
+    /// resynchronise those workers.
     pub fn apply_all(&self, events: impl IntoIterator<Item = KvEvent>) -> Vec<EventGap> {
-        let mut gaps = Vec::new();
         let mut writer = self.writer.lock();
-        let mut pending = 0usize;
-        for event in events {
-            if let StreamCheck::Gap(gap) = writer.streams.observe(event.worker(), event.event_id) {
-                gaps.push(gap);
-            }
-            pending += event.block_count().max(1);
-            writer.handle.append(IndexOp::Event(event));
-            if pending >= self.max_blocks_per_publish {
-                writer.handle.publish();
-                pending = 0;
-            }
-        }
-        if pending > 0 {
-            writer.handle.publish();
-        }
-        gaps
+        events
+            .into_iter()
+            .filter_map(|event| writer.apply_reporting_gap(&event).1)
+            .collect()
     }
 
     pub fn apply(&self, event: KvEvent) -> Option<EventGap> {
@@ -156,16 +80,10 @@ impl SharedIndexer {
     }
 
     pub fn remove_worker(&self, worker: WorkerKey) {
-        let mut writer = self.writer.lock();
-        writer.streams.forget(worker);
-        writer.handle.append(IndexOp::RemoveWorker(worker));
-        writer.handle.publish();
+        self.writer.lock().remove_worker(worker);
     }
 
     pub fn restore(&self, snapshot: WorkerSnapshot) {
-        let mut writer = self.writer.lock();
-        writer.streams.set(snapshot.worker, snapshot.last_event_id);
-        writer.handle.append(IndexOp::Restore(snapshot));
-        writer.handle.publish();
+        self.writer.lock().restore(&snapshot);
     }
 }

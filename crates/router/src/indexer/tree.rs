@@ -1,19 +1,36 @@
-//! The node arena of the radix tree.
+//! The node arena of the radix tree, read by lookups on other threads while one writer
+//! changes it.
 //!
 //! Nodes live in fixed-size pages and refer to each other by index, so a chain stored in one
-//! event is laid out contiguously and the match walk reads memory mostly in order. Pages
-//! never move: growing the arena allocates a page instead of copying every node, which on a
-//! large index would stall ingestion for tens of milliseconds. Freed nodes are recycled
-//! through a free list.
+//! event is laid out contiguously and the match walk reads memory mostly in order. Pages are
+//! never moved or freed while the tree lives: growing the arena allocates a page instead of
+//! copying every node (which on a large index would stall ingestion for tens of
+//! milliseconds), and a reader holding a node id can always read that node. Freed nodes are
+//! recycled through a free list.
+//!
+//! Every field a reader looks at is an atomic, written by the one writer (the owner of the
+//! [`Tree`], through `&mut`) and read by anyone holding the [`Live`] half. On x86 and ARM
+//! these are plain loads and stores. A reader racing the writer sees each event applied
+//! block by block, and may read a node that was freed and reused under it; it then gets a
+//! slightly wrong overlap for that one lookup (as it would from an event that arrived a
+//! moment later), never undefined behaviour or a panic.
 //!
 //! A node fills exactly one cache line. Most nodes have zero or one child (the unique tail
-//! of a prompt), so the child link is one `u32`: no child, the one child's id, or the index
-//! of a map in a side table for the few branching nodes.
+//! of a prompt), so the child link is one `u32`: no child, the one child's id, or a flag
+//! saying the node branches. The writer keeps each branching node's children in a map of its
+//! own; once the tree is shared, it also mirrors those edges into one concurrent map
+//! (`papaya`, lock-free reads) for the readers. The workers holding a node are bits of dense
+//! worker slots: 320 inline, more in chained extension blocks.
 
-use rustc_hash::FxHashMap;
-use switchyard_core::LocalBlockHash;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::{Arc, OnceLock};
 
-use super::bits::WorkerBits;
+use arc_swap::ArcSwap;
+use rustc_hash::{FxBuildHasher, FxHashMap};
+use switchyard_core::{LocalBlockHash, WorkerKey};
+
+use super::bits::Ones;
 
 pub(crate) type NodeId = u32;
 pub(crate) const ROOT: NodeId = 0;
@@ -22,139 +39,481 @@ pub(crate) const ROOT: NodeId = 0;
 const NO_CHILD: u32 = u32::MAX;
 /// `Node::children` with this bit set: the rest indexes `Tree::branches`.
 const BRANCH: u32 = 1 << 31;
+/// `Node::more` / `Ext::next`: no extension block.
+const NO_EXT: u32 = u32::MAX;
+/// Worker-slot words kept in the node itself (320 slots).
+pub(crate) const INLINE_WORDS: usize = 5;
+/// Words per extension block.
+const EXT_WORDS: usize = 7;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 #[repr(align(64))]
 pub(crate) struct Node {
-    pub(crate) local: LocalBlockHash,
-    pub(crate) parent: NodeId,
-    children: u32,
-    pub(crate) workers: WorkerBits,
+    local: AtomicU64,
+    parent: AtomicU32,
+    children: AtomicU32,
+    words: [AtomicU64; INLINE_WORDS],
+    /// The first extension block of worker bits, or `NO_EXT`.
+    more: AtomicU32,
 }
 
 impl Node {
-    fn empty() -> Self {
+    const fn empty() -> Self {
         Node {
-            local: LocalBlockHash(0),
-            parent: ROOT,
-            children: NO_CHILD,
-            workers: WorkerBits::default(),
+            local: AtomicU64::new(0),
+            parent: AtomicU32::new(ROOT),
+            children: AtomicU32::new(NO_CHILD),
+            words: [const { AtomicU64::new(0) }; INLINE_WORDS],
+            more: AtomicU32::new(NO_EXT),
         }
     }
+}
 
-    pub(crate) fn has_children(&self) -> bool {
-        self.children != NO_CHILD
+impl Default for Node {
+    fn default() -> Self {
+        Node::empty()
+    }
+}
+
+/// What a lookup reads for an id it cannot resolve (never happens for the writer).
+static VACANT: Node = Node::empty();
+
+/// More worker bits of a node, for slots past the inline ones.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Ext {
+    words: [AtomicU64; EXT_WORDS],
+    next: AtomicU32,
+}
+
+impl Default for Ext {
+    fn default() -> Self {
+        Ext {
+            words: [const { AtomicU64::new(0) }; EXT_WORDS],
+            next: AtomicU32::new(NO_EXT),
+        }
     }
 }
 
 const PAGE_BITS: u32 = 12;
-const PAGE_SIZE: usize = 1 << PAGE_BITS;
-const PAGE_MASK: u32 = (1 << PAGE_BITS) - 1;
+const DIR_BITS: u32 = 10;
+/// Ids below 2^31 (the top bit of a child link is the branch flag).
+const DIRS: usize = 1 << (31 - PAGE_BITS - DIR_BITS);
 
-#[derive(Debug, Clone)]
+/// 4,096 items, allocated when first needed.
+type Page<T> = OnceLock<Arc<[T]>>;
+/// 1,024 pages, allocated when first needed.
+type Dir<T> = OnceLock<Box<[Page<T>]>>;
+
+/// Items by dense index, in pages of 4,096 that never move: a directory of 512 directories
+/// of 1,024 pages, each allocated when first needed.
+pub(crate) struct Arena<T> {
+    dirs: Box<[Dir<T>]>,
+}
+
+impl<T> std::fmt::Debug for Arena<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Arena { .. }")
+    }
+}
+
+impl<T: Default> Arena<T> {
+    fn new() -> Self {
+        Arena {
+            dirs: (0..DIRS).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, i: u32) -> Option<&T> {
+        let dir = self
+            .dirs
+            .get((i >> (PAGE_BITS + DIR_BITS)) as usize)?
+            .get()?;
+        let page = dir[((i >> PAGE_BITS) & ((1 << DIR_BITS) - 1)) as usize].get()?;
+        page.get((i & ((1 << PAGE_BITS) - 1)) as usize)
+    }
+
+    /// Page `p` (items `p·4096..`), allocated if needed (the writer's access). `None` only
+    /// past the arena's 2^31 items.
+    fn ensure_page(&self, p: u32) -> Option<Arc<[T]>> {
+        let dir = self
+            .dirs
+            .get((p >> DIR_BITS) as usize)?
+            .get_or_init(|| (0..1 << DIR_BITS).map(|_| OnceLock::new()).collect());
+        let page = dir[(p & ((1 << DIR_BITS) - 1)) as usize]
+            .get_or_init(|| (0..1 << PAGE_BITS).map(|_| T::default()).collect());
+        Some(Arc::clone(page))
+    }
+}
+
+/// The writer's handles on the pages of an [`Arena`]: the same memory, indexed without the
+/// arena's once-checks (the writer is the one that allocates pages).
+struct Pages<T> {
+    pages: Vec<Arc<[T]>>,
+}
+
+impl<T> std::fmt::Debug for Pages<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pages({})", self.pages.len())
+    }
+}
+
+impl<T: Default> Pages<T> {
+    fn new() -> Self {
+        Pages { pages: Vec::new() }
+    }
+
+    #[inline]
+    fn get(&self, i: u32) -> Option<&T> {
+        self.pages
+            .get((i >> PAGE_BITS) as usize)?
+            .get((i & ((1 << PAGE_BITS) - 1)) as usize)
+    }
+
+    /// The item at `i`, its page allocated in `arena` first if needed.
+    fn ensure(&mut self, arena: &Arena<T>, i: u32) -> Option<&T> {
+        while self.pages.len() <= (i >> PAGE_BITS) as usize {
+            let page = arena.ensure_page(self.pages.len() as u32)?;
+            self.pages.push(page);
+        }
+        self.get(i)
+    }
+}
+
+/// The half of the index that lookups on other threads read: the nodes, the edges of
+/// branching nodes, and per worker slot its key and number of cached blocks.
+#[derive(Debug)]
+pub(crate) struct Live {
+    nodes: Arena<Node>,
+    ext: Arena<Ext>,
+    /// Edges out of branching nodes, (parent, key) → child; kept only once the tree is
+    /// shared (see [`Tree::share`]).
+    edges: papaya::HashMap<(NodeId, LocalBlockHash), NodeId, FxBuildHasher>,
+    /// Distinct nodes held, by slot.
+    pub(crate) cached: Arena<AtomicU64>,
+    /// (key, slot), sorted by key.
+    pub(crate) by_key: ArcSwap<Vec<(WorkerKey, u32)>>,
+    /// Slots in use or vacant: every slot is below this.
+    pub(crate) slots: AtomicU32,
+}
+
+impl Live {
+    fn new() -> Self {
+        Live {
+            nodes: Arena::new(),
+            ext: Arena::new(),
+            edges: papaya::HashMap::with_hasher(FxBuildHasher),
+            cached: Arena::new(),
+            by_key: ArcSwap::from_pointee(Vec::new()),
+            slots: AtomicU32::new(0),
+        }
+    }
+
+    #[inline]
+    fn node(&self, id: NodeId) -> &Node {
+        self.nodes.get(id).unwrap_or(&VACANT)
+    }
+
+    /// Blocks cached by the worker in `slot`.
+    #[inline]
+    pub(crate) fn cached(&self, slot: u32) -> u64 {
+        self.cached.get(slot).map_or(0, |c| c.load(Acquire))
+    }
+
+    #[inline]
+    pub(crate) fn root(&self) -> &Node {
+        self.node(ROOT)
+    }
+
+    /// Word `i` of the worker bits of `node`.
+    #[inline]
+    pub(crate) fn word(&self, node: &Node, i: usize) -> u64 {
+        if i < INLINE_WORDS {
+            return node.words[i].load(Acquire);
+        }
+        let k = i - INLINE_WORDS;
+        let mut ext = node.more.load(Acquire);
+        for _ in 0..k / EXT_WORDS {
+            match self.ext.get(ext) {
+                Some(block) => ext = block.next.load(Acquire),
+                None => return 0,
+            }
+        }
+        self.ext
+            .get(ext)
+            .map_or(0, |block| block.words[k % EXT_WORDS].load(Acquire))
+    }
+
+    /// The first `out.len()` words of the worker bits of `node`.
+    #[inline]
+    pub(crate) fn words_into(&self, node: &Node, out: &mut [u64]) {
+        for (i, word) in out.iter_mut().enumerate() {
+            *word = match node.words.get(i) {
+                Some(w) => w.load(Acquire),
+                None => self.word(node, i),
+            };
+        }
+    }
+
+    /// The child of `parent` (node `id`) keyed by `local`, as a reader on another thread
+    /// finds it.
+    #[inline]
+    pub(crate) fn child(
+        &self,
+        id: NodeId,
+        parent: &Node,
+        local: LocalBlockHash,
+        guard: &impl papaya::Guard,
+    ) -> Option<(NodeId, &Node)> {
+        let child = match parent.children.load(Acquire) {
+            NO_CHILD => return None,
+            link if link & BRANCH != 0 => *self.edges.get(&(id, local), guard)?,
+            only => only,
+        };
+        let node = self.node(child);
+        (node.local.load(Acquire) == local.0).then_some((child, node))
+    }
+
+    pub(crate) fn guard(&self) -> impl papaya::Guard + '_ {
+        self.edges.guard()
+    }
+}
+
+/// The writer's side of the tree: the [`Live`] arena plus what only the writer needs
+/// (free lists, the branching nodes' child maps).
+#[derive(Debug)]
 pub(crate) struct Tree {
-    pages: Vec<Vec<Node>>,
-    allocated: usize,
+    live: Arc<Live>,
+    nodes: Pages<Node>,
+    ext: Pages<Ext>,
+    cached: Pages<AtomicU64>,
+    /// Ids below this have been handed out (the root is id 0).
+    allocated: u32,
     free: Vec<NodeId>,
     /// Child maps of branching nodes.
     branches: Vec<FxHashMap<LocalBlockHash, NodeId>>,
     free_branches: Vec<u32>,
+    ext_allocated: u32,
+    free_ext: Vec<u32>,
+    /// Whether branching edges are mirrored into `Live::edges` for other threads.
+    shared: bool,
 }
 
 impl Default for Tree {
     fn default() -> Self {
-        let mut page = Vec::with_capacity(PAGE_SIZE);
-        page.push(Node::empty());
+        let live = Arc::new(Live::new());
+        let mut nodes = Pages::new();
+        nodes.ensure(&live.nodes, ROOT);
         Tree {
-            pages: vec![page],
+            live,
+            nodes,
+            ext: Pages::new(),
+            cached: Pages::new(),
             allocated: 1,
             free: Vec::new(),
             branches: Vec::new(),
             free_branches: Vec::new(),
+            ext_allocated: 0,
+            free_ext: Vec::new(),
+            shared: false,
         }
     }
 }
 
+/// A deep copy; the copy is not shared (its edges are not mirrored until [`Tree::share`]).
+impl Clone for Tree {
+    fn clone(&self) -> Self {
+        let mut copy = Tree::default();
+        for id in 0..self.allocated {
+            let from = self.node(id);
+            if let Some(to) = copy.nodes.ensure(&copy.live.nodes, id) {
+                to.local.store(from.local.load(Relaxed), Relaxed);
+                to.parent.store(from.parent.load(Relaxed), Relaxed);
+                to.children.store(from.children.load(Relaxed), Relaxed);
+                to.more.store(from.more.load(Relaxed), Relaxed);
+                for (t, f) in to.words.iter().zip(&from.words) {
+                    t.store(f.load(Relaxed), Relaxed);
+                }
+            }
+        }
+        for id in 0..self.ext_allocated {
+            if let (Some(from), Some(to)) = (self.ext.get(id), copy.ext.ensure(&copy.live.ext, id))
+            {
+                to.next.store(from.next.load(Relaxed), Relaxed);
+                for (t, f) in to.words.iter().zip(&from.words) {
+                    t.store(f.load(Relaxed), Relaxed);
+                }
+            }
+        }
+        let slots = self.live.slots.load(Relaxed);
+        for slot in 0..slots {
+            copy.ensure_slot(slot);
+            if let Some(to) = copy.cached.get(slot) {
+                to.store(self.cached(slot), Relaxed);
+            }
+        }
+        copy.live.slots.store(slots, Relaxed);
+        copy.live.by_key.store(self.live.by_key.load_full());
+        copy.allocated = self.allocated;
+        copy.free = self.free.clone();
+        copy.branches = self.branches.clone();
+        copy.free_branches = self.free_branches.clone();
+        copy.ext_allocated = self.ext_allocated;
+        copy.free_ext = self.free_ext.clone();
+        copy
+    }
+}
+
 impl Tree {
-    #[inline]
-    pub(crate) fn node(&self, id: NodeId) -> &Node {
-        &self.pages[(id >> PAGE_BITS) as usize][(id & PAGE_MASK) as usize]
+    pub(crate) fn live(&self) -> &Arc<Live> {
+        &self.live
+    }
+
+    /// From now on, keeps `Live::edges` complete so that other threads can walk the tree.
+    pub(crate) fn share(&mut self) {
+        if self.shared {
+            return;
+        }
+        self.shared = true;
+        let edges = self.live.edges.pin();
+        for id in 0..self.allocated {
+            let link = self.node(id).children.load(Relaxed);
+            if link != NO_CHILD && link & BRANCH != 0 {
+                for (&local, &child) in &self.branches[(link & !BRANCH) as usize] {
+                    edges.insert((id, local), child);
+                }
+            }
+        }
     }
 
     #[inline]
-    pub(crate) fn node_mut(&mut self, id: NodeId) -> &mut Node {
-        &mut self.pages[(id >> PAGE_BITS) as usize][(id & PAGE_MASK) as usize]
+    pub(crate) fn node(&self, id: NodeId) -> &Node {
+        self.nodes.get(id).unwrap_or(&VACANT)
+    }
+
+    /// Blocks cached by the worker in `slot`.
+    #[inline]
+    pub(crate) fn cached(&self, slot: u32) -> u64 {
+        self.cached.get(slot).map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// Sets the slot's cached count, for this thread and others.
+    #[inline]
+    pub(crate) fn set_cached(&self, slot: u32, count: u64) {
+        if let Some(c) = self.cached.get(slot) {
+            c.store(count, Release);
+        }
+    }
+
+    /// Makes room for the counts of slots up to `slot`.
+    pub(crate) fn ensure_slot(&mut self, slot: u32) {
+        self.cached.ensure(&self.live.cached, slot);
+    }
+
+    pub(crate) fn local(&self, id: NodeId) -> LocalBlockHash {
+        LocalBlockHash(self.node(id).local.load(Relaxed))
+    }
+
+    pub(crate) fn parent(&self, id: NodeId) -> NodeId {
+        self.node(id).parent.load(Relaxed)
+    }
+
+    pub(crate) fn has_children(&self, id: NodeId) -> bool {
+        self.node(id).children.load(Relaxed) != NO_CHILD
     }
 
     /// Number of nodes other than the root.
     pub(crate) fn len(&self) -> usize {
-        self.allocated - self.free.len() - 1
+        self.allocated as usize - self.free.len() - 1
     }
 
-    /// The child of `parent` keyed by `local`.
+    /// The child of `parent` keyed by `local` (the writer's lookup, through its own maps).
     #[inline]
     pub(crate) fn child(&self, parent: NodeId, local: LocalBlockHash) -> Option<NodeId> {
-        match self.node(parent).children {
+        match self.node(parent).children.load(Relaxed) {
             NO_CHILD => None,
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .get(&local)
                 .copied(),
-            only => (self.node(only).local == local).then_some(only),
+            only => (self.node(only).local.load(Relaxed) == local.0).then_some(only),
         }
+    }
+
+    /// [`Tree::child`] from the parent's node, with the child's node.
+    #[inline]
+    pub(crate) fn child_of(&self, parent: &Node, local: LocalBlockHash) -> Option<(NodeId, &Node)> {
+        let child = match parent.children.load(Relaxed) {
+            NO_CHILD => return None,
+            link if link & BRANCH != 0 => *self.branches[(link & !BRANCH) as usize].get(&local)?,
+            only => only,
+        };
+        let node = self.node(child);
+        (node.local.load(Relaxed) == local.0).then_some((child, node))
     }
 
     /// Every child of `parent`, with its key.
     pub(crate) fn children(&self, parent: NodeId) -> Vec<(LocalBlockHash, NodeId)> {
-        match self.node(parent).children {
+        match self.node(parent).children.load(Relaxed) {
             NO_CHILD => Vec::new(),
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .iter()
                 .map(|(&l, &n)| (l, n))
                 .collect(),
-            only => vec![(self.node(only).local, only)],
+            only => vec![(self.local(only), only)],
         }
     }
 
-    pub(crate) fn child_or_insert(&mut self, parent: NodeId, local: LocalBlockHash) -> NodeId {
+    /// The child of `parent` keyed by `local`, created if missing. `None` only when the
+    /// arena is full (2^31 nodes).
+    pub(crate) fn child_or_insert(
+        &mut self,
+        parent: NodeId,
+        local: LocalBlockHash,
+    ) -> Option<NodeId> {
         if let Some(id) = self.child(parent, local) {
-            return id;
+            return Some(id);
         }
-        let node = Node {
-            local,
-            parent,
-            children: NO_CHILD,
-            workers: WorkerBits::default(),
-        };
         let id = match self.free.pop() {
-            Some(id) => {
-                *self.node_mut(id) = node;
+            Some(id) => id,
+            None => {
+                let id = self.allocated;
+                self.nodes.ensure(&self.live.nodes, id)?;
+                self.allocated += 1;
                 id
             }
-            None => {
-                if self.pages.last().is_none_or(|p| p.len() == PAGE_SIZE) {
-                    self.pages.push(Vec::with_capacity(PAGE_SIZE));
-                }
-                if let Some(page) = self.pages.last_mut() {
-                    page.push(node);
-                }
-                self.allocated += 1;
-                (self.allocated - 1) as NodeId
-            }
         };
+        // Freed nodes were cleared; a reader may still be looking at this one under its
+        // old key, which the key written here tells apart.
+        let node = self.node(id);
+        node.local.store(local.0, Relaxed);
+        node.parent.store(parent, Relaxed);
+        node.children.store(NO_CHILD, Relaxed);
+        // Linking publishes the node (release) to readers that reach it.
         self.link(parent, local, id);
-        id
+        Some(id)
     }
 
     fn link(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
-        match self.node(parent).children {
-            NO_CHILD => self.node_mut(parent).children = child,
+        match self.node(parent).children.load(Relaxed) {
+            NO_CHILD => self.node(parent).children.store(child, Release),
             link if link & BRANCH != 0 => {
                 self.branches[(link & !BRANCH) as usize].insert(local, child);
+                if self.shared {
+                    self.live.edges.pin().insert((parent, local), child);
+                }
             }
             only => {
+                let only_local = self.local(only);
                 let mut map = FxHashMap::default();
-                map.insert(self.node(only).local, only);
+                map.insert(only_local, only);
                 map.insert(local, child);
+                if self.shared {
+                    // Both edges before the flag, so a reader that sees the flag finds them.
+                    let edges = self.live.edges.pin();
+                    edges.insert((parent, only_local), only);
+                    edges.insert((parent, local), child);
+                }
                 let index = match self.free_branches.pop() {
                     Some(i) => {
                         self.branches[i as usize] = map;
@@ -165,77 +524,325 @@ impl Tree {
                         (self.branches.len() - 1) as u32
                     }
                 };
-                self.node_mut(parent).children = index | BRANCH;
+                self.node(parent).children.store(index | BRANCH, Release);
             }
         }
     }
 
     fn unlink(&mut self, parent: NodeId, local: LocalBlockHash) {
-        let link = self.node(parent).children;
+        let link = self.node(parent).children.load(Relaxed);
         if link == NO_CHILD {
             return;
         }
         if link & BRANCH == 0 {
-            if self.node(link).local == local {
-                self.node_mut(parent).children = NO_CHILD;
+            if self.local(link) == local {
+                self.node(parent).children.store(NO_CHILD, Release);
             }
             return;
         }
         let index = link & !BRANCH;
         let map = &mut self.branches[index as usize];
         map.remove(&local);
+        if self.shared {
+            self.live.edges.pin().remove(&(parent, local));
+        }
         // Back to a single link when one child is left; the map's memory is released.
         if map.len() <= 1 {
-            let remaining = map.values().next().copied().unwrap_or(NO_CHILD);
+            let remaining = map.iter().next().map(|(&l, &n)| (l, n));
             self.branches[index as usize] = FxHashMap::default();
             self.free_branches.push(index);
-            self.node_mut(parent).children = remaining;
+            let link = remaining.map_or(NO_CHILD, |(_, n)| n);
+            self.node(parent).children.store(link, Release);
+            if self.shared
+                && let Some((l, _)) = remaining
+            {
+                self.live.edges.pin().remove(&(parent, l));
+            }
         }
+    }
+
+    /// Whether the worker in `slot` holds `node`.
+    pub(crate) fn holds(&self, node: NodeId, slot: u32) -> bool {
+        let (i, bit) = split(slot);
+        let node = self.node(node);
+        if i < INLINE_WORDS {
+            return node.words[i].load(Relaxed) & bit != 0;
+        }
+        self.live.word(node, i) & bit != 0
+    }
+
+    /// Whether no worker holds `node`.
+    pub(crate) fn is_unheld(&self, node: NodeId) -> bool {
+        let n = self.node(node);
+        if n.words.iter().any(|w| w.load(Relaxed) != 0) {
+            return false;
+        }
+        let mut ext = n.more.load(Relaxed);
+        while let Some(block) = self.ext.get(ext) {
+            if block.words.iter().any(|w| w.load(Relaxed) != 0) {
+                return false;
+            }
+            ext = block.next.load(Relaxed);
+        }
+        true
+    }
+
+    /// The slots of the workers holding `node`, lowest first.
+    pub(crate) fn holders(&self, node: NodeId) -> Vec<u32> {
+        let n = self.node(node);
+        let mut words: Vec<u64> = n.words.iter().map(|w| w.load(Relaxed)).collect();
+        let mut ext = n.more.load(Relaxed);
+        while let Some(block) = self.ext.get(ext) {
+            words.extend(block.words.iter().map(|w| w.load(Relaxed)));
+            ext = block.next.load(Relaxed);
+        }
+        words
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &w)| Ones(w).map(move |b| i as u32 * 64 + b))
+            .collect()
+    }
+
+    /// Marks `node` held by `slot`; returns whether it was not already.
+    pub(crate) fn hold(&mut self, node: NodeId, slot: u32) -> bool {
+        let (i, bit) = split(slot);
+        let cell = if i < INLINE_WORDS {
+            Some(&self.node(node).words[i])
+        } else {
+            self.word_cell(node, i)
+        };
+        let Some(cell) = cell else {
+            return false;
+        };
+        let old = cell.load(Relaxed);
+        if old & bit != 0 {
+            return false;
+        }
+        cell.store(old | bit, Release);
+        true
+    }
+
+    /// Marks `node` no longer held by `slot`; returns whether it was.
+    pub(crate) fn unhold(&mut self, node: NodeId, slot: u32) -> bool {
+        let (i, bit) = split(slot);
+        let cell = if i < INLINE_WORDS {
+            Some(&self.node(node).words[i])
+        } else if self.holds(node, slot) {
+            self.word_cell(node, i)
+        } else {
+            None
+        };
+        let Some(cell) = cell else {
+            return false;
+        };
+        let old = cell.load(Relaxed);
+        if old & bit == 0 {
+            return false;
+        }
+        cell.store(old & !bit, Release);
+        true
+    }
+
+    /// The word `i` of `node`'s worker bits, adding extension blocks to reach it.
+    fn word_cell(&mut self, node: NodeId, i: usize) -> Option<&AtomicU64> {
+        let Tree {
+            live,
+            nodes,
+            ext,
+            ext_allocated,
+            free_ext,
+            ..
+        } = self;
+        let node = nodes.get(node)?;
+        if i < INLINE_WORDS {
+            return Some(&node.words[i]);
+        }
+        let k = i - INLINE_WORDS;
+        // Follows the chain, extending it where it ends. A new block's id is linked before
+        // its page may exist: a reader finds no block there and reads zero bits.
+        let mut id = node.more.load(Relaxed);
+        if id == NO_EXT {
+            id = free_ext.pop().unwrap_or(*ext_allocated);
+            node.more.store(id, Release);
+        }
+        for _ in 0..k / EXT_WORDS {
+            if id == *ext_allocated {
+                ext.ensure(&live.ext, id)?;
+                *ext_allocated += 1;
+            }
+            let block = ext.get(id)?;
+            let mut next = block.next.load(Relaxed);
+            if next == NO_EXT {
+                next = free_ext.pop().unwrap_or(*ext_allocated);
+                block.next.store(next, Release);
+            }
+            id = next;
+        }
+        if id == *ext_allocated {
+            ext.ensure(&live.ext, id)?;
+            *ext_allocated += 1;
+        }
+        ext.get(id).map(|block| &block.words[k % EXT_WORDS])
     }
 
     /// Frees `id` and then its ancestors while they hold no worker and have no child.
     pub(crate) fn prune(&mut self, mut id: NodeId) {
         while id != ROOT {
             let node = self.node(id);
-            if !node.workers.is_empty() || node.has_children() {
+            if node.children.load(Relaxed) != NO_CHILD
+                || node.words.iter().any(|w| w.load(Relaxed) != 0)
+                || (node.more.load(Relaxed) != NO_EXT && !self.is_unheld(id))
+            {
                 return;
             }
-            let (parent, local) = (node.parent, node.local);
-            self.unlink(parent, local);
-            *self.node_mut(id) = Node::empty();
-            self.free.push(id);
+            let (parent, local) = (node.parent.load(Relaxed), node.local.load(Relaxed));
+            self.unlink(parent, LocalBlockHash(local));
+            self.free_node(id);
             id = parent;
         }
     }
+
+    fn free_node(&mut self, id: NodeId) {
+        let node = self.node(id);
+        node.local.store(0, Relaxed);
+        node.parent.store(ROOT, Relaxed);
+        node.children.store(NO_CHILD, Relaxed);
+        for w in &node.words {
+            w.store(0, Relaxed);
+        }
+        let mut ext = node.more.load(Relaxed);
+        node.more.store(NO_EXT, Relaxed);
+        while let Some(block) = self.ext.get(ext) {
+            for w in &block.words {
+                w.store(0, Relaxed);
+            }
+            self.free_ext.push(ext);
+            ext = block.next.load(Relaxed);
+            block.next.store(NO_EXT, Relaxed);
+        }
+        self.free.push(id);
+    }
+}
+
+fn split(slot: u32) -> (usize, u64) {
+    ((slot / 64) as usize, 1u64 << (slot % 64))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn a_node_is_one_cache_line() {
         assert_eq!(std::mem::size_of::<Node>(), 64);
         assert_eq!(std::mem::align_of::<Node>(), 64);
+        assert_eq!(std::mem::size_of::<Ext>(), 64);
+    }
+
+    #[test]
+    fn arena_pages_are_allocated_on_first_use_and_never_move() {
+        let arena: Arena<AtomicU64> = Arena::new();
+        let mut pages = Pages::new();
+        assert!(arena.get(0).is_none());
+        let first = pages.ensure(&arena, 5000).map(|c| c as *const AtomicU64);
+        assert_eq!(arena.get(5000).map(|c| c as *const AtomicU64), first);
+        assert!(
+            arena.get(1 << 13).is_none(),
+            "the next page is not there yet"
+        );
+        pages.ensure(&arena, 1 << 22);
+        assert_eq!(arena.get(5000).map(|c| c as *const AtomicU64), first);
+        assert!(arena.get(1 << 22).is_some());
+        assert!(arena.get(u32::MAX).is_none());
+        assert!(arena.ensure_page(1 << 19).is_none(), "past the last id");
     }
 
     #[test]
     fn links_grow_into_branches_and_shrink_back() {
-        let mut tree = Tree::default();
-        let l = |i| LocalBlockHash(i);
-        let a = tree.child_or_insert(ROOT, l(1));
-        let b = tree.child_or_insert(ROOT, l(2));
-        let c = tree.child_or_insert(ROOT, l(3));
-        assert_eq!(tree.child(ROOT, l(2)), Some(b));
-        assert_eq!(tree.children(ROOT).len(), 3);
-        tree.prune(b);
-        tree.prune(c);
-        assert_eq!(tree.child(ROOT, l(1)), Some(a));
-        assert_eq!(tree.child(ROOT, l(3)), None);
-        assert_eq!(tree.children(ROOT), vec![(l(1), a)]);
-        assert_eq!(tree.free_branches.len(), 1);
-        tree.prune(a);
-        assert!(!tree.node(ROOT).has_children());
-        assert_eq!(tree.len(), 0);
+        for shared in [false, true] {
+            let mut tree = Tree::default();
+            if shared {
+                tree.share();
+            }
+            let l = |i| LocalBlockHash(i);
+            let ids: Vec<_> = (1..=3)
+                .map(|i| tree.child_or_insert(ROOT, l(i)).unwrap())
+                .collect();
+            let (a, b, c) = (ids[0], ids[1], ids[2]);
+            for id in [a, b, c] {
+                tree.hold(id, 0);
+            }
+            let live = Arc::clone(tree.live());
+            let guard = live.guard();
+            assert_eq!(tree.child(ROOT, l(2)), Some(b));
+            assert_eq!(
+                live.child(ROOT, live.root(), l(2), &guard).map(|c| c.0),
+                shared.then_some(b)
+            );
+            assert_eq!(tree.children(ROOT).len(), 3);
+            for id in [b, c] {
+                tree.unhold(id, 0);
+                tree.prune(id);
+            }
+            assert_eq!(tree.child(ROOT, l(1)), Some(a));
+            assert_eq!(
+                live.child(ROOT, live.root(), l(1), &guard).map(|c| c.0),
+                Some(a),
+                "a single link again"
+            );
+            assert_eq!(tree.child(ROOT, l(3)), None);
+            assert_eq!(
+                live.child(ROOT, live.root(), l(3), &guard).map(|c| c.0),
+                None
+            );
+            assert_eq!(tree.children(ROOT), vec![(l(1), a)]);
+            assert_eq!(tree.free_branches.len(), 1);
+            assert_eq!(live.edges.len(), 0, "no edge is left behind");
+            tree.unhold(a, 0);
+            tree.prune(a);
+            assert!(!tree.has_children(ROOT));
+            assert_eq!(tree.len(), 0);
+        }
+    }
+
+    proptest! {
+        /// Worker bits, inline and in extension blocks, behave like a set per node, and
+        /// freeing a node clears them for its next use.
+        #[test]
+        fn worker_bits_behave_like_sets(
+            ops in proptest::collection::vec((0u8..3, 0u32..2, 0u32..900), 0..300)
+        ) {
+            let mut tree = Tree::default();
+            let mut nodes: Vec<NodeId> = (0..2u64)
+                .map(|i| tree.child_or_insert(ROOT, LocalBlockHash(i + 1)).unwrap())
+                .collect();
+            let mut model = [BTreeSet::new(), BTreeSet::new()];
+            for (op, n, slot) in ops {
+                let (node, set) = (nodes[n as usize], &mut model[n as usize]);
+                match op {
+                    0 => prop_assert_eq!(tree.hold(node, slot), set.insert(slot)),
+                    1 => prop_assert_eq!(tree.unhold(node, slot), set.remove(&slot)),
+                    _ => {
+                        // Free the node and make a fresh one in its place.
+                        for s in std::mem::take(set) {
+                            tree.unhold(node, s);
+                        }
+                        tree.prune(node);
+                        let fresh = tree.child_or_insert(ROOT, LocalBlockHash(u64::from(n) + 1)).unwrap();
+                        prop_assert!(tree.is_unheld(fresh));
+                        nodes[n as usize] = fresh;
+                    }
+                }
+                let node = nodes[n as usize];
+                let set = &model[n as usize];
+                prop_assert_eq!(tree.is_unheld(node), set.is_empty());
+                prop_assert_eq!(tree.holders(node), set.iter().copied().collect::<Vec<_>>());
+                for s in [slot, slot ^ 1, slot + 64] {
+                    prop_assert_eq!(tree.holds(node, s), set.contains(&s));
+                }
+            }
+        }
     }
 }
