@@ -64,12 +64,12 @@ struct Args {
     /// sharing the index at rising offered rates of the mixed replay's operations.
     #[arg(long)]
     sweep: bool,
-    /// Candidates for `--sweep`, comma-separated (shared, shared-channel, mutex, rwlock,
-    /// sharded-mutex).
+    /// Candidates for `--sweep`, comma-separated (shared, shared-channel, left-right, mutex,
+    /// mutex-chunked, rwlock, sharded-mutex).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "shared,shared-channel,mutex"
+        default_value = "shared,left-right,mutex"
     )]
     candidates: Vec<String>,
     /// Event-publishing threads in the sweep (each owns a share of the workers).
