@@ -66,11 +66,7 @@ struct Args {
     sweep: bool,
     /// Candidates for `--sweep`, comma-separated (shared, shared-channel, left-right, mutex,
     /// mutex-chunked, rwlock, sharded-mutex).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "shared,left-right,mutex"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "shared,left-right,mutex")]
     candidates: Vec<String>,
     /// Event-publishing threads in the sweep (each owns a share of the workers).
     #[arg(long, default_value_t = 2)]

@@ -439,6 +439,7 @@ impl Indexer {
                 stack.push(child);
             }
         }
+        self.tree.check_edges()?;
         if seen != self.tree.len() {
             return Err(format!(
                 "{seen} nodes reachable but {} allocated",

@@ -271,8 +271,10 @@ impl Live {
             link if link & BRANCH != 0 => *self.edges.get(&(id, local), guard)?,
             only => only,
         };
+        // A node freed and reused meanwhile is told apart by its key and its parent.
         let node = self.node(child);
-        (node.local.load(Acquire) == local.0).then_some((child, node))
+        (node.local.load(Acquire) == local.0 && node.parent.load(Acquire) == id)
+            .then_some((child, node))
     }
 
     pub(crate) fn guard(&self) -> impl papaya::Guard + '_ {
@@ -392,6 +394,34 @@ impl Tree {
         self.nodes.get(id).unwrap_or(&VACANT)
     }
 
+    /// Once shared, the readers' edges are exactly the branching nodes' children.
+    pub(crate) fn check_edges(&self) -> Result<(), String> {
+        if !self.shared {
+            return Ok(());
+        }
+        let edges = self.live.edges.pin();
+        let mut count = 0;
+        for id in 0..self.allocated {
+            let link = self.node(id).children.load(Relaxed);
+            if link == NO_CHILD || link & BRANCH == 0 {
+                continue;
+            }
+            for (&local, &child) in &self.branches[(link & !BRANCH) as usize] {
+                if edges.get(&(id, local)) != Some(&child) {
+                    return Err(format!("edge {id} -> {child} ({local:?}) is not mirrored"));
+                }
+                count += 1;
+            }
+        }
+        if edges.len() != count {
+            return Err(format!(
+                "{} mirrored edges for {count} branching children",
+                edges.len()
+            ));
+        }
+        Ok(())
+    }
+
     /// Blocks cached by the worker in `slot`.
     #[inline]
     pub(crate) fn cached(&self, slot: u32) -> u64 {
@@ -486,9 +516,9 @@ impl Tree {
         // Freed nodes were cleared; a reader may still be looking at this one under its
         // old key, which the key written here tells apart.
         let node = self.node(id);
-        node.local.store(local.0, Relaxed);
-        node.parent.store(parent, Relaxed);
         node.children.store(NO_CHILD, Relaxed);
+        node.parent.store(parent, Relaxed);
+        node.local.store(local.0, Release);
         // Linking publishes the node (release) to readers that reach it.
         self.link(parent, local, id);
         Some(id)
@@ -658,29 +688,28 @@ impl Tree {
             return Some(&node.words[i]);
         }
         let k = i - INLINE_WORDS;
-        // Follows the chain, extending it where it ends. A new block's id is linked before
-        // its page may exist: a reader finds no block there and reads zero bits.
+        // Follows the chain, extending it where it ends. A block is allocated (its page
+        // exists, its bits are clear) before it is linked.
+        let mut alloc = |ext: &mut Pages<Ext>| -> Option<u32> {
+            if let Some(id) = free_ext.pop() {
+                return Some(id);
+            }
+            ext.ensure(&live.ext, *ext_allocated)?;
+            *ext_allocated += 1;
+            Some(*ext_allocated - 1)
+        };
         let mut id = node.more.load(Relaxed);
         if id == NO_EXT {
-            id = free_ext.pop().unwrap_or(*ext_allocated);
+            id = alloc(ext)?;
             node.more.store(id, Release);
         }
         for _ in 0..k / EXT_WORDS {
-            if id == *ext_allocated {
-                ext.ensure(&live.ext, id)?;
-                *ext_allocated += 1;
-            }
-            let block = ext.get(id)?;
-            let mut next = block.next.load(Relaxed);
+            let mut next = ext.get(id)?.next.load(Relaxed);
             if next == NO_EXT {
-                next = free_ext.pop().unwrap_or(*ext_allocated);
-                block.next.store(next, Release);
+                next = alloc(ext)?;
+                ext.get(id)?.next.store(next, Release);
             }
             id = next;
-        }
-        if id == *ext_allocated {
-            ext.ensure(&live.ext, id)?;
-            *ext_allocated += 1;
         }
         ext.get(id).map(|block| &block.words[k % EXT_WORDS])
     }
@@ -835,6 +864,9 @@ mod tests {
                         nodes[n as usize] = fresh;
                     }
                 }
+                // Freed extension blocks are reused: two nodes never need more than two
+                // blocks each for slots below 900.
+                prop_assert!(tree.ext_allocated <= 4, "{} blocks", tree.ext_allocated);
                 let node = nodes[n as usize];
                 let set = &model[n as usize];
                 prop_assert_eq!(tree.is_unheld(node), set.is_empty());
