@@ -186,7 +186,7 @@ impl Indexer {
     pub fn worker_block_count(&self) -> u64 {
         self.by_key
             .iter()
-            .map(|&(_, slot)| self.cached_by_slot(slot))
+            .map(|&(_, slot)| self.cached[slot as usize])
             .sum()
     }
 
@@ -197,7 +197,7 @@ impl Indexer {
 
     /// Blocks cached by `worker` (0 when unknown).
     pub fn cached_blocks(&self, worker: WorkerKey) -> u64 {
-        self.slot(worker).map_or(0, |s| self.cached_by_slot(s))
+        self.slot(worker).map_or(0, |s| self.cached[s as usize])
     }
 
     /// The sequence hashes `worker` holds, in no particular order.
@@ -244,11 +244,6 @@ impl Indexer {
     }
 
     fn apply_data(&mut self, slot: u32, data: &KvEventData) {
-        self.apply_data_unpublished(slot, data);
-        self.tree.set_cached(slot, self.cached[slot as usize]);
-    }
-
-    fn apply_data_unpublished(&mut self, slot: u32, data: &KvEventData) {
         self.stats.events_applied += 1;
         match data {
             KvEventData::Stored { parent, blocks } => self.store(slot, *parent, blocks),
@@ -273,6 +268,7 @@ impl Indexer {
                 self.clear_slot(slot);
             }
         }
+        self.tree.set_cached(slot, self.cached[slot as usize]);
     }
 
     fn store(&mut self, slot: u32, parent: Option<SequenceHash>, blocks: &[StoredBlock]) {
@@ -379,16 +375,14 @@ impl Indexer {
 
     /// [`Indexer::find_matches`] into a caller's buffers, to reuse their allocations.
     pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        let live = self.tree.live();
-        let by_key = &self.by_key;
         collect_matches(
-            live,
+            self.tree.live(),
             self.tree.node(ROOT),
             query,
             self.workers.len(),
-            by_key,
+            &self.by_key,
             |_, parent, local| self.tree.child_of(parent, local),
-            |slot| self.cached_by_slot(slot),
+            |slot| self.cached[slot as usize],
             out,
         );
     }
@@ -398,10 +392,6 @@ impl Indexer {
     pub(crate) fn share(&mut self) -> Arc<Live> {
         self.tree.share();
         Arc::clone(self.tree.live())
-    }
-
-    fn cached_by_slot(&self, slot: u32) -> u64 {
-        self.cached[slot as usize]
     }
 
     /// Publishes the worker list to lookups on other threads.
@@ -469,10 +459,10 @@ impl Indexer {
             if state.extra_refs.keys().any(|n| !refs.contains_key(n)) {
                 return Err(format!("{key} has extra refs to a node it does not map"));
             }
-            if self.cached_by_slot(slot) != refs.len() as u64 {
+            if self.cached[slot as usize] != refs.len() as u64 {
                 return Err(format!(
                     "{key} counts {} cached but holds {}",
-                    self.cached_by_slot(slot),
+                    self.cached[slot as usize],
                     refs.len()
                 ));
             }

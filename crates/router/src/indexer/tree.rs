@@ -458,7 +458,8 @@ impl Tree {
         self.allocated as usize - self.free.len() - 1
     }
 
-    /// The child of `parent` keyed by `local` (the writer's lookup, through its own maps).
+    /// The child of `parent` keyed by `local` (the writer's lookup, through its own maps;
+    /// a branching node's child is found without reading the child).
     #[inline]
     pub(crate) fn child(&self, parent: NodeId, local: LocalBlockHash) -> Option<NodeId> {
         match self.node(parent).children.load(Relaxed) {
@@ -601,47 +602,35 @@ impl Tree {
         self.live.word(node, i) & bit != 0
     }
 
+    /// The words of `node`'s worker bits: inline, then along its extension chain.
+    fn bit_words(&self, node: NodeId) -> impl Iterator<Item = u64> + '_ {
+        let n = self.node(node);
+        let chain = std::iter::successors(self.ext.get(n.more.load(Relaxed)), |block| {
+            self.ext.get(block.next.load(Relaxed))
+        });
+        n.words
+            .iter()
+            .chain(chain.flat_map(|block| block.words.iter()))
+            .map(|w| w.load(Relaxed))
+    }
+
     /// Whether no worker holds `node`.
     pub(crate) fn is_unheld(&self, node: NodeId) -> bool {
-        let n = self.node(node);
-        if n.words.iter().any(|w| w.load(Relaxed) != 0) {
-            return false;
-        }
-        let mut ext = n.more.load(Relaxed);
-        while let Some(block) = self.ext.get(ext) {
-            if block.words.iter().any(|w| w.load(Relaxed) != 0) {
-                return false;
-            }
-            ext = block.next.load(Relaxed);
-        }
-        true
+        self.bit_words(node).all(|w| w == 0)
     }
 
     /// The slots of the workers holding `node`, lowest first.
     pub(crate) fn holders(&self, node: NodeId) -> Vec<u32> {
-        let n = self.node(node);
-        let mut words: Vec<u64> = n.words.iter().map(|w| w.load(Relaxed)).collect();
-        let mut ext = n.more.load(Relaxed);
-        while let Some(block) = self.ext.get(ext) {
-            words.extend(block.words.iter().map(|w| w.load(Relaxed)));
-            ext = block.next.load(Relaxed);
-        }
-        words
-            .iter()
+        self.bit_words(node)
             .enumerate()
-            .flat_map(|(i, &w)| Ones(w).map(move |b| i as u32 * 64 + b))
+            .flat_map(|(i, w)| Ones(w).map(move |b| i as u32 * 64 + b))
             .collect()
     }
 
     /// Marks `node` held by `slot`; returns whether it was not already.
     pub(crate) fn hold(&mut self, node: NodeId, slot: u32) -> bool {
         let (i, bit) = split(slot);
-        let cell = if i < INLINE_WORDS {
-            Some(&self.node(node).words[i])
-        } else {
-            self.word_cell(node, i)
-        };
-        let Some(cell) = cell else {
+        let Some(cell) = self.word_cell(node, i) else {
             return false;
         };
         let old = cell.load(Relaxed);
@@ -655,14 +644,11 @@ impl Tree {
     /// Marks `node` no longer held by `slot`; returns whether it was.
     pub(crate) fn unhold(&mut self, node: NodeId, slot: u32) -> bool {
         let (i, bit) = split(slot);
-        let cell = if i < INLINE_WORDS {
-            Some(&self.node(node).words[i])
-        } else if self.holds(node, slot) {
-            self.word_cell(node, i)
-        } else {
-            None
-        };
-        let Some(cell) = cell else {
+        // Past the inline words, only a held bit has its extension block to clear.
+        if i >= INLINE_WORDS && !self.holds(node, slot) {
+            return false;
+        }
+        let Some(cell) = self.word_cell(node, i) else {
             return false;
         };
         let old = cell.load(Relaxed);
