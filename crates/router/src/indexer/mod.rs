@@ -382,6 +382,8 @@ impl Indexer {
             self.workers.len(),
             &self.by_key,
             |_, parent, local| self.tree.child_of(parent, local),
+            |id, rest| tree::chain_run(|p| self.tree.key_page(p), id, rest),
+            |id| self.tree.node(id),
             |slot| self.cached[slot as usize],
             out,
         );
@@ -421,6 +423,9 @@ impl Indexer {
                 }
                 if self.tree.is_unheld(child) && !self.tree.has_children(child) {
                     return Err(format!("node {child} is empty but still in the tree"));
+                }
+                if self.tree.same_as_parent(child) != self.tree.should_be_same_as_parent(child) {
+                    return Err(format!("node {child} has a stale same-as-parent mark"));
                 }
                 for slot in self.tree.holders(child) {
                     held.insert((slot, child), 0);
@@ -531,6 +536,8 @@ fn collect_matches<'a>(
     slots: usize,
     by_key: &[(WorkerKey, u32)],
     child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
+    run: impl Fn(NodeId, &[LocalBlockHash]) -> usize,
+    node_of: impl Fn(NodeId) -> &'a Node,
     cached: impl Fn(u32) -> u64,
     out: &mut OverlapScores,
 ) {
@@ -542,6 +549,8 @@ fn collect_matches<'a>(
         query,
         slots.div_ceil(64),
         child,
+        run,
+        node_of,
         |slot, depth| {
             if let Some(d) = depth_by_slot.get_mut(slot) {
                 *d = depth;
@@ -562,20 +571,24 @@ fn collect_matches<'a>(
 
 /// The match walk: follows `query` down the tree, narrowing the set of workers that hold
 /// every block so far; a worker leaving the set at depth `d` matched `d` blocks. Reports
-/// each worker with a match of at least one block.
+/// each worker with a match of at least one block. Along a chain of nodes held by the same
+/// workers (`run`: the blocks it takes after a node, by keys alone) the set cannot change.
+#[allow(clippy::too_many_arguments)]
 fn match_walk<'a>(
     live: &'a Live,
     root: &'a Node,
     query: &[LocalBlockHash],
     words: usize,
     child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
+    run: impl Fn(NodeId, &[LocalBlockHash]) -> usize,
+    node_of: impl Fn(NodeId) -> &'a Node,
     mut report: impl FnMut(usize, u32),
 ) {
     let mut node = (ROOT, root);
     let mut active: smallvec::SmallVec<[u64; tree::INLINE_WORDS]> = smallvec::smallvec![0; words];
     let mut held = active.clone();
-    let mut depth = 0u32;
-    for &local in query {
+    let mut depth = 0usize;
+    while let Some(&local) = query.get(depth) {
         let Some(next) = child(node.0, node.1, local) else {
             break;
         };
@@ -587,7 +600,7 @@ fn match_walk<'a>(
             for (i, (word, &held)) in active.iter_mut().zip(&held).enumerate() {
                 let keep = *word & held;
                 for bit in Ones(*word & !keep) {
-                    report(i * 64 + bit as usize, depth);
+                    report(i * 64 + bit as usize, depth as u32);
                 }
                 *word = keep;
                 any |= keep;
@@ -598,10 +611,16 @@ fn match_walk<'a>(
         }
         depth += 1;
         node = next;
+        let taken = run(next.0, &query[depth..]);
+        if taken > 0 {
+            depth += taken;
+            let id = next.0 + taken as NodeId;
+            node = (id, node_of(id));
+        }
     }
     for (i, &word) in active.iter().enumerate() {
         for bit in Ones(word) {
-            report(i * 64 + bit as usize, depth);
+            report(i * 64 + bit as usize, depth as u32);
         }
     }
 }
@@ -620,6 +639,8 @@ impl Live {
             slots,
             &by_key,
             |id, parent, local| self.child(id, parent, local, &guard),
+            |id, rest| tree::chain_run(|p| self.key_page(p), id, rest),
+            |id| self.node(id),
             |slot| self.cached(slot),
             out,
         );

@@ -15,7 +15,11 @@
 //! slightly wrong overlap for that one lookup (as it would from an event that arrived a
 //! moment later), never undefined behaviour or a panic.
 //!
-//! A node fills exactly one cache line. Most nodes have zero or one child (the unique tail
+//! A node's key and parent (16 bytes) are kept apart from its child link and worker bits
+//! (48 bytes). A chain stored by one event gets consecutive ids, and as long as its nodes
+//! are held by the same workers each is marked so (`SAME_AS_PARENT`); the match walk then
+//! runs along it comparing keys, four to a cache line, without reading worker bits or child
+//! links (see [`chain_run`]). Most nodes have zero or one child (the unique tail
 //! of a prompt), so the child link is one `u32`: no child, the one child's id, or a flag
 //! saying the node branches. The writer keeps each branching node's children in a map of its
 //! own; once the tree is shared, it also mirrors those edges into one concurrent map
@@ -46,25 +50,22 @@ pub(crate) const INLINE_WORDS: usize = 5;
 /// Words per extension block.
 const EXT_WORDS: usize = 7;
 
+/// The worker bits and child link of a node. Its key and parent are in a [`Key`] of the
+/// same id, kept apart so that the match walk can run along a chain reading keys alone.
 #[derive(Debug)]
-#[repr(align(64))]
 pub(crate) struct Node {
-    local: AtomicU64,
-    parent: AtomicU32,
     children: AtomicU32,
-    words: [AtomicU64; INLINE_WORDS],
     /// The first extension block of worker bits, or `NO_EXT`.
     more: AtomicU32,
+    words: [AtomicU64; INLINE_WORDS],
 }
 
 impl Node {
     const fn empty() -> Self {
         Node {
-            local: AtomicU64::new(0),
-            parent: AtomicU32::new(ROOT),
             children: AtomicU32::new(NO_CHILD),
-            words: [const { AtomicU64::new(0) }; INLINE_WORDS],
             more: AtomicU32::new(NO_EXT),
+            words: [const { AtomicU64::new(0) }; INLINE_WORDS],
         }
     }
 }
@@ -75,8 +76,32 @@ impl Default for Node {
     }
 }
 
+/// `Key::link` bit: the node is its parent's only child and is held by exactly the workers
+/// that hold its parent, so the match walk steps into it without intersecting worker sets.
+const SAME_AS_PARENT: u64 = 1 << 32;
+
+/// A node's key and parent: 16 bytes, so that the keys of a chain stored in one event lie
+/// four to a cache line.
+#[derive(Debug, Default)]
+#[repr(align(16))]
+pub(crate) struct Key {
+    local: AtomicU64,
+    /// The parent's id in the low 32 bits, and `SAME_AS_PARENT`.
+    link: AtomicU64,
+}
+
+impl Key {
+    const fn empty() -> Self {
+        Key {
+            local: AtomicU64::new(0),
+            link: AtomicU64::new(ROOT as u64),
+        }
+    }
+}
+
 /// What a lookup reads for an id it cannot resolve (never happens for the writer).
 static VACANT: Node = Node::empty();
+static VACANT_KEY: Key = Key::empty();
 
 /// More worker bits of a node, for slots past the inline ones.
 #[derive(Debug)]
@@ -134,6 +159,15 @@ impl<T: Default> Arena<T> {
         page.get((i & ((1 << PAGE_BITS) - 1)) as usize)
     }
 
+    /// Page `p` (items `p·4096..`), if allocated.
+    #[inline]
+    pub(crate) fn page(&self, p: u32) -> Option<&[T]> {
+        let dir = self.dirs.get((p >> DIR_BITS) as usize)?.get()?;
+        dir.get((p & ((1 << DIR_BITS) - 1)) as usize)?
+            .get()
+            .map(|page| &page[..])
+    }
+
     /// Page `p` (items `p·4096..`), allocated if needed (the writer's access). `None` only
     /// past the arena's 2^31 items.
     fn ensure_page(&self, p: u32) -> Option<Arc<[T]>> {
@@ -171,6 +205,11 @@ impl<T: Default> Pages<T> {
             .get((i & ((1 << PAGE_BITS) - 1)) as usize)
     }
 
+    #[inline]
+    fn page(&self, p: u32) -> Option<&[T]> {
+        self.pages.get(p as usize).map(|page| &page[..])
+    }
+
     /// The item at `i`, its page allocated in `arena` first if needed.
     fn ensure(&mut self, arena: &Arena<T>, i: u32) -> Option<&T> {
         while self.pages.len() <= (i >> PAGE_BITS) as usize {
@@ -186,6 +225,7 @@ impl<T: Default> Pages<T> {
 #[derive(Debug)]
 pub(crate) struct Live {
     nodes: Arena<Node>,
+    keys: Arena<Key>,
     ext: Arena<Ext>,
     /// Edges out of branching nodes, (parent, key) → child; kept only once the tree is
     /// shared (see [`Tree::share`]).
@@ -202,6 +242,7 @@ impl Live {
     fn new() -> Self {
         Live {
             nodes: Arena::new(),
+            keys: Arena::new(),
             ext: Arena::new(),
             edges: papaya::HashMap::with_hasher(FxBuildHasher),
             cached: Arena::new(),
@@ -211,8 +252,19 @@ impl Live {
     }
 
     #[inline]
-    fn node(&self, id: NodeId) -> &Node {
+    pub(crate) fn node(&self, id: NodeId) -> &Node {
         self.nodes.get(id).unwrap_or(&VACANT)
+    }
+
+    #[inline]
+    fn key(&self, id: NodeId) -> &Key {
+        self.keys.get(id).unwrap_or(&VACANT_KEY)
+    }
+
+    /// The page of keys holding ids `p·4096..`, if allocated.
+    #[inline]
+    pub(crate) fn key_page(&self, p: u32) -> Option<&[Key]> {
+        self.keys.page(p)
     }
 
     /// Blocks cached by the worker in `slot`.
@@ -272,9 +324,9 @@ impl Live {
             only => only,
         };
         // A node freed and reused meanwhile is told apart by its key and its parent.
-        let node = self.node(child);
-        (node.local.load(Acquire) == local.0 && node.parent.load(Acquire) == id)
-            .then_some((child, node))
+        let key = self.key(child);
+        (key.local.load(Acquire) == local.0 && key.link.load(Acquire) as u32 == id)
+            .then(|| (child, self.node(child)))
     }
 
     pub(crate) fn guard(&self) -> impl papaya::Guard + '_ {
@@ -288,6 +340,7 @@ impl Live {
 pub(crate) struct Tree {
     live: Arc<Live>,
     nodes: Pages<Node>,
+    keys: Pages<Key>,
     ext: Pages<Ext>,
     cached: Pages<AtomicU64>,
     /// Ids below this have been handed out (the root is id 0).
@@ -307,9 +360,12 @@ impl Default for Tree {
         let live = Arc::new(Live::new());
         let mut nodes = Pages::new();
         nodes.ensure(&live.nodes, ROOT);
+        let mut keys = Pages::new();
+        keys.ensure(&live.keys, ROOT);
         Tree {
             live,
             nodes,
+            keys,
             ext: Pages::new(),
             cached: Pages::new(),
             allocated: 1,
@@ -329,9 +385,12 @@ impl Clone for Tree {
         let mut copy = Tree::default();
         for id in 0..self.allocated {
             let from = self.node(id);
+            let key = self.key(id);
+            if let Some(to) = copy.keys.ensure(&copy.live.keys, id) {
+                to.local.store(key.local.load(Relaxed), Relaxed);
+                to.link.store(key.link.load(Relaxed), Relaxed);
+            }
             if let Some(to) = copy.nodes.ensure(&copy.live.nodes, id) {
-                to.local.store(from.local.load(Relaxed), Relaxed);
-                to.parent.store(from.parent.load(Relaxed), Relaxed);
                 to.children.store(from.children.load(Relaxed), Relaxed);
                 to.more.store(from.more.load(Relaxed), Relaxed);
                 for (t, f) in to.words.iter().zip(&from.words) {
@@ -394,6 +453,17 @@ impl Tree {
         self.nodes.get(id).unwrap_or(&VACANT)
     }
 
+    #[inline]
+    fn key(&self, id: NodeId) -> &Key {
+        self.keys.get(id).unwrap_or(&VACANT_KEY)
+    }
+
+    /// The page of keys holding ids `p·4096..`, if allocated.
+    #[inline]
+    pub(crate) fn key_page(&self, p: u32) -> Option<&[Key]> {
+        self.keys.page(p)
+    }
+
     /// Once shared, the readers' edges are exactly the branching nodes' children.
     pub(crate) fn check_edges(&self) -> Result<(), String> {
         if !self.shared {
@@ -442,11 +512,11 @@ impl Tree {
     }
 
     pub(crate) fn local(&self, id: NodeId) -> LocalBlockHash {
-        LocalBlockHash(self.node(id).local.load(Relaxed))
+        LocalBlockHash(self.key(id).local.load(Relaxed))
     }
 
     pub(crate) fn parent(&self, id: NodeId) -> NodeId {
-        self.node(id).parent.load(Relaxed)
+        self.key(id).link.load(Relaxed) as NodeId
     }
 
     pub(crate) fn has_children(&self, id: NodeId) -> bool {
@@ -467,7 +537,7 @@ impl Tree {
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .get(&local)
                 .copied(),
-            only => (self.node(only).local.load(Relaxed) == local.0).then_some(only),
+            only => (self.key(only).local.load(Relaxed) == local.0).then_some(only),
         }
     }
 
@@ -479,8 +549,7 @@ impl Tree {
             link if link & BRANCH != 0 => *self.branches[(link & !BRANCH) as usize].get(&local)?,
             only => only,
         };
-        let node = self.node(child);
-        (node.local.load(Relaxed) == local.0).then_some((child, node))
+        (self.key(child).local.load(Relaxed) == local.0).then(|| (child, self.node(child)))
     }
 
     /// Every child of `parent`, with its key.
@@ -510,16 +579,17 @@ impl Tree {
             None => {
                 let id = self.allocated;
                 self.nodes.ensure(&self.live.nodes, id)?;
+                self.keys.ensure(&self.live.keys, id)?;
                 self.allocated += 1;
                 id
             }
         };
         // Freed nodes were cleared; a reader may still be looking at this one under its
         // old key, which the key written here tells apart.
-        let node = self.node(id);
-        node.children.store(NO_CHILD, Relaxed);
-        node.parent.store(parent, Relaxed);
-        node.local.store(local.0, Release);
+        self.node(id).children.store(NO_CHILD, Relaxed);
+        let key = self.key(id);
+        key.link.store(u64::from(parent), Relaxed);
+        key.local.store(local.0, Release);
         // Linking publishes the node (release) to readers that reach it.
         self.link(parent, local, id);
         Some(id)
@@ -527,7 +597,10 @@ impl Tree {
 
     fn link(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
         match self.node(parent).children.load(Relaxed) {
-            NO_CHILD => self.node(parent).children.store(child, Release),
+            NO_CHILD => {
+                self.node(parent).children.store(child, Release);
+                self.refresh_flag(child);
+            }
             link if link & BRANCH != 0 => {
                 self.branches[(link & !BRANCH) as usize].insert(local, child);
                 if self.shared {
@@ -556,6 +629,7 @@ impl Tree {
                     }
                 };
                 self.node(parent).children.store(index | BRANCH, Release);
+                self.refresh_flag(only);
             }
         }
     }
@@ -584,6 +658,9 @@ impl Tree {
             self.free_branches.push(index);
             let link = remaining.map_or(NO_CHILD, |(_, n)| n);
             self.node(parent).children.store(link, Release);
+            if let Some((_, only)) = remaining {
+                self.refresh_flag(only);
+            }
             if self.shared
                 && let Some((l, _)) = remaining
             {
@@ -638,6 +715,7 @@ impl Tree {
             return false;
         }
         cell.store(old | bit, Release);
+        self.refresh_around(node);
         true
     }
 
@@ -656,7 +734,66 @@ impl Tree {
             return false;
         }
         cell.store(old & !bit, Release);
+        self.refresh_around(node);
         true
+    }
+
+    /// Whether `a` and `b` are held by the same workers.
+    fn same_holders(&self, a: NodeId, b: NodeId) -> bool {
+        let (x, y) = (self.node(a), self.node(b));
+        if x.more.load(Relaxed) == NO_EXT && y.more.load(Relaxed) == NO_EXT {
+            return x
+                .words
+                .iter()
+                .zip(&y.words)
+                .all(|(p, q)| p.load(Relaxed) == q.load(Relaxed));
+        }
+        let (mut x, mut y) = (self.bit_words(a), self.bit_words(b));
+        loop {
+            match (x.next(), y.next()) {
+                (None, None) => return true,
+                (p, q) if p.unwrap_or(0) != q.unwrap_or(0) => return false,
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether `id` is marked `SAME_AS_PARENT`.
+    pub(crate) fn same_as_parent(&self, id: NodeId) -> bool {
+        self.key(id).link.load(Relaxed) & SAME_AS_PARENT != 0
+    }
+
+    /// Whether `id` should be marked `SAME_AS_PARENT`: it is the only child of a parent
+    /// other than the root, held by the same workers.
+    pub(crate) fn should_be_same_as_parent(&self, id: NodeId) -> bool {
+        let parent = self.parent(id);
+        parent != ROOT
+            && self.node(parent).children.load(Relaxed) == id
+            && self.same_holders(id, parent)
+    }
+
+    /// Sets or clears `id`'s `SAME_AS_PARENT` mark from the nodes around it.
+    fn refresh_flag(&self, id: NodeId) {
+        let key = self.key(id);
+        let link = key.link.load(Relaxed);
+        let mark = if self.should_be_same_as_parent(id) {
+            SAME_AS_PARENT
+        } else {
+            0
+        };
+        let want = (link & !SAME_AS_PARENT) | mark;
+        if want != link {
+            key.link.store(want, Release);
+        }
+    }
+
+    /// After `id`'s workers changed: its mark and its only child's.
+    fn refresh_around(&self, id: NodeId) {
+        self.refresh_flag(id);
+        let link = self.node(id).children.load(Relaxed);
+        if link != NO_CHILD && link & BRANCH == 0 {
+            self.refresh_flag(link);
+        }
     }
 
     /// The word `i` of `node`'s worker bits, adding extension blocks to reach it.
@@ -710,17 +847,18 @@ impl Tree {
             {
                 return;
             }
-            let (parent, local) = (node.parent.load(Relaxed), node.local.load(Relaxed));
-            self.unlink(parent, LocalBlockHash(local));
+            let (parent, local) = (self.parent(id), self.local(id));
+            self.unlink(parent, local);
             self.free_node(id);
             id = parent;
         }
     }
 
     fn free_node(&mut self, id: NodeId) {
+        let key = self.key(id);
+        key.local.store(0, Relaxed);
+        key.link.store(u64::from(ROOT), Relaxed);
         let node = self.node(id);
-        node.local.store(0, Relaxed);
-        node.parent.store(ROOT, Relaxed);
         node.children.store(NO_CHILD, Relaxed);
         for w in &node.words {
             w.store(0, Relaxed);
@@ -739,6 +877,41 @@ impl Tree {
     }
 }
 
+/// How many blocks of `rest` the match walk takes from node `id` along the nodes with the
+/// following ids, each marked `SAME_AS_PARENT` under the one before and keyed by the next
+/// block of `rest`. The workers that matched `id` match those blocks too, and no other
+/// worker does, so the walk takes them without reading any worker bits. `pages` gives the
+/// page of keys holding ids `p·4096..`.
+#[inline]
+pub(crate) fn chain_run<'a>(
+    pages: impl Fn(u32) -> Option<&'a [Key]>,
+    id: NodeId,
+    rest: &[LocalBlockHash],
+) -> usize {
+    let mut taken = 0;
+    let mut parent = id;
+    while taken < rest.len() {
+        let next = parent + 1;
+        let start = (next & ((1 << PAGE_BITS) - 1)) as usize;
+        let Some(keys) = pages(next >> PAGE_BITS).and_then(|page| page.get(start..)) else {
+            break;
+        };
+        if keys.is_empty() {
+            break;
+        }
+        for (key, want) in keys.iter().zip(&rest[taken..]) {
+            if key.local.load(Acquire) != want.0
+                || key.link.load(Acquire) != u64::from(parent) | SAME_AS_PARENT
+            {
+                return taken;
+            }
+            parent += 1;
+            taken += 1;
+        }
+    }
+    taken
+}
+
 fn split(slot: u32) -> (usize, u64) {
     ((slot / 64) as usize, 1u64 << (slot % 64))
 }
@@ -750,10 +923,69 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
-    fn a_node_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Node>(), 64);
-        assert_eq!(std::mem::align_of::<Node>(), 64);
+    fn a_node_and_its_key_fill_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Node>(), 48);
+        assert_eq!(std::mem::size_of::<Key>(), 16);
         assert_eq!(std::mem::size_of::<Ext>(), 64);
+    }
+
+    #[test]
+    fn a_chain_held_by_the_same_workers_is_walked_by_keys_alone() {
+        let mut tree = Tree::default();
+        tree.share();
+        let l = LocalBlockHash;
+        let mut ids = Vec::new();
+        let mut parent = ROOT;
+        for i in 1..=10 {
+            let id = tree.child_or_insert(parent, l(i)).unwrap();
+            tree.hold(id, 0);
+            ids.push(id);
+            parent = id;
+        }
+        let query: Vec<_> = (1..=10).map(l).collect();
+        let live = Arc::clone(tree.live());
+        let run = |tree: &Tree, from: usize, query: &[LocalBlockHash]| {
+            let mine = chain_run(|p| tree.key_page(p), ids[from], &query[from + 1..]);
+            let theirs = chain_run(|p| live.key_page(p), ids[from], &query[from + 1..]);
+            assert_eq!(mine, theirs, "the writer and a reader see the same chain");
+            mine
+        };
+        assert_eq!(run(&tree, 0, &query), 9);
+        assert!(!tree.same_as_parent(ids[0]), "never under the root");
+
+        // A second worker on the first five blocks: the sets differ after them.
+        for &id in &ids[..5] {
+            tree.hold(id, 1);
+        }
+        assert_eq!(run(&tree, 0, &query), 4);
+        assert_eq!(run(&tree, 4, &query), 0);
+        assert_eq!(run(&tree, 5, &query), 4);
+        for &id in &ids[..5] {
+            tree.unhold(id, 1);
+        }
+        assert_eq!(run(&tree, 0, &query), 9, "the same sets again");
+
+        // A query leaving the chain stops the run where it leaves.
+        let mut other = query.clone();
+        other[3] = l(99);
+        assert_eq!(run(&tree, 0, &other), 2);
+
+        // A branch: the node's children are no longer taken by keys alone.
+        let side = tree.child_or_insert(ids[6], l(50)).unwrap();
+        tree.hold(side, 0);
+        assert_eq!(run(&tree, 5, &query), 1);
+        assert!(!tree.same_as_parent(side));
+        tree.unhold(side, 0);
+        tree.prune(side);
+        assert_eq!(run(&tree, 5, &query), 4, "one child again");
+
+        // A freed node is no longer part of any chain.
+        tree.unhold(ids[9], 0);
+        tree.prune(ids[9]);
+        assert_eq!(run(&tree, 0, &query), 8);
+        for &id in &ids {
+            assert_eq!(tree.same_as_parent(id), tree.should_be_same_as_parent(id));
+        }
     }
 
     #[test]
