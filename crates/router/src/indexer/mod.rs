@@ -268,6 +268,7 @@ impl Indexer {
                 self.clear_slot(slot);
             }
         }
+        self.tree.settle();
         self.tree.set_cached(slot, self.cached[slot as usize]);
     }
 
@@ -338,8 +339,9 @@ impl Indexer {
         state.extra_refs.clear();
         self.cached[slot as usize] = 0;
         self.tree.set_cached(slot, 0);
-        // Highest ids first, so the free list hands them back lowest first: the next chains
-        // stored reuse the arena in address order and stay contiguous for the match walk.
+        // Highest ids first: a chain's nodes were mostly allocated in order, so this releases
+        // each chain from its tail up, the order in which the tree re-marks a chain whose
+        // workers become the same again (see `Tree::settle`).
         nodes.sort_unstable_by(|a, b| b.cmp(a));
         for node in nodes {
             // A node referenced twice appears twice; the second removal is a no-op.
@@ -347,6 +349,7 @@ impl Indexer {
                 self.tree.prune(node);
             }
         }
+        self.tree.settle();
     }
 
     /// Forgets a worker entirely: its blocks and its event-id history.
@@ -424,8 +427,10 @@ impl Indexer {
                 if self.tree.is_unheld(child) && !self.tree.has_children(child) {
                     return Err(format!("node {child} is empty but still in the tree"));
                 }
-                if self.tree.same_as_parent(child) != self.tree.should_be_same_as_parent(child) {
-                    return Err(format!("node {child} has a stale same-as-parent mark"));
+                if self.tree.child_same(child) && !self.tree.may_be_child_same(child) {
+                    return Err(format!(
+                        "node {child} is marked as held like its child but is not"
+                    ));
                 }
                 for slot in self.tree.holders(child) {
                     held.insert((slot, child), 0);

@@ -6,7 +6,7 @@
 //! never moved or freed while the tree lives: growing the arena allocates a page instead of
 //! copying every node (which on a large index would stall ingestion for tens of
 //! milliseconds), and a reader holding a node id can always read that node. Freed nodes are
-//! recycled through a free list.
+//! recycled lowest id first, so that a chain freed together is reused as a run.
 //!
 //! Every field a reader looks at is an atomic, written by the one writer (the owner of the
 //! [`Tree`], through `&mut`) and read by anyone holding the [`Live`] half. On x86 and ARM
@@ -16,10 +16,11 @@
 //! moment later), never undefined behaviour or a panic.
 //!
 //! A node's key and parent (16 bytes) are kept apart from its child link and worker bits
-//! (48 bytes). A chain stored by one event gets consecutive ids, and as long as its nodes
-//! are held by the same workers each is marked so (`SAME_AS_PARENT`); the match walk then
-//! runs along it comparing keys, four to a cache line, without reading worker bits or child
-//! links (see [`chain_run`]). Most nodes have zero or one child (the unique tail
+//! (48 bytes). A chain stored by one event gets consecutive ids (freed ids are reused lowest
+//! first, so this holds after evictions too), and a node whose only child is held by the
+//! same workers says so in its key (`CHILD_SAME`); the match walk then runs along such a
+//! chain comparing keys, four to a cache line, without reading worker bits or child links
+//! (see [`chain_run`]). Most nodes have zero or one child (the unique tail
 //! of a prompt), so the child link is one `u32`: no child, the one child's id, or a flag
 //! saying the node branches. The writer keeps each branching node's children in a map of its
 //! own; once the tree is shared, it also mirrors those edges into one concurrent map
@@ -34,7 +35,7 @@ use arc_swap::ArcSwap;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use switchyard_core::{LocalBlockHash, WorkerKey};
 
-use super::bits::Ones;
+use super::bits::{LowestFirst, Ones};
 
 pub(crate) type NodeId = u32;
 pub(crate) const ROOT: NodeId = 0;
@@ -76,9 +77,14 @@ impl Default for Node {
     }
 }
 
-/// `Key::link` bit: the node is its parent's only child and is held by exactly the workers
-/// that hold its parent, so the match walk steps into it without intersecting worker sets.
-const SAME_AS_PARENT: u64 = 1 << 32;
+/// `Key::link` bit: the node has one child, held by exactly the workers that hold the node,
+/// so the match walk steps into it without intersecting worker sets. Kept in the parent's
+/// key rather than the child's so that a change to a node's workers updates only keys the
+/// writer has at hand (the node's and its parent's). The mark is sound (set only while
+/// true) but not complete: the writer sets it where checking is cheap, and a missing mark
+/// only sends the walk the slow way.
+const CHILD_SAME: u64 = 1 << 32;
+const PARENT_BITS: u64 = u32::MAX as u64;
 
 /// A node's key and parent: 16 bytes, so that the keys of a chain stored in one event lie
 /// four to a cache line.
@@ -86,7 +92,7 @@ const SAME_AS_PARENT: u64 = 1 << 32;
 #[repr(align(16))]
 pub(crate) struct Key {
     local: AtomicU64,
-    /// The parent's id in the low 32 bits, and `SAME_AS_PARENT`.
+    /// The parent's id in the low 32 bits, and `CHILD_SAME`.
     link: AtomicU64,
 }
 
@@ -345,7 +351,8 @@ pub(crate) struct Tree {
     cached: Pages<AtomicU64>,
     /// Ids below this have been handed out (the root is id 0).
     allocated: u32,
-    free: Vec<NodeId>,
+    /// Freed node ids, reused lowest first (see [`LowestFirst`]).
+    free: LowestFirst,
     /// Child maps of branching nodes.
     branches: Vec<FxHashMap<LocalBlockHash, NodeId>>,
     free_branches: Vec<u32>,
@@ -353,6 +360,9 @@ pub(crate) struct Tree {
     free_ext: Vec<u32>,
     /// Whether branching edges are mirrored into `Live::edges` for other threads.
     shared: bool,
+    /// The node whose workers changed last: when the next change is to its parent, the
+    /// child's mark is checked too (its memory is at hand).
+    last_changed: NodeId,
 }
 
 impl Default for Tree {
@@ -369,12 +379,13 @@ impl Default for Tree {
             ext: Pages::new(),
             cached: Pages::new(),
             allocated: 1,
-            free: Vec::new(),
+            free: LowestFirst::default(),
             branches: Vec::new(),
             free_branches: Vec::new(),
             ext_allocated: 0,
             free_ext: Vec::new(),
             shared: false,
+            last_changed: ROOT,
         }
     }
 }
@@ -574,7 +585,7 @@ impl Tree {
         if let Some(id) = self.child(parent, local) {
             return Some(id);
         }
-        let id = match self.free.pop() {
+        let id = match self.free.pop_lowest() {
             Some(id) => id,
             None => {
                 let id = self.allocated;
@@ -597,10 +608,8 @@ impl Tree {
 
     fn link(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
         match self.node(parent).children.load(Relaxed) {
-            NO_CHILD => {
-                self.node(parent).children.store(child, Release);
-                self.refresh_flag(child);
-            }
+            // A new child holds no worker yet: its parent is left unmarked until it does.
+            NO_CHILD => self.node(parent).children.store(child, Release),
             link if link & BRANCH != 0 => {
                 self.branches[(link & !BRANCH) as usize].insert(local, child);
                 if self.shared {
@@ -628,8 +637,8 @@ impl Tree {
                         (self.branches.len() - 1) as u32
                     }
                 };
+                self.set_child_same(parent, false);
                 self.node(parent).children.store(index | BRANCH, Release);
-                self.refresh_flag(only);
             }
         }
     }
@@ -641,6 +650,7 @@ impl Tree {
         }
         if link & BRANCH == 0 {
             if self.local(link) == local {
+                self.set_child_same(parent, false);
                 self.node(parent).children.store(NO_CHILD, Release);
             }
             return;
@@ -659,7 +669,7 @@ impl Tree {
             let link = remaining.map_or(NO_CHILD, |(_, n)| n);
             self.node(parent).children.store(link, Release);
             if let Some((_, only)) = remaining {
-                self.refresh_flag(only);
+                self.set_child_same(parent, parent != ROOT && self.same_holders(only, parent));
             }
             if self.shared
                 && let Some((l, _)) = remaining
@@ -714,8 +724,11 @@ impl Tree {
         if old & bit != 0 {
             return false;
         }
-        cell.store(old | bit, Release);
-        self.refresh_around(node);
+        self.clear_marks_around(node);
+        if let Some(cell) = self.word_cell(node, i) {
+            cell.store(old | bit, Release);
+        }
+        self.mark_around(node, slot, true);
         true
     }
 
@@ -733,9 +746,76 @@ impl Tree {
         if old & bit == 0 {
             return false;
         }
-        cell.store(old & !bit, Release);
-        self.refresh_around(node);
+        self.clear_marks_around(node);
+        if let Some(cell) = self.word_cell(node, i) {
+            cell.store(old & !bit, Release);
+        }
+        self.mark_around(node, slot, false);
         true
+    }
+
+    /// Before one worker's bit of `id` changes: the marks it will falsify, its parent's (of
+    /// `id`) and its own (of its child), each saying two sets are equal that are about to
+    /// differ by that worker. They are cleared first, so a reader never sees a mark
+    /// crediting a worker with a block it does not hold.
+    fn clear_marks_around(&self, id: NodeId) {
+        self.set_child_same(self.parent(id), false);
+        self.set_child_same(id, false);
+    }
+
+    /// After `slot` was added to (`held`) or removed from `id`: the marks that may now be
+    /// true. `id` can only have become equal to its parent if the parent agrees with it
+    /// about `slot`, so the full comparison runs only then. Its child's mark is checked
+    /// only when the child changed just before (a removal walking up a chain): elsewhere
+    /// the child's memory is cold and the mark is left off.
+    fn mark_around(&mut self, id: NodeId, slot: u32, held: bool) {
+        let parent = self.parent(id);
+        if parent != ROOT
+            && self.node(parent).children.load(Relaxed) == id
+            && self.holds(parent, slot) == held
+            && self.same_holders(id, parent)
+        {
+            self.set_child_same(parent, true);
+        }
+        if let Some(child) = self.only_child(id)
+            && child == self.last_changed
+            && self.holds(child, slot) == held
+            && self.same_holders(child, id)
+        {
+            self.set_child_same(id, true);
+        }
+        self.last_changed = id;
+    }
+
+    /// At the end of an event: the mark of the last changed node over its child, which no
+    /// change in the event checked (one comparison per event, not per block).
+    pub(crate) fn settle(&mut self) {
+        let id = std::mem::replace(&mut self.last_changed, ROOT);
+        if id != ROOT && !self.child_same(id) && self.may_be_child_same(id) {
+            self.set_child_same(id, true);
+        }
+    }
+
+    /// Sets or clears `id`'s `CHILD_SAME` mark (never the root's).
+    fn set_child_same(&self, id: NodeId, on: bool) {
+        if id == ROOT {
+            return;
+        }
+        let key = self.key(id);
+        let link = key.link.load(Relaxed);
+        let want = if on {
+            link | CHILD_SAME
+        } else {
+            link & !CHILD_SAME
+        };
+        if want != link {
+            key.link.store(want, Release);
+        }
+    }
+
+    fn only_child(&self, id: NodeId) -> Option<NodeId> {
+        let link = self.node(id).children.load(Relaxed);
+        (link != NO_CHILD && link & BRANCH == 0).then_some(link)
     }
 
     /// Whether `a` and `b` are held by the same workers.
@@ -758,42 +838,18 @@ impl Tree {
         }
     }
 
-    /// Whether `id` is marked `SAME_AS_PARENT`.
-    pub(crate) fn same_as_parent(&self, id: NodeId) -> bool {
-        self.key(id).link.load(Relaxed) & SAME_AS_PARENT != 0
+    /// Whether `id` is marked `CHILD_SAME`.
+    pub(crate) fn child_same(&self, id: NodeId) -> bool {
+        self.key(id).link.load(Relaxed) & CHILD_SAME != 0
     }
 
-    /// Whether `id` should be marked `SAME_AS_PARENT`: it is the only child of a parent
-    /// other than the root, held by the same workers.
-    pub(crate) fn should_be_same_as_parent(&self, id: NodeId) -> bool {
-        let parent = self.parent(id);
-        parent != ROOT
-            && self.node(parent).children.load(Relaxed) == id
-            && self.same_holders(id, parent)
-    }
-
-    /// Sets or clears `id`'s `SAME_AS_PARENT` mark from the nodes around it.
-    fn refresh_flag(&self, id: NodeId) {
-        let key = self.key(id);
-        let link = key.link.load(Relaxed);
-        let mark = if self.should_be_same_as_parent(id) {
-            SAME_AS_PARENT
-        } else {
-            0
-        };
-        let want = (link & !SAME_AS_PARENT) | mark;
-        if want != link {
-            key.link.store(want, Release);
-        }
-    }
-
-    /// After `id`'s workers changed: its mark and its only child's.
-    fn refresh_around(&self, id: NodeId) {
-        self.refresh_flag(id);
-        let link = self.node(id).children.load(Relaxed);
-        if link != NO_CHILD && link & BRANCH == 0 {
-            self.refresh_flag(link);
-        }
+    /// Whether `id` may be marked `CHILD_SAME`: it is not the root and has one child, held
+    /// by the same workers.
+    pub(crate) fn may_be_child_same(&self, id: NodeId) -> bool {
+        id != ROOT
+            && self
+                .only_child(id)
+                .is_some_and(|c| self.same_holders(c, id))
     }
 
     /// The word `i` of `node`'s worker bits, adding extension blocks to reach it.
@@ -873,38 +929,47 @@ impl Tree {
             ext = block.next.load(Relaxed);
             block.next.store(NO_EXT, Relaxed);
         }
-        self.free.push(id);
+        self.free.insert(id);
     }
 }
 
 /// How many blocks of `rest` the match walk takes from node `id` along the nodes with the
-/// following ids, each marked `SAME_AS_PARENT` under the one before and keyed by the next
-/// block of `rest`. The workers that matched `id` match those blocks too, and no other
-/// worker does, so the walk takes them without reading any worker bits. `pages` gives the
-/// page of keys holding ids `p·4096..`.
+/// following ids, each the child of the one before, keyed by the next block of `rest`, and
+/// under a node marked `CHILD_SAME`. The workers that matched `id` match those blocks too,
+/// and no other worker does, so the walk takes them without reading any worker bits.
+/// `pages` gives the page of keys holding ids `p·4096..`.
 #[inline]
 pub(crate) fn chain_run<'a>(
     pages: impl Fn(u32) -> Option<&'a [Key]>,
     id: NodeId,
     rest: &[LocalBlockHash],
 ) -> usize {
+    let mask = (1 << PAGE_BITS) - 1;
+    let Some(first) = pages(id >> PAGE_BITS).and_then(|page| page.get((id & mask) as usize)) else {
+        return 0;
+    };
+    let mut same = first.link.load(Acquire) & CHILD_SAME != 0;
     let mut taken = 0;
     let mut parent = id;
-    while taken < rest.len() {
+    while same && taken < rest.len() {
         let next = parent + 1;
-        let start = (next & ((1 << PAGE_BITS) - 1)) as usize;
-        let Some(keys) = pages(next >> PAGE_BITS).and_then(|page| page.get(start..)) else {
+        let Some(keys) =
+            pages(next >> PAGE_BITS).and_then(|page| page.get((next & mask) as usize..))
+        else {
             break;
         };
         if keys.is_empty() {
             break;
         }
         for (key, want) in keys.iter().zip(&rest[taken..]) {
-            if key.local.load(Acquire) != want.0
-                || key.link.load(Acquire) != u64::from(parent) | SAME_AS_PARENT
-            {
+            if !same {
                 return taken;
             }
+            let link = key.link.load(Acquire);
+            if key.local.load(Acquire) != want.0 || link & PARENT_BITS != u64::from(parent) {
+                return taken;
+            }
+            same = link & CHILD_SAME != 0;
             parent += 1;
             taken += 1;
         }
@@ -951,18 +1016,20 @@ mod tests {
             mine
         };
         assert_eq!(run(&tree, 0, &query), 9);
-        assert!(!tree.same_as_parent(ids[0]), "never under the root");
+        assert!(!tree.child_same(ROOT), "never the root");
 
         // A second worker on the first five blocks: the sets differ after them.
         for &id in &ids[..5] {
             tree.hold(id, 1);
         }
+        tree.settle();
         assert_eq!(run(&tree, 0, &query), 4);
         assert_eq!(run(&tree, 4, &query), 0);
         assert_eq!(run(&tree, 5, &query), 4);
         for &id in &ids[..5] {
             tree.unhold(id, 1);
         }
+        tree.settle();
         assert_eq!(run(&tree, 0, &query), 9, "the same sets again");
 
         // A query leaving the chain stops the run where it leaves.
@@ -974,7 +1041,7 @@ mod tests {
         let side = tree.child_or_insert(ids[6], l(50)).unwrap();
         tree.hold(side, 0);
         assert_eq!(run(&tree, 5, &query), 1);
-        assert!(!tree.same_as_parent(side));
+        assert!(!tree.child_same(ids[6]));
         tree.unhold(side, 0);
         tree.prune(side);
         assert_eq!(run(&tree, 5, &query), 4, "one child again");
@@ -984,8 +1051,19 @@ mod tests {
         tree.prune(ids[9]);
         assert_eq!(run(&tree, 0, &query), 8);
         for &id in &ids {
-            assert_eq!(tree.same_as_parent(id), tree.should_be_same_as_parent(id));
+            assert!(!tree.child_same(id) || tree.may_be_child_same(id));
         }
+
+        // A second worker stores the chain and drops it again, tail first (as an engine
+        // evicts): the marks come back where the sets are equal again.
+        for &id in &ids[..9] {
+            tree.hold(id, 1);
+        }
+        assert_eq!(run(&tree, 0, &query), 8);
+        for &id in ids[..9].iter().rev() {
+            tree.unhold(id, 1);
+        }
+        assert_eq!(run(&tree, 0, &query), 8, "without settling");
     }
 
     #[test]
