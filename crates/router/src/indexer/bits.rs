@@ -1,4 +1,5 @@
-//! Walking the set bits of a word of worker slots.
+//! Sets of small integers as bits: walking a word of worker slots, and the tree's free node
+//! ids.
 
 /// The positions of the set bits of a word, lowest first.
 pub(crate) struct Ones(pub(crate) u64);

@@ -716,41 +716,25 @@ impl Tree {
 
     /// Marks `node` held by `slot`; returns whether it was not already.
     pub(crate) fn hold(&mut self, node: NodeId, slot: u32) -> bool {
-        let (i, bit) = split(slot);
-        let Some(cell) = self.word_cell(node, i) else {
-            return false;
-        };
-        let old = cell.load(Relaxed);
-        if old & bit != 0 {
-            return false;
-        }
-        self.clear_marks_around(node);
-        if let Some(cell) = self.word_cell(node, i) {
-            cell.store(old | bit, Release);
-        }
-        self.mark_around(node, slot, true);
-        true
+        !self.holds(node, slot) && self.change_bit(node, slot, true)
     }
 
     /// Marks `node` no longer held by `slot`; returns whether it was.
     pub(crate) fn unhold(&mut self, node: NodeId, slot: u32) -> bool {
+        self.holds(node, slot) && self.change_bit(node, slot, false)
+    }
+
+    /// Sets (`held`) or clears `slot`'s bit of `node`, known to differ, with the marks
+    /// around it; false only when the arena is full.
+    fn change_bit(&mut self, node: NodeId, slot: u32, held: bool) -> bool {
         let (i, bit) = split(slot);
-        // Past the inline words, only a held bit has its extension block to clear.
-        if i >= INLINE_WORDS && !self.holds(node, slot) {
-            return false;
-        }
+        self.clear_marks_around(node);
         let Some(cell) = self.word_cell(node, i) else {
             return false;
         };
         let old = cell.load(Relaxed);
-        if old & bit == 0 {
-            return false;
-        }
-        self.clear_marks_around(node);
-        if let Some(cell) = self.word_cell(node, i) {
-            cell.store(old & !bit, Release);
-        }
-        self.mark_around(node, slot, false);
+        cell.store(if held { old | bit } else { old & !bit }, Release);
+        self.mark_around(node, slot, held);
         true
     }
 
@@ -771,7 +755,7 @@ impl Tree {
     fn mark_around(&mut self, id: NodeId, slot: u32, held: bool) {
         let parent = self.parent(id);
         if parent != ROOT
-            && self.node(parent).children.load(Relaxed) == id
+            && self.only_child(parent) == Some(id)
             && self.holds(parent, slot) == held
             && self.same_holders(id, parent)
         {
