@@ -344,6 +344,64 @@ fn failures_take_a_worker_out_of_rotation_and_a_canary_brings_it_back() {
 }
 
 #[test]
+fn soft_failures_take_out_half_the_fleet_at_most_and_hard_ones_any_worker() {
+    use switchyard_router::routing::health::Failure;
+    let mut core = core(PolicyKind::RoundRobin);
+    for id in 1..=4 {
+        core.add_worker(spec(id)).unwrap();
+    }
+    let s = Duration::from_secs(1);
+    let state = |core: &RoutingCore, id| core.worker(WorkerId(id)).unwrap().health.state;
+    // Hangs: two of four workers go out at once; the third stays in, suspicious, however
+    // often it fails softly (the fleet looks overloaded rather than broken).
+    core.observe_failure(WorkerId(1), Failure::Hung, s);
+    core.observe_failure(WorkerId(2), Failure::Hung, s);
+    for _ in 0..5 {
+        core.observe_failure(WorkerId(3), Failure::Hung, 2 * s);
+        core.observe_failure(WorkerId(3), Failure::Timeout, 2 * s);
+    }
+    assert_eq!(state(&core, 1), HealthState::Unhealthy);
+    assert_eq!(state(&core, 2), HealthState::Unhealthy);
+    assert_eq!(state(&core, 3), HealthState::Suspicious);
+    // Every hang, and every timeout but the first (the second failure in a row, below the
+    // threshold of three), would have opened its breaker.
+    assert_eq!(core.worker(WorkerId(3)).unwrap().health.kept_in, 9);
+    assert_eq!(core.routable_workers(), 2);
+    // Refused connections are evidence of a broken worker: out regardless of the cap, and
+    // the last worker still cannot be taken out by stalls or slow canaries.
+    for _ in 0..3 {
+        core.observe_failure(WorkerId(3), Failure::Unreachable, 3 * s);
+    }
+    assert_eq!(state(&core, 3), HealthState::Unhealthy);
+    for _ in 0..3 {
+        core.observe_failure(WorkerId(4), Failure::Stalled, 3 * s);
+    }
+    core.canary_finished(WorkerId(4), Err(Failure::CanaryTimeout), 3 * s);
+    assert_eq!(state(&core, 4), HealthState::Suspicious);
+    // Workers that left do not count: with 1, 2 and 3 gone, the fleet is worker 4 alone,
+    // and one worker may always go out.
+    for id in 1..=3 {
+        core.worker_left(WorkerId(id));
+    }
+    let change = core.observe_failure(WorkerId(4), Failure::Stalled, 4 * s);
+    assert_eq!(change.map(|c| c.to), Some(HealthState::Unhealthy));
+
+    // A cap of 1 turns it off: all four can go out on hangs.
+    let mut core = RoutingCore::new(RoutingConfig {
+        health: switchyard_router::routing::health::HealthConfig {
+            max_unhealthy_fraction: 1.0,
+            ..Default::default()
+        },
+        ..RoutingConfig::default()
+    });
+    for id in 1..=4 {
+        core.add_worker(spec(id)).unwrap();
+        core.observe_failure(WorkerId(id), Failure::Hung, s);
+    }
+    assert_eq!(core.routable_workers(), 0);
+}
+
+#[test]
 fn requests_queue_while_every_worker_is_out_and_start_when_one_joins() {
     use switchyard_router::routing::health::Failure;
     let mut core = core(PolicyKind::RoundRobin);

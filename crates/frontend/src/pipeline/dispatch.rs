@@ -369,20 +369,20 @@ impl RequestRun {
                             prompt_version: self.prompt_version,
                         });
                     }
-                    Err(EngineError::Invalid(message)) => {
+                    Err((EngineError::Invalid(message), _)) => {
                         frontend.routing.finish(self.id);
                         return Err(ApiError::invalid(format!(
                             "The engine refused the request: {message}"
                         )));
                     }
-                    Err(error) => {
+                    Err((error, failure)) => {
                         // The prefill worker failed it: counted against that worker, which
                         // is not tried again; the pair is chosen afresh.
                         frontend.routing.finish(self.id);
                         frontend.metrics.count_prefill("failed");
                         frontend.metrics.count_dispatch(prefill.worker, false);
                         tracing::warn!(worker = %prefill.worker.worker_id, %error, "the prefill worker failed the request");
-                        if let Some(failure) = failure_of(&error) {
+                        if let Some(failure) = failure {
                             frontend.report_failure(prefill.worker.worker_id, failure);
                         }
                         self.failed.push(prefill.worker.worker_id);
@@ -455,16 +455,15 @@ impl RequestRun {
                         frontend.requests.generate(&routed.instance, request),
                         dispatch_span,
                     ),
-                ) => sent,
-                // The worker was found unhealthy meanwhile: do not wait on it.
+                ) => sent.map_err(Some),
+                // The worker was found unhealthy meanwhile: do not wait on it (whoever
+                // found it counted the failure).
                 Ok(()) = outage.changed() => {
                     found_unhealthy += 1;
-                    Ok(Err(EngineError::Unreachable(
-                        "the worker was found unhealthy".into(),
-                    )))
+                    Err(None)
                 }
             };
-            let error = match sent {
+            let (error, failure) = match sent {
                 Ok(Ok(stream)) => {
                     frontend.metrics.count_dispatch(worker, true);
                     return Ok(Attempt {
@@ -483,16 +482,27 @@ impl RequestRun {
                         "The engine refused the request: {message}"
                     )));
                 }
-                Ok(Err(error)) => error,
-                Err(_) => EngineError::Unreachable(format!(
-                    "no answer within {:?}",
-                    config.dispatch_timeout
-                )),
+                Ok(Err(error)) => {
+                    let failure = failure_of(&error);
+                    (error, failure)
+                }
+                // Nothing answered in time: gone, or too busy to take a request.
+                Err(Some(_)) => (
+                    EngineError::Unreachable(format!(
+                        "no answer within {:?}",
+                        config.dispatch_timeout
+                    )),
+                    Some(Failure::Timeout),
+                ),
+                Err(None) => (
+                    EngineError::Unreachable("the worker was found unhealthy".into()),
+                    None,
+                ),
             };
             frontend.routing.finish(self.id);
             frontend.metrics.count_dispatch(worker, false);
             tracing::warn!(worker = %worker.worker_id, %error, "cannot dispatch to the worker");
-            if let Some(failure) = failure_of(&error) {
+            if let Some(failure) = failure {
                 frontend.report_failure(worker.worker_id, failure);
             }
             unservable = match (&error, tries) {
@@ -519,14 +529,15 @@ impl RequestRun {
     }
 
     /// Has the prompt computed on a prefill worker: its first token, the handle to its KV,
-    /// and the prompt tokens it found cached.
+    /// and the prompt tokens it found cached; or the error, with how it counts against the
+    /// worker.
     async fn remote_prefill(
         &self,
         instance: &WorkerInstance,
         worker: WorkerKey,
         prompt: &Prompt,
         generated: u32,
-    ) -> Result<(Token, KvHandle, u32), EngineError> {
+    ) -> Result<(Token, KvHandle, u32), (EngineError, Option<Failure>)> {
         let frontend = &self.frontend;
         let request = GenerateRequest {
             id: self.id,
@@ -564,12 +575,22 @@ impl RequestRun {
         let mut outage = frontend.routing.outages(worker.worker_id);
         tokio::select! {
             done = tokio::time::timeout(limit, tracing::Instrument::instrument(work, span)) => {
-                done.unwrap_or_else(|_| {
-                    Err(EngineError::Unreachable(format!("no prefill within {limit:?}")))
-                })
+                match done {
+                    Ok(Ok(done)) => Ok(done),
+                    Ok(Err(error)) => {
+                        let failure = failure_of(&error);
+                        Err((error, failure))
+                    }
+                    Err(_) => Err((
+                        EngineError::Unreachable(format!("no prefill within {limit:?}")),
+                        Some(Failure::Timeout),
+                    )),
+                }
             }
-            Ok(()) = outage.changed() => Err(EngineError::Unreachable(
-                "the prefill worker was found unhealthy".into(),
+            // Whoever found it counted the failure.
+            Ok(()) = outage.changed() => Err((
+                EngineError::Unreachable("the prefill worker was found unhealthy".into()),
+                None,
             )),
         }
     }

@@ -217,7 +217,16 @@ impl RoutingService {
     /// A failure of `worker`'s own making. If it became unhealthy, its streams are told.
     pub fn report_failure(&self, worker: WorkerId, failure: Failure) {
         let now = self.now();
-        let change = self.core.lock().observe_failure(worker, failure, now);
+        let (change, kept_in) = {
+            let mut core = self.core.lock();
+            let kept_in = |core: &RoutingCore| core.worker(worker).map(|e| e.health.kept_in);
+            let before = kept_in(&core);
+            let change = core.observe_failure(worker, failure, now);
+            (change, kept_in(&core) != before)
+        };
+        if kept_in {
+            tracing::warn!(%worker, failure = failure.name(), "worker kept in rotation: as many workers as health.max_unhealthy_fraction allows are out already");
+        }
         self.health_changed(worker, change, Some(failure));
     }
 

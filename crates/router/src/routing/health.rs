@@ -13,6 +13,13 @@
 //!   back together) the breaker is **half-open**: one canary goes through; if it passes the
 //!   breaker closes and the worker is healthy again, else it stays open another period.
 //! - `success_threshold` successes in a row make a suspicious worker healthy again.
+//! - A cap on the fleet: a soft failure (a stall, a hang, a timeout, a 5xx, a slow or
+//!   unanswered canary: what an overloaded or starved worker also shows) takes a worker out
+//!   only while fewer than `max_unhealthy_fraction` of the fleet (at least one worker) is
+//!   out; past that the worker stays suspicious. When most of a fleet looks sick at once,
+//!   the load is the likelier cause, and taking workers out moves their requests onto the
+//!   rest, which then look sick in turn until nothing serves. Hard evidence (the worker
+//!   refused or dropped the connection, or answered wrongly) takes it out regardless.
 //!
 //! Canaries: a short fixed prompt, greedy, a few tokens, sent to each worker every
 //! `canary_interval`, sooner to a worker idle for `canary_idle` (nothing would notice its
@@ -69,6 +76,9 @@ pub struct HealthConfig {
     /// Longest wait for a request's first token before it counts as stalled.
     #[serde(with = "humantime_serde")]
     pub first_token_timeout: Duration,
+    /// Soft failures take a worker out only while fewer than this share of the fleet (and
+    /// at least one worker) is out (1: no cap).
+    pub max_unhealthy_fraction: f64,
 }
 
 impl Default for HealthConfig {
@@ -88,6 +98,7 @@ impl Default for HealthConfig {
             stall_floor: Duration::from_millis(1000),
             stall_factor: 10.0,
             first_token_timeout: Duration::from_secs(30),
+            max_unhealthy_fraction: 0.5,
         }
     }
 }
@@ -124,6 +135,12 @@ impl HealthConfig {
                     .into(),
             );
         }
+        if !(0.0..=1.0).contains(&self.max_unhealthy_fraction) {
+            return Err(format!(
+                "health.max_unhealthy_fraction must be in [0, 1], got {}",
+                self.max_unhealthy_fraction
+            ));
+        }
         if self.canary_max_tokens == 0 {
             return Err("health.canary_max_tokens must be at least 1".into());
         }
@@ -135,8 +152,10 @@ impl HealthConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Failure {
-    /// It could not be reached (refused, unknown, the request timed out before an answer).
+    /// It could not be reached (the connection was refused, no address is known).
     Unreachable,
+    /// It accepted no request within the dispatch timeout (gone, or overloaded).
+    Timeout,
     /// The connection broke mid-request.
     Disconnected,
     /// A stream got no token for the stall timeout (while the worker's other streams
@@ -156,8 +175,9 @@ pub enum Failure {
 }
 
 impl Failure {
-    pub const KINDS: [Failure; 8] = [
+    pub const KINDS: [Failure; 9] = [
         Failure::Unreachable,
+        Failure::Timeout,
         Failure::Disconnected,
         Failure::Stalled,
         Failure::Hung,
@@ -170,6 +190,7 @@ impl Failure {
     pub fn name(self) -> &'static str {
         match self {
             Failure::Unreachable => "unreachable",
+            Failure::Timeout => "timeout",
             Failure::Disconnected => "disconnected",
             Failure::Stalled => "stalled",
             Failure::Hung => "hung",
@@ -184,6 +205,16 @@ impl Failure {
     /// (corrupt), or nothing it holds is moving (hung).
     fn is_definitive(self) -> bool {
         matches!(self, Failure::WrongOutput | Failure::Hung)
+    }
+
+    /// Failures that only a broken worker shows (nothing accepted the connection, it broke,
+    /// the answer was wrong), as opposed to those an overloaded or starved one shows too:
+    /// only these take a worker out past the fleet's cap.
+    pub fn is_hard(self) -> bool {
+        matches!(
+            self,
+            Failure::Unreachable | Failure::Disconnected | Failure::WrongOutput
+        )
     }
 }
 
@@ -229,6 +260,8 @@ pub struct WorkerHealth {
     pub last_failure: Option<Failure>,
     /// Breaker openings so far.
     pub openings: u32,
+    /// Soft failures that would have opened the breaker but for the fleet's cap.
+    pub kept_in: u32,
     /// Moving average of canary latency, in seconds.
     pub canary_latency: Option<f64>,
     canary_samples: u32,
@@ -262,6 +295,7 @@ impl WorkerHealth {
             consecutive_successes: 0,
             last_failure: None,
             openings: 0,
+            kept_in: 0,
             canary_latency: None,
             canary_samples: 0,
             inter_token: None,
@@ -299,10 +333,12 @@ impl WorkerHealth {
         self.set(HealthState::Unhealthy)
     }
 
-    /// Records a failure.
+    /// Records a failure. `room`: the fleet may lose another worker (see the module's
+    /// cap); without it a soft failure leaves a healthy worker suspicious at most.
     pub fn fail(
         &mut self,
         failure: Failure,
+        room: bool,
         config: &HealthConfig,
         now: Duration,
         rng: &mut SmallRng,
@@ -316,10 +352,12 @@ impl WorkerHealth {
             Breaker::Open { .. } => None,
             Breaker::HalfOpen => self.open(config, now, rng),
             Breaker::Closed => {
-                if failure.is_definitive() || self.consecutive_failures >= config.failure_threshold
-                {
+                let opens = failure.is_definitive()
+                    || self.consecutive_failures >= config.failure_threshold;
+                if opens && (room || failure.is_hard()) {
                     self.open(config, now, rng)
                 } else {
+                    self.kept_in += u32::from(opens);
                     self.set(HealthState::Suspicious)
                 }
             }
@@ -432,6 +470,7 @@ impl WorkerHealth {
         &mut self,
         answer: Result<(Vec<Token>, Duration), Failure>,
         reference: Option<&[Token]>,
+        room: bool,
         config: &HealthConfig,
         now: Duration,
         rng: &mut SmallRng,
@@ -439,7 +478,7 @@ impl WorkerHealth {
         self.canary_in_flight = false;
         let (tokens, latency) = match answer {
             Ok(answer) => answer,
-            Err(failure) => return self.fail(failure, config, now, rng),
+            Err(failure) => return self.fail(failure, room, config, now, rng),
         };
         let first = self
             .first_answer
@@ -448,7 +487,7 @@ impl WorkerHealth {
         self.last_answer = Some(tokens.clone());
         let wrong = tokens != first || reference.is_some_and(|r| r != tokens.as_slice());
         if wrong {
-            return self.fail(Failure::WrongOutput, config, now, rng);
+            return self.fail(Failure::WrongOutput, room, config, now, rng);
         }
         if std::mem::take(&mut self.canary_under_load) {
             return self.succeed(config, now, true);
@@ -464,7 +503,7 @@ impl WorkerHealth {
         });
         self.canary_samples += 1;
         if spike {
-            return self.fail(Failure::LatencySpike, config, now, rng);
+            return self.fail(Failure::LatencySpike, room, config, now, rng);
         }
         self.succeed(config, now, true)
     }
@@ -503,14 +542,17 @@ mod tests {
     fn failures_make_a_worker_suspicious_then_unhealthy_and_a_probe_brings_it_back() {
         let (mut h, config, mut rng) = setup();
         assert_eq!(
-            h.fail(Failure::Disconnected, &config, S, &mut rng),
+            h.fail(Failure::Disconnected, true, &config, S, &mut rng),
             Some(HealthChange {
                 from: HealthState::Healthy,
                 to: HealthState::Suspicious
             })
         );
-        assert_eq!(h.fail(Failure::Stalled, &config, 2 * S, &mut rng), None);
-        let opened = h.fail(Failure::ServerError, &config, 3 * S, &mut rng);
+        assert_eq!(
+            h.fail(Failure::Stalled, true, &config, 2 * S, &mut rng),
+            None
+        );
+        let opened = h.fail(Failure::ServerError, true, &config, 3 * S, &mut rng);
         assert_eq!(opened.map(|c| c.to), Some(HealthState::Unhealthy));
         assert_eq!(h.breaker, Breaker::Open { until: 63 * S });
         // Closed to traffic and to canaries until the recovery timeout.
@@ -524,26 +566,76 @@ mod tests {
         assert_eq!(h.succeed(&config, 63 * S, false), None);
         h.canary_started(63 * S);
         assert!(!h.canary_due(&config, 63 * S), "one probe at a time");
-        let back = h.canary_finished(Ok((vec![1, 2], S / 10)), None, &config, 64 * S, &mut rng);
+        let back = h.canary_finished(
+            Ok((vec![1, 2], S / 10)),
+            None,
+            true,
+            &config,
+            64 * S,
+            &mut rng,
+        );
         assert_eq!(back.map(|c| c.to), Some(HealthState::Healthy));
         assert_eq!(h.breaker, Breaker::Closed);
+    }
+
+    #[test]
+    fn without_room_in_the_fleet_only_hard_failures_open_the_breaker() {
+        let (mut h, config, mut rng) = setup();
+        let hung = h.fail(Failure::Hung, false, &config, S, &mut rng);
+        assert_eq!(hung.map(|c| c.to), Some(HealthState::Suspicious));
+        for _ in 0..3 {
+            h.fail(Failure::Timeout, false, &config, S, &mut rng);
+        }
+        assert_eq!(h.breaker, Breaker::Closed);
+        assert_eq!(
+            (h.kept_in, h.openings),
+            (3, 0),
+            "the hang and two timeouts past the threshold"
+        );
+        // Room again: the next soft failure opens it (the failures in a row still count).
+        let opened = h.fail(Failure::Stalled, true, &config, 2 * S, &mut rng);
+        assert_eq!(opened.map(|c| c.to), Some(HealthState::Unhealthy));
+        for failure in Failure::KINDS {
+            let (mut h, config, mut rng) = setup();
+            for _ in 0..config.failure_threshold {
+                h.fail(failure, false, &config, S, &mut rng);
+            }
+            let out = h.state == HealthState::Unhealthy;
+            assert_eq!(out, failure.is_hard(), "{failure:?}");
+        }
+        let hard: Vec<_> = Failure::KINDS.into_iter().filter(|f| f.is_hard()).collect();
+        assert_eq!(
+            hard,
+            [
+                Failure::Unreachable,
+                Failure::Disconnected,
+                Failure::WrongOutput
+            ]
+        );
     }
 
     #[test]
     fn a_failed_probe_reopens_and_successes_heal_a_suspicious_worker() {
         let (mut h, config, mut rng) = setup();
         for _ in 0..3 {
-            h.fail(Failure::Unreachable, &config, S, &mut rng);
+            h.fail(Failure::Unreachable, true, &config, S, &mut rng);
         }
         h.tick(61 * S);
         h.canary_started(61 * S);
-        let again = h.canary_finished(Err(Failure::CanaryTimeout), None, &config, 64 * S, &mut rng);
+        let again = h.canary_finished(
+            Err(Failure::CanaryTimeout),
+            None,
+            true,
+            &config,
+            64 * S,
+            &mut rng,
+        );
         assert_eq!(again, None, "still unhealthy");
         assert_eq!(h.breaker, Breaker::Open { until: 124 * S });
         assert_eq!(h.openings, 2);
 
         let (mut h, config, mut rng) = setup();
-        h.fail(Failure::Stalled, &config, S, &mut rng);
+        h.fail(Failure::Stalled, true, &config, S, &mut rng);
         assert_eq!(h.state, HealthState::Suspicious);
         assert_eq!(h.succeed(&config, 2 * S, false), None);
         assert_eq!(
@@ -557,17 +649,24 @@ mod tests {
         let (mut h, config, mut rng) = setup();
         h.canary_started(S);
         assert_eq!(
-            h.canary_finished(Ok((vec![5, 6], S / 10)), None, &config, S, &mut rng),
+            h.canary_finished(Ok((vec![5, 6], S / 10)), None, true, &config, S, &mut rng),
             None
         );
         // The same worker now answers differently.
         h.canary_started(40 * S);
-        let changed = h.canary_finished(Ok((vec![5, 7], S / 10)), None, &config, 40 * S, &mut rng);
+        let changed = h.canary_finished(
+            Ok((vec![5, 7], S / 10)),
+            None,
+            true,
+            &config,
+            40 * S,
+            &mut rng,
+        );
         assert_eq!(changed.map(|c| c.to), Some(HealthState::Unhealthy));
         // A worker whose very first answer differs from what the fleet answers.
         let (mut h, config, mut rng) = setup();
         h.canary_started(S);
-        let odd = h.canary_finished(Ok((vec![9], S)), Some(&[5, 6]), &config, S, &mut rng);
+        let odd = h.canary_finished(Ok((vec![9], S)), Some(&[5, 6]), true, &config, S, &mut rng);
         assert_eq!(odd.map(|c| c.to), Some(HealthState::Unhealthy));
         assert_eq!(h.last_failure, Some(Failure::WrongOutput));
     }
@@ -580,6 +679,7 @@ mod tests {
             h.canary_finished(
                 Ok((vec![1], Duration::from_millis(10))),
                 None,
+                true,
                 &config,
                 S * i,
                 &mut rng,
@@ -590,6 +690,7 @@ mod tests {
         h.canary_finished(
             Ok((vec![1], Duration::from_millis(100))),
             None,
+            true,
             &config,
             10 * S,
             &mut rng,
@@ -604,7 +705,7 @@ mod tests {
         let fast = Duration::from_millis(10);
         for i in 0..3 {
             h.canary_started(S * i);
-            h.canary_finished(Ok((vec![1], fast)), None, &config, S * i, &mut rng);
+            h.canary_finished(Ok((vec![1], fast)), None, true, &config, S * i, &mut rng);
         }
         let average = h.canary_latency;
         // Ten times slower, behind the worker's own requests: passed, average unchanged.
@@ -612,7 +713,7 @@ mod tests {
         h.canary_under_load = true;
         let slow = Ok((vec![1], 10 * fast));
         assert_eq!(
-            h.canary_finished(slow, None, &config, 10 * S, &mut rng),
+            h.canary_finished(slow, None, true, &config, 10 * S, &mut rng),
             None
         );
         assert_eq!(h.state, HealthState::Healthy);
@@ -620,16 +721,23 @@ mod tests {
         // Its answer is still judged.
         h.canary_started(20 * S);
         h.canary_under_load = true;
-        let wrong = h.canary_finished(Ok((vec![2], fast)), None, &config, 20 * S, &mut rng);
+        let wrong = h.canary_finished(Ok((vec![2], fast)), None, true, &config, 20 * S, &mut rng);
         assert_eq!(wrong.map(|c| c.to), Some(HealthState::Unhealthy));
         // The same latency on an idle worker is a spike.
         let (mut h, config, mut rng) = setup();
         for i in 0..3 {
             h.canary_started(S * i);
-            h.canary_finished(Ok((vec![1], fast)), None, &config, S * i, &mut rng);
+            h.canary_finished(Ok((vec![1], fast)), None, true, &config, S * i, &mut rng);
         }
         h.canary_started(10 * S);
-        h.canary_finished(Ok((vec![1], 10 * fast)), None, &config, 10 * S, &mut rng);
+        h.canary_finished(
+            Ok((vec![1], 10 * fast)),
+            None,
+            true,
+            &config,
+            10 * S,
+            &mut rng,
+        );
         assert_eq!(h.last_failure, Some(Failure::LatencySpike));
     }
 
@@ -645,6 +753,7 @@ mod tests {
         h.canary_finished(
             Ok((vec![1], S / 100)),
             None,
+            true,
             &config,
             Duration::ZERO,
             &mut rng,
@@ -657,7 +766,14 @@ mod tests {
         assert!(h.canary_due(&config, 30 * S));
         // Idle for 10 s: a canary before the timer.
         h.canary_started(30 * S);
-        h.canary_finished(Ok((vec![1], S / 100)), None, &config, 30 * S, &mut rng);
+        h.canary_finished(
+            Ok((vec![1], S / 100)),
+            None,
+            true,
+            &config,
+            30 * S,
+            &mut rng,
+        );
         assert!(!h.canary_due(&config, 39 * S));
         assert!(h.canary_due(&config, 40 * S));
     }
@@ -683,7 +799,13 @@ mod tests {
         let mut untils = Vec::new();
         for _ in 0..50 {
             let mut h = WorkerHealth::new(Duration::ZERO);
-            h.fail(Failure::WrongOutput, &config, Duration::ZERO, &mut rng);
+            h.fail(
+                Failure::WrongOutput,
+                true,
+                &config,
+                Duration::ZERO,
+                &mut rng,
+            );
             if let Breaker::Open { until } = h.breaker {
                 untils.push(until);
             }

@@ -361,10 +361,24 @@ impl RoutingCore {
     ) -> Option<HealthChange> {
         self.tick(now);
         let config = self.config.health;
+        let room = self.room_to_take_out();
         self.registry
             .get_mut(worker)?
             .health
-            .fail(failure, &config, now, &mut self.rng)
+            .fail(failure, room, &config, now, &mut self.rng)
+    }
+
+    /// Whether soft failures may take one more worker out: fewer than
+    /// `health.max_unhealthy_fraction` of the workers still registered (at least one
+    /// worker) are out already.
+    fn room_to_take_out(&self) -> bool {
+        let (mut fleet, mut out) = (0usize, 0usize);
+        for entry in self.registry.iter().filter(|e| !e.departed) {
+            fleet += 1;
+            out += usize::from(entry.health.state == HealthState::Unhealthy);
+        }
+        let allowed = (fleet as f64 * self.config.health.max_unhealthy_fraction).floor() as usize;
+        out < allowed.max(1)
     }
 
     /// A request that completed on the worker.
@@ -448,11 +462,17 @@ impl RoutingCore {
         };
         let config = self.config.health;
         let loaded = self.has_requests(worker);
+        let room = self.room_to_take_out();
         let entry = self.registry.get_mut(worker)?;
         entry.health.canary_under_load |= loaded;
-        entry
-            .health
-            .canary_finished(answer, reference.as_deref(), &config, now, &mut self.rng)
+        entry.health.canary_finished(
+            answer,
+            reference.as_deref(),
+            room,
+            &config,
+            now,
+            &mut self.rng,
+        )
     }
 
     /// Whether requests routed to `worker` are in flight there.
