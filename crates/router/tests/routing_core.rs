@@ -350,6 +350,10 @@ fn soft_failures_take_out_half_the_fleet_at_most_and_hard_ones_any_worker() {
     for id in 1..=4 {
         core.add_worker(spec(id)).unwrap();
     }
+    // Encoders are a pool of their own: they make no room among the LLM workers.
+    for id in 5..=6 {
+        core.add_worker(role_spec(id, WorkerRole::Encoder)).unwrap();
+    }
     let s = Duration::from_secs(1);
     let state = |core: &RoutingCore, id| core.worker(WorkerId(id)).unwrap().health.state;
     // Hangs: two of four workers go out at once; the third stays in, suspicious, however
@@ -378,7 +382,7 @@ fn soft_failures_take_out_half_the_fleet_at_most_and_hard_ones_any_worker() {
     }
     core.canary_finished(WorkerId(4), Err(Failure::CanaryTimeout), 3 * s);
     assert_eq!(state(&core, 4), HealthState::Suspicious);
-    // Workers that left do not count: with 1, 2 and 3 gone, the fleet is worker 4 alone,
+    // Workers that left do not count: with 1, 2 and 3 gone, the pool is worker 4 alone,
     // and one worker may always go out.
     for id in 1..=3 {
         core.worker_left(WorkerId(id));

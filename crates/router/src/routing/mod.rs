@@ -361,19 +361,26 @@ impl RoutingCore {
     ) -> Option<HealthChange> {
         self.tick(now);
         let config = self.config.health;
-        let room = self.room_to_take_out();
+        let room = self.room_to_take_out(worker);
         self.registry
             .get_mut(worker)?
             .health
             .fail(failure, room, &config, now, &mut self.rng)
     }
 
-    /// Whether soft failures may take one more worker out: fewer than
-    /// `health.max_unhealthy_fraction` of the workers still registered (at least one
-    /// worker) are out already.
-    fn room_to_take_out(&self) -> bool {
+    /// Whether soft failures may take `worker` out: fewer than
+    /// `health.max_unhealthy_fraction` (at least one) of the registered workers in its role
+    /// (the pool its load would move to) are out already.
+    fn room_to_take_out(&self, worker: WorkerId) -> bool {
+        let Some(role) = self.registry.get(worker).map(|e| e.spec.role) else {
+            return true;
+        };
         let (mut fleet, mut out) = (0usize, 0usize);
-        for entry in self.registry.iter().filter(|e| !e.departed) {
+        for entry in self
+            .registry
+            .iter()
+            .filter(|e| !e.departed && e.spec.role == role)
+        {
             fleet += 1;
             out += usize::from(entry.health.state == HealthState::Unhealthy);
         }
@@ -462,7 +469,7 @@ impl RoutingCore {
         };
         let config = self.config.health;
         let loaded = self.has_requests(worker);
-        let room = self.room_to_take_out();
+        let room = self.room_to_take_out(worker);
         let entry = self.registry.get_mut(worker)?;
         entry.health.canary_under_load |= loaded;
         entry.health.canary_finished(
