@@ -416,7 +416,7 @@ async fn a_frozen_worker_loses_its_streams_gets_nothing_new_and_rejoins_after_si
         .map(|n| {
             cluster.worker_with(
                 &format!("worker-{n}"),
-                &["--speedup-ratio", "2", "--lease-ttl", "30s"],
+                &["--speedup-ratio", "1", "--lease-ttl", "30s"],
             )
         })
         .collect();
@@ -436,7 +436,11 @@ async fn a_frozen_worker_loses_its_streams_gets_nothing_new_and_rejoins_after_si
         let url = url.clone();
         async move { stream_all(&url, 30, 300).await }
     });
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Frozen once its streams have their first tokens (a hang before the first token
+    // waits out the first-token timeout) and long before they end: at real speed the run
+    // takes about 2 s here, and the freeze comes at about 0.4 s. (At twice the speed an
+    // optimised build finished the victim's streams before it was frozen, now and then.)
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let victim = busiest(&frontend).await;
     let frozen = workers.iter().find(|p| p.address == victim).unwrap();
     let id = record_of(&frontend, &victim).await.unwrap()["worker_id"]
