@@ -15,8 +15,8 @@
 //! - `success_threshold` successes in a row make a suspicious worker healthy again.
 //! - A cap on the fleet: a soft failure (a stall, a hang, a timeout, a 5xx, a slow or
 //!   unanswered canary: what an overloaded or starved worker also shows) takes a worker out
-//!   only while fewer than `max_unhealthy_fraction` of the fleet (at least one worker) is
-//!   out; past that the worker stays suspicious. When most of a fleet looks sick at once,
+//!   only while fewer than `max_unhealthy_fraction` of the workers of its role (at least
+//!   one) is out; past that the worker stays suspicious. When most of a fleet looks sick at once,
 //!   the load is the likelier cause, and taking workers out moves their requests onto the
 //!   rest, which then look sick in turn until nothing serves. Hard evidence (the worker
 //!   refused or dropped the connection, or answered wrongly) takes it out regardless.
@@ -76,8 +76,8 @@ pub struct HealthConfig {
     /// Longest wait for a request's first token before it counts as stalled.
     #[serde(with = "humantime_serde")]
     pub first_token_timeout: Duration,
-    /// Soft failures take a worker out only while fewer than this share of the fleet (and
-    /// at least one worker) is out (1: no cap).
+    /// Soft failures take a worker out only while fewer than this share of the workers of
+    /// its role (and at least one) is out (1: no cap).
     pub max_unhealthy_fraction: f64,
 }
 
