@@ -16,7 +16,7 @@ use switchyard_core::{
     RequestId, SequenceHash, StorageTier, StoredBlock, WorkerId, WorkerKey,
 };
 use switchyard_router::{Indexer, IndexerConfig, WorkerSnapshot};
-use switchyard_runtime::{ReplicaEvent, ReplicaMessage, WorkerEvent};
+use switchyard_runtime::{ReplicaEvent, ReplicaMessage, TrafficCounters, WorkerEvent};
 
 /// Writes `samples` into the corpus directory libFuzzer was given (the first directory among
 /// the command-line arguments), named by content, unless already there. Called from a
@@ -221,6 +221,14 @@ pub mod samples {
                 ReplicaEvent::Alive {
                     requests: vec![RequestId(3), RequestId(4)],
                 },
+                ReplicaEvent::Traffic(TrafficCounters {
+                    requests: 12,
+                    input_tokens: 4_000,
+                    ttft_us_sum: 1_500_000,
+                    ttft_count: 10,
+                    queued: 2,
+                    ..TrafficCounters::default()
+                }),
             ],
         }]
     }

@@ -1,6 +1,8 @@
 //! Prometheus metrics.
 
 use std::borrow::Cow;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,6 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use switchyard_router::routing::health::Failure;
+use switchyard_runtime::TrafficCounters;
 
 use crate::routing::RoutingService;
 
@@ -127,8 +130,21 @@ pub struct Metrics {
     /// From a remote prefill's first token to the decode worker's first (the KV transfer).
     pub disagg_handoff: Histogram,
     /// Workers with per-worker counter series, so those of departed workers can be removed.
+    /// For [`Metrics::traffic`] (the histograms do not give their sums and counts back):
+    /// generation requests (completions and chat completions), requests finished, and
+    /// TTFT and ITL summed in microseconds with their counts.
+    generation_requests: AtomicU64,
+    finished: AtomicU64,
+    ttft_sum: [AtomicU64; 2],
+    itl_sum: [AtomicU64; 2],
     counted_workers: parking_lot::Mutex<std::collections::HashSet<switchyard_core::WorkerKey>>,
     failed_workers: parking_lot::Mutex<std::collections::HashSet<switchyard_core::WorkerId>>,
+}
+
+/// Adds a duration to a (sum in microseconds, count) pair.
+fn add(pair: &[AtomicU64; 2], d: Duration) {
+    pair[0].fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Relaxed);
+    pair[1].fetch_add(1, Relaxed);
 }
 
 fn exponential(start: f64, factor: f64, n: u16) -> impl Iterator<Item = f64> {
@@ -457,6 +473,10 @@ impl Metrics {
             feature_store_bytes,
             disagg_prefills,
             disagg_handoff,
+            generation_requests: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            ttft_sum: Default::default(),
+            itl_sum: Default::default(),
             counted_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
             failed_workers: parking_lot::Mutex::new(std::collections::HashSet::new()),
         }
@@ -468,6 +488,26 @@ impl Metrics {
         self.requests
             .get_or_create(&RouteLabels { route, status })
             .inc();
+        if matches!(route, "/v1/completions" | "/v1/chat/completions") {
+            self.generation_requests.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The traffic so far, as planners watching the planes read it (`queued`: the
+    /// requests in the admission queue now).
+    pub fn traffic(&self, queued: u64) -> TrafficCounters {
+        TrafficCounters {
+            requests: self.generation_requests.load(Relaxed),
+            input_tokens: self.input_tokens.get(),
+            cached_tokens: self.cached_tokens.get(),
+            output_tokens: self.output_tokens.get(),
+            finished: self.finished.load(Relaxed),
+            ttft_us_sum: self.ttft_sum[0].load(Relaxed),
+            ttft_count: self.ttft_sum[1].load(Relaxed),
+            itl_us_sum: self.itl_sum[0].load(Relaxed),
+            itl_count: self.itl_sum[1].load(Relaxed),
+            queued,
+        }
     }
 
     /// A request with an API key (`tenant` empty: no valid key).
@@ -546,6 +586,18 @@ impl Metrics {
 
     pub fn observe_ttft(&self, d: Duration) {
         self.ttft.observe(d.as_secs_f64());
+        add(&self.ttft_sum, d);
+    }
+
+    pub fn observe_itl(&self, d: Duration) {
+        self.itl.observe(d.as_secs_f64());
+        add(&self.itl_sum, d);
+    }
+
+    /// A request's whole time, from arrival to its end.
+    pub fn observe_duration(&self, d: Duration) {
+        self.duration.observe(d.as_secs_f64());
+        self.finished.fetch_add(1, Relaxed);
     }
 
     /// Renders the Prometheus text format, refreshing the gauges read from live state.
@@ -650,5 +702,49 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traffic_counts_generation_requests_and_sums_latencies_in_microseconds() {
+        let m = Metrics::default();
+        m.count_request("/v1/completions", 200);
+        m.count_request("/v1/chat/completions", 429);
+        m.count_request("/v1/models", 200);
+        m.count_request("/metrics", 200);
+        m.input_tokens.inc_by(300);
+        m.cached_tokens.inc_by(64);
+        m.output_tokens.inc_by(12);
+        m.observe_ttft(Duration::from_millis(150));
+        m.observe_ttft(Duration::from_micros(2_500));
+        m.observe_itl(Duration::from_micros(7_250));
+        m.observe_duration(Duration::from_secs(1));
+        let t = m.traffic(3);
+        assert_eq!(
+            t,
+            TrafficCounters {
+                requests: 2,
+                input_tokens: 300,
+                cached_tokens: 64,
+                output_tokens: 12,
+                finished: 1,
+                ttft_us_sum: 152_500,
+                ttft_count: 2,
+                itl_us_sum: 7_250,
+                itl_count: 1,
+                queued: 3,
+            }
+        );
+        // The histograms see the same observations.
+        let text = {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
+            out
+        };
+        assert!(text.contains("switchyard_time_to_first_token_seconds_count 2"), "{text}");
     }
 }

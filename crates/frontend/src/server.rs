@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_runtime::net::server::ServerLimits;
-use switchyard_runtime::{Discovery, EventPlane, EventPlaneError, ReplicaEvent, ReplicaPlane};
+use switchyard_runtime::{
+    Discovery, EventPlane, EventPlaneError, ReplicaEvent, ReplicaMessage, ReplicaPlane,
+};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -64,6 +66,36 @@ pub async fn start_background(
         cancel.clone(),
     ));
     Ok(())
+}
+
+/// Publishes the frontend's traffic counters ([`ReplicaEvent::Traffic`]) every `interval`
+/// until cancelled, for planners that watch the planes rather than a frontend.
+pub async fn publish_traffic(
+    frontend: Arc<Frontend>,
+    plane: Arc<dyn ReplicaPlane>,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let id: u64 = rand::random();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let queued = frontend.routing.queued().iter().sum::<usize>() as u64;
+        let message = ReplicaMessage {
+            frontend: id,
+            events: vec![ReplicaEvent::Traffic(frontend.metrics.traffic(queued))],
+        };
+        if let Err(e) = plane
+            .publish_replica(frontend.routing.model(), &message)
+            .await
+        {
+            tracing::debug!(error = %e, "cannot publish the traffic counters");
+        }
+    }
 }
 
 /// Serves HTTP on an already-bound listener until `shutdown` resolves, then finishes the

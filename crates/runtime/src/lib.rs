@@ -24,6 +24,8 @@ pub mod vllm;
 pub use discovery::{Discovery, DiscoveryError, Instances, Lease, WorkerInstance};
 pub use events::{EventPlane, EventPlaneError, EventSubscription, WorkerEvent};
 pub use local::LocalKvSnapshots;
-pub use replicas::{ReplicaEvent, ReplicaMessage, ReplicaPlane, ReplicaSubscription};
+pub use replicas::{
+    ReplicaEvent, ReplicaMessage, ReplicaPlane, ReplicaSubscription, TrafficCounters,
+};
 pub use request::{EngineError, EngineService, RequestPlane, ResponseStream};
 pub use snapshot::{IndexView, KvSnapshotSource, StreamView};

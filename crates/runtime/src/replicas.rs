@@ -31,6 +31,31 @@ pub enum ReplicaEvent {
     Finished { request: RequestId },
     /// Every request the frontend has in flight now.
     Alive { requests: Vec<RequestId> },
+    /// The frontend's traffic so far, for planners watching the planes (frontends ignore
+    /// it). Published whether or not replica sync is on.
+    Traffic(TrafficCounters),
+}
+
+/// A frontend's traffic since it started: cumulative counters (a reader diffs two of
+/// them), and the requests waiting in its admission queue now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrafficCounters {
+    /// Generation requests received (completions and chat completions, any outcome).
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    /// Requests finished (answered or failed after admission).
+    pub finished: u64,
+    /// Times to first token, summed in microseconds, and how many.
+    pub ttft_us_sum: u64,
+    pub ttft_count: u64,
+    /// Inter-token latencies, summed in microseconds, and how many.
+    pub itl_us_sum: u64,
+    pub itl_count: u64,
+    /// Requests held in the admission queue for want of a free engine (a level, not a
+    /// count).
+    pub queued: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

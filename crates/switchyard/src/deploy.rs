@@ -83,6 +83,9 @@ pub struct FrontendSync {
     pub resync: Option<Arc<dyn KvSnapshotSource>>,
     /// Share routing state with the model's other frontends.
     pub replicas: Option<Arc<dyn ReplicaPlane>>,
+    /// Publish the traffic counters there (every second), for `switchyard planner`
+    /// watching the planes.
+    pub traffic: Option<Arc<dyn ReplicaPlane>>,
 }
 
 /// The frontend on its planes: preprocessor, routing service, background tasks, HTTP.
@@ -127,6 +130,14 @@ pub async fn start_frontend(
         None => None,
     };
     server::start_background(&frontend, discovery, events, replicas, tracker, cancel).await?;
+    if let Some(plane) = sync.traffic {
+        tracker.spawn(server::publish_traffic(
+            Arc::clone(&frontend),
+            plane,
+            Duration::from_secs(1),
+            cancel.clone(),
+        ));
+    }
     Ok((frontend, Listeners { public, admin }))
 }
 
@@ -164,6 +175,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         FrontendSync {
             resync: Some(Arc::new(snapshots.clone())),
             replicas: None,
+            traffic: None,
         },
         &tracker,
         &cancel,
@@ -295,7 +307,7 @@ fn worker_config(config: &Config) -> WorkerConfig {
 }
 
 /// Discovery through etcd and events through NATS, as `config.runtime` says.
-async fn connect(
+pub async fn connect(
     config: &Config,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
@@ -335,6 +347,7 @@ pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
             .runtime
             .replica_sync
             .then(|| Arc::new(events.clone()) as Arc<dyn ReplicaPlane>),
+        traffic: Some(Arc::new(events.clone())),
     };
     let (frontend, listener) = start_frontend(
         &config.frontend,

@@ -738,7 +738,6 @@ impl Drop for InFlight {
         self.frontend.metrics.in_flight.dec();
         self.frontend
             .metrics
-            .duration
-            .observe(self.started.elapsed().as_secs_f64());
+            .observe_duration(self.started.elapsed());
     }
 }

@@ -395,7 +395,7 @@ impl Streaming {
                 self.cached_tokens = Some(cached.unwrap_or(0));
                 metrics.cached_tokens.inc_by(u64::from(cached.unwrap_or(0)));
             }
-            Some(last) => metrics.itl.observe((now - last).as_secs_f64()),
+            Some(last) => metrics.observe_itl(now - last),
         }
         if self.attempt_items.is_multiple_of(SAMPLE_EVERY) {
             self.stall = frontend.routing.stall_timeout(worker.worker_id);

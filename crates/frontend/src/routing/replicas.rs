@@ -123,7 +123,10 @@ impl RoutingService {
         let Some(replicas) = &self.replicas else {
             return;
         };
-        if message.frontend == replicas.frontend {
+        // Its own messages, and traffic reports (for planners; frontends with replica
+        // sync off send them too, and are no peers).
+        let traffic = |e: &ReplicaEvent| matches!(e, ReplicaEvent::Traffic(_));
+        if message.frontend == replicas.frontend || message.events.iter().all(traffic) {
             return;
         }
         let now = self.now();
@@ -164,6 +167,7 @@ impl RoutingService {
                         freed = true;
                     }
                 }
+                ReplicaEvent::Traffic(_) => {}
                 ReplicaEvent::Alive { requests } => {
                     let alive: HashSet<RequestId> = requests.into_iter().collect();
                     let lost: Vec<RequestId> = peer.requests.difference(&alive).copied().collect();
