@@ -42,34 +42,41 @@ fn listed(state: &Path) -> Vec<u64> {
         .unwrap_or_default()
 }
 
-fn planner(cluster: &Cluster, frontend: &Process, state: &Path, log: &Path) -> Process {
-    let admin = frontend.admin.clone().unwrap();
-    let mut args: Vec<String> = [
-        "planner",
-        "--frontend",
-        &format!("http://{admin}"),
-        "--connector",
-        "local",
-        "--mode",
-        "load",
-        "--metric-interval",
-        "500ms",
-        "--adjustment-interval",
-        "3s",
-        "--min-workers",
-        "1",
-        "--max-workers",
-        "3",
-        "--state-file",
-        state.to_str().unwrap(),
-        "--decision-log",
-        log.to_str().unwrap(),
-        "--metrics-port",
-        "0",
-        "--",
-    ]
-    .map(str::to_string)
-    .to_vec();
+/// The planner with the local connector, watching the fleet through `frontend`'s admin
+/// listener, or through the planes when `None`.
+fn planner(cluster: &Cluster, frontend: Option<&Process>, state: &Path, log: &Path) -> Process {
+    let mut args = vec!["planner".to_string()];
+    match frontend {
+        Some(frontend) => args.extend([
+            "--frontend".to_string(),
+            format!("http://{}", frontend.admin.clone().unwrap()),
+        ]),
+        None => args.extend(cluster.planes()),
+    }
+    args.extend(
+        [
+            "--connector",
+            "local",
+            "--mode",
+            "load",
+            "--metric-interval",
+            "500ms",
+            "--adjustment-interval",
+            "3s",
+            "--min-workers",
+            "1",
+            "--max-workers",
+            "3",
+            "--state-file",
+            state.to_str().unwrap(),
+            "--decision-log",
+            log.to_str().unwrap(),
+            "--metrics-port",
+            "0",
+            "--",
+        ]
+        .map(str::to_string),
+    );
     args.extend(cluster.planes());
     args.extend(
         [
@@ -85,26 +92,54 @@ fn planner(cluster: &Cluster, frontend: &Process, state: &Path, log: &Path) -> P
     Process::spawn("planner", &args, cluster.dir.path())
 }
 
-/// Clients asking for `max_tokens` each, back to back, until `stop`; every answer checked.
+/// Clients asking for 40 tokens each, back to back, until `stop`; every answer checked.
 fn clients(
     frontend: &Process,
     n: usize,
     stop: &Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<(u32, Vec<String>)>> {
+    clients_of(&[frontend], n, false, stop)
+}
+
+/// `n` clients spread over `frontends`; with `streams`, every other one streams its answers
+/// (a stream still running on a worker being drained away must end whole).
+fn clients_of(
+    frontends: &[&Process],
+    n: usize,
+    streams: bool,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<(u32, Vec<String>)>> {
     (0..n)
         .map(|i| {
-            let url = frontend.url("/v1/completions");
+            let url = frontends[i % frontends.len()].url("/v1/completions");
+            let stream = streams && i % 2 == 1;
             let stop = Arc::clone(stop);
             tokio::spawn(async move {
                 let (mut done, mut errors) = (0, Vec::new());
                 while !stop.load(Ordering::Relaxed) {
-                    let body = json!({
+                    let mut body = json!({
                         "model": MODEL,
                         "prompt": format!("client {i} request {done}: tell me about planners"),
                         "max_tokens": 40,
                         "ignore_eos": true,
                     });
+                    if stream {
+                        body["stream"] = json!(true);
+                        body["stream_options"] = json!({"include_usage": true});
+                    }
                     match client().post(&url).json(&body).send().await {
+                        Ok(r) if stream => {
+                            let status = r.status();
+                            let text = r.text().await.unwrap_or_default();
+                            let streamed = support::parse_stream(&text);
+                            if status != 200
+                                || !streamed.errors.is_empty()
+                                || streamed.completion_tokens != Some(40)
+                                || !streamed.done
+                            {
+                                errors.push(format!("stream {status}: {text}"));
+                            }
+                        }
                         Ok(r) => {
                             let status = r.status();
                             let v: Value = r.json().await.unwrap_or_default();
@@ -143,7 +178,7 @@ async fn the_local_connector_follows_a_ramp_up_and_down_without_losing_a_request
     let state = cluster.dir.path().join("planner-state.json");
     let log = cluster.dir.path().join("decisions.jsonl");
     let _leftovers = Leftovers(state.clone());
-    let mut first = planner(&cluster, &frontend, &state, &log);
+    let mut first = planner(&cluster, Some(&frontend), &state, &log);
     // It starts its minimum: one worker.
     wait_for_workers(&frontend, 1, Duration::from_secs(20)).await;
 
@@ -205,11 +240,89 @@ async fn the_local_connector_follows_a_ramp_up_and_down_without_losing_a_request
     first.sigterm();
     assert!(first.wait(Duration::from_secs(10)).success());
     let pid = listed(&state);
-    let second = planner(&cluster, &frontend, &state, &log);
+    let second = planner(&cluster, Some(&frontend), &state, &log);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(listed(&state), pid);
     assert_eq!(workers_seen(&frontend).await, 1);
     drop(second);
+}
+
+/// Every generation request a frontend answered, by status (its `/metrics`).
+async fn answered(frontend: &Process) -> (f64, f64) {
+    let text = support::scrape(&frontend.url("/metrics")).await;
+    let (mut ok, mut not_ok) = (0.0, 0.0);
+    for line in text.lines().filter(|l| {
+        l.starts_with("switchyard_http_requests_total{")
+            && (l.contains("route=\"/v1/completions\"")
+                || l.contains("route=\"/v1/chat/completions\""))
+    }) {
+        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        if line.contains("status=\"200\"") {
+            ok += value;
+        } else {
+            not_ok += value;
+        }
+    }
+    (ok, not_ok)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_the_planes_it_sums_two_frontends_and_scales_down_under_streams_without_a_loss() {
+    let cluster = Cluster::start();
+    let a = cluster.frontend("frontend-a", 0);
+    let b = cluster.frontend("frontend-b", 0);
+    let state = cluster.dir.path().join("planner-state.json");
+    let log = cluster.dir.path().join("decisions.jsonl");
+    let _leftovers = Leftovers(state.clone());
+    // No frontend named: the workers from etcd, their loads and both frontends' traffic
+    // and queues from NATS.
+    let _planner = planner(&cluster, None, &state, &log);
+    wait_for_workers(&a, 1, Duration::from_secs(20)).await;
+
+    // Load through both frontends: each holds part of the backlog in its queue.
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = clients_of(&[&a, &b], 8, false, &stop);
+    wait_for_workers(&a, 3, Duration::from_secs(60)).await;
+    assert_eq!(listed(&state).len(), 3);
+    let served = stop_clients(&stop, busy).await;
+
+    // Two clients, one streaming, while the fleet shrinks to one worker (which runs two
+    // requests at a time: no queue, so the planner keeps going down).
+    let stop = Arc::new(AtomicBool::new(false));
+    let light = clients_of(&[&a, &b], 2, true, &stop);
+    wait_for_workers(&a, 1, Duration::from_secs(90)).await;
+    let served_light = stop_clients(&stop, light).await;
+    assert!(served > 0 && served_light > 0);
+    assert_eq!(listed(&state).len(), 1);
+
+    // The frontends answered every request they were sent, every one with a 200.
+    let (ok_a, not_ok_a) = answered(&a).await;
+    let (ok_b, not_ok_b) = answered(&b).await;
+    assert_eq!((not_ok_a, not_ok_b), (0.0, 0.0));
+    assert_eq!(ok_a + ok_b, f64::from(served + served_light));
+
+    let decisions: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let asked: Vec<u64> = decisions
+        .iter()
+        .flat_map(|d| d["actions"].as_array().unwrap().clone())
+        .map(|a| a["replicas"].as_u64().unwrap())
+        .collect();
+    assert!(asked.starts_with(&[2, 3]), "{asked:?}");
+    assert!(asked.ends_with(&[2, 1]), "{asked:?}");
+    // It counted the traffic of both frontends: more requests than either one answered
+    // (though not those after its last decision).
+    let counted: f64 = decisions
+        .iter()
+        .map(|d| d["interval"]["traffic"]["requests"].as_f64().unwrap())
+        .sum();
+    assert!(
+        counted > ok_a.max(ok_b) && counted <= ok_a + ok_b,
+        "counted {counted}, answered {ok_a} + {ok_b}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,6 +404,21 @@ async fn the_noop_connector_only_decides_and_bad_settings_are_named() {
         "built without the kubernetes connector"
     };
     assert!(String::from_utf8_lossy(&out.stderr).contains(expected));
+    // Neither a frontend nor the planes to watch, or half the planes.
+    let out = run(&["--min-workers", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--frontend http://HOST:PORT"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["--discovery", "etcd://127.0.0.1:9"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--event-plane nats://HOST:PORT"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(&["--frontend", "http://127.0.0.1:9"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/v1/internal/workers"));

@@ -27,7 +27,7 @@ pub struct PlaneFlags {
 }
 
 impl PlaneFlags {
-    fn apply(&self, o: &mut Overlay) {
+    pub(super) fn apply(&self, o: &mut Overlay) {
         o.set_some(&["runtime", "discovery"], self.discovery.clone());
         o.set_some(&["runtime", "event_plane"], self.event_plane.clone());
         o.set_some(&["runtime", "namespace"], self.namespace.clone());

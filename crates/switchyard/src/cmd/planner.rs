@@ -1,7 +1,10 @@
 //! `switchyard planner`: the planner against a running deployment. It watches the fleet
-//! through a frontend's admin listener (the workers' loads from `/v1/internal/workers`,
-//! the traffic from `/metrics`) at the metric interval, feeds the same [`Planner`] the
-//! simulator runs, and hands its replica counts to a connector:
+//! at the metric interval, either through a frontend's admin listener (`--frontend`: the
+//! workers' loads from `/v1/internal/workers`, the traffic from `/metrics`) or through the
+//! planes (`--discovery`, `--event-plane`: the workers registered in etcd, their load
+//! reports and every frontend's traffic counters from NATS, so no frontend is needed and
+//! several are summed), feeds the same [`Planner`] the simulator runs, and hands its
+//! replica counts to a connector:
 //!
 //! - `noop`: decides and logs, changes nothing;
 //! - `local`: starts `switchyard worker` processes (the arguments after `--`) and stops
@@ -19,16 +22,24 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
-use switchyard_core::WorkerRole;
 use switchyard_core::load::LoadSnapshot;
+use switchyard_core::{WorkerKey, WorkerRole};
 use switchyard_mocker::PerfModel;
 use switchyard_planner::{Observation, Planner, PlannerConfig, TrafficSample, WorkerSample};
+use switchyard_runtime::TrafficCounters;
 
 #[derive(Debug, Args)]
 pub struct PlannerArgs {
-    /// A frontend's admin listener (`http://HOST:PORT`), where the fleet is watched.
+    /// A frontend's admin listener (`http://HOST:PORT`), where the fleet is watched;
+    /// without it, the planes (`--discovery`, `--event-plane`) are.
     #[arg(long)]
-    frontend: String,
+    frontend: Option<String>,
+    #[command(flatten)]
+    planes: super::distributed::PlaneFlags,
+    /// The model whose workers are planned, when watching the planes (default:
+    /// `frontend.model`).
+    #[arg(long)]
+    model: Option<String>,
     /// What carries out the decisions.
     #[arg(long, value_enum, default_value_t = ConnectorArg::Noop)]
     connector: ConnectorArg,
@@ -124,6 +135,8 @@ impl PlannerArgs {
             &["planner", "budget", "max_gpus"],
             self.max_workers.map(i64::from),
         );
+        self.planes.apply(&mut o);
+        o.set_some(&["frontend", "model"], self.model.clone());
         o
     }
 }
@@ -131,8 +144,20 @@ impl PlannerArgs {
 pub fn run(args: PlannerArgs, env: &BTreeMap<String, String>) -> Result<()> {
     let tree = switchyard::config::load(args.config.as_deref(), env, args.overlay().0)?;
     let _telemetry = crate::logging::init(&tree.log, "switchyard-planner")?;
-    let config = tree.planner;
+    let config = tree.planner.clone();
     config.validate()?;
+    let source = match &args.frontend {
+        Some(url) => Source::Frontend(url.trim_end_matches('/').to_string()),
+        None if tree.runtime.discovery.is_none() && tree.runtime.event_plane.is_none() => bail!(
+            "the planner watches the fleet through a frontend (--frontend http://HOST:PORT, \
+             its admin listener) or the planes (--discovery etcd://HOST:PORT \
+             --event-plane nats://HOST:PORT)"
+        ),
+        None => {
+            tree.runtime.planes()?;
+            Source::Planes(Box::new(tree.clone()))
+        }
+    };
     if args.disagg
         && args
             .worker_args
@@ -158,15 +183,40 @@ pub fn run(args: PlannerArgs, env: &BTreeMap<String, String>) -> Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    runtime.block_on(watch(args, config, perf))
+    runtime.block_on(watch(args, source, config, perf))
 }
 
-async fn watch(args: PlannerArgs, config: PlannerConfig, perf: PerfModel) -> Result<()> {
+/// Where the fleet is watched from.
+enum Source {
+    /// A frontend's admin listener.
+    Frontend(String),
+    /// The planes the configuration names (`runtime.*`), for `frontend.model`'s workers.
+    Planes(Box<switchyard::config::Config>),
+}
+
+async fn watch(
+    args: PlannerArgs,
+    source: Source,
+    config: PlannerConfig,
+    perf: PerfModel,
+) -> Result<()> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()?;
-    let frontend = args.frontend.trim_end_matches('/').to_string();
-    let mut fleet = FleetView::new(&client, &frontend);
+    let tracker = tokio_util::task::TaskTracker::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let _stop_planes = cancel.clone().drop_guard();
+    let (mut fleet, frontend) = match &source {
+        Source::Frontend(url) => (Fleet::Frontend(FleetView::new(&client, url)), url.clone()),
+        Source::Planes(tree) => (
+            Fleet::Planes(PlaneView::start(tree, &tracker, &cancel).await?),
+            format!(
+                "the planes ({}, {})",
+                tree.runtime.discovery.as_deref().unwrap_or_default(),
+                tree.runtime.event_plane.as_deref().unwrap_or_default()
+            ),
+        ),
+    };
     let mut connector = match args.connector {
         ConnectorArg::Noop => Connector::Noop,
         ConnectorArg::Local => Connector::Local(LocalWorkers::adopt(
@@ -346,13 +396,7 @@ impl<'a> FleetView<'a> {
             .filter(|w| !matches!(w.status.as_str(), "draining" | "dead"))
             .map(|w| {
                 let engines: Vec<LoadSnapshot> = w.loads.iter().filter_map(|l| l.2).collect();
-                let n = engines.len().max(1) as f64;
-                WorkerSample {
-                    role: w.role,
-                    kv_usage: engines.iter().map(LoadSnapshot::kv_usage).sum::<f64>() / n,
-                    waiting: engines.iter().map(|e| e.waiting).sum(),
-                    running: engines.iter().map(|e| e.running).sum(),
-                }
+                sample(w.role, &engines)
             })
             .collect();
         let text = self.get("/metrics").await?.text().await?;
@@ -379,6 +423,154 @@ impl<'a> FleetView<'a> {
         // Requests the frontend holds back for want of a free engine.
         observation.add_queued(queued);
         Ok(observation)
+    }
+}
+
+/// A worker as the planner sees it, from its engines' (data-parallel ranks') loads: the
+/// mean KV usage, and the requests waiting and running summed.
+fn sample(role: WorkerRole, engines: &[LoadSnapshot]) -> WorkerSample {
+    let n = engines.len().max(1) as f64;
+    WorkerSample {
+        role,
+        kv_usage: engines.iter().map(LoadSnapshot::kv_usage).sum::<f64>() / n,
+        waiting: engines.iter().map(|e| e.waiting).sum(),
+        running: engines.iter().map(|e| e.running).sum(),
+    }
+}
+
+/// Where the planner reads the fleet.
+enum Fleet<'a> {
+    Frontend(FleetView<'a>),
+    Planes(PlaneView),
+}
+
+impl Fleet<'_> {
+    async fn observe(&mut self) -> Result<Observation> {
+        match self {
+            Fleet::Frontend(view) => view.observe().await,
+            Fleet::Planes(view) => Ok(view.observe()),
+        }
+    }
+}
+
+/// A frontend not heard from for this long has stopped: its queue no longer counts.
+const FRONTEND_SILENCE: Duration = Duration::from_secs(10);
+
+/// Reads the fleet from the planes: the model's workers as discovery lists them (a
+/// draining worker deregisters first), the load each engine last reported on the event
+/// plane (none yet: idle, as an engine reports only changes), and the traffic counters
+/// every frontend of the model publishes, summed.
+struct PlaneView {
+    model: String,
+    /// Kept for its watch (etcd's lease and watch tasks run while it lives).
+    _discovery: switchyard_runtime::net::etcd::EtcdDiscovery,
+    instances: tokio::sync::watch::Receiver<switchyard_runtime::Instances>,
+    loads: std::sync::Arc<parking_lot::Mutex<BTreeMap<WorkerKey, LoadSnapshot>>>,
+    traffic: std::sync::Arc<parking_lot::Mutex<BTreeMap<u64, (TrafficCounters, Instant)>>>,
+    /// Each frontend's counters at the previous observation.
+    last: BTreeMap<u64, TrafficCounters>,
+    first: bool,
+}
+
+impl PlaneView {
+    async fn start(
+        tree: &switchyard::config::Config,
+        tracker: &tokio_util::task::TaskTracker,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<PlaneView> {
+        use switchyard_runtime::{Discovery, EventPlane, ReplicaEvent, ReplicaPlane, WorkerEvent};
+        let model = tree.frontend.model.clone();
+        let (discovery, events) = switchyard::deploy::connect(tree, tracker, cancel).await?;
+        let loads = std::sync::Arc::new(parking_lot::Mutex::new(BTreeMap::new()));
+        let traffic = std::sync::Arc::new(parking_lot::Mutex::new(BTreeMap::new()));
+        let mut reports = events.subscribe(&model).await?;
+        let into = std::sync::Arc::clone(&loads);
+        tracker.spawn(async move {
+            while let Some(event) = reports.recv().await {
+                if let WorkerEvent::Load { worker, load } = event {
+                    into.lock().insert(worker, load);
+                }
+            }
+        });
+        let mut messages = events.subscribe_replicas(&model).await?;
+        let into = std::sync::Arc::clone(&traffic);
+        tracker.spawn(async move {
+            while let Some(message) = messages.recv().await {
+                for event in message.events {
+                    if let ReplicaEvent::Traffic(counters) = event {
+                        into.lock()
+                            .insert(message.frontend, (counters, Instant::now()));
+                    }
+                }
+            }
+        });
+        Ok(PlaneView {
+            model,
+            instances: discovery.watch(),
+            _discovery: discovery,
+            loads,
+            traffic,
+            last: BTreeMap::new(),
+            first: true,
+        })
+    }
+
+    fn observe(&mut self) -> Observation {
+        let instances = self.instances.borrow().clone();
+        let mut loads = self.loads.lock();
+        // Workers gone from discovery are forgotten (a new one reuses no id).
+        loads.retain(|key, _| instances.contains_key(&key.worker_id));
+        let workers: Vec<WorkerSample> = instances
+            .values()
+            .filter(|w| w.model == self.model)
+            .map(|w| {
+                let engines: Vec<LoadSnapshot> = (0..w.dp_size.max(1))
+                    .map(|rank| {
+                        loads
+                            .get(&WorkerKey {
+                                worker_id: w.worker_id,
+                                dp_rank: rank,
+                            })
+                            .copied()
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                sample(w.role, &engines)
+            })
+            .collect();
+        drop(loads);
+        let mut traffic = self.traffic.lock();
+        traffic.retain(|_, (_, seen)| seen.elapsed() <= FRONTEND_SILENCE);
+        let mut sample = TrafficSample::default();
+        let mut queued = 0;
+        for (frontend, (now, _)) in traffic.iter() {
+            queued += now.queued;
+            // A frontend first heard of now is the baseline for the next interval.
+            if let Some(before) = self.last.get(frontend) {
+                let d = |a: u64, b: u64| a.saturating_sub(b);
+                sample.requests += d(now.requests, before.requests);
+                sample.input_tokens += d(now.input_tokens, before.input_tokens);
+                sample.cached_tokens += d(now.cached_tokens, before.cached_tokens);
+                sample.output_tokens += d(now.output_tokens, before.output_tokens);
+                sample.finished += d(now.finished, before.finished);
+                sample.ttft_ms_sum += d(now.ttft_us_sum, before.ttft_us_sum) as f64 / 1e3;
+                sample.ttft_count += d(now.ttft_count, before.ttft_count);
+                sample.itl_ms_sum += d(now.itl_us_sum, before.itl_us_sum) as f64 / 1e3;
+                sample.itl_count += d(now.itl_count, before.itl_count);
+            }
+        }
+        self.last = traffic.iter().map(|(&f, &(c, _))| (f, c)).collect();
+        drop(traffic);
+        // The first observation has no interval behind it (as a frontend's first pull).
+        if std::mem::take(&mut self.first) {
+            sample = TrafficSample::default();
+        }
+        let mut observation = Observation {
+            workers,
+            traffic: sample,
+        };
+        observation.add_queued(u32::try_from(queued).unwrap_or(u32::MAX));
+        observation
     }
 }
 
