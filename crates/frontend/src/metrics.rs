@@ -745,6 +745,9 @@ mod tests {
             prometheus_client::encoding::text::encode(&mut out, &m.registry).unwrap();
             out
         };
-        assert!(text.contains("switchyard_time_to_first_token_seconds_count 2"), "{text}");
+        assert!(
+            text.contains("switchyard_time_to_first_token_seconds_count 2"),
+            "{text}"
+        );
     }
 }
