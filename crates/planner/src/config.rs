@@ -109,6 +109,12 @@ pub struct SlaConfig {
     /// Utilization to size for: workers = need / this. Below 1 so bursts within an
     /// interval, and the interval it takes to see them, find room.
     pub target_utilization: f64,
+    /// Square-root staffing when above 0: workers = R + β·√R for the R workers the
+    /// predicted traffic needs at full utilization (`target_utilization` is then not
+    /// applied). The room grows with the square root of the load, so a small fleet keeps
+    /// proportionally more of it (bursts of a few long prompts fill two workers, not
+    /// twenty) and a large one less (the Halfin–Whitt rule of call centres).
+    pub staffing_beta: f64,
     /// A smaller fleet is asked for only after this many consecutive decisions want one
     /// (the largest of their counts): removing a worker loses its cache, and one noisy
     /// interval should not cost it. Additions are immediate.
@@ -133,6 +139,7 @@ impl Default for SlaConfig {
             block_size: 64,
             max_kv_usage: 0.85,
             target_utilization: 0.65,
+            staffing_beta: 0.0,
             scale_down_intervals: 3,
             lookahead_intervals: 2,
             panic_queue: 4.0,
@@ -261,11 +268,13 @@ impl PlannerConfig {
         if self.sla.block_size == 0 {
             return Err(invalid("sla.block_size", "must be more than zero"));
         }
-        if !(self.sla.panic_queue.is_finite() && self.sla.panic_queue >= 0.0) {
-            return Err(invalid(
-                "sla.panic_queue",
-                format!("{} is not a number ≥ 0", self.sla.panic_queue),
-            ));
+        for (key, value) in [
+            ("sla.panic_queue", self.sla.panic_queue),
+            ("sla.staffing_beta", self.sla.staffing_beta),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(invalid(key, format!("{value} is not a number ≥ 0")));
+            }
         }
         for (key, value) in [
             ("sla.max_kv_usage", self.sla.max_kv_usage),

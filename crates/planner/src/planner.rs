@@ -354,8 +354,13 @@ impl Planner {
             osl: self.osl.predict().unwrap_or(seen.osl),
             hit_rate: self.last_hit_rate,
         };
+        let square_root = sla.staffing_beta > 0.0;
         let sized = Demand {
-            rate: demand.rate / sla.target_utilization,
+            rate: if square_root {
+                demand.rate
+            } else {
+                demand.rate / sla.target_utilization
+            },
             ..demand
         };
         let t = &decision.interval.traffic;
@@ -427,6 +432,11 @@ impl Planner {
                 WorkerRole::Prefill => need.prefill,
                 WorkerRole::Decode => need.decode,
                 _ => need.aggregated,
+            };
+            let workers = if square_root && workers > 0.0 {
+                workers + sla.staffing_beta * workers.sqrt()
+            } else {
+                workers
             };
             wanted.insert(role, workers.ceil().min(f64::from(u32::MAX)) as u32);
         }

@@ -314,6 +314,27 @@ fn sla_headroom_sizes_for_the_target_utilization() {
 }
 
 #[test]
+fn square_root_staffing_keeps_more_room_for_a_small_fleet_than_for_a_large_one() {
+    let bare = |requests: u64| {
+        asked_over_time(&sla_fleet(&[requests], |c| c.sla.target_utilization = 1.0))[0]
+    };
+    let staffed = |requests: u64| {
+        asked_over_time(&sla_fleet(&[requests], |c| {
+            c.sla.target_utilization = 0.5; // not applied with square-root staffing
+            c.sla.staffing_beta = 1.0;
+        }))[0]
+    };
+    let (small, large) = (bare(600), bare(6000));
+    assert!(small >= 1 && large >= 4 * small, "{small} vs {large}");
+    for (need, asked) in [(small, staffed(600)), (large, staffed(6000))] {
+        let n = f64::from(need);
+        assert_eq!(asked, (n + n.sqrt()).ceil() as u32, "need {need}");
+    }
+    let room = |need: u32, asked: u32| f64::from(asked - need) / f64::from(need);
+    assert!(room(small, staffed(600)) > room(large, staffed(6000)));
+}
+
+#[test]
 fn sla_removals_wait_for_consecutive_decisions_and_additions_do_not() {
     let rates = [2000, 100, 100, 2000, 100, 100, 100, 100];
     let asked = asked_over_time(&sla_fleet(&rates, |c| c.sla.scale_down_intervals = 3));
