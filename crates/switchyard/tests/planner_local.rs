@@ -201,16 +201,8 @@ async fn the_local_connector_follows_a_ramp_up_and_down_without_losing_a_request
     assert!(served > 0 && served_light > 0);
     assert_eq!(listed(&state).len(), 1);
 
-    let decisions: Vec<Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let asked: Vec<u64> = decisions
-        .iter()
-        .flat_map(|d| d["actions"].as_array().unwrap().clone())
-        .map(|a| a["replicas"].as_u64().unwrap())
-        .collect();
+    let decisions = decisions(&log);
+    let asked = asked(&decisions);
     // Up one at a time, then down one at a time.
     assert!(asked.starts_with(&[2, 3]), "{asked:?}");
     assert!(asked.ends_with(&[2, 1]), "{asked:?}");
@@ -245,6 +237,24 @@ async fn the_local_connector_follows_a_ramp_up_and_down_without_losing_a_request
     assert_eq!(listed(&state), pid);
     assert_eq!(workers_seen(&frontend).await, 1);
     drop(second);
+}
+
+/// The decision log's lines.
+fn decisions(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The replica counts the decisions asked for, in order.
+fn asked(decisions: &[Value]) -> Vec<u64> {
+    decisions
+        .iter()
+        .flat_map(|d| d["actions"].as_array().unwrap().clone())
+        .map(|a| a["replicas"].as_u64().unwrap())
+        .collect()
 }
 
 /// Every generation request a frontend answered, by status (its `/metrics`).
@@ -301,16 +311,8 @@ async fn watching_the_planes_it_sums_two_frontends_and_scales_down_under_streams
     assert_eq!((not_ok_a, not_ok_b), (0.0, 0.0));
     assert_eq!(ok_a + ok_b, f64::from(served + served_light));
 
-    let decisions: Vec<Value> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let asked: Vec<u64> = decisions
-        .iter()
-        .flat_map(|d| d["actions"].as_array().unwrap().clone())
-        .map(|a| a["replicas"].as_u64().unwrap())
-        .collect();
+    let decisions = decisions(&log);
+    let asked = asked(&decisions);
     assert!(asked.starts_with(&[2, 3]), "{asked:?}");
     assert!(asked.ends_with(&[2, 1]), "{asked:?}");
     // It counted the traffic of both frontends: more requests than either one answered
