@@ -9,7 +9,7 @@ use std::time::Duration;
 use switchyard_core::{RequestId, WorkerId, WorkerKey};
 use switchyard_frontend::routing::{ReplicaSettings, RoutingService};
 use switchyard_router::{RoutingConfig, RoutingOverrides};
-use switchyard_runtime::{ReplicaEvent, ReplicaMessage, WorkerInstance};
+use switchyard_runtime::{ReplicaEvent, ReplicaMessage, TrafficCounters, WorkerInstance};
 use tokio::sync::mpsc::Receiver;
 
 struct Frontend {
@@ -144,4 +144,35 @@ fn lost_messages_are_repaired_and_silent_frontends_dropped() {
     assert_eq!(b.routing.replica_tick(), 1);
     assert_eq!(b.routing.replica_requests(), 0);
     assert_eq!(b.requests().iter().sum::<u32>(), 0);
+}
+
+#[test]
+fn traffic_reports_are_for_planners_and_make_no_peer() {
+    let settings = ReplicaSettings {
+        alive_interval: Duration::from_millis(10),
+        peer_timeout: Duration::from_millis(50),
+    };
+    let mut a = Frontend::new(0xa, settings);
+    let b = Frontend::new(0xb, settings);
+    let traffic = |frontend: u64| ReplicaMessage {
+        frontend,
+        events: vec![ReplicaEvent::Traffic(TrafficCounters {
+            requests: 5,
+            queued: 1,
+            ..TrafficCounters::default()
+        })],
+    };
+    // A frontend with replica sync off sends only traffic: b does not take it for a peer
+    // (it would later drop it as gone silent).
+    b.routing.apply_replicas(traffic(0xc));
+    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(b.routing.replica_tick(), 0);
+    // Beside routing events, a traffic report changes nothing of them.
+    a.route(1);
+    let mut message = a.message();
+    message.events.push(traffic(0xa).events[0].clone());
+    b.routing.apply_replicas(message);
+    assert_eq!(b.routing.replica_requests(), 1);
+    std::thread::sleep(Duration::from_millis(80));
+    assert_eq!(b.routing.replica_tick(), 1, "a is a peer, and went silent");
 }
