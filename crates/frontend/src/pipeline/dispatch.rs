@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::encode::{MediaStatus, resize_media};
-use super::{Frontend, Prepared, failure_of};
+use super::{Frontend, Prepared, counted};
 use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
 use crate::routing::{Progress, RouteFailure};
@@ -482,10 +482,7 @@ impl RequestRun {
                         "The engine refused the request: {message}"
                     )));
                 }
-                Ok(Err(error)) => {
-                    let failure = failure_of(&error);
-                    (error, failure)
-                }
+                Ok(Err(error)) => counted(error),
                 // Nothing answered in time: gone, or too busy to take a request.
                 Err(Some(_)) => (
                     EngineError::Unreachable(format!(
@@ -577,10 +574,7 @@ impl RequestRun {
             done = tokio::time::timeout(limit, tracing::Instrument::instrument(work, span)) => {
                 match done {
                     Ok(Ok(done)) => Ok(done),
-                    Ok(Err(error)) => {
-                        let failure = failure_of(&error);
-                        Err((error, failure))
-                    }
+                    Ok(Err(error)) => Err(counted(error)),
                     Err(_) => Err((
                         EngineError::Unreachable(format!("no prefill within {limit:?}")),
                         Some(Failure::Timeout),

@@ -147,6 +147,12 @@ pub(crate) fn failure_of(error: &EngineError) -> Option<Failure> {
     }
 }
 
+/// A worker's error with how it counts against the worker ([`failure_of`]).
+pub(crate) fn counted(error: EngineError) -> (EngineError, Option<Failure>) {
+    let failure = failure_of(&error);
+    (error, failure)
+}
+
 /// The API error an admission refusal becomes.
 fn refused(rejection: Rejection, retry_after: std::time::Duration) -> ApiError {
     match rejection.status() {
