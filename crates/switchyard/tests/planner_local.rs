@@ -287,7 +287,9 @@ async fn watching_the_planes_it_sums_two_frontends_and_scales_down_under_streams
     // No frontend named: the workers from etcd, their loads and both frontends' traffic
     // and queues from NATS.
     let _planner = planner(&cluster, None, &state, &log);
+    // Both frontends know the first worker before any client asks either of them.
     wait_for_workers(&a, 1, Duration::from_secs(20)).await;
+    wait_for_workers(&b, 1, Duration::from_secs(20)).await;
 
     // Load through both frontends: each holds part of the backlog in its queue.
     let stop = Arc::new(AtomicBool::new(false));
