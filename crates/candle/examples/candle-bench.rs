@@ -3,6 +3,12 @@
 //! 2,048-token prompt against a cold one. Prints a Markdown table.
 //!
 //!     cargo run --release -p switchyard-candle --example candle-bench -- MODEL.gguf
+//!     cargo run --release -p switchyard-candle --example candle-bench -- MODEL.gguf --mixed
+//!
+//! `--mixed` times steps instead: a prompt chunk of `c` tokens computed beside `n` decoding
+//! sequences, against the two timing models of a mixed step (`switchyard_core::perf`): the
+//! prefill and decode steps added, or the decode step plus what `c` more rows add to a
+//! pass of `n`.
 //!
 //! `scripts/bench-candle` runs it and llama.cpp on the same file, side by side.
 #![allow(clippy::unwrap_used)]
@@ -54,10 +60,106 @@ fn run(e: &mut CandleEngine) -> (Vec<(RequestId, Duration)>, Duration, usize) {
     (firsts, start.elapsed(), produced)
 }
 
+/// Median wall time of `f` over `runs` calls.
+fn median(runs: usize, mut f: impl FnMut() -> Duration) -> f64 {
+    let mut times: Vec<f64> = (0..runs).map(|_| f().as_secs_f64() * 1e3).collect();
+    times.sort_by(f64::total_cmp);
+    times[runs / 2]
+}
+
+/// One step, timed.
+fn timed_step(e: &mut CandleEngine) -> Duration {
+    let (mut tokens, mut events) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    e.step(Duration::ZERO, &mut tokens, &mut events);
+    start.elapsed()
+}
+
+/// Mixed steps against the two models: for each batch `n` and chunk `c`, the measured
+/// step of `n` decodes and a `c`-token chunk, the decode step alone `D(n)`, and single
+/// prompts of `k` tokens computed in one step `P(k)`.
+fn mixed(path: &str) {
+    let config = |budget: u32| CandleConfig {
+        model: path.into(),
+        max_num_seqs: 32,
+        max_batched_tokens: budget,
+        step_target: Duration::from_secs(3600),
+        ..CandleConfig::default()
+    };
+    let salt = std::cell::Cell::new(1000);
+    let fresh_prompt = |n: usize| {
+        salt.set(salt.get() + 1);
+        prompt(n, salt.get())
+    };
+    // P(k): a prompt of k tokens alone, in one step.
+    let mut single = engine(path, config(4096));
+    single.add(request(1, fresh_prompt(64), 2)).unwrap();
+    run(&mut single);
+    let mut id = 10;
+    let mut prefill = |k: usize| {
+        median(5, || {
+            id += 1;
+            single.add(request(id, fresh_prompt(k), 1)).unwrap();
+            let t = timed_step(&mut single);
+            run(&mut single);
+            t
+        })
+    };
+    let mut fits = Vec::new();
+    println!("| decoding n | chunk c | measured | D(n) | P(c) | D + P(c) | D + P(n+c) − P(n) |");
+    println!("|---|---|---|---|---|---|---|");
+    for n in [4usize, 8, 16] {
+        for c in [16usize, 32, 48, 96] {
+            let mut e = engine(path, config((n + c) as u32));
+            for i in 0..n {
+                e.add(request(i as u64, fresh_prompt(256), 100_000))
+                    .unwrap();
+            }
+            // Until every sequence decodes (has its first token).
+            let mut started = std::collections::HashSet::new();
+            let (mut tokens, mut events) = (Vec::new(), Vec::new());
+            while started.len() < n {
+                tokens.clear();
+                e.step(Duration::ZERO, &mut tokens, &mut events);
+                started.extend(tokens.iter().map(|t: &TokenOutput| t.request));
+            }
+            let decode = median(5, || timed_step(&mut e));
+            e.add(request(99, fresh_prompt(c * 8), 1)).unwrap();
+            let measured = median(5, || timed_step(&mut e));
+            let (pc, pn, pnc) = (prefill(c), prefill(n), prefill(n + c));
+            println!(
+                "| {n} | {c} | {measured:.1} ms | {decode:.1} | {pc:.1} | {:.1} | {:.1} |",
+                decode + pc,
+                decode + pnc - pn
+            );
+            fits.push((measured, decode + pc, decode + pnc - pn));
+        }
+    }
+    // measured ≈ added − saving·(added − one pass), by least squares.
+    let (num, den) = fits
+        .iter()
+        .fold((0.0, 0.0), |(num, den), (m, added, pass)| {
+            (
+                num + (added - m) * (added - pass),
+                den + (added - pass).powi(2),
+            )
+        });
+    let saving = if den > 0.0 {
+        (num / den).clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    println!("\nmixed_step_saving = {saving:.2}");
+}
+
 fn main() {
     let path = std::env::args()
         .nth(1)
-        .expect("usage: candle-bench MODEL.gguf");
+        .expect("usage: candle-bench MODEL.gguf [--mixed]");
+    if std::env::args().nth(2).as_deref() == Some("--mixed") {
+        mixed(&path);
+        return;
+    }
     let config = CandleConfig {
         model: path.clone().into(),
         max_num_seqs: 16,

@@ -763,6 +763,7 @@ mod tests {
             decode_active_kv_tokens: vec![1.0, 100.0],
             decode_context_length: vec![1.0, 100.0],
             decode_itl: vec![vec![5.0, 5.0], vec![5.0, 5.0]],
+            mixed_step_saving: 0.0,
         })
         .unwrap();
         assert_eq!(step_tokens(&perf, Duration::from_millis(110), 512), 50);

@@ -1,8 +1,7 @@
 //! Step timing models, shared by the mocker (which runs them) and the router (which
 //! predicts latency with them), and announced by workers at registration.
 //!
-//! A step that prefills `t` new tokens and decodes a batch takes the prefill time plus the
-//! decode time (the engine runs the two phases of a mixed batch back to back). Two models:
+//! Two models:
 //!
 //! - the polynomial defaults (Dynamo's, so results compare): prefill ms =
 //!   4.209989e-7·t² + 1.518344e-2·t + 16.50142; decode ms = −25.74·u² + 54.01·u + 5.74 for
@@ -11,6 +10,19 @@
 //!   tokens, decode time bilinearly in (active KV tokens of the batch, mean context length),
 //!   extrapolated linearly past the measured range (`switchyard_mocker::perf::load` reads
 //!   one from JSON or NPZ).
+//!
+//! A step that prefills `t` new tokens and decodes a batch of `n` sequences: the polynomial
+//! model charges the prefill time plus the decode time (Dynamo's mocker does, so results
+//! compare). A measured profile comes from an engine that computes a mixed batch in one
+//! forward pass (vLLM, SGLang and the candle engine do): the prompt tokens ride along with
+//! the decoding rows, and what every pass costs whatever its rows (reading the weights,
+//! launching the layers) is paid once, not twice. Of the two bounds, the phases added,
+//! `prefill(t) + decode`, and the chunk's rows added to the decode pass, `decode +
+//! prefill(t + n) − prefill(n)`, the profile's `mixed_step_saving` (0 to 1) says how far
+//! toward the second a mixed step goes. The second also saves the fixed cost of the chunk's
+//! own sequence, which an engine that attends sequence by sequence still pays:
+//! `candle-bench --mixed` measures the candle engine at 0.64. The default is 0 (the phases
+//! added, as before the field existed) until other engines are measured.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -44,6 +56,11 @@ pub struct Profile {
     /// `decode_itl[i][j]`: inter-token latency at `decode_active_kv_tokens[i]` and
     /// `decode_context_length[j]`.
     pub decode_itl: Vec<Vec<f64>>,
+    /// How much of the two phases' overlap a mixed step saves, from 0 (the prefill and
+    /// decode times added) to 1 (the chunk's rows added to the decode pass); see the
+    /// module's notes.
+    #[serde(default)]
+    pub mixed_step_saving: f64,
 }
 
 /// Read from the network (a worker's registration) or a file, a profile is validated as it
@@ -106,6 +123,12 @@ impl PerfModel {
                 "decode_itl must be {rows} rows of {cols} values"
             )));
         }
+        if !(0.0..=1.0).contains(&profile.mixed_step_saving) {
+            return Err(InvalidProfile(format!(
+                "mixed_step_saving must be from 0 to 1, got {}",
+                profile.mixed_step_saving
+            )));
+        }
         let values = profile
             .prefill_ttft_ms
             .iter()
@@ -123,17 +146,20 @@ impl PerfModel {
 
     /// Duration of one step in milliseconds (before any speedup).
     pub fn step_ms(&self, shape: &StepShape) -> f64 {
-        let prefill = if shape.prefill_tokens > 0 {
-            self.prefill_ms(shape.prefill_tokens)
-        } else {
-            0.0
-        };
-        let decode = if shape.decode_seqs > 0 {
-            self.decode_ms(shape)
-        } else {
-            0.0
-        };
-        prefill + decode
+        match (shape.prefill_tokens, shape.decode_seqs) {
+            (0, 0) => 0.0,
+            (t, 0) => self.prefill_ms(t),
+            (0, _) => self.decode_ms(shape),
+            (t, n) => match self {
+                PerfModel::Polynomial => self.prefill_ms(t) + self.decode_ms(shape),
+                PerfModel::Interpolated(p) => {
+                    let prefill = self.prefill_ms(t);
+                    let rows = (self.prefill_ms(t.saturating_add(n)) - self.prefill_ms(n))
+                        .clamp(0.0, prefill);
+                    self.decode_ms(shape) + prefill - p.mixed_step_saving * (prefill - rows)
+                }
+            },
+        }
     }
 
     pub fn prefill_ms(&self, tokens: u32) -> f64 {
@@ -244,6 +270,7 @@ mod tests {
             decode_active_kv_tokens: vec![0.0, 10_000.0],
             decode_context_length: vec![100.0, 1100.0],
             decode_itl: vec![vec![5.0, 7.0], vec![15.0, 25.0]],
+            mixed_step_saving: 1.0,
         }
     }
 
@@ -293,6 +320,31 @@ mod tests {
         // context = 500: u = 0.4; kv 5000: t = 0.5.
         let expected = 0.5 * (0.6 * 5.0 + 0.4 * 7.0) + 0.5 * (0.6 * 15.0 + 0.4 * 25.0);
         assert!((m.decode_ms(&s) - expected).abs() < 1e-9);
+        // Alone, each phase costs what the profile says.
+        let prefill_only = StepShape {
+            prefill_tokens: 550,
+            ..StepShape::default()
+        };
+        assert!((m.step_ms(&prefill_only) - 25.0).abs() < 1e-9);
+        assert!((m.step_ms(&s) - expected).abs() < 1e-9);
+        // Mixed, the chunk's tokens join the decoding rows in one pass: the decode step
+        // plus what 450 rows add to a pass of 10 (1/30 ms a row), not the chunk's own
+        // prefill time (which holds the profile's fixed cost of a pass, 6.67 ms here).
+        let mixed = StepShape {
+            prefill_tokens: 450,
+            ..s
+        };
+        assert!((m.step_ms(&mixed) - (expected + 15.0)).abs() < 1e-9);
+        assert!(m.step_ms(&mixed) < m.prefill_ms(450) + m.decode_ms(&s));
+        // Saving nothing adds the phases; half saves half the difference.
+        for (saving, step) in [(0.0, expected + 65.0 / 3.0), (0.5, expected + 55.0 / 3.0)] {
+            let m = PerfModel::from_profile(Profile {
+                mixed_step_saving: saving,
+                ..profile()
+            })
+            .unwrap();
+            assert!((m.step_ms(&mixed) - step).abs() < 1e-9, "{saving}");
+        }
     }
 
     #[test]
@@ -304,6 +356,14 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("increasing numbers")
+        );
+        let mut p = profile();
+        p.mixed_step_saving = 1.5;
+        assert!(
+            PerfModel::from_profile(p)
+                .unwrap_err()
+                .to_string()
+                .contains("mixed_step_saving must be from 0 to 1")
         );
         let mut p = profile();
         p.decode_itl.pop();
@@ -321,7 +381,8 @@ mod tests {
             "decode_active_kv_tokens":[0.0,10000.0],"decode_context_length":[100.0,1100.0],
             "decode_itl":[[5.0,7.0],[15.0,25.0]]}}"#;
         let model: PerfModel = serde_json::from_str(good).unwrap();
-        assert!(matches!(model, PerfModel::Interpolated(_)));
+        // Without the field, a mixed step adds its phases, as before the field existed.
+        assert!(matches!(&model, PerfModel::Interpolated(p) if p.mixed_step_saving == 0.0));
         assert_eq!(
             serde_json::from_str::<PerfModel>(&serde_json::to_string(&model).unwrap()).unwrap(),
             model

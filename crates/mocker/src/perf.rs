@@ -84,6 +84,8 @@ fn read_npz(path: &Path) -> Result<Profile, String> {
         decode_active_kv_tokens,
         decode_context_length,
         decode_itl,
+        // Not in Dynamo's NPZ format: the phases added, as its mocker charges them.
+        mixed_step_saving: 0.0,
     })
 }
 
@@ -98,6 +100,7 @@ mod tests {
             decode_active_kv_tokens: vec![0.0, 10_000.0],
             decode_context_length: vec![100.0, 1100.0],
             decode_itl: vec![vec![5.0, 7.0], vec![15.0, 25.0]],
+            mixed_step_saving: 0.0,
         }
     }
 

@@ -1009,6 +1009,7 @@ mod tests {
                 decode_active_kv_tokens: vec![0.0, 100_000.0],
                 decode_context_length: vec![1.0, 10_000.0],
                 decode_itl: vec![vec![2.0, 2.0], vec![4.0, 4.0]],
+                mixed_step_saving: 0.0,
             })
             .unwrap(),
             ..WorkerTiming::default()

@@ -306,6 +306,7 @@ fn slower(factor: f64) -> PerfModel {
         decode_active_kv_tokens: vec![0.0, 4_000_000.0],
         decode_context_length: vec![1.0, 100_000.0],
         decode_itl: vec![vec![factor * 5.74; 2], vec![factor * 34.0; 2]],
+        mixed_step_saving: 0.0,
     })
     .unwrap()
 }
