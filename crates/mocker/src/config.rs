@@ -36,6 +36,11 @@ pub struct EngineArgs {
     /// staged once encoded, and its prefill stops at them until they are; they leave when
     /// its prompt is computed. A request whose media alone exceed it is staged alone.
     pub staging_tokens: u64,
+    /// A request held at its media while they were encoded (sent ahead of them) resumes,
+    /// once they are ready, behind the requests that arrived before that moment rather
+    /// than at the head of the batch: its media's prefill does not delay requests that
+    /// were already waiting, as it would not had it arrived with its media encoded.
+    pub defer_ready_media: bool,
 }
 
 impl Default for EngineArgs {
@@ -50,6 +55,7 @@ impl Default for EngineArgs {
             preemption_mode: PreemptionMode::Lifo,
             speedup_ratio: 1.0,
             staging_tokens: DEFAULT_STAGING_TOKENS,
+            defer_ready_media: true,
         }
     }
 }

@@ -165,6 +165,10 @@ pub struct MockEngine {
     /// Media positions staged now, and the requests waiting to stage theirs, in order.
     staged_tokens: u64,
     staging_queue: VecDeque<RequestId>,
+    /// Requests added so far (each one's place in arrival order).
+    arrivals: u64,
+    /// Running requests scheduled behind earlier arrivals (their media just became ready).
+    deferred: usize,
 }
 
 impl MockEngine {
@@ -189,6 +193,8 @@ impl MockEngine {
             stats: EngineStats::default(),
             staged_tokens: 0,
             staging_queue: VecDeque::new(),
+            arrivals: 0,
+            deferred: 0,
         })
     }
 
@@ -280,7 +286,10 @@ impl MockEngine {
             media: request.media,
             encoded: request.media_gate.is_none(),
             staged: false,
+            arrival: self.arrivals,
+            behind: None,
         });
+        self.arrivals += 1;
         if request.media_gate.is_none() && request.media.is_some() {
             self.stage_or_queue(request.id);
         }
@@ -311,9 +320,45 @@ impl MockEngine {
             return false;
         }
         seq.staged = true;
-        seq.gate = None;
+        let held = seq.gate.take().is_some();
         self.staged_tokens += tokens;
+        if held && self.args.defer_ready_media {
+            self.defer(id);
+        }
         true
+    }
+
+    /// Schedules running request `id` behind the requests that arrived before now.
+    fn defer(&mut self, id: RequestId) {
+        let arrivals = self.arrivals;
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id)
+            && seq.behind.is_none()
+        {
+            seq.behind = Some(arrivals);
+            self.deferred += 1;
+        }
+    }
+
+    /// Ends the deferral of requests that no earlier arrival is still ahead of (every
+    /// request that arrived before their media were ready has computed its prompt).
+    fn refresh_deferred(&mut self) {
+        if self.deferred == 0 {
+            return;
+        }
+        let earliest_prefilling = self
+            .running
+            .iter()
+            .filter(|s| s.behind.is_none() && s.prefilling())
+            .chain(self.waiting.iter())
+            .map(|s| s.arrival)
+            .min()
+            .unwrap_or(u64::MAX);
+        for seq in &mut self.running {
+            if seq.behind.is_some_and(|m| earliest_prefilling >= m) {
+                seq.behind = None;
+                self.deferred -= 1;
+            }
+        }
     }
 
     /// Stages request `id`'s encoded media, or queues it behind those waiting (its prefill
@@ -367,7 +412,10 @@ impl MockEngine {
             return false;
         };
         if seq.media.is_none() {
-            seq.gate = None;
+            let held = seq.gate.take().is_some();
+            if held && self.args.defer_ready_media {
+                self.defer(id);
+            }
         } else if !std::mem::replace(&mut seq.encoded, true) {
             self.stage_or_queue(id);
         }
@@ -381,8 +429,11 @@ impl MockEngine {
     /// Drops a request; its blocks stay cached for reuse. Returns whether it was here.
     pub fn cancel(&mut self, id: RequestId) -> bool {
         let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
-            let seq = self.running.remove(i);
+            let mut seq = self.running.remove(i);
             release(&mut self.blocks, &seq);
+            if seq.behind.take().is_some() {
+                self.deferred -= 1;
+            }
             seq
         } else if let Some(seq) = self
             .waiting
@@ -404,9 +455,16 @@ impl MockEngine {
     pub fn step(&mut self, now: Duration, out: &mut StepOutput) {
         out.clear();
         out.started_at = now;
+        self.refresh_deferred();
         let (budget, preempted_any) = self.schedule_running(out);
         if !preempted_any {
-            self.admit_waiting(budget);
+            // Deferred requests go after the earlier arrivals, before the later ones.
+            let marker = self.running.iter().filter_map(|s| s.behind).min();
+            let budget = self.admit_waiting(budget, marker);
+            if marker.is_some() {
+                let budget = self.schedule_deferred(budget);
+                self.admit_waiting(budget, None);
+            }
         }
         out.shape = self.shape();
         let model_ms = self.perf.step_ms(&out.shape);
@@ -438,6 +496,10 @@ impl MockEngine {
         let mut preempted_any = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
+            if self.running[i].behind.is_some() {
+                i += 1;
+                continue;
+            }
             let remaining = self.running[i].remaining();
             let n = remaining.min(budget).min(self.running[i].before_gate());
             if n == 0 || (!self.args.enable_chunked_prefill && n < remaining) {
@@ -472,6 +534,9 @@ impl MockEngine {
 
     fn preempt(&mut self, index: usize, out: &mut StepOutput) {
         let mut seq = self.running.remove(index);
+        if seq.behind.take().is_some() {
+            self.deferred -= 1;
+        }
         for &id in seq.blocks.iter().rev() {
             self.blocks.destroy(id);
         }
@@ -488,7 +553,9 @@ impl MockEngine {
     /// Admits waiting requests in order while budget, sequence slots and blocks allow:
     /// first those ready to prefill, then those waiting for their media (for the text
     /// before it).
-    fn admit_waiting(&mut self, mut budget: u32) {
+    /// Only requests that arrived before `before` (all, if none) are admitted. Returns the
+    /// budget left.
+    fn admit_waiting(&mut self, mut budget: u32, before: Option<u64>) -> u32 {
         let block_size = self.args.block_size;
         'admit: for gated in [false, true] {
             let mut i = 0;
@@ -496,7 +563,7 @@ impl MockEngine {
                 let Some(seq) = self.waiting.get_mut(i) else {
                     break;
                 };
-                if seq.gate.is_some() != gated {
+                if seq.gate.is_some() != gated || before.is_some_and(|b| seq.arrival >= b) {
                     i += 1;
                     continue;
                 }
@@ -534,6 +601,27 @@ impl MockEngine {
                 }
             }
         }
+        budget
+    }
+
+    /// Schedules the deferred requests' next chunks within `budget` (no preemption for
+    /// them: without blocks they wait for the next step). Returns the budget left.
+    fn schedule_deferred(&mut self, mut budget: u32) -> u32 {
+        for seq in self.running.iter_mut().filter(|s| s.behind.is_some()) {
+            if budget == 0 {
+                break;
+            }
+            let remaining = seq.remaining();
+            let n = remaining.min(budget).min(seq.before_gate());
+            if n == 0 || (!self.args.enable_chunked_prefill && n < remaining) {
+                continue;
+            }
+            if allocate(&mut self.blocks, seq, seq.computed + n).is_ok() {
+                seq.scheduled = n;
+                budget -= n;
+            }
+        }
+        budget
     }
 
     fn shape(&self) -> StepShape {

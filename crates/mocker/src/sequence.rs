@@ -46,6 +46,12 @@ pub struct Sequence {
     pub encoded: bool,
     /// Its media hold staging memory.
     pub staged: bool,
+    /// Its place in arrival order.
+    pub arrival: u64,
+    /// Its media became ready when this many requests had arrived: it is scheduled behind
+    /// the earlier ones still computing their prompts (see
+    /// [`crate::EngineArgs::defer_ready_media`]).
+    pub behind: Option<u64>,
 }
 
 impl Sequence {
@@ -67,6 +73,11 @@ impl Sequence {
     pub fn before_gate(&self) -> u32 {
         self.gate
             .map_or(u32::MAX, |g| g.saturating_sub(self.computed))
+    }
+
+    /// Whether it has yet to sample its first token here (its prompt is being computed).
+    pub fn prefilling(&self) -> bool {
+        self.generated == 0
     }
 
     /// Tokens still to compute before the next token can be sampled.

@@ -602,6 +602,65 @@ fn a_request_waiting_for_its_media_prefills_its_text_and_lets_ready_ones_pass() 
 }
 
 #[test]
+fn media_ready_late_resume_behind_the_requests_that_came_before_them() {
+    // Request 1 computes its 4 text tokens, then waits for its media; requests 2 and 3
+    // arrive meanwhile; its media are ready; request 4 arrives after that.
+    let first_tokens = |defer: bool| {
+        let args = EngineArgs {
+            block_size: 4,
+            max_num_batched_tokens: 16,
+            num_gpu_blocks: 128,
+            defer_ready_media: defer,
+            ..EngineArgs::default()
+        };
+        let mut e = engine(args);
+        e.add_request(MockRequest {
+            media_gate: Some(4),
+            ..request(1, &(0..40).collect::<Vec<u32>>(), 4, 2)
+        })
+        .unwrap();
+        let mut out = StepOutput::default();
+        e.step(Duration::ZERO, &mut out);
+        assert_eq!(out.shape.prefill_tokens, 4);
+        let mut now = out.finished_at();
+        for id in [2u64, 3] {
+            let prompt: Vec<u32> = (0..24).map(|t| t + 100 * id as u32).collect();
+            e.add_request(request(id, &prompt, 4, 2)).unwrap();
+        }
+        assert!(e.media_ready(RequestId(1)));
+        e.add_request(request(4, &(500..524).collect::<Vec<u32>>(), 4, 2))
+            .unwrap();
+        let mut first = std::collections::HashMap::new();
+        for step in 0..100u32 {
+            let mut out = StepOutput::default();
+            e.step(now, &mut out);
+            e.validate().unwrap();
+            now = out.finished_at();
+            for t in &out.tokens {
+                first.entry(t.request.0).or_insert(step);
+            }
+            if !e.has_work() {
+                break;
+            }
+        }
+        // Request 1 is whole: the same stream as ever.
+        assert_eq!(first.len(), 4);
+        first
+    };
+    let deferred = first_tokens(true);
+    // Behind the two that were waiting, ahead of the one that came after.
+    assert!(
+        deferred[&2] <= deferred[&1] && deferred[&3] <= deferred[&1],
+        "{deferred:?}"
+    );
+    assert!(deferred[&1] <= deferred[&4], "{deferred:?}");
+    // Not deferred: its 36 media positions go first and hold the others back.
+    let at_once = first_tokens(false);
+    assert!(at_once[&1] < at_once[&3], "{at_once:?}");
+    assert!(at_once[&3] > deferred[&3], "{at_once:?} {deferred:?}");
+}
+
+#[test]
 fn media_wait_for_staging_memory_in_order_and_leave_it_once_their_prompt_is_computed() {
     // Room for 10 media positions; three requests with 8 each, encoded on arrival.
     let args = EngineArgs {

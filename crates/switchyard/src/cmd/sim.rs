@@ -92,6 +92,10 @@ pub struct SimArgs {
     /// (0: no limit; default: 4 GiB of 8 KiB-a-token embeddings)
     #[arg(long, default_value_t = switchyard_mocker::DEFAULT_STAGING_TOKENS)]
     staging_tokens: u64,
+    /// With --overlap-media: a request whose media become ready resumes at once, ahead of
+    /// the requests that arrived while it waited (default: behind them)
+    #[arg(long)]
+    no_defer_ready_media: bool,
     /// Which running request to preempt when KV blocks run out.
     #[arg(long, value_enum, default_value_t = Preemption::Lifo)]
     preemption: Preemption,
@@ -295,6 +299,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         },
         speedup_ratio: 1.0,
         staging_tokens: args.staging_tokens,
+        defer_ready_media: !args.no_defer_ready_media,
     };
     engine.validate().context("invalid engine arguments")?;
     let mut perf = Vec::new();
