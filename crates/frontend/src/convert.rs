@@ -290,6 +290,16 @@ fn common(
             format!("`top_p` must be in (0, 1], got {p}"),
         ));
     }
+    let top_k = match params.top_k {
+        None | Some(-1 | 0) => None,
+        Some(k) if k > 0 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
+        Some(k) => {
+            return Err(ApiError::invalid_param(
+                "top_k",
+                format!("`top_k` must be -1, 0 (all tokens) or positive, got {k}"),
+            ));
+        }
+    };
     let stop = params.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 {
         return Err(ApiError::invalid_param(
@@ -334,7 +344,7 @@ fn common(
         sampling: SamplingParams {
             temperature: params.temperature,
             top_p: params.top_p,
-            top_k: None,
+            top_k,
             seed: params.seed.map(|s| s as u64),
             frequency_penalty: params.frequency_penalty.map(|v| v as f32),
             presence_penalty: params.presence_penalty.map(|v| v as f32),
@@ -357,6 +367,7 @@ fn common(
         },
         media: None,
         features: Default::default(),
+        hold: None,
     };
     Ok((prepared, mode))
 }

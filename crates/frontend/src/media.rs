@@ -374,7 +374,7 @@ impl MediaStage {
     }
 
     /// The estimated work outstanding on `encoder`, in milliseconds.
-    pub(crate) fn outstanding_ms(&self, encoder: WorkerId) -> f64 {
+    pub fn outstanding_ms(&self, encoder: WorkerId) -> f64 {
         self.encoder_load
             .lock()
             .1

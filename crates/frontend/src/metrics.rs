@@ -56,6 +56,12 @@ pub struct FeatureStateLabels {
     pub state: &'static str,
 }
 
+/// Which budget of the feature store.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemoryLabels {
+    pub memory: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabels {
     pub tenant: String,
@@ -122,7 +128,7 @@ pub struct Metrics {
     /// Media items found encoded in the feature store (not sent to an encoder).
     pub feature_store_hits: Counter,
     pub feature_store_evictions: Counter,
-    pub feature_store_waits: Counter,
+    pub feature_store_waits: Family<MemoryLabels, Counter>,
     /// The store's memory by lifecycle state.
     pub feature_store_bytes: Family<FeatureStateLabels, Gauge>,
     /// Where requests for decode workers were prefilled.
@@ -414,10 +420,10 @@ impl Metrics {
             "Kept features evicted from the feature store for room",
             feature_store_evictions.clone(),
         );
-        let feature_store_waits = Counter::default();
+        let feature_store_waits = Family::<MemoryLabels, Counter>::default();
         registry.register(
             "feature_store_waits",
-            "Times a request waited for feature store memory",
+            "Times a request waited for feature store memory (CPU, or staging)",
             feature_store_waits.clone(),
         );
         let feature_store_bytes = Family::<FeatureStateLabels, Gauge>::default();

@@ -98,8 +98,10 @@ pub struct StoreStats {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
-    /// Times a request had to wait: for CPU memory to encode, or for staging memory.
+    /// Times a request had to wait for CPU memory to encode.
     pub waits: u64,
+    /// Times a request had to wait for staging memory.
+    pub staging_waits: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -276,12 +278,19 @@ impl FeatureStore {
             });
         }
         if bytes > free {
-            self.stats.waits += 1;
+            self.stats.staging_waits += 1;
             return Ok(false);
         }
         entry.state = FeatureState::Staged;
         self.staging_used += bytes;
         Ok(true)
+    }
+
+    /// Takes back a staging that did not go ahead: the item is in CPU memory only again.
+    pub fn unstage(&mut self, hash: u64) -> Result<(), StoreError> {
+        let bytes = self.advance(hash, FeatureState::Staged, FeatureState::EncodedCpu)?;
+        self.staging_used -= bytes;
+        Ok(())
     }
 
     /// The engine merged the staged item into the sequence it prefills.
@@ -463,6 +472,7 @@ mod tests {
         }
         assert_eq!(store.stage(1), Ok(true));
         assert_eq!(store.stage(2), Ok(false));
+        assert_eq!((store.stats().waits, store.stats().staging_waits), (0, 1));
         store.merged(1).unwrap();
         store.prefilled(1).unwrap();
         assert_eq!(store.stage(2), Ok(true));
@@ -484,6 +494,7 @@ mod tests {
         Encoded(u64),
         Failed(u64),
         Stage(u64),
+        Unstage(u64),
         Merged(u64),
         Prefilled(u64),
         Release(u64),
@@ -496,6 +507,7 @@ mod tests {
             hash.clone().prop_map(Op::Encoded),
             hash.clone().prop_map(Op::Failed),
             hash.clone().prop_map(Op::Stage),
+            hash.clone().prop_map(Op::Unstage),
             hash.clone().prop_map(Op::Merged),
             hash.clone().prop_map(Op::Prefilled),
             hash.prop_map(Op::Release),
@@ -624,6 +636,16 @@ mod tests {
                             },
                         };
                         prop_assert_eq!(store.stage(h).ok(), want);
+                    }
+                    Op::Unstage(h) => {
+                        let ok = match naive.find(h) {
+                            Some(at) if naive.items[at].1 == FeatureState::Staged => {
+                                naive.items[at].1 = FeatureState::EncodedCpu;
+                                true
+                            }
+                            _ => false,
+                        };
+                        prop_assert_eq!(store.unstage(h).is_ok(), ok);
                     }
                     Op::Merged(h) => {
                         let ok = match naive.find(h) {

@@ -65,6 +65,7 @@ async fn invalid_values_are_400_naming_the_parameter() {
         (base(json!({"n": 2})), "n"),
         (base(json!({"temperature": 3.5})), "temperature"),
         (base(json!({"top_p": 0})), "top_p"),
+        (base(json!({"top_k": -2})), "top_k"),
         (base(json!({"max_tokens": 0})), "max_tokens"),
         (base(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop"),
         (base(json!({"logprobs": true})), "logprobs"),

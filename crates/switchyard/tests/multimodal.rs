@@ -938,39 +938,210 @@ async fn a_conversation_sending_its_image_again_skips_the_encoder_when_features_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_encoders_and_bad_media_leave_nothing_in_the_feature_store() {
     use switchyard_worker::faults::Fault;
-    let d = start(&[
-        ("WORKERS__COUNT", "1"),
-        ("FRONTEND__MULTIMODAL__ENCODERS", "2"),
-    ])
-    .await;
-    let encoders: Vec<_> = d.workers[1..].iter().map(|w| w.worker_id()).collect();
-    assert_eq!(encoders.len(), 2);
-    let image = |seed| with_image("What is this?", &data_url(&png(64, 64, seed)), None);
-    // Undecodable media: refused before anything is stored.
-    let corrupt = with_image(
-        "What is this?",
-        "data:image/png;base64,iVBORw0KGgoAAAA",
-        None,
-    );
-    let (s, _, b) = post(&d, "/v1/chat/completions", &corrupt).await;
-    assert_eq!(s, 400, "{b}");
-    // One encoder killed: its job goes to the other.
-    inject(&d, encoders[0], Fault::Crash);
-    let (s, _, b) = post(&d, "/v1/chat/completions", &image(51)).await;
-    assert_eq!(s, 200, "{b}");
-    // Both: the request fails, saying why.
-    inject(&d, encoders[1], Fault::Crash);
-    let (s, _, b) = post(&d, "/v1/chat/completions", &image(52)).await;
-    assert_eq!(s, 503, "{b}");
-    let message = b["error"]["message"].as_str().unwrap();
-    assert!(message.contains("encoder"), "{message}");
-    let text = scrape(&url(&d, "/metrics")).await;
-    assert_eq!(store_bytes(&text), 0.0, "{text}");
-    let count = |outcome: &str| encodes(&text, outcome);
-    assert_eq!((count("encoded"), count("failed")), (1.0, 1.0), "{text}");
-    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
-        .await
-        .unwrap();
+    // Every path checks the store is empty right after it, with the request sent ahead of
+    // its media and after them.
+    for overlap in ["true", "false"] {
+        let d = start(&[
+            ("WORKERS__COUNT", "1"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "2"),
+            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
+            // 400 ms an image: long enough to kill an encoder in the middle of one.
+            (
+                "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+                "[[1, 400.0], [2, 500.0]]",
+            ),
+        ])
+        .await;
+        let encoders: Vec<_> = d.workers[1..].iter().map(|w| w.worker_id()).collect();
+        assert_eq!(encoders.len(), 2);
+        let image = |seed| with_image("What is this?", &data_url(&png(64, 64, seed)), None);
+        let empty = |text: &str, path: &str| {
+            assert_eq!(store_bytes(text), 0.0, "overlap {overlap}, {path}: {text}");
+        };
+        // Undecodable media: refused before anything is stored.
+        let corrupt = with_image(
+            "What is this?",
+            "data:image/png;base64,iVBORw0KGgoAAAA",
+            None,
+        );
+        let (s, _, b) = post(&d, "/v1/chat/completions", &corrupt).await;
+        assert_eq!(s, 400, "{b}");
+        empty(&scrape(&url(&d, "/metrics")).await, "corrupt");
+        // An encoder killed in the middle of the job: the job goes to the other.
+        let request = {
+            let body = image(51);
+            let client = client();
+            let target = url(&d, "/v1/chat/completions");
+            tokio::spawn(async move { client.post(target).json(&body).send().await })
+        };
+        let busy = loop {
+            if let Some(&id) = encoders
+                .iter()
+                .find(|&&id| d.frontend.media.outstanding_ms(id) > 0.0)
+            {
+                break id;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        inject(&d, busy, Fault::Crash);
+        let response = request.await.unwrap().unwrap();
+        assert_eq!(response.status(), 200, "overlap {overlap}");
+        let text = scrape(&url(&d, "/metrics")).await;
+        empty(&text, "killed mid-job");
+        // The killed job, then the other encoder's.
+        assert_eq!(
+            metric_value(&text, "switchyard_encoder_jobs_total", None),
+            2.0,
+            "{text}"
+        );
+        // Both: the request fails, saying why.
+        let other = encoders.iter().copied().find(|&id| id != busy).unwrap();
+        inject(&d, other, Fault::Crash);
+        let (s, _, b) = post(&d, "/v1/chat/completions", &image(52)).await;
+        assert_eq!(s, 503, "{b}");
+        let message = b["error"]["message"].as_str().unwrap();
+        assert!(message.contains("encoder"), "{message}");
+        let text = scrape(&url(&d, "/metrics")).await;
+        empty(&text, "no encoder left");
+        let count = |outcome: &str| encodes(&text, outcome);
+        assert_eq!((count("encoded"), count("failed")), (1.0, 1.0), "{text}");
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoder_error_falls_back_to_the_text_with_a_warning_and_leaves_nothing_stored() {
+    use switchyard_worker::faults::Fault;
+    for overlap in ["true", "false"] {
+        let d = start(&[
+            ("WORKERS__COUNT", "1"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
+            ("FRONTEND__MULTIMODAL__ON_ENCODER_FAILURE", "text_only"),
+        ])
+        .await;
+        // The encoder refuses every job: an error, not a timeout.
+        inject(&d, d.workers[1].worker_id(), Fault::Refuse);
+        let body = with_image("What is this?", &data_url(&png(64, 64, 71)), None);
+        let (s, headers, b) = post(&d, "/v1/chat/completions", &body).await;
+        assert_eq!(s, 200, "overlap {overlap}: {b}");
+        let warning = headers["x-switchyard-warning"].to_str().unwrap();
+        assert!(warning.contains("text alone"), "{warning}");
+        // Answered from the text: the image's 576 positions are not in the prompt.
+        assert!(usage(&b).0 < 576, "{b}");
+        let text = scrape(&url(&d, "/metrics")).await;
+        assert_eq!(store_bytes(&text), 0.0, "overlap {overlap}: {text}");
+        assert_eq!(encodes(&text, "text_only"), 1.0, "{text}");
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_mixed_load_the_feature_store_keeps_its_budgets_and_every_request_completes() {
+    // An image is 576 tokens × 8,192 bytes = 4.5 MiB: the CPU budget holds two, staging one,
+    // so requests wait for staging (and, kept after prefill, items are evicted for new ones).
+    for (overlap, after_prefill) in [("true", "keep_cpu"), ("false", "discard")] {
+        let d = start(&[
+            ("WORKERS__COUNT", "2"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "2"),
+            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
+            ("FRONTEND__MULTIMODAL__FEATURE_STORE__CPU_MIB", "10"),
+            ("FRONTEND__MULTIMODAL__FEATURE_STORE__STAGING_MIB", "5"),
+            (
+                "FRONTEND__MULTIMODAL__FEATURE_STORE__AFTER_PREFILL",
+                after_prefill,
+            ),
+        ])
+        .await;
+        let image = |seed: u8| with_image("Describe it.", &data_url(&png(64, 64, seed)), None);
+        // Eight images (three sent twice) and six text requests, all at once.
+        let mut bodies: Vec<Value> = [81u8, 82, 83, 84, 85, 81, 82, 83]
+            .into_iter()
+            .map(image)
+            .collect();
+        bodies.extend((0..6).map(|i| chat(MODEL, &format!("Plain question {i}"), 8)));
+        let peaks = std::sync::Arc::new(parking_lot::Mutex::new((0f64, 0f64)));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let watcher = {
+            let (peaks, stop, metrics) = (peaks.clone(), stop.clone(), url(&d, "/metrics"));
+            tokio::spawn(async move {
+                while !stop.is_cancelled() {
+                    let text = scrape(&metrics).await;
+                    let state = |s: &str| {
+                        metric_value(
+                            &text,
+                            "switchyard_feature_store_bytes",
+                            Some(&format!("state=\"{s}\"")),
+                        )
+                    };
+                    let (cpu, staging) = (store_bytes(&text), state("staged") + state("merged"));
+                    {
+                        let mut p = peaks.lock();
+                        p.0 = p.0.max(cpu);
+                        p.1 = p.1.max(staging);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            })
+        };
+        let requests = bodies.into_iter().map(|body| {
+            let client = client();
+            let target = url(&d, "/v1/chat/completions");
+            async move {
+                let response = client.post(target).json(&body).send().await.unwrap();
+                let status = response.status().as_u16();
+                (status, response.text().await.unwrap())
+            }
+        });
+        for (status, body) in futures::future::join_all(requests).await {
+            assert_eq!(status, 200, "overlap {overlap}: {body}");
+        }
+        stop.cancel();
+        watcher.await.unwrap();
+        let (cpu_peak, staging_peak) = *peaks.lock();
+        assert!(cpu_peak <= 10.0 * 1048576.0, "CPU peak {cpu_peak}");
+        assert!(
+            staging_peak <= 5.0 * 1048576.0,
+            "staging peak {staging_peak}"
+        );
+        let text = scrape(&url(&d, "/metrics")).await;
+        // Staging one item at a time made requests wait for it.
+        assert!(
+            metric_value(
+                &text,
+                "switchyard_feature_store_waits_total",
+                Some("memory=\"staging\"")
+            ) >= 1.0,
+            "{text}"
+        );
+        let left = store_bytes(&text);
+        if after_prefill == "discard" {
+            assert_eq!(left, 0.0, "{text}");
+        } else {
+            // Kept items only, within the budget, none staged any more.
+            assert!(left > 0.0 && left <= 10.0 * 1048576.0, "{text}");
+            assert!(
+                metric_value(&text, "switchyard_feature_store_evictions_total", None) >= 1.0,
+                "{text}"
+            );
+            for state in ["staged", "merged", "encoding"] {
+                let label = format!("state=\"{state}\"");
+                assert_eq!(
+                    metric_value(&text, "switchyard_feature_store_bytes", Some(&label)),
+                    0.0,
+                    "{text}"
+                );
+            }
+        }
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,6 +163,31 @@ async fn a_llama_cpp_server_serves_through_an_openai_worker() {
     let completion_tokens = streamed.completion_tokens.unwrap();
     assert!((1..=24).contains(&completion_tokens), "{text}");
 
+    // `top_k` reaches the engine: sampling hot (temperature 1.5) among the likeliest token
+    // alone is greedy decoding, whatever the seed.
+    for seed in [1, 2] {
+        let sampled: Value = support::client()
+            .post(frontend.url("/v1/chat/completions"))
+            .json(&json!({
+                "model": "switchyard-mock",
+                "messages": messages(),
+                "max_tokens": 24,
+                "temperature": 1.5,
+                "top_k": 1,
+                "seed": seed,
+            }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            sampled["choices"][0]["message"]["content"], direct_text,
+            "seed {seed}: {sampled}"
+        );
+    }
+
     // A plain completion (no template), not streamed.
     let response: Value = support::client()
         .post(frontend.url("/v1/completions"))

@@ -129,18 +129,12 @@ pub async fn chat(
         prepared.overrides.worker = ready.worker;
         prepared.media = ready.pending.clone();
         prepared.features = ready.features.clone();
-        let (warning, hold, pending) = (ready.warning, ready.hold, ready.pending);
+        // The media's features stay held until the response ends.
+        prepared.hold = Some(ready.hold);
+        let (warning, pending) = (ready.warning, ready.pending);
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
-        let mut dispatched = frontend.generate(prepared).await?;
-        // The media's features stay held until the response ends.
-        dispatched.generation = dispatched
-            .generation
-            .map(move |piece| {
-                let _ = &hold;
-                piece
-            })
-            .boxed();
+        let dispatched = frontend.generate(prepared).await?;
         Ok::<_, ApiError>((
             format!("chatcmpl-{:016x}", dispatched.id.0),
             dispatched,

@@ -20,6 +20,9 @@ macro_rules! request_body {
             pub max_completion_tokens: Option<u32>,
             pub temperature: Option<f32>,
             pub top_p: Option<f32>,
+            /// vLLM's and SGLang's extension: sample among the `top_k` likeliest tokens
+            /// (0 or -1: all of them).
+            pub top_k: Option<i64>,
             pub stop: Option<StopInput>,
             pub seed: Option<i64>,
             pub stream: Option<bool>,
@@ -53,6 +56,7 @@ macro_rules! request_body {
                     max_completion_tokens: self.max_completion_tokens,
                     temperature: self.temperature,
                     top_p: self.top_p,
+                    top_k: self.top_k,
                     stop: self.stop.clone(),
                     seed: self.seed,
                     stream: self.stream,
@@ -105,6 +109,7 @@ pub struct CommonParams {
     pub max_completion_tokens: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
     pub stop: Option<StopInput>,
     pub seed: Option<i64>,
     pub stream: Option<bool>,

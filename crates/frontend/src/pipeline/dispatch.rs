@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::encode::{MediaStatus, resize_media};
 use super::{Frontend, Prepared, counted};
+use crate::features::StagingRefused;
 use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
 use crate::routing::{Progress, RouteFailure};
@@ -93,6 +94,8 @@ pub(super) struct RequestRun {
     pub(super) media: Option<watch::Receiver<MediaStatus>>,
     /// Its media items' embeddings, for workers that merge them.
     pub(super) features: super::encode::MediaFeatures,
+    /// Its media items in the feature store (see [`crate::features`]).
+    pub(super) hold: Option<super::encode::SharedHold>,
     /// See [`Self::prompt_version`].
     prompt_version: u32,
 }
@@ -141,6 +144,7 @@ impl RequestRun {
             span: prepared.span.clone(),
             media: prepared.media.clone(),
             features: prepared.features.clone(),
+            hold: prepared.hold.clone(),
             prompt_version: 0,
         }
     }
@@ -226,6 +230,36 @@ impl RequestRun {
         self.prompt_version
     }
 
+    /// Stages its media items for the worker they go to next (see [`crate::features`]):
+    /// waits for staging memory, within `feature_store.staging_wait`, then a 503.
+    pub(super) async fn stage_media(&self) -> Result<(), ApiError> {
+        let Some(hold) = &self.hold else {
+            return Ok(());
+        };
+        if self.prompt.media.is_empty() {
+            return Ok(());
+        }
+        let hashes = self.prompt.media.iter().map(|span| span.media_hash);
+        crate::features::stage(hold, hashes)
+            .await
+            .map_err(|StagingRefused::Full(waited)| {
+                ApiError::unavailable(
+                    format!(
+                        "No staging memory came free for the request's media within {}; retry shortly.",
+                        humantime::format_duration(waited)
+                    ),
+                    self.frontend.config.admission.retry_after,
+                )
+            })
+    }
+
+    /// Its worker computed its prompt: the media items it staged are prefilled.
+    pub(super) fn media_prefilled(&self) {
+        if let Some(hold) = &self.hold {
+            hold.lock().prefilled();
+        }
+    }
+
     /// Waits until its media are encoded, or could not be (see [`Self::media_pending`]).
     async fn media_settled(&mut self) -> Result<(), ApiError> {
         while self.media_pending()? == Some(true) {
@@ -261,6 +295,11 @@ impl RequestRun {
                 tokio::time::sleep(self.backoff(tries)).await;
             }
             tries += 1;
+            // Media that go with the request take staging memory first (media still
+            // encoding take it when they are ready).
+            if self.media_pending()? != Some(true) {
+                self.stage_media().await?;
+            }
             let prompt = self.current_prompt();
             let sent_version = self.prompt_version;
             let route_span = tracing::info_span!(parent: &self.span, "route", attempt = tries);
@@ -544,7 +583,12 @@ impl RequestRun {
             dp_rank: worker.dp_rank,
             resume: (generated > 0).then_some(Resume { generated }),
             phase: Phase::PrefillOnly,
-            media_inputs: Vec::new(),
+            // Its media are encoded by now (it waited for them).
+            media_inputs: if instance.media_embeddings {
+                self.media_inputs(prompt)
+            } else {
+                Vec::new()
+            },
             media_pending: false,
         };
         let span = tracing::info_span!(

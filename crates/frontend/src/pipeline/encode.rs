@@ -280,8 +280,19 @@ impl Frontend {
                 continue;
             }
             let bytes = u64::from(item.tokens).saturating_mul(per_token);
-            loop {
-                match self.features.with(|store| store.acquire(item.hash, bytes)) {
+            // No room: wait for memory to be given back (the caller bounds the wait).
+            let acquired = self
+                .features
+                .when_freed(self.media.on_encoder_failure().1, |store| {
+                    match store.acquire(item.hash, bytes) {
+                        Ok(Acquired::Wait) => None,
+                        other => Some(other),
+                    }
+                })
+                .await
+                .unwrap_or(Ok(Acquired::Wait));
+            {
+                match acquired {
                     Ok(Acquired::Hit(FeatureState::Encoding)) => {
                         // Another request is encoding it: encode it too rather than wait.
                         hold.push(item.hash);
@@ -299,17 +310,14 @@ impl Frontend {
                         reserved.push(item.hash);
                         to_encode.push(item.clone());
                     }
-                    Ok(Acquired::Wait) => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
+                    // Out of time: the caller's timeout has passed by now.
+                    Ok(Acquired::Wait) => return to_encode,
                     Err(e) => {
                         // Larger than the whole store: encoded, not kept.
                         tracing::debug!(error = %e, "a media item bypasses the feature store");
                         to_encode.push(item.clone());
                     }
                 }
-                break;
             }
         }
         to_encode

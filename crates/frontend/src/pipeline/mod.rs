@@ -85,6 +85,9 @@ pub struct Prepared {
     pub media: Option<tokio::sync::watch::Receiver<encode::MediaStatus>>,
     /// Its media items' embeddings known by now (see [`encode::MediaFeatures`]).
     pub features: encode::MediaFeatures,
+    /// Its media items held in the feature store, staged as they go to its workers and
+    /// let go when its response ends.
+    pub hold: Option<encode::SharedHold>,
 }
 
 impl Prepared {
@@ -101,6 +104,7 @@ impl Prepared {
             overrides: RoutingOverrides::default(),
             media: None,
             features: encode::MediaFeatures::default(),
+            hold: None,
         }
     }
 }

@@ -198,16 +198,16 @@ impl Streaming {
                 // Already counted against the worker by whoever found it unhealthy.
                 Woken::Outage => self.move_on(Leave::Outage),
                 Woken::OutageClosed => self.outage_open = false,
-                Woken::Media(ok) => self.on_media(ok),
+                Woken::Media(ok) => self.on_media(ok).await,
             }
         }
     }
 
     /// Where the request's media stand changed while its worker waits for them (`ok`
     /// false: their encoding ended without a word). Ready: the worker is told, and the
-    /// first token's deadline starts. Dropped (text only): the request is sent again
-    /// without them. Failed: so is the request.
-    fn on_media(&mut self, ok: bool) {
+    /// first token's deadline starts (once their staging memory is found). Dropped (text
+    /// only): the request is sent again without them. Failed: so is the request.
+    async fn on_media(&mut self, ok: bool) {
         let outcome = if ok {
             self.run.media_pending()
         } else {
@@ -232,6 +232,13 @@ impl Streaming {
                 self.prompt_tokens = self.run.prompt_tokens();
             }
             Ok(_) => {
+                if self.attempt.as_ref().is_none_or(|a| a.media_on.is_none()) {
+                    return;
+                }
+                // The worker waits for them meanwhile: no first token is due.
+                if let Err(e) = self.run.stage_media().await {
+                    return self.fail(e);
+                }
                 let Some(instance) = self.attempt.as_mut().and_then(|a| a.media_on.take()) else {
                     return;
                 };
@@ -372,8 +379,9 @@ impl Streaming {
         let worker = attempt.worker;
         attempt.progress.mark(now);
         if self.attempt_tokens == 0 {
-            // This worker has computed the (possibly resumed) prompt.
+            // This worker has computed the (possibly resumed) prompt, media included.
             frontend.routing.prefill_done(self.run.id);
+            self.run.media_prefilled();
             if let Some(moved) = self.moved_at.take() {
                 metrics
                     .migration_latency
