@@ -364,6 +364,7 @@ fn common(
             overlap_weight: routing.overlap_weight,
             temperature: routing.temperature,
             worker: None,
+            media_pending: false,
         },
         media: None,
         features: Default::default(),

@@ -287,6 +287,7 @@ impl MockEngine {
             encoded: request.media_gate.is_none(),
             staged: false,
             arrival: self.arrivals,
+            sent_ahead: request.media_gate.is_some(),
             behind: None,
         });
         self.arrivals += 1;
@@ -328,10 +329,11 @@ impl MockEngine {
         true
     }
 
-    /// Schedules running request `id` behind the requests that arrived before now.
+    /// Schedules request `id` (running or waiting) behind the requests that arrived
+    /// before now and were not themselves sent ahead of their media.
     fn defer(&mut self, id: RequestId) {
         let arrivals = self.arrivals;
-        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id)
+        if let Some(seq) = self.sequence_mut(id)
             && seq.behind.is_none()
         {
             seq.behind = Some(arrivals);
@@ -340,20 +342,24 @@ impl MockEngine {
     }
 
     /// Ends the deferral of requests that no earlier arrival is still ahead of (every
-    /// request that arrived before their media were ready has computed its prompt).
+    /// request that arrived before their media were ready has computed its prompt, or as
+    /// much of it as it can before its own media).
     fn refresh_deferred(&mut self) {
         if self.deferred == 0 {
             return;
         }
+        // Only requests that came with their media ready hold a deferred one back (those
+        // sent ahead of theirs keep their arrival order among themselves).
         let earliest_prefilling = self
             .running
             .iter()
-            .filter(|s| s.behind.is_none() && s.prefilling())
+            .filter(|s| s.prefilling())
             .chain(self.waiting.iter())
+            .filter(|s| !s.sent_ahead)
             .map(|s| s.arrival)
             .min()
             .unwrap_or(u64::MAX);
-        for seq in &mut self.running {
+        for seq in self.running.iter_mut().chain(self.waiting.iter_mut()) {
             if seq.behind.is_some_and(|m| earliest_prefilling >= m) {
                 seq.behind = None;
                 self.deferred -= 1;
@@ -435,12 +441,15 @@ impl MockEngine {
                 self.deferred -= 1;
             }
             seq
-        } else if let Some(seq) = self
+        } else if let Some(mut seq) = self
             .waiting
             .iter()
             .position(|s| s.id == id)
             .and_then(|i| self.waiting.remove(i))
         {
+            if seq.behind.take().is_some() {
+                self.deferred -= 1;
+            }
             // Waiting requests hold no blocks.
             seq
         } else {
@@ -459,7 +468,12 @@ impl MockEngine {
         let (budget, preempted_any) = self.schedule_running(out);
         if !preempted_any {
             // Deferred requests go after the earlier arrivals, before the later ones.
-            let marker = self.running.iter().filter_map(|s| s.behind).min();
+            let marker = self
+                .running
+                .iter()
+                .chain(self.waiting.iter())
+                .filter_map(|s| s.behind)
+                .min();
             let budget = self.admit_waiting(budget, marker);
             if marker.is_some() {
                 let budget = self.schedule_deferred(budget);
@@ -563,7 +577,9 @@ impl MockEngine {
                 let Some(seq) = self.waiting.get_mut(i) else {
                     break;
                 };
-                if seq.gate.is_some() != gated || before.is_some_and(|b| seq.arrival >= b) {
+                let held_back = before
+                    .is_some_and(|b| seq.arrival >= b || seq.sent_ahead || seq.behind.is_some());
+                if seq.gate.is_some() != gated || held_back {
                     i += 1;
                     continue;
                 }

@@ -48,6 +48,8 @@ pub struct Sequence {
     pub staged: bool,
     /// Its place in arrival order.
     pub arrival: u64,
+    /// It came ahead of its media (they were being encoded).
+    pub sent_ahead: bool,
     /// Its media became ready when this many requests had arrived: it is scheduled behind
     /// the earlier ones still computing their prompts (see
     /// [`crate::EngineArgs::defer_ready_media`]).

@@ -96,6 +96,9 @@ pub struct RoutingOverrides {
     /// whatever the policy would choose: joint routing sends media it did not encode to the
     /// worker holding their KV.
     pub worker: Option<WorkerId>,
+    /// The request goes ahead of its media (still being encoded).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub media_pending: bool,
 }
 
 /// One request, as the policies see it.

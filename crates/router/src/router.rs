@@ -208,13 +208,20 @@ impl Router {
             .filter(|w| self.active.has_worker(**w))
             .map(|&worker| {
                 let load = self.active.load(worker);
+                // Media waiting behind the requests that arrive meanwhile are ahead of a
+                // request only if it too waits for its media.
+                let held = if request.overrides.media_pending {
+                    load.held_prefill_tokens
+                } else {
+                    0
+                };
                 Candidate {
                     worker,
                     overlap_blocks: overlaps.score(worker),
                     cached_blocks: overlaps.cached(worker),
                     active_blocks: load.active_blocks,
                     new_blocks: self.active.new_blocks(worker, request.seq_hashes),
-                    prefill_tokens: load.prefill_tokens,
+                    prefill_tokens: load.prefill_tokens + held,
                     prefill_elapsed_ms: if load.prefill_tokens > 0 {
                         now.saturating_sub(load.prefill_since).as_secs_f64() * 1e3
                     } else {
@@ -309,6 +316,16 @@ impl Router {
 
     pub fn mark_prefill_completed(&mut self, id: RequestId, now: Duration) -> bool {
         self.active.mark_prefill_completed(id, now)
+    }
+
+    /// See [`ActiveSequences::hold_prefill`].
+    pub fn hold_prefill(&mut self, id: RequestId, tokens: u64) -> bool {
+        self.active.hold_prefill(id, tokens)
+    }
+
+    /// See [`ActiveSequences::release_prefill`].
+    pub fn release_prefill(&mut self, id: RequestId, now: Duration) -> bool {
+        self.active.release_prefill(id, now)
     }
 
     pub fn free(&mut self, id: RequestId) -> Option<WorkerKey> {

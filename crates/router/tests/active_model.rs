@@ -18,6 +18,9 @@ enum Op {
         prefill: u16,
     },
     Prefilled(u8),
+    /// The last tokens of a request's prefill wait for its media, then join the queue.
+    Hold(u8, u16),
+    Release(u8),
     Free(u8),
     Advance(u8),
     RemoveWorker(u8),
@@ -28,6 +31,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0u8..3, prop::collection::vec(0u8..3, 0..5), any::<u16>()).prop_map(|(worker, path, prefill)| Op::Add { worker, path, prefill }),
         2 => any::<u8>().prop_map(Op::Prefilled),
+        1 => (any::<u8>(), any::<u16>()).prop_map(|(pick, tokens)| Op::Hold(pick, tokens)),
+        1 => any::<u8>().prop_map(Op::Release),
         3 => any::<u8>().prop_map(Op::Free),
         1 => (0u8..20).prop_map(Op::Advance),
         1 => (0u8..3).prop_map(Op::RemoveWorker),
@@ -40,7 +45,15 @@ struct NaiveRequest {
     worker: WorkerKey,
     blocks: Vec<SequenceHash>,
     prefill: u64,
+    /// Of `prefill`, the tokens held out of the queue.
+    held: u64,
     added: Duration,
+}
+
+impl NaiveRequest {
+    fn queued(&self) -> u64 {
+        self.prefill - self.held
+    }
 }
 
 fn chain(path: &[u8]) -> Vec<SequenceHash> {
@@ -74,14 +87,14 @@ proptest! {
                     let id = RequestId(next_id);
                     next_id += 1;
                     let blocks = chain(path);
-                    let queue_empty = naive.values().all(|r| r.worker != w || r.prefill == 0);
+                    let queue_empty = naive.values().all(|r| r.worker != w || r.queued() == 0);
                     let result = active.add_request(id, w, &blocks, u64::from(*prefill), now);
                     prop_assert_eq!(result.is_ok(), workers.contains(&w));
                     if result.is_ok() {
                         if queue_empty {
                             since.insert(w, now);
                         }
-                        naive.insert(id, NaiveRequest { worker: w, blocks, prefill: u64::from(*prefill), added: now });
+                        naive.insert(id, NaiveRequest { worker: w, blocks, prefill: u64::from(*prefill), held: 0, added: now });
                     }
                     // Adding the same id twice is refused.
                     if workers.contains(&w) {
@@ -91,12 +104,33 @@ proptest! {
                 Op::Prefilled(pick) => {
                     let id = RequestId(u64::from(*pick) % next_id.max(1));
                     let known = naive.get_mut(&id).map(|r| {
-                        if r.prefill > 0 {
+                        if r.queued() > 0 {
                             since.insert(r.worker, now);
                         }
                         r.prefill = 0;
+                        r.held = 0;
                     }).is_some();
                     prop_assert_eq!(active.mark_prefill_completed(id, now), known);
+                }
+                Op::Hold(pick, tokens) => {
+                    let id = RequestId(u64::from(*pick) % next_id.max(1));
+                    let known = naive.get_mut(&id).map(|r| {
+                        r.held += u64::from(*tokens).min(r.queued());
+                    }).is_some();
+                    prop_assert_eq!(active.hold_prefill(id, u64::from(*tokens)), known);
+                }
+                Op::Release(pick) => {
+                    let id = RequestId(u64::from(*pick) % next_id.max(1));
+                    let worker = naive.get(&id).map(|r| r.worker);
+                    if let Some(w) = worker {
+                        let queue_empty = naive.values().all(|r| r.worker != w || r.queued() == 0);
+                        let r = naive.get_mut(&id).unwrap();
+                        if r.held > 0 && queue_empty {
+                            since.insert(w, now);
+                        }
+                        r.held = 0;
+                    }
+                    prop_assert_eq!(active.release_prefill(id, now), worker.is_some());
                 }
                 Op::Free(pick) => {
                     let id = RequestId(u64::from(*pick) % next_id.max(1));
@@ -136,9 +170,10 @@ proptest! {
                 let distinct: HashSet<SequenceHash> = live.iter().flat_map(|r| r.blocks.iter().copied()).collect();
                 let load = active.load(w);
                 prop_assert_eq!(load.active_blocks, distinct.len() as u64);
-                prop_assert_eq!(load.prefill_tokens, live.iter().map(|r| r.prefill).sum::<u64>());
+                prop_assert_eq!(load.prefill_tokens, live.iter().map(|r| r.queued()).sum::<u64>());
+                prop_assert_eq!(load.held_prefill_tokens, live.iter().map(|r| r.held).sum::<u64>());
                 prop_assert_eq!(load.requests as usize, live.len());
-                let queued = live.iter().any(|r| r.prefill > 0);
+                let queued = live.iter().any(|r| r.queued() > 0);
                 let expected_since = if queued { since[&w] } else { Duration::ZERO };
                 prop_assert_eq!(load.prefill_since, expected_since);
                 for block in &distinct {

@@ -707,6 +707,7 @@ impl<'a> Fleet<'a> {
                     continue;
                 };
                 let slot = slot_of(worker);
+                self.core.media_ready(RequestId(u64::from(index)), self.now);
                 if self.engines[slot].media_ready(RequestId(u64::from(index)))
                     && self.step_end[slot].is_none()
                     && self.slots[slot] != Slot::Retired
@@ -767,7 +768,10 @@ impl<'a> Fleet<'a> {
             let query = RouteQuery {
                 id,
                 blocks: &mock.prompt,
-                overrides: RoutingOverrides::default(),
+                overrides: RoutingOverrides {
+                    media_pending: mock.media_gate.is_some(),
+                    ..RoutingOverrides::default()
+                },
                 exclude: &exclude,
             };
             let pair = if self.config.disagg.is_some() && generated == 0 {
@@ -873,8 +877,14 @@ impl<'a> Fleet<'a> {
                 self.failures.by_reprefill += 1;
                 self.failures.recomputed_tokens += decision.prefill_tokens;
             }
+            let gate = mock
+                .media_gate
+                .map(|g| (mock.prompt.total_tokens() as u64, u64::from(g)));
             match self.engines[slot].add_request(mock) {
                 Ok(()) => {
+                    if let Some((tokens, from)) = gate {
+                        self.core.media_pending(id, tokens, from);
+                    }
                     self.requests[index as usize].placed_at = self.now;
                     self.requests[index as usize].worker = Some(decision.worker);
                     self.per_worker_requests[slot] += 1;

@@ -154,10 +154,114 @@ fn overlapping_text_prefill_with_encoding_cuts_video_ttft_behind_a_long_prefix()
     assert!(a.completed > 50, "{}", a.completed);
     assert_eq!(a.completed, b.completed);
     let video = |r: &SimReport| r.media.as_ref().unwrap().ttft_ms_by_class["video"];
+    // The typical video request gains its text's prefill. Each one's media then waits
+    // behind the requests that arrived while it was encoded (as it would have, sent after
+    // its encoding), and the worker it went to before its encoding is not always the one
+    // routing would choose after it: the mean stays within 2 %.
     assert!(
-        video(&b).mean < video(&a).mean,
+        video(&b).p50 < 0.95 * video(&a).p50 && video(&b).mean < 1.02 * video(&a).mean,
         "overlapped {:?}, sequential {:?}",
         video(&b),
         video(&a)
     );
+}
+
+/// 32 requests at once, 1,024 tokens of text each; with `video`, the first also has a
+/// 30-frame video (4,320 tokens) after its text.
+fn batch_of_32(video: bool) -> PreparedWorkload {
+    let trace: Vec<TraceRequest> = (0..32u64)
+        .map(|i| {
+            let media = if i == 0 && video {
+                vec![switchyard_core::trace::MediaRecord {
+                    modality: switchyard_core::protocol::Modality::Video,
+                    offset: 1024,
+                    tokens: 4320,
+                    hash: 77,
+                }]
+            } else {
+                Vec::new()
+            };
+            let tokens = 1024 + media.iter().map(|m| m.tokens).sum::<u64>();
+            TraceRequest {
+                arrival: Duration::ZERO,
+                input_tokens: tokens as u32,
+                output_tokens: 64,
+                hash_ids: (0..tokens.div_ceil(512)).map(|j| i * 1000 + j).collect(),
+                media,
+            }
+        })
+        .collect();
+    PreparedWorkload::prepare(&trace, 512, 16, 1.0)
+}
+
+/// Time to first token of each request, in ms.
+fn first_tokens(config: &SimConfig, workload: &PreparedWorkload) -> Vec<f64> {
+    let config = SimConfig {
+        record_requests: true,
+        ..config.clone()
+    };
+    let report = run(&config, workload);
+    report
+        .request_records
+        .iter()
+        .map(|r| (r.first_token.unwrap() - r.arrival).as_secs_f64() * 1e3)
+        .collect()
+}
+
+/// The median and the longest of `ttft`.
+fn median_and_max(ttft: &[f64]) -> (f64, f64) {
+    let mut v = ttft.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[v.len() - 1])
+}
+
+#[test]
+fn a_video_sent_ahead_of_its_encoding_gains_without_delaying_the_text_requests() {
+    let fleet = |workers, overlap, defer| SimConfig {
+        workers,
+        engine: EngineArgs {
+            defer_ready_media: defer,
+            ..EngineArgs::default()
+        },
+        encoders: Some(EncoderSim {
+            count: 1,
+            cost: EncoderCost::default(),
+            policy: EncoderPolicy::Soonest,
+            joint: false,
+            overlap,
+        }),
+        ..config(None)
+    };
+    for workers in [1, 2, 4, 8] {
+        let alone = first_tokens(&fleet(workers, false, true), &batch_of_32(false));
+        let sequential = first_tokens(&fleet(workers, false, true), &batch_of_32(true));
+        let overlapped = first_tokens(&fleet(workers, true, true), &batch_of_32(true));
+        // The video's text is computed while it is encoded.
+        assert!(
+            overlapped[0] < sequential[0],
+            "{workers} workers: video {} overlapped, {} sequential",
+            overlapped[0],
+            sequential[0]
+        );
+        // The 31 text requests fare as they do without the video, or with it sent after
+        // its encoding: its media's prefill waits behind them.
+        let (p50, max) = median_and_max(&overlapped[1..]);
+        let (seq_p50, seq_max) = median_and_max(&sequential[1..]);
+        let (alone_p50, alone_max) = median_and_max(&alone[1..]);
+        assert!(
+            p50 <= 1.02 * seq_p50.max(alone_p50) && max <= 1.02 * seq_max.max(alone_max),
+            "{workers} workers: text p50 {p50} max {max}, sequential {seq_p50} {seq_max}, without the video {alone_p50} {alone_max}"
+        );
+    }
+    // Resumed at once instead (the video first): on one worker the video gains more, at
+    // the text requests' expense.
+    let sequential = first_tokens(&fleet(1, false, true), &batch_of_32(true));
+    let at_once = first_tokens(&fleet(1, true, false), &batch_of_32(true));
+    assert!(
+        at_once[0] < 0.6 * sequential[0],
+        "{} {}",
+        at_once[0],
+        sequential[0]
+    );
+    assert!(median_and_max(&at_once[1..]).1 > 1.05 * median_and_max(&sequential[1..]).1);
 }

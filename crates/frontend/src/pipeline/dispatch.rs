@@ -297,9 +297,14 @@ impl RequestRun {
             tries += 1;
             // Media that go with the request take staging memory first (media still
             // encoding take it when they are ready).
-            if self.media_pending()? != Some(true) {
+            let pending = self.media_pending()? == Some(true);
+            if !pending {
                 self.stage_media().await?;
             }
+            let overrides = RoutingOverrides {
+                media_pending: pending,
+                ..self.overrides
+            };
             let prompt = self.current_prompt();
             let sent_version = self.prompt_version;
             let route_span = tracing::info_span!(parent: &self.span, "route", attempt = tries);
@@ -312,13 +317,13 @@ impl RequestRun {
                 let decided = std::time::Instant::now();
                 let routed = route_span.in_scope(|| {
                     let routing = &frontend.routing;
-                    match routing.route(self.id, &prompt, self.overrides, &self.failed) {
+                    match routing.route(self.id, &prompt, overrides, &self.failed) {
                         // Every worker left is one this request failed on: one of them that
                         // is healthy again takes it rather than losing its work.
                         Err(RouteFailure::NoWorkers)
                             if !self.failed.is_empty() && unservable.is_none() =>
                         {
-                            routing.route(self.id, &prompt, self.overrides, &[])
+                            routing.route(self.id, &prompt, overrides, &[])
                         }
                         routed => routed,
                     }
@@ -467,6 +472,11 @@ impl RequestRun {
             } else {
                 Vec::new()
             };
+            // Sent ahead of its media: where its engine stops until they are ready.
+            let gate = media_pending
+                .then(|| prompt.media.iter().map(|m| m.offset).min())
+                .flatten()
+                .map(|from| (prompt.len() as u64, u64::from(from)));
             let request = GenerateRequest {
                 id: self.id,
                 prompt,
@@ -505,6 +515,9 @@ impl RequestRun {
             let (error, failure) = match sent {
                 Ok(Ok(stream)) => {
                     frontend.metrics.count_dispatch(worker, true);
+                    if let Some((tokens, from)) = gate {
+                        frontend.routing.media_pending(self.id, tokens, from);
+                    }
                     return Ok(Attempt {
                         worker,
                         stream,

@@ -244,6 +244,7 @@ impl Streaming {
                 };
                 let frontend = std::sync::Arc::clone(&self.run.frontend);
                 let id = self.run.id;
+                frontend.routing.media_ready(id);
                 tokio::spawn(async move {
                     match frontend.requests.media_ready(&instance, id).await {
                         Ok(held) => {

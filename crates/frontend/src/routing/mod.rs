@@ -561,6 +561,20 @@ impl RoutingService {
 
     /// The request's first token arrived: its prompt is computed (less prefill queued on
     /// its worker may let a queued request go).
+    /// The request went to its worker ahead of its media (see
+    /// [`switchyard_router::RoutingCore::media_pending`]).
+    pub fn media_pending(&self, id: RequestId, prompt_tokens: u64, media_from: u64) {
+        self.core
+            .lock()
+            .media_pending(id, prompt_tokens, media_from);
+    }
+
+    /// The request's media are ready: the rest of its prompt joins its worker's queue.
+    pub fn media_ready(&self, id: RequestId) {
+        let now = self.now();
+        self.core.lock().media_ready(id, now);
+    }
+
     pub fn prefill_done(&self, id: RequestId) {
         let now = self.now();
         let queued = {

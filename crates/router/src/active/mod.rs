@@ -41,12 +41,17 @@ pub struct WorkerLoad {
     /// Since when the worker has been computing the head of its prefill queue: when the
     /// queue last became non-empty or a queued prefill last completed.
     pub prefill_since: Duration,
+    /// Prefill tokens of requests sent ahead of their media that wait for them (not in
+    /// `prefill_tokens`): the engine computes them behind the requests arriving meanwhile,
+    /// but not behind other requests sent ahead of their media.
+    pub held_prefill_tokens: u64,
 }
 
 #[derive(Debug, Default)]
 struct WorkerSlots {
     chains: chains::ChainSet,
     prefill_tokens: u64,
+    held_tokens: u64,
     requests: u32,
     prefill_since: Duration,
 }
@@ -57,6 +62,9 @@ struct ActiveRequest {
     blocks: Arc<[SequenceHash]>,
     /// Outstanding prefill tokens; zero once prefill completed.
     prefill_tokens: u64,
+    /// Of those, the tokens waiting for the request's media (see
+    /// [`ActiveSequences::hold_prefill`]): not in the worker's queue yet.
+    held_tokens: u64,
     added_at: Duration,
 }
 
@@ -140,6 +148,7 @@ impl ActiveSequences {
                 worker,
                 blocks,
                 prefill_tokens,
+                held_tokens: 0,
                 added_at: now,
             },
         );
@@ -153,12 +162,50 @@ impl ActiveSequences {
         let Some(request) = self.requests.get_mut(&id) else {
             return false;
         };
-        let tokens = std::mem::take(&mut request.prefill_tokens);
+        let held = std::mem::take(&mut request.held_tokens);
+        let tokens = std::mem::take(&mut request.prefill_tokens) - held;
         if let Some(slots) = self.workers.get_mut(&request.worker) {
             slots.prefill_tokens -= tokens;
+            slots.held_tokens -= held;
             if tokens > 0 {
                 slots.prefill_since = now;
             }
+        }
+        true
+    }
+
+    /// The last `tokens` of the request's prefill wait for its media (it was sent ahead of
+    /// them): they leave its worker's queue until [`Self::release_prefill`] (counted apart,
+    /// as [`WorkerLoad::held_prefill_tokens`]), since the engine computes them behind the
+    /// requests that arrive meanwhile. Returns whether the request is here.
+    pub fn hold_prefill(&mut self, id: RequestId, tokens: u64) -> bool {
+        let Some(request) = self.requests.get_mut(&id) else {
+            return false;
+        };
+        let more = tokens.min(request.prefill_tokens - request.held_tokens);
+        request.held_tokens += more;
+        if let Some(slots) = self.workers.get_mut(&request.worker) {
+            slots.prefill_tokens -= more;
+            slots.held_tokens += more;
+        }
+        true
+    }
+
+    /// The request's media are ready at `now`: its held prefill joins the back of its
+    /// worker's queue.
+    pub fn release_prefill(&mut self, id: RequestId, now: Duration) -> bool {
+        let Some(request) = self.requests.get_mut(&id) else {
+            return false;
+        };
+        let tokens = std::mem::take(&mut request.held_tokens);
+        if let Some(slots) = self.workers.get_mut(&request.worker)
+            && tokens > 0
+        {
+            if slots.prefill_tokens == 0 {
+                slots.prefill_since = now;
+            }
+            slots.prefill_tokens += tokens;
+            slots.held_tokens -= tokens;
         }
         true
     }
@@ -168,7 +215,8 @@ impl ActiveSequences {
         let request = self.requests.remove(&id)?;
         if let Some(slots) = self.workers.get_mut(&request.worker) {
             slots.chains.remove(&request.blocks);
-            slots.prefill_tokens -= request.prefill_tokens;
+            slots.prefill_tokens -= request.prefill_tokens - request.held_tokens;
+            slots.held_tokens -= request.held_tokens;
             slots.requests -= 1;
         }
         Some(request.worker)
@@ -212,6 +260,7 @@ impl ActiveSequences {
                 } else {
                     Duration::ZERO
                 },
+                held_prefill_tokens: slots.held_tokens,
             })
     }
 

@@ -964,6 +964,22 @@ impl RoutingCore {
         self.router.record(&request, &decision, now).is_ok()
     }
 
+    /// The request went to its worker ahead of its media, whose engine computes the prompt
+    /// from its first media position (`prompt_tokens - media_from` tokens) only once they
+    /// are ready, behind the requests that arrive meanwhile: that part leaves the worker's
+    /// queue until [`Self::media_ready`], so requests routed meanwhile do not count it.
+    pub fn media_pending(&mut self, id: RequestId, prompt_tokens: u64, media_from: u64) -> bool {
+        self.router
+            .hold_prefill(id, prompt_tokens.saturating_sub(media_from))
+    }
+
+    /// The request's media are ready at `now`: the rest of its prompt joins the back of its
+    /// worker's queue.
+    pub fn media_ready(&mut self, id: RequestId, now: Duration) -> bool {
+        self.tick(now);
+        self.router.release_prefill(id, now)
+    }
+
     /// The request's first token arrived at `now`: its prompt is computed.
     pub fn prefill_done(&mut self, id: RequestId, now: Duration) -> bool {
         self.tick(now);

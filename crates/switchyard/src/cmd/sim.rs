@@ -161,6 +161,10 @@ pub struct SimArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub(super) json: bool,
+    /// Write every request's fate to this file, one JSON object a line (policy, id,
+    /// arrival, time to first token, end to end, worker, outcome; times in ms).
+    #[arg(long, value_name = "FILE.jsonl")]
+    requests_out: Option<PathBuf>,
     #[command(flatten)]
     pub(super) planning: super::sim_planner::PlanningArgs,
     #[command(flatten)]
@@ -353,7 +357,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         event_delay: Duration::from_secs_f64(args.event_delay_ms / 1e3),
         eos_token_ids: args.eos_token_ids.clone(),
         seed: args.seed,
-        record_requests: false,
+        record_requests: args.requests_out.is_some(),
         lazy_engines: true,
         faults: FaultConfig {
             schedule: args.faults.clone(),
@@ -421,6 +425,9 @@ pub fn run(args: SimArgs) -> Result<()> {
         args.speedup[0],
     );
     let reports = run_policies(&args, &workload, &config, args.json)?;
+    if let Some(path) = &args.requests_out {
+        write_requests(path, &reports)?;
+    }
     if args.json {
         let policies = reports.iter().map(|r| (r.policy.as_str(), r)).collect();
         let out = Output {
@@ -433,6 +440,47 @@ pub fn run(args: SimArgs) -> Result<()> {
         write_stdout(&table(&args, workload.requests.len(), &reports))?;
     }
     Ok(())
+}
+
+/// One request's fate, as `--requests-out` writes it.
+#[derive(Serialize)]
+struct RequestLine<'a> {
+    policy: &'a str,
+    id: u64,
+    arrival_ms: f64,
+    ttft_ms: Option<f64>,
+    e2e_ms: Option<f64>,
+    worker: Option<u64>,
+    output_tokens: u32,
+    cached_tokens: u32,
+    outcome: &'a str,
+}
+
+fn write_requests(path: &std::path::Path, reports: &[SimReport]) -> Result<()> {
+    use std::io::Write as _;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for report in reports {
+        for r in &report.request_records {
+            let line = RequestLine {
+                policy: &report.policy,
+                id: r.id,
+                arrival_ms: ms(r.arrival),
+                ttft_ms: r.first_token.map(|t| ms(t.saturating_sub(r.arrival))),
+                e2e_ms: r.finished.map(|t| ms(t.saturating_sub(r.arrival))),
+                worker: r.worker.map(|w| w.worker_id.0),
+                output_tokens: r.output_tokens,
+                cached_tokens: r.cached_tokens,
+                outcome: r.outcome,
+            };
+            serde_json::to_writer(&mut out, &line)?;
+            out.write_all(b"\n")?;
+        }
+    }
+    out.flush()
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Runs every policy of `args` on the workload.
