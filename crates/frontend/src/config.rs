@@ -195,6 +195,9 @@ pub struct RouterSettings {
     /// Weight of the delay a request's prefill adds to running decodes in the latency
     /// policy's cost.
     pub itl_weight: f64,
+    /// Weight of the request's own decoding (its `max_tokens` × the worker's step time
+    /// with it) in the latency policy's cost; 0: not counted.
+    pub output_weight: f64,
     /// Softmax temperature of the kv policy; 0 picks the cheapest worker.
     pub temperature: f64,
     /// Requests active longer than this are presumed lost and freed.
@@ -215,6 +218,7 @@ impl Default for RouterSettings {
             policy: PolicyKind::Latency,
             overlap_weight: 1.0,
             itl_weight: LatencyPolicyConfig::default().itl_weight,
+            output_weight: LatencyPolicyConfig::default().output_weight,
             temperature: 0.0,
             request_ttl: Duration::from_secs(600),
             seed: 0,
@@ -237,6 +241,7 @@ impl FrontendConfig {
                 },
                 latency: LatencyPolicyConfig {
                     itl_weight: r.itl_weight,
+                    output_weight: r.output_weight,
                     temperature: r.temperature,
                 },
                 request_ttl: r.request_ttl,

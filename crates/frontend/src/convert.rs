@@ -365,6 +365,7 @@ fn common(
             temperature: routing.temperature,
             worker: None,
             media_pending: false,
+            max_tokens: None,
         },
         media: None,
         features: Default::default(),

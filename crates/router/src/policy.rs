@@ -99,6 +99,9 @@ pub struct RoutingOverrides {
     /// The request goes ahead of its media (still being encoded).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub media_pending: bool,
+    /// The most tokens the request will generate (its `max_tokens`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
 }
 
 /// One request, as the policies see it.
@@ -204,6 +207,9 @@ pub struct LatencyPolicyConfig {
     /// (milliseconds of their inter-token latency, summed over them) against its own time
     /// to first token.
     pub itl_weight: f64,
+    /// Weight of the request's own decoding (its output tokens, from `max_tokens`, times
+    /// the worker's step time with it) against its time to first token; 0: not counted.
+    pub output_weight: f64,
     /// 0 picks the fastest worker; above 0 samples from a softmax over normalised costs.
     pub temperature: f64,
 }
@@ -212,6 +218,7 @@ impl Default for LatencyPolicyConfig {
     fn default() -> Self {
         LatencyPolicyConfig {
             itl_weight: 0.1,
+            output_weight: 0.0,
             temperature: 0.0,
         }
     }
@@ -348,6 +355,20 @@ impl LatencyPolicy {
         let added = own_ms;
         let weight = self.config.itl_weight;
         let mut cost = ttft + weight * added * f64::from(decoding);
+        if let Some(output) = s
+            .overrides
+            .max_tokens
+            .filter(|_| self.config.output_weight > 0.0)
+        {
+            // Its own decoding there: every output token one step of the worker's batch
+            // with it (its running requests and this one, the blocks with its own).
+            let step = timing.decode_step_ms(
+                c.active_requests + 1,
+                (c.active_blocks + c.new_blocks) * block_size,
+                c.active_blocks + c.new_blocks,
+            );
+            cost += self.config.output_weight * f64::from(output) * step;
+        }
         // A worker whose KV would run short preempts or stalls, whatever the timing says:
         // past the limit, it is the last choice, the fuller the later.
         let pressure =

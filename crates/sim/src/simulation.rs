@@ -770,6 +770,7 @@ impl<'a> Fleet<'a> {
                 blocks: &mock.prompt,
                 overrides: RoutingOverrides {
                     media_pending: mock.media_gate.is_some(),
+                    max_tokens: Some(mock.max_output_tokens),
                     ..RoutingOverrides::default()
                 },
                 exclude: &exclude,

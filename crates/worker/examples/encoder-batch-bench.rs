@@ -76,10 +76,18 @@ async fn main() -> Result<()> {
         let encoder = VisionEncoder::load(&args.runtime, &args.model, args.threads)
             .context("loading the vision encoder")?;
         let side = encoder.side();
-        let batcher = Batcher::start("bench-encoder", Vision(encoder), max_batch, args.batch_timeout)?;
+        let batcher = Batcher::start(
+            "bench-encoder",
+            Vision(encoder),
+            max_batch,
+            args.batch_timeout,
+        )?;
         let image: Vec<u8> = (0..side * side * 3).map(|i| (i % 251) as u8).collect();
         // One pass first: the runtime's first call sets itself up.
-        batcher.run(vec![image.clone()]).await.map_err(anyhow::Error::msg)?;
+        batcher
+            .run(vec![image.clone()])
+            .await
+            .map_err(anyhow::Error::msg)?;
         for &rate in &args.rates {
             let (passes, units) = (
                 batcher.stats().passes.load(Ordering::Relaxed),

@@ -303,6 +303,7 @@ impl RequestRun {
             }
             let overrides = RoutingOverrides {
                 media_pending: pending,
+                max_tokens: Some(self.max_tokens.saturating_sub(self.generated.len() as u32)),
                 ..self.overrides
             };
             let prompt = self.current_prompt();

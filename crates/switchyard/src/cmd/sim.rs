@@ -64,6 +64,10 @@ pub struct SimArgs {
     /// policy.
     #[arg(long, default_value_t = LatencyPolicyConfig::default().itl_weight)]
     itl_weight: f64,
+    /// `latency`: weight of the request's own decoding (its output tokens × the worker's
+    /// step time with it) against its time to first token (0: not counted).
+    #[arg(long, default_value_t = LatencyPolicyConfig::default().output_weight)]
+    output_weight: f64,
     /// The router's view of the caches: the engines' KV events (as `serve` sees its
     /// workers), blocks assumed cached when routed (approx), or natural: approx for
     /// cache-aware (as SGLang's router, which has no events, is deployed), events for the
@@ -339,6 +343,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                 },
                 latency: LatencyPolicyConfig {
                     itl_weight: args.itl_weight,
+                    output_weight: args.output_weight,
                     temperature: args.temperature,
                 },
                 ..RouterConfig::default()
