@@ -18,6 +18,7 @@
 //! - event ids that skip ahead: applied, and reported as an [`EventGap`] so the caller can ask
 //!   for a replay or a dump; ids at or below the last applied one: skipped as stale.
 
+mod arena;
 mod bits;
 mod dump;
 mod streams;
