@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use proptest::prelude::*;
-use switchyard_core::hash::sequence_hash;
+use switchyard_core::hash::{sequence_hash, sequence_hashes};
 use switchyard_core::{
     KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerId,
     WorkerKey,
@@ -321,7 +321,7 @@ proptest! {
     ) {
         let mut d = Driver { naive: Naive::default(), indexer: Indexer::new(IndexerConfig::default()), next_id: HashMap::new() };
         if crowded {
-            // 330 idle workers first: the model's workers get slots past the 320 whose
+            // 330 idle workers first: the model's workers get slots past the 256 whose
             // bits a node keeps inline, so their bits live in extension blocks.
             for w in 0..330u64 {
                 let event = KvEvent {
@@ -349,7 +349,12 @@ proptest! {
                 prop_assert!(false, "invariant broken after {:?}: {}", op, e);
             }
             for q in queries(&d.naive, &extra) {
-                prop_assert_eq!(d.indexer.find_matches(&q), d.naive.find_matches(&q), "query {:?}", q);
+                let expected = d.naive.find_matches(&q);
+                prop_assert_eq!(d.indexer.find_matches(&q), expected.clone(), "query {:?}", q);
+                // With the query's sequence hashes (jumping along runs): the same answer,
+                // whatever hashes the engines published.
+                let hashed = d.indexer.find_matches_hashed(&q, &sequence_hashes(&q));
+                prop_assert_eq!(hashed, expected, "hashed query {:?}", q);
             }
         }
 

@@ -5,6 +5,7 @@
 
 mod latency;
 mod mixed;
+mod query;
 mod sweep;
 mod synthetic;
 
@@ -89,9 +90,23 @@ struct Args {
     /// Shards for the `sharded-mutex` candidate.
     #[arg(long, default_value_t = 4)]
     shards: usize,
+    /// Look up by local hashes alone, comparing keys along chains, instead of with the
+    /// queries' sequence hashes (the frontend and the simulator have them).
+    #[arg(long)]
+    keys_only: bool,
     /// Print one JSON object instead of a human summary.
     #[arg(long)]
     json: bool,
+}
+
+impl Args {
+    fn lookup(&self) -> query::Lookup {
+        if self.keys_only {
+            query::Lookup::Keys
+        } else {
+            query::Lookup::Hashes
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -132,7 +147,13 @@ fn main() -> Result<()> {
     let synth = synthetic::build(args.workers, args.index_blocks, args.seed);
     let ingest = synthetic::measure_ingest(&synth);
     progress("measuring find_matches…");
-    let find = synthetic::measure_find_matches(&ingest.indexer, &synth, args.queries, args.seed);
+    let find = synthetic::measure_find_matches(
+        &ingest.indexer,
+        &synth,
+        args.queries,
+        args.seed,
+        args.lookup(),
+    );
     let p128 = find
         .iter()
         .find(|q| q.query_blocks == 128)
@@ -144,6 +165,7 @@ fn main() -> Result<()> {
         &synth,
         Duration::from_secs_f64(args.concurrent_secs),
         args.seed,
+        args.lookup(),
     );
 
     let mixed = if args.no_mixed {
@@ -157,6 +179,7 @@ fn main() -> Result<()> {
             args.cache_tokens / args.block_size.max(1) as usize,
             args.chunk_tokens,
             args.seed,
+            args.lookup(),
         )?)
     };
 
@@ -253,6 +276,7 @@ fn run_sweep(args: &Args) -> Result<()> {
         steps_past_saturation: 1,
         shards: args.shards,
         tries: args.tries,
+        lookup: args.lookup(),
     };
     anyhow::ensure!(
         args.start_rate > 0.0 && args.step_factor > 1.0,

@@ -18,14 +18,15 @@ use serde::Serialize;
 use switchyard_core::hash::sequence_hashes;
 use switchyard_core::trace::{MOONCAKE_BLOCK_SIZE, MooncakeRecord};
 use switchyard_core::{
-    KvEvent, KvEventData, LocalBlockHash, RequestId, SequenceHash, StorageTier, StoredBlock,
-    WorkerKey,
+    KvEvent, KvEventData, RequestId, SequenceHash, StorageTier, StoredBlock, WorkerKey,
 };
 use switchyard_router::{
-    Indexer, IndexerConfig, PolicyKind, RouteRequest, Router, RouterConfig, RoutingOverrides,
+    Indexer, IndexerConfig, OverlapScores, PolicyKind, RouteRequest, Router, RouterConfig,
+    RoutingOverrides,
 };
 
 use crate::latency::Samples;
+use crate::query::{Lookup, Query};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MixedReport {
@@ -49,7 +50,7 @@ pub struct MixedReport {
 }
 
 pub enum Op {
-    Lookup(Vec<LocalBlockHash>),
+    Lookup(Query),
     Event(KvEvent),
 }
 
@@ -125,7 +126,10 @@ pub fn generate(
         let locals = record.engine_block_hashes(MOONCAKE_BLOCK_SIZE, block_size);
         let seqs = sequence_hashes(&locals);
         let overlaps = routing_index.find_matches(&locals);
-        ops.push(Op::Lookup(locals.clone()));
+        ops.push(Op::Lookup(Query {
+            locals: locals.clone(),
+            seqs: seqs.clone(),
+        }));
         let request = RouteRequest {
             id: RequestId(i as u64),
             isl_tokens: record.input_length,
@@ -204,6 +208,7 @@ pub fn run(
     capacity: usize,
     chunk_tokens: u32,
     seed: u64,
+    lookup: Lookup,
 ) -> Result<MixedReport> {
     let stream = generate(trace, workers, block_size, capacity, chunk_tokens, seed)?;
     let (ops, keys) = (&stream.ops, &stream.workers);
@@ -211,10 +216,12 @@ pub fn run(
     // pass runs on warm memory, as in a long-running indexer, instead of paying first-touch
     // page faults.
     let mut indexer = Indexer::new(IndexerConfig::default());
+    let mut scores = OverlapScores::default();
     for op in ops {
         match op {
             Op::Lookup(q) => {
-                black_box(indexer.find_matches(q));
+                lookup.find(&indexer, q, &mut scores);
+                black_box(&scores);
             }
             Op::Event(e) => {
                 indexer.apply(e);
@@ -235,7 +242,8 @@ pub fn run(
         let t = Instant::now();
         match op {
             Op::Lookup(q) => {
-                black_box(indexer.find_matches(q));
+                lookup.find(&indexer, q, &mut scores);
+                black_box(&scores);
                 let ns = t.elapsed().as_nanos() as u64;
                 all.push(ns);
                 lookups.push(ns);

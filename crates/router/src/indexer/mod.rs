@@ -23,6 +23,7 @@ mod bits;
 mod dump;
 mod streams;
 mod tree;
+mod walk;
 
 pub mod approx;
 pub mod shared;
@@ -36,10 +37,10 @@ use switchyard_core::{
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Release};
 
-use bits::Ones;
 pub use dump::WorkerSnapshot;
 pub use streams::{EventStreams, StreamCheck};
-use tree::{Live, Node, NodeId, ROOT, Tree};
+use tree::{Live, NodeId, ROOT, Tree};
+use walk::{Query, Reader, collect_matches};
 
 /// Counters of what the indexer has seen.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -379,16 +380,42 @@ impl Indexer {
 
     /// [`Indexer::find_matches`] into a caller's buffers, to reuse their allocations.
     pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+        self.collect(query_of(query, None), out);
+    }
+
+    /// [`Indexer::find_matches`] for a query whose sequence hashes the caller has
+    /// (`TokenBlocks::sequence_hashes`: Switchyard's chained hashes of the same blocks,
+    /// whatever hashes the engines publish). Same answer, faster on long prompts: the walk
+    /// jumps along chains of blocks held alike and checks where it lands by one hash,
+    /// instead of comparing every block.
+    pub fn find_matches_hashed(
+        &self,
+        query: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> OverlapScores {
+        let mut out = OverlapScores::default();
+        self.find_matches_hashed_into(query, seq_hashes, &mut out);
+        out
+    }
+
+    /// [`Indexer::find_matches_hashed`] into a caller's buffers.
+    pub fn find_matches_hashed_into(
+        &self,
+        query: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+        out: &mut OverlapScores,
+    ) {
+        self.collect(query_of(query, Some(seq_hashes)), out);
+    }
+
+    fn collect(&self, query: Query<'_>, out: &mut OverlapScores) {
+        let cached = |slot: u32| self.cached[slot as usize];
         collect_matches(
-            self.tree.live(),
-            self.tree.node(ROOT),
+            &&self.tree,
             query,
             self.workers.len(),
             &self.by_key,
-            |_, parent, local| self.tree.child_of(parent, local),
-            |id, rest| tree::chain_run(|p| self.tree.key_page(p), id, rest),
-            |id| self.tree.node(id),
-            |slot| self.cached[slot as usize],
+            cached,
             out,
         );
     }
@@ -409,10 +436,12 @@ impl Indexer {
 
     /// Checks the tree against the per-worker tables; for tests and debugging.
     ///
-    /// Every node is reachable from the root through its parent's child map; no node other
-    /// than the root is empty (no worker, no child); a node holds a worker's bit exactly when
-    /// one of the worker's sequence hashes maps to it, with the extra references counted; and
-    /// each worker's cached count is its number of distinct nodes.
+    /// Every node is reachable from the root through its parent's child map; its prefix hash
+    /// is its path's sequence hash; no node other than the root is empty (no worker, no
+    /// child); only nodes held like their only child, the next id, are marked so in the run
+    /// bitmap; a node holds a worker's bit exactly when one of the worker's sequence hashes
+    /// maps to it, with the extra references counted; and each worker's cached count is its
+    /// number of distinct nodes.
     pub fn validate(&self) -> Result<(), String> {
         let mut seen = 0usize;
         let mut stack = vec![ROOT];
@@ -427,6 +456,10 @@ impl Indexer {
                 }
                 if self.tree.is_unheld(child) && !self.tree.has_children(child) {
                     return Err(format!("node {child} is empty but still in the tree"));
+                }
+                let prefix = tree::child_prefix((id != ROOT).then(|| self.tree.prefix(id)), local);
+                if self.tree.prefix(child) != prefix {
+                    return Err(format!("node {child} has a wrong prefix hash"));
                 }
                 if self.tree.child_same(child) && !self.tree.may_be_child_same(child) {
                     return Err(format!(
@@ -532,123 +565,32 @@ impl Indexer {
     }
 }
 
-/// The match walk and the answer it builds, shared by the owner of an index (which finds
-/// children through its own maps) and lookups on other threads (through the live edges).
-#[allow(clippy::too_many_arguments)]
-fn collect_matches<'a>(
-    live: &'a Live,
-    root: &'a Node,
-    query: &[LocalBlockHash],
-    slots: usize,
-    by_key: &[(WorkerKey, u32)],
-    child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
-    run: impl Fn(NodeId, &[LocalBlockHash]) -> usize,
-    node_of: impl Fn(NodeId) -> &'a Node,
-    cached: impl Fn(u32) -> u64,
-    out: &mut OverlapScores,
-) {
-    // Depths by slot, then one pass in key order emits both lists already sorted.
-    let mut depth_by_slot: smallvec::SmallVec<[u32; 256]> = smallvec::smallvec![0; slots];
-    match_walk(
-        live,
-        root,
-        query,
-        slots.div_ceil(64),
-        child,
-        run,
-        node_of,
-        |slot, depth| {
-            if let Some(d) = depth_by_slot.get_mut(slot) {
-                *d = depth;
-            }
-        },
-    );
-    out.scores.clear();
-    out.cached_blocks.clear();
-    out.cached_blocks.reserve(by_key.len());
-    for &(key, slot) in by_key {
-        let depth = depth_by_slot.get(slot as usize).copied().unwrap_or(0);
-        if depth > 0 {
-            out.scores.push((key, depth));
-        }
-        out.cached_blocks.push((key, cached(slot)));
-    }
-}
-
-/// The match walk: follows `query` down the tree, narrowing the set of workers that hold
-/// every block so far; a worker leaving the set at depth `d` matched `d` blocks. Reports
-/// each worker with a match of at least one block. Along a chain of nodes held by the same
-/// workers (`run`: the blocks it takes after a node, by keys alone) the set cannot change.
-#[allow(clippy::too_many_arguments)]
-fn match_walk<'a>(
-    live: &'a Live,
-    root: &'a Node,
-    query: &[LocalBlockHash],
-    words: usize,
-    child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
-    run: impl Fn(NodeId, &[LocalBlockHash]) -> usize,
-    node_of: impl Fn(NodeId) -> &'a Node,
-    mut report: impl FnMut(usize, u32),
-) {
-    let mut node = (ROOT, root);
-    let mut active: smallvec::SmallVec<[u64; tree::INLINE_WORDS]> = smallvec::smallvec![0; words];
-    let mut held = active.clone();
-    let mut depth = 0usize;
-    while let Some(&local) = query.get(depth) {
-        let Some(next) = child(node.0, node.1, local) else {
-            break;
-        };
-        if depth == 0 {
-            live.words_into(next.1, &mut active);
-        } else {
-            live.words_into(next.1, &mut held);
-            let mut any = 0;
-            for (i, (word, &held)) in active.iter_mut().zip(&held).enumerate() {
-                let keep = *word & held;
-                for bit in Ones(*word & !keep) {
-                    report(i * 64 + bit as usize, depth as u32);
-                }
-                *word = keep;
-                any |= keep;
-            }
-            if any == 0 {
-                return;
-            }
-        }
-        depth += 1;
-        node = next;
-        let taken = run(next.0, &query[depth..]);
-        if taken > 0 {
-            depth += taken;
-            let id = next.0 + taken as NodeId;
-            node = (id, node_of(id));
-        }
-    }
-    for (i, &word) in active.iter().enumerate() {
-        for bit in Ones(word) {
-            report(i * 64 + bit as usize, depth as u32);
-        }
-    }
-}
-
 impl Live {
     /// [`Indexer::find_matches_into`] for a lookup on another thread than the writer's,
     /// without waiting for it.
-    pub(crate) fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+    pub(crate) fn find_matches_into(&self, query: Query<'_>, out: &mut OverlapScores) {
         let by_key = self.by_key.load();
         let slots = self.slots.load(Acquire) as usize;
-        let guard = self.guard();
-        collect_matches(
-            self,
-            self.root(),
-            query,
-            slots,
-            &by_key,
-            |id, parent, local| self.child(id, parent, local, &guard),
-            |id, rest| tree::chain_run(|p| self.key_page(p), id, rest),
-            |id| self.node(id),
-            |slot| self.cached(slot),
-            out,
-        );
+        let view = Reader {
+            live: self,
+            guard: self.guard(),
+        };
+        collect_matches(&view, query, slots, &by_key, |slot| self.cached(slot), out);
+    }
+}
+
+/// A query with its sequence hashes when they are one per block (otherwise the walk compares
+/// keys, as without them).
+pub(crate) fn query_of<'q>(
+    locals: &'q [LocalBlockHash],
+    seqs: Option<&'q [SequenceHash]>,
+) -> Query<'q> {
+    debug_assert!(
+        seqs.is_none_or(|s| s.len() == locals.len()),
+        "one sequence hash per block"
+    );
+    Query {
+        locals,
+        seqs: seqs.filter(|s| s.len() == locals.len()),
     }
 }

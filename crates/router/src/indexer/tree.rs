@@ -15,17 +15,18 @@
 //! slightly wrong overlap for that one lookup (as it would from an event that arrived a
 //! moment later), never undefined behaviour or a panic.
 //!
-//! A node's key and parent (16 bytes) are kept apart from its child link and worker bits
-//! (48 bytes). A chain stored by one event gets consecutive ids (freed ids are reused lowest
-//! first, so this holds after evictions too), and a node whose only child is held by the
-//! same workers says so in its key (`CHILD_SAME`); the match walk then runs along such a
-//! chain comparing keys, four to a cache line, without reading worker bits or child links
-//! (see [`chain_run`]). Most nodes have zero or one child (the unique tail
-//! of a prompt), so the child link is one `u32`: no child, the one child's id, or a flag
-//! saying the node branches. The writer keeps each branching node's children in a map of its
-//! own; once the tree is shared, it also mirrors those edges into one concurrent map
-//! (`papaya`, lock-free reads) for the readers. The workers holding a node are bits of dense
-//! worker slots: 320 inline, more in chained extension blocks.
+//! A node is one cache line: its key, prefix hash, parent, child link and the bits of the
+//! first 256 worker slots, so that each node the match walk visits costs one memory access.
+//! A chain stored by one event gets consecutive ids (freed ids are reused lowest first, so
+//! this holds after evictions too), and a node whose only child is the next id, held by the
+//! same workers, has its bit set in the run bitmap (one bit per id); the match walk takes
+//! such a run without reading the nodes along it (see `walk.rs`). Most nodes have zero or
+//! one child (the unique tail of a prompt), so the child link is one `u32`: no child, the
+//! one child's id, or a flag saying the node branches. The writer keeps each branching
+//! node's children in a map of its own; once the tree is shared, it also mirrors those
+//! edges into one concurrent map (`papaya`, lock-free reads) for the readers. The workers
+//! holding a node are bits of dense worker slots: 256 inline, more in chained extension
+//! blocks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -33,9 +34,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use arc_swap::ArcSwap;
 use rustc_hash::{FxBuildHasher, FxHashMap};
-use switchyard_core::{LocalBlockHash, WorkerKey};
+use switchyard_core::hash::sequence_hash;
+use switchyard_core::{LocalBlockHash, SequenceHash, WorkerKey};
 
-use super::arena::{Arena, PAGE_BITS, Pages};
+use super::arena::{Arena, Pages};
 use super::bits::{LowestFirst, Ones};
 
 pub(crate) type NodeId = u32;
@@ -47,15 +49,23 @@ const NO_CHILD: u32 = u32::MAX;
 const BRANCH: u32 = 1 << 31;
 /// `Node::more` / `Ext::next`: no extension block.
 const NO_EXT: u32 = u32::MAX;
-/// Worker-slot words kept in the node itself (320 slots).
-pub(crate) const INLINE_WORDS: usize = 5;
+/// Worker-slot words kept in the node itself (256 slots).
+pub(crate) const INLINE_WORDS: usize = 4;
 /// Words per extension block.
 const EXT_WORDS: usize = 7;
 
-/// The worker bits and child link of a node. Its key and parent are in a [`Key`] of the
-/// same id, kept apart so that the match walk can run along a chain reading keys alone.
+/// A node: one cache line.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct Node {
+    /// The local hash of the node's block.
+    pub(crate) local: AtomicU64,
+    /// Switchyard's sequence hash of the node's path (see `switchyard_core::hash`): the
+    /// chained hash of every local hash from the root to the node, computed once when the
+    /// node is made, whatever hashes the engines publish. A lookup that knows its query's
+    /// sequence hashes checks a node it jumped to by this alone.
+    pub(crate) prefix: AtomicU64,
+    pub(crate) parent: AtomicU32,
     children: AtomicU32,
     /// The first extension block of worker bits, or `NO_EXT`.
     more: AtomicU32,
@@ -65,6 +75,9 @@ pub(crate) struct Node {
 impl Node {
     const fn empty() -> Self {
         Node {
+            local: AtomicU64::new(0),
+            prefix: AtomicU64::new(0),
+            parent: AtomicU32::new(ROOT),
             children: AtomicU32::new(NO_CHILD),
             more: AtomicU32::new(NO_EXT),
             words: [const { AtomicU64::new(0) }; INLINE_WORDS],
@@ -78,37 +91,15 @@ impl Default for Node {
     }
 }
 
-/// `Key::link` bit: the node has one child, held by exactly the workers that hold the node,
-/// so the match walk steps into it without intersecting worker sets. Kept in the parent's
-/// key rather than the child's so that a change to a node's workers updates only keys the
-/// writer has at hand (the node's and its parent's). The mark is sound (set only while
-/// true) but not complete: the writer sets it where checking is cheap, and a missing mark
-/// only sends the walk the slow way.
-const CHILD_SAME: u64 = 1 << 32;
-const PARENT_BITS: u64 = u32::MAX as u64;
-
-/// A node's key and parent: 16 bytes, so that the keys of a chain stored in one event lie
-/// four to a cache line.
-#[derive(Debug, Default)]
-#[repr(align(16))]
-pub(crate) struct Key {
-    local: AtomicU64,
-    /// The parent's id in the low 32 bits, and `CHILD_SAME`.
-    link: AtomicU64,
-}
-
-impl Key {
-    const fn empty() -> Self {
-        Key {
-            local: AtomicU64::new(0),
-            link: AtomicU64::new(ROOT as u64),
-        }
-    }
+/// The prefix hash of the child keyed `local` of a node whose prefix hash is `parent`
+/// (`None` for the root).
+#[inline]
+pub(crate) fn child_prefix(parent: Option<u64>, local: LocalBlockHash) -> u64 {
+    sequence_hash(parent.map(SequenceHash), local).0
 }
 
 /// What a lookup reads for an id it cannot resolve (never happens for the writer).
 static VACANT: Node = Node::empty();
-static VACANT_KEY: Key = Key::empty();
 
 /// More worker bits of a node, for slots past the inline ones.
 #[derive(Debug)]
@@ -132,7 +123,13 @@ impl Default for Ext {
 #[derive(Debug)]
 pub(crate) struct Live {
     nodes: Arena<Node>,
-    keys: Arena<Key>,
+    /// The run bitmap, 64 ids a word: bit `i` says node `i`'s only child is node `i + 1`,
+    /// held by exactly the workers that hold node `i`, so the match walk takes the child
+    /// without intersecting worker sets. Kept by id rather than in the nodes so that a walk
+    /// reads a whole run in a word or two. The mark is sound (set only while true: cleared
+    /// before a worker bit of either node changes) but not complete: the writer sets it
+    /// where checking is cheap, and a missing mark only sends the walk the slow way.
+    runs: Arena<AtomicU64>,
     ext: Arena<Ext>,
     /// Edges out of branching nodes, (parent, key) → child; kept only once the tree is
     /// shared (see [`Tree::share`]).
@@ -149,7 +146,7 @@ impl Live {
     fn new() -> Self {
         Live {
             nodes: Arena::new(),
-            keys: Arena::new(),
+            runs: Arena::new(),
             ext: Arena::new(),
             edges: papaya::HashMap::with_hasher(FxBuildHasher),
             cached: Arena::new(),
@@ -163,26 +160,22 @@ impl Live {
         self.nodes.get(id).unwrap_or(&VACANT)
     }
 
+    /// The page of nodes holding ids `p·4096..`, if allocated.
     #[inline]
-    fn key(&self, id: NodeId) -> &Key {
-        self.keys.get(id).unwrap_or(&VACANT_KEY)
+    pub(crate) fn node_page(&self, p: u32) -> Option<&[Node]> {
+        self.nodes.page(p)
     }
 
-    /// The page of keys holding ids `p·4096..`, if allocated.
+    /// Word `w` of the run bitmap (ids `64·w..`); 0 past the allocated ones.
     #[inline]
-    pub(crate) fn key_page(&self, p: u32) -> Option<&[Key]> {
-        self.keys.page(p)
+    pub(crate) fn run_word(&self, w: u32) -> u64 {
+        self.runs.get(w).map_or(0, |word| word.load(Acquire))
     }
 
     /// Blocks cached by the worker in `slot`.
     #[inline]
     pub(crate) fn cached(&self, slot: u32) -> u64 {
         self.cached.get(slot).map_or(0, |c| c.load(Acquire))
-    }
-
-    #[inline]
-    pub(crate) fn root(&self) -> &Node {
-        self.node(ROOT)
     }
 
     /// Word `i` of the worker bits of `node`.
@@ -231,9 +224,9 @@ impl Live {
             only => only,
         };
         // A node freed and reused meanwhile is told apart by its key and its parent.
-        let key = self.key(child);
-        (key.local.load(Acquire) == local.0 && key.link.load(Acquire) as u32 == id)
-            .then(|| (child, self.node(child)))
+        let node = self.node(child);
+        (node.local.load(Acquire) == local.0 && node.parent.load(Acquire) == id)
+            .then_some((child, node))
     }
 
     pub(crate) fn guard(&self) -> impl papaya::Guard + '_ {
@@ -247,7 +240,7 @@ impl Live {
 pub(crate) struct Tree {
     live: Arc<Live>,
     nodes: Pages<Node>,
-    keys: Pages<Key>,
+    runs: Pages<AtomicU64>,
     ext: Pages<Ext>,
     cached: Pages<AtomicU64>,
     /// Ids below this have been handed out (the root is id 0).
@@ -271,12 +264,12 @@ impl Default for Tree {
         let live = Arc::new(Live::new());
         let mut nodes = Pages::new();
         nodes.ensure(&live.nodes, ROOT);
-        let mut keys = Pages::new();
-        keys.ensure(&live.keys, ROOT);
+        let mut runs = Pages::new();
+        runs.ensure(&live.runs, ROOT);
         Tree {
             live,
             nodes,
-            keys,
+            runs,
             ext: Pages::new(),
             cached: Pages::new(),
             allocated: 1,
@@ -297,12 +290,18 @@ impl Clone for Tree {
         let mut copy = Tree::default();
         for id in 0..self.allocated {
             let from = self.node(id);
-            let key = self.key(id);
-            if let Some(to) = copy.keys.ensure(&copy.live.keys, id) {
-                to.local.store(key.local.load(Relaxed), Relaxed);
-                to.link.store(key.link.load(Relaxed), Relaxed);
+            if id % 64 == 0
+                && let (Some(from), Some(to)) = (
+                    self.runs.get(id / 64),
+                    copy.runs.ensure(&copy.live.runs, id / 64),
+                )
+            {
+                to.store(from.load(Relaxed), Relaxed);
             }
             if let Some(to) = copy.nodes.ensure(&copy.live.nodes, id) {
+                to.local.store(from.local.load(Relaxed), Relaxed);
+                to.prefix.store(from.prefix.load(Relaxed), Relaxed);
+                to.parent.store(from.parent.load(Relaxed), Relaxed);
                 to.children.store(from.children.load(Relaxed), Relaxed);
                 to.more.store(from.more.load(Relaxed), Relaxed);
                 for (t, f) in to.words.iter().zip(&from.words) {
@@ -365,15 +364,22 @@ impl Tree {
         self.nodes.get(id).unwrap_or(&VACANT)
     }
 
+    /// The page of nodes holding ids `p·4096..`, if allocated.
     #[inline]
-    fn key(&self, id: NodeId) -> &Key {
-        self.keys.get(id).unwrap_or(&VACANT_KEY)
+    pub(crate) fn node_page(&self, p: u32) -> Option<&[Node]> {
+        self.nodes.page(p)
     }
 
-    /// The page of keys holding ids `p·4096..`, if allocated.
+    /// Word `w` of the run bitmap (ids `64·w..`).
     #[inline]
-    pub(crate) fn key_page(&self, p: u32) -> Option<&[Key]> {
-        self.keys.page(p)
+    pub(crate) fn run_word(&self, w: u32) -> u64 {
+        self.runs.get(w).map_or(0, |word| word.load(Relaxed))
+    }
+
+    /// The prefix hash of `id` (see [`Key::prefix`]).
+    #[inline]
+    pub(crate) fn prefix(&self, id: NodeId) -> u64 {
+        self.node(id).prefix.load(Relaxed)
     }
 
     /// Once shared, the readers' edges are exactly the branching nodes' children.
@@ -424,11 +430,11 @@ impl Tree {
     }
 
     pub(crate) fn local(&self, id: NodeId) -> LocalBlockHash {
-        LocalBlockHash(self.key(id).local.load(Relaxed))
+        LocalBlockHash(self.node(id).local.load(Relaxed))
     }
 
     pub(crate) fn parent(&self, id: NodeId) -> NodeId {
-        self.key(id).link.load(Relaxed) as NodeId
+        self.node(id).parent.load(Relaxed)
     }
 
     pub(crate) fn has_children(&self, id: NodeId) -> bool {
@@ -449,7 +455,7 @@ impl Tree {
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .get(&local)
                 .copied(),
-            only => (self.key(only).local.load(Relaxed) == local.0).then_some(only),
+            only => (self.node(only).local.load(Relaxed) == local.0).then_some(only),
         }
     }
 
@@ -461,7 +467,8 @@ impl Tree {
             link if link & BRANCH != 0 => *self.branches[(link & !BRANCH) as usize].get(&local)?,
             only => only,
         };
-        (self.key(child).local.load(Relaxed) == local.0).then(|| (child, self.node(child)))
+        let node = self.node(child);
+        (node.local.load(Relaxed) == local.0).then_some((child, node))
     }
 
     /// Every child of `parent`, with its key.
@@ -491,17 +498,19 @@ impl Tree {
             None => {
                 let id = self.allocated;
                 self.nodes.ensure(&self.live.nodes, id)?;
-                self.keys.ensure(&self.live.keys, id)?;
+                self.runs.ensure(&self.live.runs, id / 64)?;
                 self.allocated += 1;
                 id
             }
         };
+        let prefix = child_prefix((parent != ROOT).then(|| self.prefix(parent)), local);
         // Freed nodes were cleared; a reader may still be looking at this one under its
         // old key, which the key written here tells apart.
-        self.node(id).children.store(NO_CHILD, Relaxed);
-        let key = self.key(id);
-        key.link.store(u64::from(parent), Relaxed);
-        key.local.store(local.0, Release);
+        let node = self.node(id);
+        node.children.store(NO_CHILD, Relaxed);
+        node.parent.store(parent, Relaxed);
+        node.prefix.store(prefix, Relaxed);
+        node.local.store(local.0, Release);
         // Linking publishes the node (release) to readers that reach it.
         self.link(parent, local, id);
         Some(id)
@@ -570,7 +579,10 @@ impl Tree {
             let link = remaining.map_or(NO_CHILD, |(_, n)| n);
             self.node(parent).children.store(link, Release);
             if let Some((_, only)) = remaining {
-                self.set_child_same(parent, parent != ROOT && self.same_holders(only, parent));
+                self.set_child_same(
+                    parent,
+                    parent != ROOT && only == parent + 1 && self.same_holders(only, parent),
+                );
             }
             if self.shared
                 && let Some((l, _)) = remaining
@@ -656,6 +668,7 @@ impl Tree {
     fn mark_around(&mut self, id: NodeId, slot: u32, held: bool) {
         let parent = self.parent(id);
         if parent != ROOT
+            && id == parent + 1
             && self.only_child(parent) == Some(id)
             && self.holds(parent, slot) == held
             && self.same_holders(id, parent)
@@ -664,6 +677,7 @@ impl Tree {
         }
         if let Some(child) = self.only_child(id)
             && child == self.last_changed
+            && child == id + 1
             && self.holds(child, slot) == held
             && self.same_holders(child, id)
         {
@@ -681,20 +695,20 @@ impl Tree {
         }
     }
 
-    /// Sets or clears `id`'s `CHILD_SAME` mark (never the root's).
+    /// Sets or clears `id`'s bit in the run bitmap (never the root's). Set only when its
+    /// only child is `id + 1`, held by the same workers.
     fn set_child_same(&self, id: NodeId, on: bool) {
         if id == ROOT {
             return;
         }
-        let key = self.key(id);
-        let link = key.link.load(Relaxed);
-        let want = if on {
-            link | CHILD_SAME
-        } else {
-            link & !CHILD_SAME
+        let Some(word) = self.runs.get(id / 64) else {
+            return;
         };
-        if want != link {
-            key.link.store(want, Release);
+        let bit = 1u64 << (id % 64);
+        let old = word.load(Relaxed);
+        let want = if on { old | bit } else { old & !bit };
+        if want != old {
+            word.store(want, Release);
         }
     }
 
@@ -723,18 +737,18 @@ impl Tree {
         }
     }
 
-    /// Whether `id` is marked `CHILD_SAME`.
+    /// Whether `id`'s bit is set in the run bitmap.
     pub(crate) fn child_same(&self, id: NodeId) -> bool {
-        self.key(id).link.load(Relaxed) & CHILD_SAME != 0
+        self.run_word(id / 64) & (1 << (id % 64)) != 0
     }
 
-    /// Whether `id` may be marked `CHILD_SAME`: it is not the root and has one child, held
-    /// by the same workers.
+    /// Whether `id`'s bit may be set in the run bitmap: it is not the root and has one
+    /// child, the next id, held by the same workers.
     pub(crate) fn may_be_child_same(&self, id: NodeId) -> bool {
         id != ROOT
             && self
                 .only_child(id)
-                .is_some_and(|c| self.same_holders(c, id))
+                .is_some_and(|c| c == id + 1 && self.same_holders(c, id))
     }
 
     /// The word `i` of `node`'s worker bits, adding extension blocks to reach it.
@@ -796,10 +810,12 @@ impl Tree {
     }
 
     fn free_node(&mut self, id: NodeId) {
-        let key = self.key(id);
-        key.local.store(0, Relaxed);
-        key.link.store(u64::from(ROOT), Relaxed);
+        // Its own mark went with its last child; cleared again in case.
+        self.set_child_same(id, false);
         let node = self.node(id);
+        node.local.store(0, Relaxed);
+        node.prefix.store(0, Relaxed);
+        node.parent.store(ROOT, Relaxed);
         node.children.store(NO_CHILD, Relaxed);
         for w in &node.words {
             w.store(0, Relaxed);
@@ -818,50 +834,6 @@ impl Tree {
     }
 }
 
-/// How many blocks of `rest` the match walk takes from node `id` along the nodes with the
-/// following ids, each the child of the one before, keyed by the next block of `rest`, and
-/// under a node marked `CHILD_SAME`. The workers that matched `id` match those blocks too,
-/// and no other worker does, so the walk takes them without reading any worker bits.
-/// `pages` gives the page of keys holding ids `p·4096..`.
-#[inline]
-pub(crate) fn chain_run<'a>(
-    pages: impl Fn(u32) -> Option<&'a [Key]>,
-    id: NodeId,
-    rest: &[LocalBlockHash],
-) -> usize {
-    let mask = (1 << PAGE_BITS) - 1;
-    let Some(first) = pages(id >> PAGE_BITS).and_then(|page| page.get((id & mask) as usize)) else {
-        return 0;
-    };
-    let mut same = first.link.load(Acquire) & CHILD_SAME != 0;
-    let mut taken = 0;
-    let mut parent = id;
-    while same && taken < rest.len() {
-        let next = parent + 1;
-        let Some(keys) =
-            pages(next >> PAGE_BITS).and_then(|page| page.get((next & mask) as usize..))
-        else {
-            break;
-        };
-        if keys.is_empty() {
-            break;
-        }
-        for (key, want) in keys.iter().zip(&rest[taken..]) {
-            if !same {
-                return taken;
-            }
-            let link = key.link.load(Acquire);
-            if key.local.load(Acquire) != want.0 || link & PARENT_BITS != u64::from(parent) {
-                return taken;
-            }
-            same = link & CHILD_SAME != 0;
-            parent += 1;
-            taken += 1;
-        }
-    }
-    taken
-}
-
 fn split(slot: u32) -> (usize, u64) {
     ((slot / 64) as usize, 1u64 << (slot % 64))
 }
@@ -873,82 +845,9 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
-    fn a_node_and_its_key_fill_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Node>(), 48);
-        assert_eq!(std::mem::size_of::<Key>(), 16);
+    fn a_node_and_an_extension_block_are_one_cache_line_each() {
+        assert_eq!(std::mem::size_of::<Node>(), 64);
         assert_eq!(std::mem::size_of::<Ext>(), 64);
-    }
-
-    #[test]
-    fn a_chain_held_by_the_same_workers_is_walked_by_keys_alone() {
-        let mut tree = Tree::default();
-        tree.share();
-        let l = LocalBlockHash;
-        let mut ids = Vec::new();
-        let mut parent = ROOT;
-        for i in 1..=10 {
-            let id = tree.child_or_insert(parent, l(i)).unwrap();
-            tree.hold(id, 0);
-            ids.push(id);
-            parent = id;
-        }
-        let query: Vec<_> = (1..=10).map(l).collect();
-        let live = Arc::clone(tree.live());
-        let run = |tree: &Tree, from: usize, query: &[LocalBlockHash]| {
-            let mine = chain_run(|p| tree.key_page(p), ids[from], &query[from + 1..]);
-            let theirs = chain_run(|p| live.key_page(p), ids[from], &query[from + 1..]);
-            assert_eq!(mine, theirs, "the writer and a reader see the same chain");
-            mine
-        };
-        assert_eq!(run(&tree, 0, &query), 9);
-        assert!(!tree.child_same(ROOT), "never the root");
-
-        // A second worker on the first five blocks: the sets differ after them.
-        for &id in &ids[..5] {
-            tree.hold(id, 1);
-        }
-        tree.settle();
-        assert_eq!(run(&tree, 0, &query), 4);
-        assert_eq!(run(&tree, 4, &query), 0);
-        assert_eq!(run(&tree, 5, &query), 4);
-        for &id in &ids[..5] {
-            tree.unhold(id, 1);
-        }
-        tree.settle();
-        assert_eq!(run(&tree, 0, &query), 9, "the same sets again");
-
-        // A query leaving the chain stops the run where it leaves.
-        let mut other = query.clone();
-        other[3] = l(99);
-        assert_eq!(run(&tree, 0, &other), 2);
-
-        // A branch: the node's children are no longer taken by keys alone.
-        let side = tree.child_or_insert(ids[6], l(50)).unwrap();
-        tree.hold(side, 0);
-        assert_eq!(run(&tree, 5, &query), 1);
-        assert!(!tree.child_same(ids[6]));
-        tree.unhold(side, 0);
-        tree.prune(side);
-        assert_eq!(run(&tree, 5, &query), 4, "one child again");
-
-        // A freed node is no longer part of any chain.
-        tree.unhold(ids[9], 0);
-        tree.prune(ids[9]);
-        assert_eq!(run(&tree, 0, &query), 8);
-        for &id in &ids {
-            assert!(!tree.child_same(id) || tree.may_be_child_same(id));
-        }
-
-        // A second worker stores the chain and drops it again, tail first (as an engine
-        // evicts): the marks come back where the sets are equal again.
-        for &id in &ids[..9] {
-            tree.hold(id, 1);
-        }
-        assert_eq!(run(&tree, 0, &query), 8);
-        for &id in ids[..9].iter().rev() {
-            tree.unhold(id, 1);
-        }
-        assert_eq!(run(&tree, 0, &query), 8, "without settling");
     }
 
     #[test]
@@ -970,7 +869,7 @@ mod tests {
             let guard = live.guard();
             assert_eq!(tree.child(ROOT, l(2)), Some(b));
             assert_eq!(
-                live.child(ROOT, live.root(), l(2), &guard).map(|c| c.0),
+                live.child(ROOT, live.node(ROOT), l(2), &guard).map(|c| c.0),
                 shared.then_some(b)
             );
             assert_eq!(tree.children(ROOT).len(), 3);
@@ -980,13 +879,13 @@ mod tests {
             }
             assert_eq!(tree.child(ROOT, l(1)), Some(a));
             assert_eq!(
-                live.child(ROOT, live.root(), l(1), &guard).map(|c| c.0),
+                live.child(ROOT, live.node(ROOT), l(1), &guard).map(|c| c.0),
                 Some(a),
                 "a single link again"
             );
             assert_eq!(tree.child(ROOT, l(3)), None);
             assert_eq!(
-                live.child(ROOT, live.root(), l(3), &guard).map(|c| c.0),
+                live.child(ROOT, live.node(ROOT), l(3), &guard).map(|c| c.0),
                 None
             );
             assert_eq!(tree.children(ROOT), vec![(l(1), a)]);
