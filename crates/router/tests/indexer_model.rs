@@ -321,7 +321,7 @@ proptest! {
     ) {
         let mut d = Driver { naive: Naive::default(), indexer: Indexer::new(IndexerConfig::default()), next_id: HashMap::new() };
         if crowded {
-            // 330 idle workers first: the model's workers get slots past the 256 whose
+            // 330 idle workers first: the model's workers get slots past the 320 whose
             // bits a node keeps inline, so their bits live in extension blocks.
             for w in 0..330u64 {
                 let event = KvEvent {

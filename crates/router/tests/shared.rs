@@ -76,7 +76,7 @@ fn stream() -> Vec<KvEvent> {
     events
 }
 
-/// Every worker of the stream, renumbered so that slots run past the 256 kept inline in a
+/// Every worker of the stream, renumbered so that slots run past the 320 kept inline in a
 /// node (`spread` workers in all).
 fn spread(events: &[KvEvent], spread: u64) -> Vec<KvEvent> {
     let mut out = Vec::new();
@@ -159,7 +159,7 @@ fn lookups_on_other_threads_match_the_writer_and_never_fail_meanwhile() {
         best = best.max(answer.scores.len());
     }
     assert!(
-        best > 256,
+        best > 320,
         "some query is held by workers past the inline slots"
     );
     shared.read(|i| i.validate()).unwrap();

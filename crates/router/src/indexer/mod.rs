@@ -259,6 +259,10 @@ impl Indexer {
                 nodes.extend(seq_hashes.iter().filter_map(|hash| table.remove(hash)));
                 self.stats.unknown_removals += (seq_hashes.len() - nodes.len()) as u64;
                 self.stats.blocks_removed += nodes.len() as u64;
+                // The same for the nodes themselves, before the tree work reads them.
+                for &node in &nodes {
+                    std::hint::black_box(self.tree.touch(node));
+                }
                 for &node in &nodes {
                     self.release(slot, node);
                 }
@@ -286,6 +290,13 @@ impl Indexer {
                 }
             },
         };
+        // The table entries this event will add, looked up first: the lookups do not depend
+        // on each other, so their cache misses overlap instead of each waiting behind a
+        // block's tree work, and the inserts below find their lines at hand.
+        let table = &self.state(slot).blocks;
+        for block in blocks {
+            std::hint::black_box(table.get(&block.seq_hash));
+        }
         for block in blocks {
             let Some(child) = self.tree.child_or_insert(node, block.local_hash) else {
                 // The arena is full (2^31 nodes): the rest of the event cannot be indexed.

@@ -15,18 +15,18 @@
 //! slightly wrong overlap for that one lookup (as it would from an event that arrived a
 //! moment later), never undefined behaviour or a panic.
 //!
-//! A node is one cache line: its key, prefix hash, parent, child link and the bits of the
-//! first 256 worker slots, so that each node the match walk visits costs one memory access.
-//! A chain stored by one event gets consecutive ids (freed ids are reused lowest first, so
-//! this holds after evictions too), and a node whose only child is the next id, held by the
-//! same workers, has its bit set in the run bitmap (one bit per id); the match walk takes
-//! such a run without reading the nodes along it (see `walk.rs`). Most nodes have zero or
-//! one child (the unique tail of a prompt), so the child link is one `u32`: no child, the
-//! one child's id, or a flag saying the node branches. The writer keeps each branching
-//! node's children in a map of its own; once the tree is shared, it also mirrors those
-//! edges into one concurrent map (`papaya`, lock-free reads) for the readers. The workers
-//! holding a node are bits of dense worker slots: 256 inline, more in chained extension
-//! blocks.
+//! A node is one cache line: its key, prefix hash, parent and the bits of the first 320
+//! worker slots. Its child link is kept apart, in an array of links by id, since the link
+//! is what each step of the match walk waits for. A chain stored by one event gets
+//! consecutive ids (freed ids are reused lowest first, so this holds after evictions too),
+//! and a node whose only child is the next id, held by the same workers, has its bit set in
+//! the run bitmap (one bit per id); the match walk takes such a run without reading the
+//! nodes along it (see `walk.rs`). Most nodes have zero or one child (the unique tail of a
+//! prompt), so the child link is one `u32`: no child, the one child's id, or a flag saying
+//! the node branches. The writer keeps each branching node's children in a map of its
+//! own; once the tree is shared, it also mirrors those edges into one concurrent map
+//! (`papaya`, lock-free reads) for the readers. The workers holding a node are bits of
+//! dense worker slots: 320 inline, more in chained extension blocks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -43,18 +43,18 @@ use super::bits::{LowestFirst, Ones};
 pub(crate) type NodeId = u32;
 pub(crate) const ROOT: NodeId = 0;
 
-/// `Node::children`: no child.
-const NO_CHILD: u32 = u32::MAX;
-/// `Node::children` with this bit set: the rest indexes `Tree::branches`.
+/// A child link: no child (the root is nobody's child, and a fresh page reads as this).
+const NO_CHILD: u32 = 0;
+/// A child link with this bit set: the rest indexes `Tree::branches`.
 const BRANCH: u32 = 1 << 31;
 /// `Node::more` / `Ext::next`: no extension block.
 const NO_EXT: u32 = u32::MAX;
-/// Worker-slot words kept in the node itself (256 slots).
-pub(crate) const INLINE_WORDS: usize = 4;
+/// Worker-slot words kept in the node itself (320 slots).
+pub(crate) const INLINE_WORDS: usize = 5;
 /// Words per extension block.
 const EXT_WORDS: usize = 7;
 
-/// A node: one cache line.
+/// A node: one cache line. Its child link is kept apart (see [`Live::links`]).
 #[derive(Debug)]
 #[repr(align(64))]
 pub(crate) struct Node {
@@ -66,7 +66,6 @@ pub(crate) struct Node {
     /// sequence hashes checks a node it jumped to by this alone.
     pub(crate) prefix: AtomicU64,
     pub(crate) parent: AtomicU32,
-    children: AtomicU32,
     /// The first extension block of worker bits, or `NO_EXT`.
     more: AtomicU32,
     words: [AtomicU64; INLINE_WORDS],
@@ -78,7 +77,6 @@ impl Node {
             local: AtomicU64::new(0),
             prefix: AtomicU64::new(0),
             parent: AtomicU32::new(ROOT),
-            children: AtomicU32::new(NO_CHILD),
             more: AtomicU32::new(NO_EXT),
             words: [const { AtomicU64::new(0) }; INLINE_WORDS],
         }
@@ -123,6 +121,12 @@ impl Default for Ext {
 #[derive(Debug)]
 pub(crate) struct Live {
     nodes: Arena<Node>,
+    /// Child links by id: no child, the one child's id, or `BRANCH` and the index of the
+    /// node's child map. Kept apart from the nodes, 16 to a cache line, because they are
+    /// what the match walk waits on: it cannot know the next node before it has the link,
+    /// while the rest of a node (its key, to check it, and its worker bits) can be on its
+    /// way from memory while the walk goes on.
+    links: Arena<AtomicU32>,
     /// The run bitmap, 64 ids a word: bit `i` says node `i`'s only child is node `i + 1`,
     /// held by exactly the workers that hold node `i`, so the match walk takes the child
     /// without intersecting worker sets. Kept by id rather than in the nodes so that a walk
@@ -146,6 +150,7 @@ impl Live {
     fn new() -> Self {
         Live {
             nodes: Arena::new(),
+            links: Arena::new(),
             runs: Arena::new(),
             ext: Arena::new(),
             edges: papaya::HashMap::with_hasher(FxBuildHasher),
@@ -208,17 +213,23 @@ impl Live {
         }
     }
 
-    /// The child of `parent` (node `id`) keyed by `local`, as a reader on another thread
-    /// finds it.
+    /// The child link of `id`.
+    #[inline]
+    pub(crate) fn link(&self, id: NodeId) -> u32 {
+        self.links
+            .get(id)
+            .map_or(NO_CHILD, |link| link.load(Acquire))
+    }
+
+    /// The child of node `id` keyed by `local`, as a reader on another thread finds it.
     #[inline]
     pub(crate) fn child(
         &self,
         id: NodeId,
-        parent: &Node,
         local: LocalBlockHash,
         guard: &impl papaya::Guard,
     ) -> Option<(NodeId, &Node)> {
-        let child = match parent.children.load(Acquire) {
+        let child = match self.link(id) {
             NO_CHILD => return None,
             link if link & BRANCH != 0 => *self.edges.get(&(id, local), guard)?,
             only => only,
@@ -240,6 +251,7 @@ impl Live {
 pub(crate) struct Tree {
     live: Arc<Live>,
     nodes: Pages<Node>,
+    links: Pages<AtomicU32>,
     runs: Pages<AtomicU64>,
     ext: Pages<Ext>,
     cached: Pages<AtomicU64>,
@@ -264,11 +276,14 @@ impl Default for Tree {
         let live = Arc::new(Live::new());
         let mut nodes = Pages::new();
         nodes.ensure(&live.nodes, ROOT);
+        let mut links = Pages::new();
+        links.ensure(&live.links, ROOT);
         let mut runs = Pages::new();
         runs.ensure(&live.runs, ROOT);
         Tree {
             live,
             nodes,
+            links,
             runs,
             ext: Pages::new(),
             cached: Pages::new(),
@@ -290,6 +305,9 @@ impl Clone for Tree {
         let mut copy = Tree::default();
         for id in 0..self.allocated {
             let from = self.node(id);
+            if let Some(to) = copy.links.ensure(&copy.live.links, id) {
+                to.store(self.link(id), Relaxed);
+            }
             if id % 64 == 0
                 && let (Some(from), Some(to)) = (
                     self.runs.get(id / 64),
@@ -302,7 +320,6 @@ impl Clone for Tree {
                 to.local.store(from.local.load(Relaxed), Relaxed);
                 to.prefix.store(from.prefix.load(Relaxed), Relaxed);
                 to.parent.store(from.parent.load(Relaxed), Relaxed);
-                to.children.store(from.children.load(Relaxed), Relaxed);
                 to.more.store(from.more.load(Relaxed), Relaxed);
                 for (t, f) in to.words.iter().zip(&from.words) {
                     t.store(f.load(Relaxed), Relaxed);
@@ -350,7 +367,7 @@ impl Tree {
         self.shared = true;
         let edges = self.live.edges.pin();
         for id in 0..self.allocated {
-            let link = self.node(id).children.load(Relaxed);
+            let link = self.link(id);
             if link != NO_CHILD && link & BRANCH != 0 {
                 for (&local, &child) in &self.branches[(link & !BRANCH) as usize] {
                     edges.insert((id, local), child);
@@ -376,7 +393,28 @@ impl Tree {
         self.runs.get(w).map_or(0, |word| word.load(Relaxed))
     }
 
-    /// The prefix hash of `id` (see [`Key::prefix`]).
+    /// Reads `id`'s node, child link and word of the run bitmap, so that their memory is
+    /// at hand for what follows (see `Indexer::apply_data`).
+    #[inline]
+    pub(crate) fn touch(&self, id: NodeId) -> u64 {
+        self.node(id).more.load(Relaxed) as u64 ^ u64::from(self.link(id)) ^ self.run_word(id / 64)
+    }
+
+    /// The child link of `id`.
+    #[inline]
+    pub(crate) fn link(&self, id: NodeId) -> u32 {
+        self.links
+            .get(id)
+            .map_or(NO_CHILD, |link| link.load(Relaxed))
+    }
+
+    fn set_link(&self, id: NodeId, link: u32) {
+        if let Some(cell) = self.links.get(id) {
+            cell.store(link, Release);
+        }
+    }
+
+    /// The prefix hash of `id` (see [`Node::prefix`]).
     #[inline]
     pub(crate) fn prefix(&self, id: NodeId) -> u64 {
         self.node(id).prefix.load(Relaxed)
@@ -390,7 +428,7 @@ impl Tree {
         let edges = self.live.edges.pin();
         let mut count = 0;
         for id in 0..self.allocated {
-            let link = self.node(id).children.load(Relaxed);
+            let link = self.link(id);
             if link == NO_CHILD || link & BRANCH == 0 {
                 continue;
             }
@@ -438,7 +476,7 @@ impl Tree {
     }
 
     pub(crate) fn has_children(&self, id: NodeId) -> bool {
-        self.node(id).children.load(Relaxed) != NO_CHILD
+        self.link(id) != NO_CHILD
     }
 
     /// Number of nodes other than the root.
@@ -450,7 +488,7 @@ impl Tree {
     /// a branching node's child is found without reading the child).
     #[inline]
     pub(crate) fn child(&self, parent: NodeId, local: LocalBlockHash) -> Option<NodeId> {
-        match self.node(parent).children.load(Relaxed) {
+        match self.link(parent) {
             NO_CHILD => None,
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .get(&local)
@@ -459,10 +497,14 @@ impl Tree {
         }
     }
 
-    /// [`Tree::child`] from the parent's node, with the child's node.
+    /// [`Tree::child`] with the child's node.
     #[inline]
-    pub(crate) fn child_of(&self, parent: &Node, local: LocalBlockHash) -> Option<(NodeId, &Node)> {
-        let child = match parent.children.load(Relaxed) {
+    pub(crate) fn child_of(
+        &self,
+        parent: NodeId,
+        local: LocalBlockHash,
+    ) -> Option<(NodeId, &Node)> {
+        let child = match self.link(parent) {
             NO_CHILD => return None,
             link if link & BRANCH != 0 => *self.branches[(link & !BRANCH) as usize].get(&local)?,
             only => only,
@@ -473,7 +515,7 @@ impl Tree {
 
     /// Every child of `parent`, with its key.
     pub(crate) fn children(&self, parent: NodeId) -> Vec<(LocalBlockHash, NodeId)> {
-        match self.node(parent).children.load(Relaxed) {
+        match self.link(parent) {
             NO_CHILD => Vec::new(),
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .iter()
@@ -498,6 +540,7 @@ impl Tree {
             None => {
                 let id = self.allocated;
                 self.nodes.ensure(&self.live.nodes, id)?;
+                self.links.ensure(&self.live.links, id)?;
                 self.runs.ensure(&self.live.runs, id / 64)?;
                 self.allocated += 1;
                 id
@@ -506,20 +549,20 @@ impl Tree {
         let prefix = child_prefix((parent != ROOT).then(|| self.prefix(parent)), local);
         // Freed nodes were cleared; a reader may still be looking at this one under its
         // old key, which the key written here tells apart.
+        self.set_link(id, NO_CHILD);
         let node = self.node(id);
-        node.children.store(NO_CHILD, Relaxed);
         node.parent.store(parent, Relaxed);
         node.prefix.store(prefix, Relaxed);
         node.local.store(local.0, Release);
         // Linking publishes the node (release) to readers that reach it.
-        self.link(parent, local, id);
+        self.attach(parent, local, id);
         Some(id)
     }
 
-    fn link(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
-        match self.node(parent).children.load(Relaxed) {
+    fn attach(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
+        match self.link(parent) {
             // A new child holds no worker yet: its parent is left unmarked until it does.
-            NO_CHILD => self.node(parent).children.store(child, Release),
+            NO_CHILD => self.set_link(parent, child),
             link if link & BRANCH != 0 => {
                 self.branches[(link & !BRANCH) as usize].insert(local, child);
                 if self.shared {
@@ -548,20 +591,20 @@ impl Tree {
                     }
                 };
                 self.set_child_same(parent, false);
-                self.node(parent).children.store(index | BRANCH, Release);
+                self.set_link(parent, index | BRANCH);
             }
         }
     }
 
-    fn unlink(&mut self, parent: NodeId, local: LocalBlockHash) {
-        let link = self.node(parent).children.load(Relaxed);
+    fn detach(&mut self, parent: NodeId, local: LocalBlockHash) {
+        let link = self.link(parent);
         if link == NO_CHILD {
             return;
         }
         if link & BRANCH == 0 {
             if self.local(link) == local {
                 self.set_child_same(parent, false);
-                self.node(parent).children.store(NO_CHILD, Release);
+                self.set_link(parent, NO_CHILD);
             }
             return;
         }
@@ -577,7 +620,7 @@ impl Tree {
             self.branches[index as usize] = FxHashMap::default();
             self.free_branches.push(index);
             let link = remaining.map_or(NO_CHILD, |(_, n)| n);
-            self.node(parent).children.store(link, Release);
+            self.set_link(parent, link);
             if let Some((_, only)) = remaining {
                 self.set_child_same(
                     parent,
@@ -713,7 +756,7 @@ impl Tree {
     }
 
     fn only_child(&self, id: NodeId) -> Option<NodeId> {
-        let link = self.node(id).children.load(Relaxed);
+        let link = self.link(id);
         (link != NO_CHILD && link & BRANCH == 0).then_some(link)
     }
 
@@ -796,14 +839,14 @@ impl Tree {
     pub(crate) fn prune(&mut self, mut id: NodeId) {
         while id != ROOT {
             let node = self.node(id);
-            if node.children.load(Relaxed) != NO_CHILD
+            if self.link(id) != NO_CHILD
                 || node.words.iter().any(|w| w.load(Relaxed) != 0)
                 || (node.more.load(Relaxed) != NO_EXT && !self.is_unheld(id))
             {
                 return;
             }
             let (parent, local) = (self.parent(id), self.local(id));
-            self.unlink(parent, local);
+            self.detach(parent, local);
             self.free_node(id);
             id = parent;
         }
@@ -816,7 +859,6 @@ impl Tree {
         node.local.store(0, Relaxed);
         node.prefix.store(0, Relaxed);
         node.parent.store(ROOT, Relaxed);
-        node.children.store(NO_CHILD, Relaxed);
         for w in &node.words {
             w.store(0, Relaxed);
         }
@@ -869,7 +911,7 @@ mod tests {
             let guard = live.guard();
             assert_eq!(tree.child(ROOT, l(2)), Some(b));
             assert_eq!(
-                live.child(ROOT, live.node(ROOT), l(2), &guard).map(|c| c.0),
+                live.child(ROOT, l(2), &guard).map(|c| c.0),
                 shared.then_some(b)
             );
             assert_eq!(tree.children(ROOT).len(), 3);
@@ -879,15 +921,12 @@ mod tests {
             }
             assert_eq!(tree.child(ROOT, l(1)), Some(a));
             assert_eq!(
-                live.child(ROOT, live.node(ROOT), l(1), &guard).map(|c| c.0),
+                live.child(ROOT, l(1), &guard).map(|c| c.0),
                 Some(a),
                 "a single link again"
             );
             assert_eq!(tree.child(ROOT, l(3)), None);
-            assert_eq!(
-                live.child(ROOT, live.node(ROOT), l(3), &guard).map(|c| c.0),
-                None
-            );
+            assert_eq!(live.child(ROOT, l(3), &guard).map(|c| c.0), None);
             assert_eq!(tree.children(ROOT), vec![(l(1), a)]);
             assert_eq!(tree.free_branches.len(), 1);
             assert_eq!(live.edges.len(), 0, "no edge is left behind");

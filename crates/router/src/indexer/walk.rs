@@ -30,13 +30,8 @@ pub(crate) trait View<'a> {
     fn node_page(&self, p: u32) -> Option<&'a [Node]>;
     /// Word `w` of the run bitmap (ids `64·w..`).
     fn run_word(&self, w: u32) -> u64;
-    /// The child of node `id` (`parent`) keyed by `local`.
-    fn child(
-        &self,
-        id: NodeId,
-        parent: &'a Node,
-        local: LocalBlockHash,
-    ) -> Option<(NodeId, &'a Node)>;
+    /// The child of node `id` keyed by `local`, with its node.
+    fn child(&self, id: NodeId, local: LocalBlockHash) -> Option<(NodeId, &'a Node)>;
     /// The first `out.len()` words of `node`'s worker bits.
     fn words_into(&self, node: &'a Node, out: &mut [u64]);
 }
@@ -56,13 +51,8 @@ impl<'a> View<'a> for &'a Tree {
         Tree::run_word(self, w)
     }
     #[inline]
-    fn child(
-        &self,
-        _id: NodeId,
-        parent: &'a Node,
-        local: LocalBlockHash,
-    ) -> Option<(NodeId, &'a Node)> {
-        self.child_of(parent, local)
+    fn child(&self, id: NodeId, local: LocalBlockHash) -> Option<(NodeId, &'a Node)> {
+        self.child_of(id, local)
     }
     #[inline]
     fn words_into(&self, node: &'a Node, out: &mut [u64]) {
@@ -90,13 +80,8 @@ impl<'a, G: papaya::Guard> View<'a> for Reader<'a, G> {
         self.live.run_word(w)
     }
     #[inline]
-    fn child(
-        &self,
-        id: NodeId,
-        parent: &'a Node,
-        local: LocalBlockHash,
-    ) -> Option<(NodeId, &'a Node)> {
-        self.live.child(id, parent, local, &self.guard)
+    fn child(&self, id: NodeId, local: LocalBlockHash) -> Option<(NodeId, &'a Node)> {
+        self.live.child(id, local, &self.guard)
     }
     #[inline]
     fn words_into(&self, node: &'a Node, out: &mut [u64]) {
@@ -149,12 +134,12 @@ fn match_walk<'a>(
     words: usize,
     mut report: impl FnMut(usize, u32),
 ) {
-    let mut node = (ROOT, view.node(ROOT));
+    let mut node = ROOT;
     let mut active: smallvec::SmallVec<[u64; tree::INLINE_WORDS]> = smallvec::smallvec![0; words];
     let mut held = active.clone();
     let mut depth = 0usize;
     while let Some(&local) = query.locals.get(depth) {
-        let Some(next) = view.child(node.0, node.1, local) else {
+        let Some(next) = view.child(node, local) else {
             break;
         };
         if depth == 0 {
@@ -166,7 +151,7 @@ fn match_walk<'a>(
             }
         }
         depth += 1;
-        node = next;
+        node = next.0;
         let taken = match query.seqs {
             Some(seqs) => jump(view, next.0, seqs.get(depth..).unwrap_or_default()),
             None => chain_run(view, next.0, &query.locals[depth..]),
@@ -181,7 +166,7 @@ fn match_walk<'a>(
                 return;
             }
             depth += taken;
-            node = (id, last);
+            node = id;
         }
     }
     for (i, &word) in active.iter().enumerate() {
