@@ -22,6 +22,7 @@ mod arena;
 mod bits;
 mod dump;
 mod streams;
+mod table;
 mod tree;
 mod walk;
 
@@ -39,6 +40,7 @@ use std::sync::atomic::Ordering::{Acquire, Release};
 
 pub use dump::WorkerSnapshot;
 pub use streams::{EventStreams, StreamCheck};
+use table::HashTable;
 use tree::{Live, NodeId, ROOT, Tree};
 use walk::{Query, Reader, collect_matches};
 
@@ -129,7 +131,7 @@ pub struct IndexerConfig {
 
 #[derive(Debug, Clone)]
 struct WorkerState {
-    blocks: FxHashMap<SequenceHash, NodeId>,
+    blocks: HashTable,
     /// Nodes this worker references under more than one sequence hash: the extra count.
     extra_refs: FxHashMap<NodeId, u32>,
 }
@@ -137,7 +139,7 @@ struct WorkerState {
 impl WorkerState {
     fn new() -> Self {
         WorkerState {
-            blocks: FxHashMap::default(),
+            blocks: HashTable::default(),
             extra_refs: FxHashMap::default(),
         }
     }
@@ -165,6 +167,9 @@ pub struct Indexer {
     stats: IndexerStats,
     /// Reused between events (nodes of a removal batch).
     scratch: Vec<NodeId>,
+    /// The emptied tables of removed workers, for the next workers to reuse: a fleet that
+    /// replaces workers does not grow every new worker's table from nothing.
+    spare_tables: Vec<HashTable>,
 }
 
 impl Indexer {
@@ -205,7 +210,7 @@ impl Indexer {
     /// The sequence hashes `worker` holds, in no particular order.
     pub fn worker_hashes(&self, worker: WorkerKey) -> Vec<SequenceHash> {
         self.slot(worker)
-            .map_or_else(Vec::new, |s| self.state(s).blocks.keys().copied().collect())
+            .map_or_else(Vec::new, |s| self.state(s).blocks.keys().collect())
     }
 
     /// The id of the last event applied for `worker`.
@@ -256,7 +261,7 @@ impl Indexer {
                 // table entry.)
                 let mut nodes = std::mem::take(&mut self.scratch);
                 let table = &mut self.state_mut(slot).blocks;
-                nodes.extend(seq_hashes.iter().filter_map(|hash| table.remove(hash)));
+                nodes.extend(seq_hashes.iter().filter_map(|&hash| table.remove(hash)));
                 self.stats.unknown_removals += (seq_hashes.len() - nodes.len()) as u64;
                 self.stats.blocks_removed += nodes.len() as u64;
                 // The same for the nodes themselves, before the tree work reads them.
@@ -281,8 +286,8 @@ impl Indexer {
     fn store(&mut self, slot: u32, parent: Option<SequenceHash>, blocks: &[StoredBlock]) {
         let mut node = match parent {
             None => ROOT,
-            Some(parent) => match self.state(slot).blocks.get(&parent) {
-                Some(&node) => node,
+            Some(parent) => match self.state(slot).blocks.get(parent) {
+                Some(node) => node,
                 None => {
                     self.stats.unknown_parent_events += 1;
                     self.stats.unknown_parent_blocks += blocks.len() as u64;
@@ -295,7 +300,7 @@ impl Indexer {
         // block's tree work, and the inserts below find their lines at hand.
         let table = &self.state(slot).blocks;
         for block in blocks {
-            std::hint::black_box(table.get(&block.seq_hash));
+            std::hint::black_box(table.get(block.seq_hash));
         }
         for block in blocks {
             let Some(child) = self.tree.child_or_insert(node, block.local_hash) else {
@@ -348,7 +353,10 @@ impl Indexer {
 
     fn clear_slot(&mut self, slot: u32) {
         let state = self.state_mut(slot);
-        let mut nodes: Vec<NodeId> = std::mem::take(&mut state.blocks).into_values().collect();
+        let mut nodes: Vec<NodeId> = state.blocks.values().collect();
+        // Emptied, not dropped: the worker's next blocks go into a table already at its
+        // working size.
+        state.blocks.clear();
         state.extra_refs.clear();
         self.cached[slot as usize] = 0;
         self.tree.set_cached(slot, 0);
@@ -371,7 +379,9 @@ impl Indexer {
             return false;
         };
         self.clear_slot(slot);
-        self.workers[slot as usize] = None;
+        if let Some(state) = self.workers[slot as usize].take() {
+            self.spare_tables.push(state.blocks);
+        }
         self.free_slots.push(slot);
         self.streams.forget(worker);
         self.slots.remove(&worker);
@@ -494,7 +504,7 @@ impl Indexer {
         for &(key, slot) in &self.by_key {
             let state = self.state(slot);
             let mut refs: FxHashMap<NodeId, u32> = FxHashMap::default();
-            for &node in state.blocks.values() {
+            for node in state.blocks.values() {
                 *refs.entry(node).or_insert(0) += 1;
             }
             for (&node, &count) in &refs {
@@ -550,7 +560,11 @@ impl Indexer {
                         (self.workers.len() - 1) as u32
                     }
                 };
-                self.workers[slot as usize] = Some(WorkerState::new());
+                let mut state = WorkerState::new();
+                if let Some(table) = self.spare_tables.pop() {
+                    state.blocks = table;
+                }
+                self.workers[slot as usize] = Some(state);
                 self.cached[slot as usize] = 0;
                 self.tree.set_cached(slot, 0);
                 self.by_key.insert(i, (worker, slot));
