@@ -32,7 +32,8 @@ pub mod shared;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use switchyard_core::{
-    KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerKey,
+    KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, TokenBlocks,
+    WorkerKey,
 };
 
 use std::sync::Arc;
@@ -427,6 +428,11 @@ impl Indexer {
         out: &mut OverlapScores,
     ) {
         self.collect(query_of(query, Some(seq_hashes)), out);
+    }
+
+    /// [`Indexer::find_matches_hashed`] for a prompt's blocks.
+    pub fn find_matches_blocks(&self, blocks: &TokenBlocks) -> OverlapScores {
+        self.find_matches_hashed(blocks.local_hashes(), blocks.sequence_hashes())
     }
 
     fn collect(&self, query: Query<'_>, out: &mut OverlapScores) {

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use switchyard_core::{KvEvent, LocalBlockHash, SequenceHash, WorkerKey};
+use switchyard_core::{KvEvent, LocalBlockHash, SequenceHash, TokenBlocks, WorkerKey};
 
 use super::tree::Live;
 use super::{EventGap, Indexer, OverlapScores, WorkerSnapshot, query_of};
@@ -74,6 +74,11 @@ impl SharedIndexer {
         let mut out = OverlapScores::default();
         self.find_matches_hashed_into(query, seq_hashes, &mut out);
         out
+    }
+
+    /// [`SharedIndexer::find_matches_hashed`] for a prompt's blocks.
+    pub fn find_matches_blocks(&self, blocks: &TokenBlocks) -> OverlapScores {
+        self.find_matches_hashed(blocks.local_hashes(), blocks.sequence_hashes())
     }
 
     /// [`SharedIndexer::find_matches_hashed`] into a caller's buffers.
