@@ -16,17 +16,18 @@
 //! moment later), never undefined behaviour or a panic.
 //!
 //! A node is one cache line: its key, prefix hash, parent and the bits of the first 320
-//! worker slots. Its child link is kept apart, in an array of links by id, since the link
-//! is what each step of the match walk waits for. A chain stored by one event gets
-//! consecutive ids (freed ids are reused lowest first, so this holds after evictions too),
-//! and a node whose only child is the next id, held by the same workers, has its bit set in
-//! the run bitmap (one bit per id); the match walk takes such a run without reading the
-//! nodes along it (see `walk.rs`). Most nodes have zero or one child (the unique tail of a
-//! prompt), so the child link is one `u32`: no child, the one child's id, or a flag saying
-//! the node branches. The writer keeps each branching node's children in a map of its
-//! own; once the tree is shared, it also mirrors those edges into one concurrent map
-//! (`papaya`, lock-free reads) for the readers. The workers holding a node are bits of
-//! dense worker slots: 320 inline, more in chained extension blocks.
+//! worker slots; its child link is kept apart, in an array of links by id, which leaves the
+//! line room for those slots. A chain stored by one event gets consecutive ids (freed ids
+//! are reused lowest first, so this holds after evictions too), and a node whose only child
+//! is the next id, held by the same workers, has its bit set in the run bitmap (one bit per
+//! id); the match walk takes such a run without intersecting worker bits, and with the
+//! query's sequence hashes without reading the nodes along it (see `walk.rs`). Most nodes
+//! have zero or one child (the unique tail of a prompt), so the child link is one `u32`: no
+//! child, the one child's id, or a flag saying the node branches. The writer keeps each
+//! branching node's children in a map of its own; once the tree is shared, it also mirrors
+//! those edges into one concurrent map (`papaya`, lock-free reads) for the readers. The
+//! workers holding a node are bits of dense worker slots: 320 inline, more in chained
+//! extension blocks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -122,10 +123,9 @@ impl Default for Ext {
 pub(crate) struct Live {
     nodes: Arena<Node>,
     /// Child links by id: no child, the one child's id, or `BRANCH` and the index of the
-    /// node's child map. Kept apart from the nodes, 16 to a cache line, because they are
-    /// what the match walk waits on: it cannot know the next node before it has the link,
-    /// while the rest of a node (its key, to check it, and its worker bits) can be on its
-    /// way from memory while the walk goes on.
+    /// node's child map. Kept apart from the nodes (16 to a cache line), which leaves a
+    /// node's line room for 320 worker slots; in the line or apart, lookups measured the
+    /// same.
     links: Arena<AtomicU32>,
     /// The run bitmap, 64 ids a word: bit `i` says node `i`'s only child is node `i + 1`,
     /// held by exactly the workers that hold node `i`, so the match walk takes the child

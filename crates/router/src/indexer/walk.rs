@@ -7,8 +7,8 @@
 //! walk takes the run without intersecting worker bits: by comparing the keys of the nodes
 //! along it, or, when the query comes with its sequence hashes, by jumping to where the run
 //! ends and comparing that node's prefix hash with the query's, searching back when they
-//! differ. A 5,000-block prompt of 16-token blocks is then a few dozen nodes read instead of
-//! 5,000.
+//! differ. With sequence hashes, a 5,000-block prompt of 16-token blocks is a few dozen
+//! nodes read instead of 5,000.
 //!
 //! Racing the writer, a lookup only ever reads marks that were true when read (they are
 //! cleared before a worker bit changes), and a worker is credited past a run only if it
