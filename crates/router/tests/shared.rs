@@ -111,7 +111,13 @@ fn lookups_on_other_threads_match_the_writer_and_never_fail_meanwhile() {
                 let mut i = r;
                 while !done.load(std::sync::atomic::Ordering::Relaxed) || lookups < 1000 {
                     let seed = i % 400;
-                    let scores = shared.find_matches(&path(seed, 12));
+                    let q = path(seed, 12);
+                    // By keys and by sequence hashes (jumping along runs), alternately.
+                    let scores = if lookups.is_multiple_of(2) {
+                        shared.find_matches(&q)
+                    } else {
+                        shared.find_matches_hashed(&q, &sequence_hashes(&q))
+                    };
                     assert!(scores.scores.windows(2).all(|w| w[0].0 < w[1].0));
                     assert!(scores.cached_blocks.windows(2).all(|w| w[0].0 < w[1].0));
                     for &(worker, score) in &scores.scores {
@@ -147,6 +153,9 @@ fn lookups_on_other_threads_match_the_writer_and_never_fail_meanwhile() {
         let q = path(s, 12);
         let answer = shared.find_matches(&q);
         assert_eq!(answer, plain.find_matches(&q));
+        let seqs = sequence_hashes(&q);
+        assert_eq!(shared.find_matches_hashed(&q, &seqs), answer);
+        assert_eq!(plain.find_matches_hashed(&q, &seqs), answer);
         best = best.max(answer.scores.len());
     }
     assert!(
@@ -178,6 +187,10 @@ fn an_index_shared_after_it_was_filled_answers_like_the_plain_one() {
     for s in 0..400 {
         let q = path(s, 12);
         assert_eq!(shared.find_matches(&q), plain.find_matches(&q));
+        assert_eq!(
+            shared.find_matches_hashed(&q, &sequence_hashes(&q)),
+            plain.find_matches(&q)
+        );
     }
     shared.read(|i| i.validate()).unwrap();
 }
@@ -208,4 +221,81 @@ fn shared_reports_gaps_and_supports_removal_and_restore() {
         shared.read(|i| i.last_event_id(WorkerKey::new(1, 0))),
         Some(6)
     );
+}
+
+#[test]
+fn a_racing_lookup_never_credits_a_worker_with_blocks_it_does_not_hold() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    // Worker 1 holds the first 40 blocks of a 200-block path throughout; worker 2 stores a
+    // prefix of the path of varying length and removes it again, tail first, over and over:
+    // the run marks along the path flip as worker 2 comes and goes, and freed nodes are
+    // reused for the next copy. Lookups on other threads, by keys and by sequence hashes,
+    // must never credit worker 1 with other than its 40 blocks, nor worker 2 with more
+    // than it held while the lookup ran: the writer publishes, with a count of its events,
+    // a bound on what worker 2 holds (raised before a store, lowered after a removal), and
+    // a lookup that spans at most one event is checked against the larger of the bounds
+    // seen before and after it.
+    let p = path(7, 200);
+    let shared = Arc::new(SharedIndexer::new(Indexer::new(IndexerConfig::default())));
+    assert!(shared.apply(stored(1, 1, &p[..40])).is_none());
+    let bound = Arc::new(AtomicU64::new(0)); // events << 32 | blocks
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2u64)
+        .map(|r| {
+            let (shared, done, bound, p) = (
+                Arc::clone(&shared),
+                Arc::clone(&done),
+                Arc::clone(&bound),
+                p.clone(),
+            );
+            std::thread::spawn(move || {
+                let seqs = sequence_hashes(&p);
+                let (mut lookups, mut checked) = (0u64, 0u64);
+                while !done.load(SeqCst) || lookups < 2000 {
+                    let before = bound.load(SeqCst);
+                    let scores = if (lookups + r).is_multiple_of(2) {
+                        shared.find_matches(&p)
+                    } else {
+                        shared.find_matches_hashed(&p, &seqs)
+                    };
+                    let after = bound.load(SeqCst);
+                    assert_eq!(scores.score(WorkerKey::new(1, 0)), 40, "{scores:?}");
+                    let second = u64::from(scores.score(WorkerKey::new(2, 0)));
+                    if (after >> 32) - (before >> 32) <= 1 {
+                        let most = (before & 0xffff_ffff).max(after & 0xffff_ffff);
+                        assert!(
+                            second <= most,
+                            "worker 2 credited {second}, held at most {most}"
+                        );
+                        checked += 1;
+                    }
+                    lookups += 1;
+                }
+                checked
+            })
+        })
+        .collect();
+    let (mut id, mut events) = (0, 0u64);
+    let mut publish = |blocks: u64| {
+        events += 1;
+        bound.store(events << 32 | blocks, SeqCst);
+    };
+    for round in 0..2000usize {
+        let len = if round % 3 == 0 {
+            200
+        } else {
+            41 + round % 150
+        };
+        publish(len as u64);
+        id += 1;
+        assert!(shared.apply(stored(2, id, &p[..len])).is_none());
+        id += 1;
+        assert!(shared.apply(removed(2, id, &p[..len])).is_none());
+        publish(0);
+    }
+    done.store(true, SeqCst);
+    for reader in readers {
+        assert!(reader.join().unwrap() > 100, "too few lookups checked");
+    }
+    shared.read(|i| i.validate()).unwrap();
 }

@@ -648,7 +648,7 @@ impl<'a> Fleet<'a> {
             .saturating_sub(now);
         let media_tokens: u64 = request.media.iter().map(|s| u64::from(s.length)).sum();
         let encode = encoded + pool.cost().transfer_time(media_tokens);
-        let overlaps = self.indexer.find_matches(request.prompt.local_hashes());
+        let overlaps = self.indexer.find_matches_blocks(&request.prompt);
         let query = RouteQuery {
             id: RequestId(u64::from(index)),
             blocks: &request.prompt,
@@ -764,7 +764,7 @@ impl<'a> Fleet<'a> {
             media: MediaSpan::extent(&self.workload.requests[index as usize].media),
         };
         loop {
-            let overlaps = self.indexer.find_matches(mock.prompt.local_hashes());
+            let overlaps = self.indexer.find_matches_blocks(&mock.prompt);
             let query = RouteQuery {
                 id,
                 blocks: &mock.prompt,

@@ -451,7 +451,7 @@ impl RoutingService {
         if needed == 0 {
             return None;
         }
-        let overlaps = self.indexer.find_matches(blocks.local_hashes());
+        let overlaps = self.indexer.find_matches_blocks(&blocks);
         let now = self.now();
         let mut core = self.core.lock();
         if core.block_size() != block_size {
@@ -495,7 +495,7 @@ impl RoutingService {
             // Hashing and the index lookup run outside the core's lock.
             let blocks = blocks_for(prompt, block_size)
                 .map_err(|e| RouteFailure::InvalidPrompt(e.to_string()))?;
-            let overlaps = self.indexer.find_matches(blocks.local_hashes());
+            let overlaps = self.indexer.find_matches_blocks(&blocks);
             let now = self.now();
             let mut core = self.core.lock();
             if core.block_size() != block_size {

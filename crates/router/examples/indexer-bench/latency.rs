@@ -23,6 +23,11 @@ impl Samples {
         self.0.len()
     }
 
+    /// The sum of the samples, in nanoseconds.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
     /// Sorts once; percentiles and mean in microseconds.
     pub fn summarize(mut self) -> Summary {
         self.0.sort_unstable();

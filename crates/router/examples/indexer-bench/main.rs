@@ -5,6 +5,7 @@
 
 mod latency;
 mod mixed;
+mod query;
 mod sweep;
 mod synthetic;
 
@@ -55,6 +56,10 @@ struct Args {
     /// Seconds of lookups under concurrent ingestion.
     #[arg(long, default_value_t = 2.0)]
     concurrent_secs: f64,
+    /// Timed passes of the mixed replay (the report is the median one; each pass follows
+    /// the removal of every worker, so it starts from a warm, empty index).
+    #[arg(long, default_value_t = 1)]
+    passes: usize,
     /// Skip the mixed replay (no trace needed).
     #[arg(long)]
     no_mixed: bool,
@@ -89,9 +94,23 @@ struct Args {
     /// Shards for the `sharded-mutex` candidate.
     #[arg(long, default_value_t = 4)]
     shards: usize,
+    /// Look up by local hashes alone, comparing keys along chains, instead of with the
+    /// queries' sequence hashes (the frontend and the simulator have them).
+    #[arg(long)]
+    keys_only: bool,
     /// Print one JSON object instead of a human summary.
     #[arg(long)]
     json: bool,
+}
+
+impl Args {
+    fn lookup(&self) -> query::Lookup {
+        if self.keys_only {
+            query::Lookup::Keys
+        } else {
+            query::Lookup::Hashes
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -132,7 +151,13 @@ fn main() -> Result<()> {
     let synth = synthetic::build(args.workers, args.index_blocks, args.seed);
     let ingest = synthetic::measure_ingest(&synth);
     progress("measuring find_matches…");
-    let find = synthetic::measure_find_matches(&ingest.indexer, &synth, args.queries, args.seed);
+    let find = synthetic::measure_find_matches(
+        &ingest.indexer,
+        &synth,
+        args.queries,
+        args.seed,
+        args.lookup(),
+    );
     let p128 = find
         .iter()
         .find(|q| q.query_blocks == 128)
@@ -144,6 +169,7 @@ fn main() -> Result<()> {
         &synth,
         Duration::from_secs_f64(args.concurrent_secs),
         args.seed,
+        args.lookup(),
     );
 
     let mixed = if args.no_mixed {
@@ -157,6 +183,10 @@ fn main() -> Result<()> {
             args.cache_tokens / args.block_size.max(1) as usize,
             args.chunk_tokens,
             args.seed,
+            mixed::Replay {
+                lookup: args.lookup(),
+                passes: args.passes,
+            },
         )?)
     };
 
@@ -210,7 +240,7 @@ fn print_summary(r: &Report) {
     );
     if let Some(m) = &r.mixed {
         println!(
-            "mixed replay ({} requests, {} workers, block size {}): {:.2} M ops/s ({} lookups + {} events, {:.1} M blocks/s), op p50 {:.2} µs  p99 {:.2} µs; lookups p99 {:.2} µs, events p99 {:.2} µs",
+            "mixed replay ({} requests, {} workers, block size {}): {:.2} M ops/s ({} lookups + {} events, {:.1} M blocks/s, events {:.1} M blocks/s), op p50 {:.2} µs  p99 {:.2} µs; lookups p99 {:.2} µs (mean {:.2}), events p99 {:.2} µs",
             m.requests,
             m.workers,
             m.block_size,
@@ -218,11 +248,25 @@ fn print_summary(r: &Report) {
             m.lookups,
             m.events,
             m.blocks_per_sec / 1e6,
+            m.event_blocks_per_sec / 1e6,
             m.p50_us,
             m.p99_us,
             m.lookup_p99_us,
+            m.lookup_mean_us,
             m.event_p99_us
         );
+        if m.passes.len() > 1 {
+            for (i, p) in m.passes.iter().enumerate() {
+                println!(
+                    "  pass {i}: {:.1} M blocks/s, events {:.1} M blocks/s, lookups p99 {:.2} µs (mean {:.2}), events p99 {:.2} µs",
+                    p.blocks_per_sec / 1e6,
+                    p.event_blocks_per_sec / 1e6,
+                    p.lookup_p99_us,
+                    p.lookup_mean_us,
+                    p.event_p99_us
+                );
+            }
+        }
     }
 }
 
@@ -253,6 +297,7 @@ fn run_sweep(args: &Args) -> Result<()> {
         steps_past_saturation: 1,
         shards: args.shards,
         tries: args.tries,
+        lookup: args.lookup(),
     };
     anyhow::ensure!(
         args.start_rate > 0.0 && args.step_factor > 1.0,

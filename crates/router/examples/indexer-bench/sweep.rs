@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
-use switchyard_core::{KvEvent, LocalBlockHash};
+use switchyard_core::KvEvent;
 use switchyard_router::indexer::shared::SharedIndexer;
 use switchyard_router::{Indexer, IndexerConfig, OverlapScores};
 
 use crate::latency::Samples;
 use crate::mixed::{Op, OpStream};
+use crate::query::{Lookup, Query};
 
 /// The ways of sharing the index that the sweep compares.
 pub const CANDIDATES: &[&str] = &[
@@ -41,7 +42,7 @@ pub const CANDIDATES: &[&str] = &[
 trait Candidate: Sync {
     /// Hands a batch of events, in order, to the index.
     fn publish(&self, events: Vec<KvEvent>);
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores);
+    fn lookup(&self, how: Lookup, query: &Query, out: &mut OverlapScores);
     /// Events applied so far.
     fn applied(&self) -> u64;
     /// Blocks held, summed over workers.
@@ -60,8 +61,8 @@ impl Candidate for Shared {
         self.index.apply_all(events);
         self.applied.fetch_add(n, Ordering::Release);
     }
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.index.find_matches_into(query, out);
+    fn lookup(&self, how: Lookup, query: &Query, out: &mut OverlapScores) {
+        how.find_shared(&self.index, query, out);
     }
     fn applied(&self) -> u64 {
         self.applied.load(Ordering::Acquire)
@@ -142,8 +143,8 @@ impl Candidate for LeftRight {
         writer.publish();
         self.applied.fetch_add(n, Ordering::Release);
     }
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.read(|ix| ix.find_matches_into(query, out));
+    fn lookup(&self, how: Lookup, query: &Query, out: &mut OverlapScores) {
+        self.read(|ix| how.find(ix, query, out));
     }
     fn applied(&self) -> u64 {
         self.applied.load(Ordering::Acquire)
@@ -202,8 +203,8 @@ impl Candidate for SharedChannel {
             let _ = sender.send(events);
         }
     }
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.shared.lookup(query, out);
+    fn lookup(&self, how: Lookup, query: &Query, out: &mut OverlapScores) {
+        self.shared.lookup(how, query, out);
     }
     fn applied(&self) -> u64 {
         self.shared.applied()
@@ -253,8 +254,8 @@ impl<L: IndexLock> Candidate for Locked<L> {
         });
         self.applied.fetch_add(n, Ordering::Release);
     }
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.index.read(|index| index.find_matches_into(query, out));
+    fn lookup(&self, how: Lookup, query: &Query, out: &mut OverlapScores) {
+        self.index.read(|index| how.find(index, query, out));
     }
     fn applied(&self) -> u64 {
         self.applied.load(Ordering::Acquire)
@@ -293,8 +294,8 @@ impl Candidate for LockedChunked {
             rest = &rest[n..];
         }
     }
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.index.lock().find_matches_into(query, out);
+    fn lookup(&self, how: Lookup, query: &Query, out: &mut OverlapScores) {
+        how.find(&self.index.lock(), query, out);
     }
     fn applied(&self) -> u64 {
         self.applied.load(Ordering::Acquire)
@@ -330,12 +331,12 @@ impl Candidate for Sharded {
         }
         self.applied.fetch_add(n, Ordering::Release);
     }
-    fn lookup(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+    fn lookup(&self, how: Lookup, query: &Query, out: &mut OverlapScores) {
         let mut part = OverlapScores::default();
         out.scores.clear();
         out.cached_blocks.clear();
         for shard in &self.shards {
-            shard.lock().find_matches_into(query, &mut part);
+            how.find(&shard.lock(), query, &mut part);
             out.scores.extend_from_slice(&part.scores);
             out.cached_blocks.extend_from_slice(&part.cached_blocks);
         }
@@ -402,6 +403,8 @@ pub struct SweepConfig {
     pub shards: usize,
     /// Tries per step.
     pub tries: usize,
+    /// How lookups are made.
+    pub lookup: Lookup,
 }
 
 /// One offered rate, for one candidate.
@@ -450,14 +453,16 @@ pub struct SweepReport {
 /// The stream split by thread: (operation index, what to do).
 struct Plan<'a> {
     publishers: Vec<Vec<(usize, &'a KvEvent)>>,
-    lookups: Vec<Vec<(usize, &'a [LocalBlockHash])>>,
+    lookups: Vec<Vec<(usize, &'a Query)>>,
+    how: Lookup,
     events: usize,
     blocks: usize,
     total: usize,
 }
 
-fn plan(stream: &OpStream, publishers: usize, lookup_threads: usize) -> Plan<'_> {
+fn plan(stream: &OpStream, publishers: usize, lookup_threads: usize, how: Lookup) -> Plan<'_> {
     let mut plan = Plan {
+        how,
         publishers: vec![Vec::new(); publishers.max(1)],
         lookups: vec![Vec::new(); lookup_threads.max(1)],
         events: 0,
@@ -474,7 +479,7 @@ fn plan(stream: &OpStream, publishers: usize, lookup_threads: usize) -> Plan<'_>
                 plan.blocks += e.block_count();
             }
             Op::Lookup(q) => {
-                plan.lookups[next_lookup].push((i, q.as_slice()));
+                plan.lookups[next_lookup].push((i, q));
                 next_lookup = (next_lookup + 1) % plan.lookups.len();
                 plan.blocks += q.len();
             }
@@ -547,7 +552,7 @@ fn run_try(candidate: &dyn Candidate, plan: &Plan<'_>, rate: f64) -> Try {
                     for &(index, query) in mine {
                         wait_until_due(start, index, rate);
                         let t = Instant::now();
-                        candidate.lookup(query, &mut out);
+                        candidate.lookup(plan.how, query, &mut out);
                         black_box(&out);
                         let done = Instant::now();
                         service.push((done - t).as_nanos() as u64);
@@ -644,7 +649,12 @@ pub fn run(
     block_size: u32,
     cache_blocks: usize,
 ) -> Result<SweepReport, String> {
-    let plan = plan(stream, config.publishers, config.lookup_threads);
+    let plan = plan(
+        stream,
+        config.publishers,
+        config.lookup_threads,
+        config.lookup,
+    );
     let mut reports = Vec::new();
     for name in &config.candidates {
         if !CANDIDATES.contains(&name.as_str()) {

@@ -16,9 +16,10 @@ use serde::Serialize;
 use switchyard_core::hash::sequence_hashes;
 use switchyard_core::{KvEvent, KvEventData, LocalBlockHash, StorageTier, StoredBlock, WorkerId};
 use switchyard_router::indexer::shared::SharedIndexer;
-use switchyard_router::{Indexer, IndexerConfig};
+use switchyard_router::{Indexer, IndexerConfig, OverlapScores};
 
 use crate::latency::{QueryLatency, Samples};
+use crate::query::{Lookup, Query};
 
 pub struct Synthetic {
     pub workers: u32,
@@ -174,12 +175,12 @@ pub fn measure_ingest(synth: &Synthetic) -> Ingest {
 
 /// A query of exactly `len` blocks: a stored sequence's first blocks, padded with blocks no
 /// worker has when the sequence is shorter.
-fn query(synth: &Synthetic, rng: &mut SmallRng, len: usize) -> Vec<LocalBlockHash> {
+fn query(synth: &Synthetic, rng: &mut SmallRng, len: usize) -> Query {
     let seq = &synth.sequences[rng.random_range(0..synth.sequences.len())];
     let mut q: Vec<_> = seq.iter().take(len).copied().collect();
     let pad = len - q.len();
     q.extend(random_blocks(rng, pad));
-    q
+    Query::new(q)
 }
 
 pub fn measure_find_matches(
@@ -187,20 +188,23 @@ pub fn measure_find_matches(
     synth: &Synthetic,
     n: usize,
     seed: u64,
+    lookup: Lookup,
 ) -> Vec<QueryLatency> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xf1d);
     [32usize, 128, 512]
         .into_iter()
         .map(|len| {
             let queries: Vec<_> = (0..n).map(|_| query(synth, &mut rng, len)).collect();
+            let mut scores = OverlapScores::default();
             for q in queries.iter().take(1000) {
-                black_box(indexer.find_matches(q));
+                lookup.find(indexer, q, &mut scores);
+                black_box(&scores);
             }
             let mut samples = Samples::with_capacity(n);
             let mut best_total = 0u64;
             for q in &queries {
                 let start = Instant::now();
-                let scores = indexer.find_matches(q);
+                lookup.find(indexer, q, &mut scores);
                 samples.push(start.elapsed().as_nanos() as u64);
                 best_total += u64::from(scores.best());
             }
@@ -232,6 +236,7 @@ pub fn measure_concurrent(
     synth: &Synthetic,
     duration: Duration,
     seed: u64,
+    lookup: Lookup,
 ) -> ConcurrentReport {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xc0c);
     // Churn: store a fresh 32-block tail under a system prompt, remove it 64 events later.
@@ -289,12 +294,14 @@ pub fn measure_concurrent(
         })
     };
     let mut samples = Samples::with_capacity(1 << 20);
+    let mut scores = OverlapScores::default();
     let start = Instant::now();
     let mut i = 0;
     while start.elapsed() < duration {
         let q = &queries[i % queries.len()];
         let t = Instant::now();
-        black_box(shared.find_matches(q));
+        lookup.find_shared(&shared, q, &mut scores);
+        black_box(&scores);
         samples.push(t.elapsed().as_nanos() as u64);
         i += 1;
     }

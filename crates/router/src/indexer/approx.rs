@@ -14,7 +14,8 @@ use std::time::Duration;
 use hashlink::LinkedHashMap;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use switchyard_core::{
-    KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerKey,
+    KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, TokenBlocks,
+    WorkerKey,
 };
 
 use super::{Indexer, IndexerConfig, OverlapScores};
@@ -130,6 +131,12 @@ impl ApproxIndexer {
     pub fn find_matches(&mut self, query: &[LocalBlockHash], now: Duration) -> OverlapScores {
         self.prune(now);
         self.indexer.find_matches(query)
+    }
+
+    /// [`ApproxIndexer::find_matches`] for a prompt's blocks, with their sequence hashes.
+    pub fn find_matches_blocks(&mut self, blocks: &TokenBlocks, now: Duration) -> OverlapScores {
+        self.prune(now);
+        self.indexer.find_matches_blocks(blocks)
     }
 
     pub fn remove_worker(&mut self, worker: WorkerKey) {

@@ -13,6 +13,7 @@ use switchyard_core::{
 };
 
 use super::Indexer;
+use super::table::HashTable;
 use super::tree::{NodeId, ROOT};
 
 /// A worker's indexed state as events.
@@ -42,7 +43,7 @@ impl Indexer {
 
         // Sequence hashes per held node, smallest first for determinism.
         let mut held: FxHashMap<NodeId, Vec<SequenceHash>> = FxHashMap::default();
-        for (&hash, &node) in &state.blocks {
+        for (hash, node) in state.blocks.iter() {
             held.entry(node).or_default().push(hash);
         }
         for hashes in held.values_mut() {
@@ -147,13 +148,13 @@ impl Indexer {
 
 /// Sequence hashes for placeholder blocks, never equal to a hash the worker really holds.
 struct Placeholders<'a> {
-    taken: &'a FxHashMap<SequenceHash, NodeId>,
+    taken: &'a HashTable,
     used: FxHashSet<SequenceHash>,
     next: u64,
 }
 
 impl<'a> Placeholders<'a> {
-    fn new(worker: WorkerKey, taken: &'a FxHashMap<SequenceHash, NodeId>) -> Self {
+    fn new(worker: WorkerKey, taken: &'a HashTable) -> Self {
         let seed =
             worker.worker_id.0.rotate_left(17) ^ u64::from(worker.dp_rank) ^ 0x5157_6974_6368_5944;
         Placeholders {
@@ -170,7 +171,7 @@ impl<'a> Placeholders<'a> {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let hash = SequenceHash(self.next);
-            if !self.taken.contains_key(&hash) && self.used.insert(hash) {
+            if !self.taken.contains_key(hash) && self.used.insert(hash) {
                 return hash;
             }
         }

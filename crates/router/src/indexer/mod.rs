@@ -18,10 +18,13 @@
 //! - event ids that skip ahead: applied, and reported as an [`EventGap`] so the caller can ask
 //!   for a replay or a dump; ids at or below the last applied one: skipped as stale.
 
+mod arena;
 mod bits;
 mod dump;
 mod streams;
+mod table;
 mod tree;
+mod walk;
 
 pub mod approx;
 pub mod shared;
@@ -29,16 +32,18 @@ pub mod shared;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use switchyard_core::{
-    KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, WorkerKey,
+    KvEvent, KvEventData, LocalBlockHash, SequenceHash, StorageTier, StoredBlock, TokenBlocks,
+    WorkerKey,
 };
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Release};
 
-use bits::Ones;
 pub use dump::WorkerSnapshot;
 pub use streams::{EventStreams, StreamCheck};
-use tree::{Live, Node, NodeId, ROOT, Tree};
+use table::HashTable;
+use tree::{Live, NodeId, ROOT, Tree};
+use walk::{Query, Reader, collect_matches};
 
 /// Counters of what the indexer has seen.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -127,7 +132,7 @@ pub struct IndexerConfig {
 
 #[derive(Debug, Clone)]
 struct WorkerState {
-    blocks: FxHashMap<SequenceHash, NodeId>,
+    blocks: HashTable,
     /// Nodes this worker references under more than one sequence hash: the extra count.
     extra_refs: FxHashMap<NodeId, u32>,
 }
@@ -135,7 +140,7 @@ struct WorkerState {
 impl WorkerState {
     fn new() -> Self {
         WorkerState {
-            blocks: FxHashMap::default(),
+            blocks: HashTable::default(),
             extra_refs: FxHashMap::default(),
         }
     }
@@ -163,6 +168,9 @@ pub struct Indexer {
     stats: IndexerStats,
     /// Reused between events (nodes of a removal batch).
     scratch: Vec<NodeId>,
+    /// The emptied tables of removed workers, for the next workers to reuse: a fleet that
+    /// replaces workers does not grow every new worker's table from nothing.
+    spare_tables: Vec<HashTable>,
 }
 
 impl Indexer {
@@ -203,7 +211,7 @@ impl Indexer {
     /// The sequence hashes `worker` holds, in no particular order.
     pub fn worker_hashes(&self, worker: WorkerKey) -> Vec<SequenceHash> {
         self.slot(worker)
-            .map_or_else(Vec::new, |s| self.state(s).blocks.keys().copied().collect())
+            .map_or_else(Vec::new, |s| self.state(s).blocks.keys().collect())
     }
 
     /// The id of the last event applied for `worker`.
@@ -254,9 +262,13 @@ impl Indexer {
                 // table entry.)
                 let mut nodes = std::mem::take(&mut self.scratch);
                 let table = &mut self.state_mut(slot).blocks;
-                nodes.extend(seq_hashes.iter().filter_map(|hash| table.remove(hash)));
+                nodes.extend(seq_hashes.iter().filter_map(|&hash| table.remove(hash)));
                 self.stats.unknown_removals += (seq_hashes.len() - nodes.len()) as u64;
                 self.stats.blocks_removed += nodes.len() as u64;
+                // The same for the nodes themselves, before the tree work reads them.
+                for &node in &nodes {
+                    std::hint::black_box(self.tree.touch(node));
+                }
                 for &node in &nodes {
                     self.release(slot, node);
                 }
@@ -275,8 +287,8 @@ impl Indexer {
     fn store(&mut self, slot: u32, parent: Option<SequenceHash>, blocks: &[StoredBlock]) {
         let mut node = match parent {
             None => ROOT,
-            Some(parent) => match self.state(slot).blocks.get(&parent) {
-                Some(&node) => node,
+            Some(parent) => match self.state(slot).blocks.get(parent) {
+                Some(node) => node,
                 None => {
                     self.stats.unknown_parent_events += 1;
                     self.stats.unknown_parent_blocks += blocks.len() as u64;
@@ -284,6 +296,13 @@ impl Indexer {
                 }
             },
         };
+        // The table entries this event will add, looked up first: the lookups do not depend
+        // on each other, so their cache misses overlap instead of each waiting behind a
+        // block's tree work, and the inserts below find their lines at hand.
+        let table = &self.state(slot).blocks;
+        for block in blocks {
+            std::hint::black_box(table.get(block.seq_hash));
+        }
         for block in blocks {
             let Some(child) = self.tree.child_or_insert(node, block.local_hash) else {
                 // The arena is full (2^31 nodes): the rest of the event cannot be indexed.
@@ -335,7 +354,10 @@ impl Indexer {
 
     fn clear_slot(&mut self, slot: u32) {
         let state = self.state_mut(slot);
-        let mut nodes: Vec<NodeId> = std::mem::take(&mut state.blocks).into_values().collect();
+        let mut nodes: Vec<NodeId> = state.blocks.values().collect();
+        // Emptied, not dropped: the worker's next blocks go into a table already at its
+        // working size.
+        state.blocks.clear();
         state.extra_refs.clear();
         self.cached[slot as usize] = 0;
         self.tree.set_cached(slot, 0);
@@ -358,7 +380,9 @@ impl Indexer {
             return false;
         };
         self.clear_slot(slot);
-        self.workers[slot as usize] = None;
+        if let Some(state) = self.workers[slot as usize].take() {
+            self.spare_tables.push(state.blocks);
+        }
         self.free_slots.push(slot);
         self.streams.forget(worker);
         self.slots.remove(&worker);
@@ -378,16 +402,47 @@ impl Indexer {
 
     /// [`Indexer::find_matches`] into a caller's buffers, to reuse their allocations.
     pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+        self.collect(query_of(query, None), out);
+    }
+
+    /// [`Indexer::find_matches`] for a query whose sequence hashes the caller has
+    /// (`TokenBlocks::sequence_hashes`: Switchyard's chained hashes of the same blocks,
+    /// whatever hashes the engines publish). Same answer, faster on long prompts: the walk
+    /// jumps along chains of blocks held alike and checks where it lands by one hash,
+    /// instead of comparing every block.
+    pub fn find_matches_hashed(
+        &self,
+        query: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> OverlapScores {
+        let mut out = OverlapScores::default();
+        self.find_matches_hashed_into(query, seq_hashes, &mut out);
+        out
+    }
+
+    /// [`Indexer::find_matches_hashed`] into a caller's buffers.
+    pub fn find_matches_hashed_into(
+        &self,
+        query: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+        out: &mut OverlapScores,
+    ) {
+        self.collect(query_of(query, Some(seq_hashes)), out);
+    }
+
+    /// [`Indexer::find_matches_hashed`] for a prompt's blocks.
+    pub fn find_matches_blocks(&self, blocks: &TokenBlocks) -> OverlapScores {
+        self.find_matches_hashed(blocks.local_hashes(), blocks.sequence_hashes())
+    }
+
+    fn collect(&self, query: Query<'_>, out: &mut OverlapScores) {
+        let cached = |slot: u32| self.cached[slot as usize];
         collect_matches(
-            self.tree.live(),
-            self.tree.node(ROOT),
+            &&self.tree,
             query,
             self.workers.len(),
             &self.by_key,
-            |_, parent, local| self.tree.child_of(parent, local),
-            |id, rest| tree::chain_run(|p| self.tree.key_page(p), id, rest),
-            |id| self.tree.node(id),
-            |slot| self.cached[slot as usize],
+            cached,
             out,
         );
     }
@@ -408,10 +463,12 @@ impl Indexer {
 
     /// Checks the tree against the per-worker tables; for tests and debugging.
     ///
-    /// Every node is reachable from the root through its parent's child map; no node other
-    /// than the root is empty (no worker, no child); a node holds a worker's bit exactly when
-    /// one of the worker's sequence hashes maps to it, with the extra references counted; and
-    /// each worker's cached count is its number of distinct nodes.
+    /// Every node is reachable from the root through its parent's child map; its prefix hash
+    /// is its path's sequence hash; no node other than the root is empty (no worker, no
+    /// child); only nodes held like their only child, the next id, are marked so in the run
+    /// bitmap; a node holds a worker's bit exactly when one of the worker's sequence hashes
+    /// maps to it, with the extra references counted; and each worker's cached count is its
+    /// number of distinct nodes.
     pub fn validate(&self) -> Result<(), String> {
         let mut seen = 0usize;
         let mut stack = vec![ROOT];
@@ -426,6 +483,10 @@ impl Indexer {
                 }
                 if self.tree.is_unheld(child) && !self.tree.has_children(child) {
                     return Err(format!("node {child} is empty but still in the tree"));
+                }
+                let prefix = tree::child_prefix((id != ROOT).then(|| self.tree.prefix(id)), local);
+                if self.tree.prefix(child) != prefix {
+                    return Err(format!("node {child} has a wrong prefix hash"));
                 }
                 if self.tree.child_same(child) && !self.tree.may_be_child_same(child) {
                     return Err(format!(
@@ -449,7 +510,7 @@ impl Indexer {
         for &(key, slot) in &self.by_key {
             let state = self.state(slot);
             let mut refs: FxHashMap<NodeId, u32> = FxHashMap::default();
-            for &node in state.blocks.values() {
+            for node in state.blocks.values() {
                 *refs.entry(node).or_insert(0) += 1;
             }
             for (&node, &count) in &refs {
@@ -505,7 +566,11 @@ impl Indexer {
                         (self.workers.len() - 1) as u32
                     }
                 };
-                self.workers[slot as usize] = Some(WorkerState::new());
+                let mut state = WorkerState::new();
+                if let Some(table) = self.spare_tables.pop() {
+                    state.blocks = table;
+                }
+                self.workers[slot as usize] = Some(state);
                 self.cached[slot as usize] = 0;
                 self.tree.set_cached(slot, 0);
                 self.by_key.insert(i, (worker, slot));
@@ -531,123 +596,32 @@ impl Indexer {
     }
 }
 
-/// The match walk and the answer it builds, shared by the owner of an index (which finds
-/// children through its own maps) and lookups on other threads (through the live edges).
-#[allow(clippy::too_many_arguments)]
-fn collect_matches<'a>(
-    live: &'a Live,
-    root: &'a Node,
-    query: &[LocalBlockHash],
-    slots: usize,
-    by_key: &[(WorkerKey, u32)],
-    child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
-    run: impl Fn(NodeId, &[LocalBlockHash]) -> usize,
-    node_of: impl Fn(NodeId) -> &'a Node,
-    cached: impl Fn(u32) -> u64,
-    out: &mut OverlapScores,
-) {
-    // Depths by slot, then one pass in key order emits both lists already sorted.
-    let mut depth_by_slot: smallvec::SmallVec<[u32; 256]> = smallvec::smallvec![0; slots];
-    match_walk(
-        live,
-        root,
-        query,
-        slots.div_ceil(64),
-        child,
-        run,
-        node_of,
-        |slot, depth| {
-            if let Some(d) = depth_by_slot.get_mut(slot) {
-                *d = depth;
-            }
-        },
-    );
-    out.scores.clear();
-    out.cached_blocks.clear();
-    out.cached_blocks.reserve(by_key.len());
-    for &(key, slot) in by_key {
-        let depth = depth_by_slot.get(slot as usize).copied().unwrap_or(0);
-        if depth > 0 {
-            out.scores.push((key, depth));
-        }
-        out.cached_blocks.push((key, cached(slot)));
-    }
-}
-
-/// The match walk: follows `query` down the tree, narrowing the set of workers that hold
-/// every block so far; a worker leaving the set at depth `d` matched `d` blocks. Reports
-/// each worker with a match of at least one block. Along a chain of nodes held by the same
-/// workers (`run`: the blocks it takes after a node, by keys alone) the set cannot change.
-#[allow(clippy::too_many_arguments)]
-fn match_walk<'a>(
-    live: &'a Live,
-    root: &'a Node,
-    query: &[LocalBlockHash],
-    words: usize,
-    child: impl Fn(NodeId, &'a Node, LocalBlockHash) -> Option<(NodeId, &'a Node)>,
-    run: impl Fn(NodeId, &[LocalBlockHash]) -> usize,
-    node_of: impl Fn(NodeId) -> &'a Node,
-    mut report: impl FnMut(usize, u32),
-) {
-    let mut node = (ROOT, root);
-    let mut active: smallvec::SmallVec<[u64; tree::INLINE_WORDS]> = smallvec::smallvec![0; words];
-    let mut held = active.clone();
-    let mut depth = 0usize;
-    while let Some(&local) = query.get(depth) {
-        let Some(next) = child(node.0, node.1, local) else {
-            break;
-        };
-        if depth == 0 {
-            live.words_into(next.1, &mut active);
-        } else {
-            live.words_into(next.1, &mut held);
-            let mut any = 0;
-            for (i, (word, &held)) in active.iter_mut().zip(&held).enumerate() {
-                let keep = *word & held;
-                for bit in Ones(*word & !keep) {
-                    report(i * 64 + bit as usize, depth as u32);
-                }
-                *word = keep;
-                any |= keep;
-            }
-            if any == 0 {
-                return;
-            }
-        }
-        depth += 1;
-        node = next;
-        let taken = run(next.0, &query[depth..]);
-        if taken > 0 {
-            depth += taken;
-            let id = next.0 + taken as NodeId;
-            node = (id, node_of(id));
-        }
-    }
-    for (i, &word) in active.iter().enumerate() {
-        for bit in Ones(word) {
-            report(i * 64 + bit as usize, depth as u32);
-        }
-    }
-}
-
 impl Live {
     /// [`Indexer::find_matches_into`] for a lookup on another thread than the writer's,
     /// without waiting for it.
-    pub(crate) fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
+    pub(crate) fn find_matches_into(&self, query: Query<'_>, out: &mut OverlapScores) {
         let by_key = self.by_key.load();
         let slots = self.slots.load(Acquire) as usize;
-        let guard = self.guard();
-        collect_matches(
-            self,
-            self.root(),
-            query,
-            slots,
-            &by_key,
-            |id, parent, local| self.child(id, parent, local, &guard),
-            |id, rest| tree::chain_run(|p| self.key_page(p), id, rest),
-            |id| self.node(id),
-            |slot| self.cached(slot),
-            out,
-        );
+        let view = Reader {
+            live: self,
+            guard: self.guard(),
+        };
+        collect_matches(&view, query, slots, &by_key, |slot| self.cached(slot), out);
+    }
+}
+
+/// A query with its sequence hashes when they are one per block (otherwise the walk compares
+/// keys, as without them).
+pub(crate) fn query_of<'q>(
+    locals: &'q [LocalBlockHash],
+    seqs: Option<&'q [SequenceHash]>,
+) -> Query<'q> {
+    debug_assert!(
+        seqs.is_none_or(|s| s.len() == locals.len()),
+        "one sequence hash per block"
+    );
+    Query {
+        locals,
+        seqs: seqs.filter(|s| s.len() == locals.len()),
     }
 }

@@ -20,10 +20,10 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use switchyard_core::{KvEvent, LocalBlockHash, WorkerKey};
+use switchyard_core::{KvEvent, LocalBlockHash, SequenceHash, TokenBlocks, WorkerKey};
 
 use super::tree::Live;
-use super::{EventGap, Indexer, OverlapScores, WorkerSnapshot};
+use super::{EventGap, Indexer, OverlapScores, WorkerSnapshot, query_of};
 
 /// An [`Indexer`] shared between threads: lock-free lookups, one writer at a time.
 pub struct SharedIndexer {
@@ -62,7 +62,34 @@ impl SharedIndexer {
 
     /// [`SharedIndexer::find_matches`] into a caller's buffers.
     pub fn find_matches_into(&self, query: &[LocalBlockHash], out: &mut OverlapScores) {
-        self.live.find_matches_into(query, out);
+        self.live.find_matches_into(query_of(query, None), out);
+    }
+
+    /// [`Indexer::find_matches_hashed`], lock-free.
+    pub fn find_matches_hashed(
+        &self,
+        query: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> OverlapScores {
+        let mut out = OverlapScores::default();
+        self.find_matches_hashed_into(query, seq_hashes, &mut out);
+        out
+    }
+
+    /// [`SharedIndexer::find_matches_hashed`] for a prompt's blocks.
+    pub fn find_matches_blocks(&self, blocks: &TokenBlocks) -> OverlapScores {
+        self.find_matches_hashed(blocks.local_hashes(), blocks.sequence_hashes())
+    }
+
+    /// [`SharedIndexer::find_matches_hashed`] into a caller's buffers.
+    pub fn find_matches_hashed_into(
+        &self,
+        query: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+        out: &mut OverlapScores,
+    ) {
+        self.live
+            .find_matches_into(query_of(query, Some(seq_hashes)), out);
     }
 
     /// Applies events in order. Returns the gaps detected, for the caller to

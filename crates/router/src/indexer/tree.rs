@@ -15,34 +15,38 @@
 //! slightly wrong overlap for that one lookup (as it would from an event that arrived a
 //! moment later), never undefined behaviour or a panic.
 //!
-//! A node's key and parent (16 bytes) are kept apart from its child link and worker bits
-//! (48 bytes). A chain stored by one event gets consecutive ids (freed ids are reused lowest
-//! first, so this holds after evictions too), and a node whose only child is held by the
-//! same workers says so in its key (`CHILD_SAME`); the match walk then runs along such a
-//! chain comparing keys, four to a cache line, without reading worker bits or child links
-//! (see [`chain_run`]). Most nodes have zero or one child (the unique tail
-//! of a prompt), so the child link is one `u32`: no child, the one child's id, or a flag
-//! saying the node branches. The writer keeps each branching node's children in a map of its
-//! own; once the tree is shared, it also mirrors those edges into one concurrent map
-//! (`papaya`, lock-free reads) for the readers. The workers holding a node are bits of dense
-//! worker slots: 320 inline, more in chained extension blocks.
+//! A node is one cache line: its key, prefix hash, parent and the bits of the first 320
+//! worker slots; its child link is kept apart, in an array of links by id, which leaves the
+//! line room for those slots. A chain stored by one event gets consecutive ids (freed ids
+//! are reused lowest first, so this holds after evictions too), and a node whose only child
+//! is the next id, held by the same workers, has its bit set in the run bitmap (one bit per
+//! id); the match walk takes such a run without intersecting worker bits, and with the
+//! query's sequence hashes without reading the nodes along it (see `walk.rs`). Most nodes
+//! have zero or one child (the unique tail of a prompt), so the child link is one `u32`: no
+//! child, the one child's id, or a flag saying the node branches. The writer keeps each
+//! branching node's children in a map of its own; once the tree is shared, it also mirrors
+//! those edges into one concurrent map (`papaya`, lock-free reads) for the readers. The
+//! workers holding a node are bits of dense worker slots: 320 inline, more in chained
+//! extension blocks.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
-use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use rustc_hash::{FxBuildHasher, FxHashMap};
-use switchyard_core::{LocalBlockHash, WorkerKey};
+use switchyard_core::hash::sequence_hash;
+use switchyard_core::{LocalBlockHash, SequenceHash, WorkerKey};
 
+use super::arena::{Arena, Pages};
 use super::bits::{LowestFirst, Ones};
 
 pub(crate) type NodeId = u32;
 pub(crate) const ROOT: NodeId = 0;
 
-/// `Node::children`: no child.
-const NO_CHILD: u32 = u32::MAX;
-/// `Node::children` with this bit set: the rest indexes `Tree::branches`.
+/// A child link: no child (the root is nobody's child, and a fresh page reads as this).
+const NO_CHILD: u32 = 0;
+/// A child link with this bit set: the rest indexes `Tree::branches`.
 const BRANCH: u32 = 1 << 31;
 /// `Node::more` / `Ext::next`: no extension block.
 const NO_EXT: u32 = u32::MAX;
@@ -51,11 +55,18 @@ pub(crate) const INLINE_WORDS: usize = 5;
 /// Words per extension block.
 const EXT_WORDS: usize = 7;
 
-/// The worker bits and child link of a node. Its key and parent are in a [`Key`] of the
-/// same id, kept apart so that the match walk can run along a chain reading keys alone.
+/// A node: one cache line. Its child link is kept apart (see [`Live::links`]).
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct Node {
-    children: AtomicU32,
+    /// The local hash of the node's block.
+    pub(crate) local: AtomicU64,
+    /// Switchyard's sequence hash of the node's path (see `switchyard_core::hash`): the
+    /// chained hash of every local hash from the root to the node, computed once when the
+    /// node is made, whatever hashes the engines publish. A lookup that knows its query's
+    /// sequence hashes checks a node it jumped to by this alone.
+    pub(crate) prefix: AtomicU64,
+    pub(crate) parent: AtomicU32,
     /// The first extension block of worker bits, or `NO_EXT`.
     more: AtomicU32,
     words: [AtomicU64; INLINE_WORDS],
@@ -64,7 +75,9 @@ pub(crate) struct Node {
 impl Node {
     const fn empty() -> Self {
         Node {
-            children: AtomicU32::new(NO_CHILD),
+            local: AtomicU64::new(0),
+            prefix: AtomicU64::new(0),
+            parent: AtomicU32::new(ROOT),
             more: AtomicU32::new(NO_EXT),
             words: [const { AtomicU64::new(0) }; INLINE_WORDS],
         }
@@ -77,37 +90,15 @@ impl Default for Node {
     }
 }
 
-/// `Key::link` bit: the node has one child, held by exactly the workers that hold the node,
-/// so the match walk steps into it without intersecting worker sets. Kept in the parent's
-/// key rather than the child's so that a change to a node's workers updates only keys the
-/// writer has at hand (the node's and its parent's). The mark is sound (set only while
-/// true) but not complete: the writer sets it where checking is cheap, and a missing mark
-/// only sends the walk the slow way.
-const CHILD_SAME: u64 = 1 << 32;
-const PARENT_BITS: u64 = u32::MAX as u64;
-
-/// A node's key and parent: 16 bytes, so that the keys of a chain stored in one event lie
-/// four to a cache line.
-#[derive(Debug, Default)]
-#[repr(align(16))]
-pub(crate) struct Key {
-    local: AtomicU64,
-    /// The parent's id in the low 32 bits, and `CHILD_SAME`.
-    link: AtomicU64,
-}
-
-impl Key {
-    const fn empty() -> Self {
-        Key {
-            local: AtomicU64::new(0),
-            link: AtomicU64::new(ROOT as u64),
-        }
-    }
+/// The prefix hash of the child keyed `local` of a node whose prefix hash is `parent`
+/// (`None` for the root).
+#[inline]
+pub(crate) fn child_prefix(parent: Option<u64>, local: LocalBlockHash) -> u64 {
+    sequence_hash(parent.map(SequenceHash), local).0
 }
 
 /// What a lookup reads for an id it cannot resolve (never happens for the writer).
 static VACANT: Node = Node::empty();
-static VACANT_KEY: Key = Key::empty();
 
 /// More worker bits of a node, for slots past the inline ones.
 #[derive(Debug)]
@@ -126,112 +117,23 @@ impl Default for Ext {
     }
 }
 
-const PAGE_BITS: u32 = 12;
-const DIR_BITS: u32 = 10;
-/// Ids below 2^31 (the top bit of a child link is the branch flag).
-const DIRS: usize = 1 << (31 - PAGE_BITS - DIR_BITS);
-
-/// 4,096 items, allocated when first needed.
-type Page<T> = OnceLock<Arc<[T]>>;
-/// 1,024 pages, allocated when first needed.
-type Dir<T> = OnceLock<Box<[Page<T>]>>;
-
-/// Items by dense index, in pages of 4,096 that never move: a directory of 512 directories
-/// of 1,024 pages, each allocated when first needed.
-pub(crate) struct Arena<T> {
-    dirs: Box<[Dir<T>]>,
-}
-
-impl<T> std::fmt::Debug for Arena<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Arena { .. }")
-    }
-}
-
-impl<T: Default> Arena<T> {
-    fn new() -> Self {
-        Arena {
-            dirs: (0..DIRS).map(|_| OnceLock::new()).collect(),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn get(&self, i: u32) -> Option<&T> {
-        let dir = self
-            .dirs
-            .get((i >> (PAGE_BITS + DIR_BITS)) as usize)?
-            .get()?;
-        let page = dir[((i >> PAGE_BITS) & ((1 << DIR_BITS) - 1)) as usize].get()?;
-        page.get((i & ((1 << PAGE_BITS) - 1)) as usize)
-    }
-
-    /// Page `p` (items `p·4096..`), if allocated.
-    #[inline]
-    pub(crate) fn page(&self, p: u32) -> Option<&[T]> {
-        let dir = self.dirs.get((p >> DIR_BITS) as usize)?.get()?;
-        dir.get((p & ((1 << DIR_BITS) - 1)) as usize)?
-            .get()
-            .map(|page| &page[..])
-    }
-
-    /// Page `p` (items `p·4096..`), allocated if needed (the writer's access). `None` only
-    /// past the arena's 2^31 items.
-    fn ensure_page(&self, p: u32) -> Option<Arc<[T]>> {
-        let dir = self
-            .dirs
-            .get((p >> DIR_BITS) as usize)?
-            .get_or_init(|| (0..1 << DIR_BITS).map(|_| OnceLock::new()).collect());
-        let page = dir[(p & ((1 << DIR_BITS) - 1)) as usize]
-            .get_or_init(|| (0..1 << PAGE_BITS).map(|_| T::default()).collect());
-        Some(Arc::clone(page))
-    }
-}
-
-/// The writer's handles on the pages of an [`Arena`]: the same memory, indexed without the
-/// arena's once-checks (the writer is the one that allocates pages).
-struct Pages<T> {
-    pages: Vec<Arc<[T]>>,
-}
-
-impl<T> std::fmt::Debug for Pages<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Pages({})", self.pages.len())
-    }
-}
-
-impl<T: Default> Pages<T> {
-    fn new() -> Self {
-        Pages { pages: Vec::new() }
-    }
-
-    #[inline]
-    fn get(&self, i: u32) -> Option<&T> {
-        self.pages
-            .get((i >> PAGE_BITS) as usize)?
-            .get((i & ((1 << PAGE_BITS) - 1)) as usize)
-    }
-
-    #[inline]
-    fn page(&self, p: u32) -> Option<&[T]> {
-        self.pages.get(p as usize).map(|page| &page[..])
-    }
-
-    /// The item at `i`, its page allocated in `arena` first if needed.
-    fn ensure(&mut self, arena: &Arena<T>, i: u32) -> Option<&T> {
-        while self.pages.len() <= (i >> PAGE_BITS) as usize {
-            let page = arena.ensure_page(self.pages.len() as u32)?;
-            self.pages.push(page);
-        }
-        self.get(i)
-    }
-}
-
 /// The half of the index that lookups on other threads read: the nodes, the edges of
 /// branching nodes, and per worker slot its key and number of cached blocks.
 #[derive(Debug)]
 pub(crate) struct Live {
     nodes: Arena<Node>,
-    keys: Arena<Key>,
+    /// Child links by id: no child, the one child's id, or `BRANCH` and the index of the
+    /// node's child map. Kept apart from the nodes (16 to a cache line), which leaves a
+    /// node's line room for 320 worker slots; in the line or apart, lookups measured the
+    /// same.
+    links: Arena<AtomicU32>,
+    /// The run bitmap, 64 ids a word: bit `i` says node `i`'s only child is node `i + 1`,
+    /// held by exactly the workers that hold node `i`, so the match walk takes the child
+    /// without intersecting worker sets. Kept by id rather than in the nodes so that a walk
+    /// reads a whole run in a word or two. The mark is sound (set only while true: cleared
+    /// before a worker bit of either node changes) but not complete: the writer sets it
+    /// where checking is cheap, and a missing mark only sends the walk the slow way.
+    runs: Arena<AtomicU64>,
     ext: Arena<Ext>,
     /// Edges out of branching nodes, (parent, key) → child; kept only once the tree is
     /// shared (see [`Tree::share`]).
@@ -248,7 +150,8 @@ impl Live {
     fn new() -> Self {
         Live {
             nodes: Arena::new(),
-            keys: Arena::new(),
+            links: Arena::new(),
+            runs: Arena::new(),
             ext: Arena::new(),
             edges: papaya::HashMap::with_hasher(FxBuildHasher),
             cached: Arena::new(),
@@ -262,26 +165,22 @@ impl Live {
         self.nodes.get(id).unwrap_or(&VACANT)
     }
 
+    /// The page of nodes holding ids `p·4096..`, if allocated.
     #[inline]
-    fn key(&self, id: NodeId) -> &Key {
-        self.keys.get(id).unwrap_or(&VACANT_KEY)
+    pub(crate) fn node_page(&self, p: u32) -> Option<&[Node]> {
+        self.nodes.page(p)
     }
 
-    /// The page of keys holding ids `p·4096..`, if allocated.
+    /// Word `w` of the run bitmap (ids `64·w..`); 0 past the allocated ones.
     #[inline]
-    pub(crate) fn key_page(&self, p: u32) -> Option<&[Key]> {
-        self.keys.page(p)
+    pub(crate) fn run_word(&self, w: u32) -> u64 {
+        self.runs.get(w).map_or(0, |word| word.load(Acquire))
     }
 
     /// Blocks cached by the worker in `slot`.
     #[inline]
     pub(crate) fn cached(&self, slot: u32) -> u64 {
         self.cached.get(slot).map_or(0, |c| c.load(Acquire))
-    }
-
-    #[inline]
-    pub(crate) fn root(&self) -> &Node {
-        self.node(ROOT)
     }
 
     /// Word `i` of the worker bits of `node`.
@@ -314,25 +213,31 @@ impl Live {
         }
     }
 
-    /// The child of `parent` (node `id`) keyed by `local`, as a reader on another thread
-    /// finds it.
+    /// The child link of `id`.
+    #[inline]
+    pub(crate) fn link(&self, id: NodeId) -> u32 {
+        self.links
+            .get(id)
+            .map_or(NO_CHILD, |link| link.load(Acquire))
+    }
+
+    /// The child of node `id` keyed by `local`, as a reader on another thread finds it.
     #[inline]
     pub(crate) fn child(
         &self,
         id: NodeId,
-        parent: &Node,
         local: LocalBlockHash,
         guard: &impl papaya::Guard,
     ) -> Option<(NodeId, &Node)> {
-        let child = match parent.children.load(Acquire) {
+        let child = match self.link(id) {
             NO_CHILD => return None,
             link if link & BRANCH != 0 => *self.edges.get(&(id, local), guard)?,
             only => only,
         };
         // A node freed and reused meanwhile is told apart by its key and its parent.
-        let key = self.key(child);
-        (key.local.load(Acquire) == local.0 && key.link.load(Acquire) as u32 == id)
-            .then(|| (child, self.node(child)))
+        let node = self.node(child);
+        (node.local.load(Acquire) == local.0 && node.parent.load(Acquire) == id)
+            .then_some((child, node))
     }
 
     pub(crate) fn guard(&self) -> impl papaya::Guard + '_ {
@@ -346,7 +251,8 @@ impl Live {
 pub(crate) struct Tree {
     live: Arc<Live>,
     nodes: Pages<Node>,
-    keys: Pages<Key>,
+    links: Pages<AtomicU32>,
+    runs: Pages<AtomicU64>,
     ext: Pages<Ext>,
     cached: Pages<AtomicU64>,
     /// Ids below this have been handed out (the root is id 0).
@@ -370,12 +276,15 @@ impl Default for Tree {
         let live = Arc::new(Live::new());
         let mut nodes = Pages::new();
         nodes.ensure(&live.nodes, ROOT);
-        let mut keys = Pages::new();
-        keys.ensure(&live.keys, ROOT);
+        let mut links = Pages::new();
+        links.ensure(&live.links, ROOT);
+        let mut runs = Pages::new();
+        runs.ensure(&live.runs, ROOT);
         Tree {
             live,
             nodes,
-            keys,
+            links,
+            runs,
             ext: Pages::new(),
             cached: Pages::new(),
             allocated: 1,
@@ -396,13 +305,21 @@ impl Clone for Tree {
         let mut copy = Tree::default();
         for id in 0..self.allocated {
             let from = self.node(id);
-            let key = self.key(id);
-            if let Some(to) = copy.keys.ensure(&copy.live.keys, id) {
-                to.local.store(key.local.load(Relaxed), Relaxed);
-                to.link.store(key.link.load(Relaxed), Relaxed);
+            if let Some(to) = copy.links.ensure(&copy.live.links, id) {
+                to.store(self.link(id), Relaxed);
+            }
+            if id % 64 == 0
+                && let (Some(from), Some(to)) = (
+                    self.runs.get(id / 64),
+                    copy.runs.ensure(&copy.live.runs, id / 64),
+                )
+            {
+                to.store(from.load(Relaxed), Relaxed);
             }
             if let Some(to) = copy.nodes.ensure(&copy.live.nodes, id) {
-                to.children.store(from.children.load(Relaxed), Relaxed);
+                to.local.store(from.local.load(Relaxed), Relaxed);
+                to.prefix.store(from.prefix.load(Relaxed), Relaxed);
+                to.parent.store(from.parent.load(Relaxed), Relaxed);
                 to.more.store(from.more.load(Relaxed), Relaxed);
                 for (t, f) in to.words.iter().zip(&from.words) {
                     t.store(f.load(Relaxed), Relaxed);
@@ -450,7 +367,7 @@ impl Tree {
         self.shared = true;
         let edges = self.live.edges.pin();
         for id in 0..self.allocated {
-            let link = self.node(id).children.load(Relaxed);
+            let link = self.link(id);
             if link != NO_CHILD && link & BRANCH != 0 {
                 for (&local, &child) in &self.branches[(link & !BRANCH) as usize] {
                     edges.insert((id, local), child);
@@ -464,15 +381,43 @@ impl Tree {
         self.nodes.get(id).unwrap_or(&VACANT)
     }
 
+    /// The page of nodes holding ids `p·4096..`, if allocated.
     #[inline]
-    fn key(&self, id: NodeId) -> &Key {
-        self.keys.get(id).unwrap_or(&VACANT_KEY)
+    pub(crate) fn node_page(&self, p: u32) -> Option<&[Node]> {
+        self.nodes.page(p)
     }
 
-    /// The page of keys holding ids `p·4096..`, if allocated.
+    /// Word `w` of the run bitmap (ids `64·w..`).
     #[inline]
-    pub(crate) fn key_page(&self, p: u32) -> Option<&[Key]> {
-        self.keys.page(p)
+    pub(crate) fn run_word(&self, w: u32) -> u64 {
+        self.runs.get(w).map_or(0, |word| word.load(Relaxed))
+    }
+
+    /// Reads `id`'s node, child link and word of the run bitmap, so that their memory is
+    /// at hand for what follows (see `Indexer::apply_data`).
+    #[inline]
+    pub(crate) fn touch(&self, id: NodeId) -> u64 {
+        self.node(id).more.load(Relaxed) as u64 ^ u64::from(self.link(id)) ^ self.run_word(id / 64)
+    }
+
+    /// The child link of `id`.
+    #[inline]
+    pub(crate) fn link(&self, id: NodeId) -> u32 {
+        self.links
+            .get(id)
+            .map_or(NO_CHILD, |link| link.load(Relaxed))
+    }
+
+    fn set_link(&self, id: NodeId, link: u32) {
+        if let Some(cell) = self.links.get(id) {
+            cell.store(link, Release);
+        }
+    }
+
+    /// The prefix hash of `id` (see [`Node::prefix`]).
+    #[inline]
+    pub(crate) fn prefix(&self, id: NodeId) -> u64 {
+        self.node(id).prefix.load(Relaxed)
     }
 
     /// Once shared, the readers' edges are exactly the branching nodes' children.
@@ -483,7 +428,7 @@ impl Tree {
         let edges = self.live.edges.pin();
         let mut count = 0;
         for id in 0..self.allocated {
-            let link = self.node(id).children.load(Relaxed);
+            let link = self.link(id);
             if link == NO_CHILD || link & BRANCH == 0 {
                 continue;
             }
@@ -523,15 +468,15 @@ impl Tree {
     }
 
     pub(crate) fn local(&self, id: NodeId) -> LocalBlockHash {
-        LocalBlockHash(self.key(id).local.load(Relaxed))
+        LocalBlockHash(self.node(id).local.load(Relaxed))
     }
 
     pub(crate) fn parent(&self, id: NodeId) -> NodeId {
-        self.key(id).link.load(Relaxed) as NodeId
+        self.node(id).parent.load(Relaxed)
     }
 
     pub(crate) fn has_children(&self, id: NodeId) -> bool {
-        self.node(id).children.load(Relaxed) != NO_CHILD
+        self.link(id) != NO_CHILD
     }
 
     /// Number of nodes other than the root.
@@ -543,29 +488,34 @@ impl Tree {
     /// a branching node's child is found without reading the child).
     #[inline]
     pub(crate) fn child(&self, parent: NodeId, local: LocalBlockHash) -> Option<NodeId> {
-        match self.node(parent).children.load(Relaxed) {
+        match self.link(parent) {
             NO_CHILD => None,
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .get(&local)
                 .copied(),
-            only => (self.key(only).local.load(Relaxed) == local.0).then_some(only),
+            only => (self.node(only).local.load(Relaxed) == local.0).then_some(only),
         }
     }
 
-    /// [`Tree::child`] from the parent's node, with the child's node.
+    /// [`Tree::child`] with the child's node.
     #[inline]
-    pub(crate) fn child_of(&self, parent: &Node, local: LocalBlockHash) -> Option<(NodeId, &Node)> {
-        let child = match parent.children.load(Relaxed) {
+    pub(crate) fn child_of(
+        &self,
+        parent: NodeId,
+        local: LocalBlockHash,
+    ) -> Option<(NodeId, &Node)> {
+        let child = match self.link(parent) {
             NO_CHILD => return None,
             link if link & BRANCH != 0 => *self.branches[(link & !BRANCH) as usize].get(&local)?,
             only => only,
         };
-        (self.key(child).local.load(Relaxed) == local.0).then(|| (child, self.node(child)))
+        let node = self.node(child);
+        (node.local.load(Relaxed) == local.0).then_some((child, node))
     }
 
     /// Every child of `parent`, with its key.
     pub(crate) fn children(&self, parent: NodeId) -> Vec<(LocalBlockHash, NodeId)> {
-        match self.node(parent).children.load(Relaxed) {
+        match self.link(parent) {
             NO_CHILD => Vec::new(),
             link if link & BRANCH != 0 => self.branches[(link & !BRANCH) as usize]
                 .iter()
@@ -590,26 +540,29 @@ impl Tree {
             None => {
                 let id = self.allocated;
                 self.nodes.ensure(&self.live.nodes, id)?;
-                self.keys.ensure(&self.live.keys, id)?;
+                self.links.ensure(&self.live.links, id)?;
+                self.runs.ensure(&self.live.runs, id / 64)?;
                 self.allocated += 1;
                 id
             }
         };
+        let prefix = child_prefix((parent != ROOT).then(|| self.prefix(parent)), local);
         // Freed nodes were cleared; a reader may still be looking at this one under its
         // old key, which the key written here tells apart.
-        self.node(id).children.store(NO_CHILD, Relaxed);
-        let key = self.key(id);
-        key.link.store(u64::from(parent), Relaxed);
-        key.local.store(local.0, Release);
+        self.set_link(id, NO_CHILD);
+        let node = self.node(id);
+        node.parent.store(parent, Relaxed);
+        node.prefix.store(prefix, Relaxed);
+        node.local.store(local.0, Release);
         // Linking publishes the node (release) to readers that reach it.
-        self.link(parent, local, id);
+        self.attach(parent, local, id);
         Some(id)
     }
 
-    fn link(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
-        match self.node(parent).children.load(Relaxed) {
+    fn attach(&mut self, parent: NodeId, local: LocalBlockHash, child: NodeId) {
+        match self.link(parent) {
             // A new child holds no worker yet: its parent is left unmarked until it does.
-            NO_CHILD => self.node(parent).children.store(child, Release),
+            NO_CHILD => self.set_link(parent, child),
             link if link & BRANCH != 0 => {
                 self.branches[(link & !BRANCH) as usize].insert(local, child);
                 if self.shared {
@@ -638,20 +591,20 @@ impl Tree {
                     }
                 };
                 self.set_child_same(parent, false);
-                self.node(parent).children.store(index | BRANCH, Release);
+                self.set_link(parent, index | BRANCH);
             }
         }
     }
 
-    fn unlink(&mut self, parent: NodeId, local: LocalBlockHash) {
-        let link = self.node(parent).children.load(Relaxed);
+    fn detach(&mut self, parent: NodeId, local: LocalBlockHash) {
+        let link = self.link(parent);
         if link == NO_CHILD {
             return;
         }
         if link & BRANCH == 0 {
             if self.local(link) == local {
                 self.set_child_same(parent, false);
-                self.node(parent).children.store(NO_CHILD, Release);
+                self.set_link(parent, NO_CHILD);
             }
             return;
         }
@@ -667,9 +620,12 @@ impl Tree {
             self.branches[index as usize] = FxHashMap::default();
             self.free_branches.push(index);
             let link = remaining.map_or(NO_CHILD, |(_, n)| n);
-            self.node(parent).children.store(link, Release);
+            self.set_link(parent, link);
             if let Some((_, only)) = remaining {
-                self.set_child_same(parent, parent != ROOT && self.same_holders(only, parent));
+                self.set_child_same(
+                    parent,
+                    parent != ROOT && only == parent + 1 && self.same_holders(only, parent),
+                );
             }
             if self.shared
                 && let Some((l, _)) = remaining
@@ -755,6 +711,7 @@ impl Tree {
     fn mark_around(&mut self, id: NodeId, slot: u32, held: bool) {
         let parent = self.parent(id);
         if parent != ROOT
+            && id == parent + 1
             && self.only_child(parent) == Some(id)
             && self.holds(parent, slot) == held
             && self.same_holders(id, parent)
@@ -763,6 +720,7 @@ impl Tree {
         }
         if let Some(child) = self.only_child(id)
             && child == self.last_changed
+            && child == id + 1
             && self.holds(child, slot) == held
             && self.same_holders(child, id)
         {
@@ -780,25 +738,25 @@ impl Tree {
         }
     }
 
-    /// Sets or clears `id`'s `CHILD_SAME` mark (never the root's).
+    /// Sets or clears `id`'s bit in the run bitmap (never the root's). Set only when its
+    /// only child is `id + 1`, held by the same workers.
     fn set_child_same(&self, id: NodeId, on: bool) {
         if id == ROOT {
             return;
         }
-        let key = self.key(id);
-        let link = key.link.load(Relaxed);
-        let want = if on {
-            link | CHILD_SAME
-        } else {
-            link & !CHILD_SAME
+        let Some(word) = self.runs.get(id / 64) else {
+            return;
         };
-        if want != link {
-            key.link.store(want, Release);
+        let bit = 1u64 << (id % 64);
+        let old = word.load(Relaxed);
+        let want = if on { old | bit } else { old & !bit };
+        if want != old {
+            word.store(want, Release);
         }
     }
 
     fn only_child(&self, id: NodeId) -> Option<NodeId> {
-        let link = self.node(id).children.load(Relaxed);
+        let link = self.link(id);
         (link != NO_CHILD && link & BRANCH == 0).then_some(link)
     }
 
@@ -822,18 +780,18 @@ impl Tree {
         }
     }
 
-    /// Whether `id` is marked `CHILD_SAME`.
+    /// Whether `id`'s bit is set in the run bitmap.
     pub(crate) fn child_same(&self, id: NodeId) -> bool {
-        self.key(id).link.load(Relaxed) & CHILD_SAME != 0
+        self.run_word(id / 64) & (1 << (id % 64)) != 0
     }
 
-    /// Whether `id` may be marked `CHILD_SAME`: it is not the root and has one child, held
-    /// by the same workers.
+    /// Whether `id`'s bit may be set in the run bitmap: it is not the root and has one
+    /// child, the next id, held by the same workers.
     pub(crate) fn may_be_child_same(&self, id: NodeId) -> bool {
         id != ROOT
             && self
                 .only_child(id)
-                .is_some_and(|c| self.same_holders(c, id))
+                .is_some_and(|c| c == id + 1 && self.same_holders(c, id))
     }
 
     /// The word `i` of `node`'s worker bits, adding extension blocks to reach it.
@@ -881,25 +839,26 @@ impl Tree {
     pub(crate) fn prune(&mut self, mut id: NodeId) {
         while id != ROOT {
             let node = self.node(id);
-            if node.children.load(Relaxed) != NO_CHILD
+            if self.link(id) != NO_CHILD
                 || node.words.iter().any(|w| w.load(Relaxed) != 0)
                 || (node.more.load(Relaxed) != NO_EXT && !self.is_unheld(id))
             {
                 return;
             }
             let (parent, local) = (self.parent(id), self.local(id));
-            self.unlink(parent, local);
+            self.detach(parent, local);
             self.free_node(id);
             id = parent;
         }
     }
 
     fn free_node(&mut self, id: NodeId) {
-        let key = self.key(id);
-        key.local.store(0, Relaxed);
-        key.link.store(u64::from(ROOT), Relaxed);
+        // Its own mark went with its last child; cleared again in case.
+        self.set_child_same(id, false);
         let node = self.node(id);
-        node.children.store(NO_CHILD, Relaxed);
+        node.local.store(0, Relaxed);
+        node.prefix.store(0, Relaxed);
+        node.parent.store(ROOT, Relaxed);
         for w in &node.words {
             w.store(0, Relaxed);
         }
@@ -917,50 +876,6 @@ impl Tree {
     }
 }
 
-/// How many blocks of `rest` the match walk takes from node `id` along the nodes with the
-/// following ids, each the child of the one before, keyed by the next block of `rest`, and
-/// under a node marked `CHILD_SAME`. The workers that matched `id` match those blocks too,
-/// and no other worker does, so the walk takes them without reading any worker bits.
-/// `pages` gives the page of keys holding ids `p·4096..`.
-#[inline]
-pub(crate) fn chain_run<'a>(
-    pages: impl Fn(u32) -> Option<&'a [Key]>,
-    id: NodeId,
-    rest: &[LocalBlockHash],
-) -> usize {
-    let mask = (1 << PAGE_BITS) - 1;
-    let Some(first) = pages(id >> PAGE_BITS).and_then(|page| page.get((id & mask) as usize)) else {
-        return 0;
-    };
-    let mut same = first.link.load(Acquire) & CHILD_SAME != 0;
-    let mut taken = 0;
-    let mut parent = id;
-    while same && taken < rest.len() {
-        let next = parent + 1;
-        let Some(keys) =
-            pages(next >> PAGE_BITS).and_then(|page| page.get((next & mask) as usize..))
-        else {
-            break;
-        };
-        if keys.is_empty() {
-            break;
-        }
-        for (key, want) in keys.iter().zip(&rest[taken..]) {
-            if !same {
-                return taken;
-            }
-            let link = key.link.load(Acquire);
-            if key.local.load(Acquire) != want.0 || link & PARENT_BITS != u64::from(parent) {
-                return taken;
-            }
-            same = link & CHILD_SAME != 0;
-            parent += 1;
-            taken += 1;
-        }
-    }
-    taken
-}
-
 fn split(slot: u32) -> (usize, u64) {
     ((slot / 64) as usize, 1u64 << (slot % 64))
 }
@@ -972,100 +887,9 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
-    fn a_node_and_its_key_fill_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Node>(), 48);
-        assert_eq!(std::mem::size_of::<Key>(), 16);
+    fn a_node_and_an_extension_block_are_one_cache_line_each() {
+        assert_eq!(std::mem::size_of::<Node>(), 64);
         assert_eq!(std::mem::size_of::<Ext>(), 64);
-    }
-
-    #[test]
-    fn a_chain_held_by_the_same_workers_is_walked_by_keys_alone() {
-        let mut tree = Tree::default();
-        tree.share();
-        let l = LocalBlockHash;
-        let mut ids = Vec::new();
-        let mut parent = ROOT;
-        for i in 1..=10 {
-            let id = tree.child_or_insert(parent, l(i)).unwrap();
-            tree.hold(id, 0);
-            ids.push(id);
-            parent = id;
-        }
-        let query: Vec<_> = (1..=10).map(l).collect();
-        let live = Arc::clone(tree.live());
-        let run = |tree: &Tree, from: usize, query: &[LocalBlockHash]| {
-            let mine = chain_run(|p| tree.key_page(p), ids[from], &query[from + 1..]);
-            let theirs = chain_run(|p| live.key_page(p), ids[from], &query[from + 1..]);
-            assert_eq!(mine, theirs, "the writer and a reader see the same chain");
-            mine
-        };
-        assert_eq!(run(&tree, 0, &query), 9);
-        assert!(!tree.child_same(ROOT), "never the root");
-
-        // A second worker on the first five blocks: the sets differ after them.
-        for &id in &ids[..5] {
-            tree.hold(id, 1);
-        }
-        tree.settle();
-        assert_eq!(run(&tree, 0, &query), 4);
-        assert_eq!(run(&tree, 4, &query), 0);
-        assert_eq!(run(&tree, 5, &query), 4);
-        for &id in &ids[..5] {
-            tree.unhold(id, 1);
-        }
-        tree.settle();
-        assert_eq!(run(&tree, 0, &query), 9, "the same sets again");
-
-        // A query leaving the chain stops the run where it leaves.
-        let mut other = query.clone();
-        other[3] = l(99);
-        assert_eq!(run(&tree, 0, &other), 2);
-
-        // A branch: the node's children are no longer taken by keys alone.
-        let side = tree.child_or_insert(ids[6], l(50)).unwrap();
-        tree.hold(side, 0);
-        assert_eq!(run(&tree, 5, &query), 1);
-        assert!(!tree.child_same(ids[6]));
-        tree.unhold(side, 0);
-        tree.prune(side);
-        assert_eq!(run(&tree, 5, &query), 4, "one child again");
-
-        // A freed node is no longer part of any chain.
-        tree.unhold(ids[9], 0);
-        tree.prune(ids[9]);
-        assert_eq!(run(&tree, 0, &query), 8);
-        for &id in &ids {
-            assert!(!tree.child_same(id) || tree.may_be_child_same(id));
-        }
-
-        // A second worker stores the chain and drops it again, tail first (as an engine
-        // evicts): the marks come back where the sets are equal again.
-        for &id in &ids[..9] {
-            tree.hold(id, 1);
-        }
-        assert_eq!(run(&tree, 0, &query), 8);
-        for &id in ids[..9].iter().rev() {
-            tree.unhold(id, 1);
-        }
-        assert_eq!(run(&tree, 0, &query), 8, "without settling");
-    }
-
-    #[test]
-    fn arena_pages_are_allocated_on_first_use_and_never_move() {
-        let arena: Arena<AtomicU64> = Arena::new();
-        let mut pages = Pages::new();
-        assert!(arena.get(0).is_none());
-        let first = pages.ensure(&arena, 5000).map(|c| c as *const AtomicU64);
-        assert_eq!(arena.get(5000).map(|c| c as *const AtomicU64), first);
-        assert!(
-            arena.get(1 << 13).is_none(),
-            "the next page is not there yet"
-        );
-        pages.ensure(&arena, 1 << 22);
-        assert_eq!(arena.get(5000).map(|c| c as *const AtomicU64), first);
-        assert!(arena.get(1 << 22).is_some());
-        assert!(arena.get(u32::MAX).is_none());
-        assert!(arena.ensure_page(1 << 19).is_none(), "past the last id");
     }
 
     #[test]
@@ -1087,7 +911,7 @@ mod tests {
             let guard = live.guard();
             assert_eq!(tree.child(ROOT, l(2)), Some(b));
             assert_eq!(
-                live.child(ROOT, live.root(), l(2), &guard).map(|c| c.0),
+                live.child(ROOT, l(2), &guard).map(|c| c.0),
                 shared.then_some(b)
             );
             assert_eq!(tree.children(ROOT).len(), 3);
@@ -1097,15 +921,12 @@ mod tests {
             }
             assert_eq!(tree.child(ROOT, l(1)), Some(a));
             assert_eq!(
-                live.child(ROOT, live.root(), l(1), &guard).map(|c| c.0),
+                live.child(ROOT, l(1), &guard).map(|c| c.0),
                 Some(a),
                 "a single link again"
             );
             assert_eq!(tree.child(ROOT, l(3)), None);
-            assert_eq!(
-                live.child(ROOT, live.root(), l(3), &guard).map(|c| c.0),
-                None
-            );
+            assert_eq!(live.child(ROOT, l(3), &guard).map(|c| c.0), None);
             assert_eq!(tree.children(ROOT), vec![(l(1), a)]);
             assert_eq!(tree.free_branches.len(), 1);
             assert_eq!(live.edges.len(), 0, "no edge is left behind");

@@ -26,9 +26,7 @@ use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use switchyard_core::{
-    LocalBlockHash, Priority, RequestId, SequenceHash, Token, TokenBlocks, WorkerId, WorkerKey,
-};
+use switchyard_core::{Priority, RequestId, SequenceHash, Token, TokenBlocks, WorkerId, WorkerKey};
 
 use crate::active::WorkerLoad;
 use crate::indexer::OverlapScores;
@@ -897,7 +895,7 @@ impl RoutingCore {
         now: Duration,
     ) -> std::borrow::Cow<'e, OverlapScores> {
         if self.approx_workers > 0 {
-            std::borrow::Cow::Owned(self.merged_overlaps(query.blocks.local_hashes(), events, now))
+            std::borrow::Cow::Owned(self.merged_overlaps(query.blocks, events, now))
         } else {
             std::borrow::Cow::Borrowed(events)
         }
@@ -906,11 +904,11 @@ impl RoutingCore {
     /// Events for event-view workers, the approximate view for the others.
     fn merged_overlaps(
         &mut self,
-        query: &[LocalBlockHash],
+        query: &TokenBlocks,
         events: &OverlapScores,
         now: Duration,
     ) -> OverlapScores {
-        let approx = self.approx.find_matches(query, now);
+        let approx = self.approx.find_matches_blocks(query, now);
         let registry = &self.registry;
         let by_events = |key: &WorkerKey| {
             registry
