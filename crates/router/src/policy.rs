@@ -927,7 +927,7 @@ mod tests {
         let mut policy = LatencyPolicy {
             config: LatencyPolicyConfig {
                 itl_weight,
-                temperature: 0.0,
+                ..LatencyPolicyConfig::default()
             },
         };
         let ttfts = candidates.iter().map(|c| policy.predict(&s, c).0).collect();
