@@ -174,9 +174,12 @@ async fn follows_a_vllm_publisher_through_gaps_and_a_restart() {
         Some((SequenceHash(201), 7))
     );
 
-    // An undecodable batch is skipped and counted; the stream goes on.
+    // An undecodable batch is counted and, its events lost, the view is reset; the
+    // stream goes on.
     publisher.publish(2, b"\x92\x01", true);
     publisher.publish(3, &array_batch(203, 8), true);
+    let update = next(&mut updates).await;
+    assert!(matches!(update, Update::Lost { .. }), "{update:?}");
     assert_eq!(
         stored(&next(&mut updates).await),
         Some((SequenceHash(203), 8))

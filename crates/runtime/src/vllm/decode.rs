@@ -23,6 +23,9 @@ pub struct DecodedBatch {
     pub dp_rank: u32,
     /// Its events, in order, each with the storage tier it concerns.
     pub events: Vec<(StorageTier, KvEventData)>,
+    /// Types of events skipped as unknown (a newer engine's): they say nothing of the
+    /// blocks the index tracks.
+    pub skipped: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -74,14 +77,20 @@ pub fn decode_batch(payload: &[u8], block_size: u32) -> Result<DecodedBatch, Dec
                 "one whose dp_rank is not a small integer",
             ))?,
     };
-    let events = events
-        .iter()
-        .enumerate()
-        .map(|(index, event)| {
-            decode_event(event, block_size).map_err(|message| DecodeError::Event { index, message })
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(DecodedBatch { dp_rank, events })
+    let mut decoded = DecodedBatch {
+        dp_rank,
+        events: Vec::with_capacity(events.len()),
+        skipped: Vec::new(),
+    };
+    for (index, event) in events.iter().enumerate() {
+        match decode_event(event, block_size)
+            .map_err(|message| DecodeError::Event { index, message })?
+        {
+            Decoded::Event(tier, data) => decoded.events.push((tier, data)),
+            Decoded::Unknown(tag) => decoded.skipped.push(tag),
+        }
+    }
+    Ok(decoded)
 }
 
 /// A map's value under a string key.
@@ -153,7 +162,13 @@ const STORED_LORA_NAME: usize = 6;
 const REMOVED_HASHES: usize = 0;
 const REMOVED_MEDIUM: usize = 1;
 
-fn decode_event(event: &Value, block_size: u32) -> Result<(StorageTier, KvEventData), String> {
+/// One event: a known one, or the type of one this decoder does not know.
+enum Decoded {
+    Event(StorageTier, KvEventData),
+    Unknown(String),
+}
+
+fn decode_event(event: &Value, block_size: u32) -> Result<Decoded, String> {
     let fields = Fields::of(event)?;
     match fields.tag {
         "BlockStored" => {
@@ -201,15 +216,15 @@ fn decode_event(event: &Value, block_size: u32) -> Result<(StorageTier, KvEventD
                 })
                 .collect();
             let tier = medium(fields.get(STORED_MEDIUM, "medium"))?;
-            Ok((tier, KvEventData::Stored { parent, blocks }))
+            Ok(Decoded::Event(tier, KvEventData::Stored { parent, blocks }))
         }
         "BlockRemoved" => {
             let seq_hashes = hash_list(fields.get(REMOVED_HASHES, "block_hashes"), "block_hashes")?;
             let tier = medium(fields.get(REMOVED_MEDIUM, "medium"))?;
-            Ok((tier, KvEventData::Removed { seq_hashes }))
+            Ok(Decoded::Event(tier, KvEventData::Removed { seq_hashes }))
         }
-        "AllBlocksCleared" => Ok((StorageTier::Device, KvEventData::Cleared)),
-        other => Err(format!("unknown event type {other:?}")),
+        "AllBlocksCleared" => Ok(Decoded::Event(StorageTier::Device, KvEventData::Cleared)),
+        other => Ok(Decoded::Unknown(other.to_owned())),
     }
 }
 
@@ -443,17 +458,20 @@ mod tests {
         ]);
         let err = decode_batch(&encode(&short), 16).unwrap_err();
         assert!(err.to_string().contains("need 32 token ids"), "{err}");
+        // An event type this decoder does not know (a newer engine's) is skipped, the
+        // others decoded.
         let unknown = Value::Array(vec![
             Value::F64(0.0),
-            Value::Array(vec![Value::Array(vec![s("BlockMoved")])]),
+            Value::Array(vec![
+                Value::Array(vec![s("BlockMoved")]),
+                Value::Array(vec![s("AllBlocksCleared")]),
+            ]),
         ]);
-        let err = decode_batch(&encode(&unknown), 16).unwrap_err();
+        let decoded = decode_batch(&encode(&unknown), 16).unwrap();
+        assert_eq!(decoded.skipped, vec!["BlockMoved".to_owned()]);
         assert_eq!(
-            err,
-            DecodeError::Event {
-                index: 0,
-                message: "unknown event type \"BlockMoved\"".into()
-            }
+            decoded.events,
+            vec![(StorageTier::Device, KvEventData::Cleared)]
         );
     }
 }

@@ -143,6 +143,8 @@ pub struct ZmqStats {
     pub lost: AtomicU64,
     pub restarts: AtomicU64,
     pub decode_errors: AtomicU64,
+    /// Events of types this decoder does not know, skipped.
+    pub skipped_events: AtomicU64,
     pub connects: AtomicU64,
 }
 
@@ -375,12 +377,20 @@ impl Follower {
                 self.stats
                     .events
                     .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+                if !batch.skipped.is_empty() {
+                    self.stats
+                        .skipped_events
+                        .fetch_add(batch.skipped.len() as u64, Ordering::Relaxed);
+                    tracing::debug!(types = ?batch.skipped, "KV events of unknown types skipped");
+                }
                 self.updates.send(Update::Batch(batch)).await.is_ok()
             }
+            // Its events are lost: the view would go on missing what they stored, or
+            // holding what they removed, so it is reset (and rebuilt from later events).
             Err(error) => {
                 ZmqStats::inc(&self.stats.decode_errors);
-                tracing::warn!(%error, "an undecodable KV event batch was skipped");
-                true
+                tracing::warn!(%error, "an undecodable KV event batch; the engine's cache view is reset");
+                self.lose(format!("an undecodable batch: {error}")).await
             }
         }
     }
