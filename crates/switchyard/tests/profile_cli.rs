@@ -39,7 +39,12 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
     let serve = Process::spawn("serve", &args, dir.path());
     let url = format!("http://{}", serve.address);
     let out_dir = dir.path().join("profile");
-    let out = profile(&url, &out_dir, &["--ttft-target", "1s"]);
+    // The mocker's default cache: 16,384 blocks of 16 tokens.
+    let out = profile(
+        &url,
+        &out_dir,
+        &["--ttft-target", "1s", "--kv-capacity-tokens", "262144"],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -77,6 +82,19 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
     let report = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
     assert!(report.contains("## Prefill") && report.contains("## Decode"));
     assert!(report.contains("Prompts up to 2048 tokens"), "{report}");
+    // The load planner's thresholds, as a `[load]` table the planner reads.
+    let table = report
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .unwrap();
+    let load: toml::Value = toml::from_str(table).unwrap();
+    let up = load["load"]["kv_usage_up"].as_float().unwrap();
+    assert!(up > 0.0 && up <= 1.0, "{table}");
+    assert!(
+        load["load"]["prefill_queue_up"].as_float().unwrap() >= 0.5,
+        "{table}"
+    );
     for plot in ["prefill.svg", "decode.svg"] {
         let svg = std::fs::read_to_string(out_dir.join(plot)).unwrap();
         assert!(svg.starts_with("<svg"), "{plot}");

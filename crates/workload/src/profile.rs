@@ -39,6 +39,9 @@ pub struct ProfileConfig {
     pub itl_target: Duration,
     pub request_timeout: Duration,
     pub seed: u64,
+    /// The engine's KV cache in tokens, when known: KV thresholds are then given as the
+    /// share of it the planner reads (its engines' `kv_usage`).
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 impl ProfileConfig {
@@ -57,6 +60,7 @@ impl ProfileConfig {
             itl_target: Duration::from_millis(50),
             request_timeout: Duration::from_secs(600),
             seed: 0,
+            kv_capacity_tokens: None,
         }
     }
 }
@@ -86,6 +90,29 @@ pub struct Recommendations {
     pub max_isl_within_ttft: Option<f64>,
     /// Per context length: the largest measured concurrency within the ITL target.
     pub max_concurrency_within_itl: Vec<(f64, Option<usize>)>,
+    /// Per measured prompt length: how many prompts of that length may wait ahead of a new
+    /// one on an engine while it still meets the TTFT target (its own prefill included).
+    pub queue_within_ttft: Vec<(f64, u32)>,
+    /// The most active KV tokens (streams × context) measured within the ITL target, over
+    /// every context length (the smallest of their largest: holds at any of them).
+    pub kv_tokens_within_itl: Option<f64>,
+    /// Thresholds for the load planner (`[planner.load]`) from the above.
+    pub load_planner: LoadThresholds,
+}
+
+/// Load-planner thresholds that hold the targets on this engine.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LoadThresholds {
+    /// Waiting requests per worker above which one is added: the queue a prompt of the
+    /// median measured length still meets the TTFT target behind.
+    pub prefill_queue_up: f64,
+    /// Below which one is removed: 40 % of the up threshold (Dynamo's defaults' ratio).
+    pub prefill_queue_down: f64,
+    /// KV usage above which a decode (or aggregated) worker is added: the share of the
+    /// cache in use at the ITL target, when the capacity is known.
+    pub kv_usage_up: Option<f64>,
+    /// Below which one is removed: 55 % of the up threshold (0.5 / 0.9, Dynamo's).
+    pub kv_usage_down: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -204,6 +231,7 @@ pub async fn measure(
         &decode,
         config.ttft_target.as_secs_f64() * 1e3,
         config.itl_target.as_secs_f64() * 1e3,
+        config.kv_capacity_tokens,
     );
     Ok(ProfileResult {
         prefill,
@@ -330,6 +358,7 @@ pub fn recommend(
     decode: &[DecodePoint],
     ttft_ms: f64,
     itl_ms: f64,
+    kv_capacity_tokens: Option<u64>,
 ) -> Recommendations {
     let max_isl_within_ttft = prefill
         .iter()
@@ -350,9 +379,50 @@ pub fn recommend(
             (c, best)
         })
         .collect();
+    // Behind q waiting prompts of this length, a new one's first token comes after q + 1
+    // prefills.
+    let queue_within_ttft: Vec<(f64, u32)> = prefill
+        .iter()
+        .map(|p| {
+            let fits = (ttft_ms / p.ttft_ms.max(1e-3)).floor() - 1.0;
+            (p.isl, fits.clamp(0.0, f64::from(u32::MAX)) as u32)
+        })
+        .collect();
+    let kv_tokens_within_itl = contexts
+        .iter()
+        .map(|&c| {
+            decode
+                .iter()
+                .filter(|d| (d.context - c).abs() < SAME_POINT && d.itl_ms <= itl_ms)
+                .map(|d| d.active_kv_tokens)
+                .fold(None, |best: Option<f64>, x| {
+                    Some(best.map_or(x, |b| b.max(x)))
+                })
+        })
+        .collect::<Option<Vec<f64>>>()
+        .and_then(|per_context| per_context.into_iter().reduce(f64::min));
+    let median_queue = {
+        let mut q: Vec<u32> = queue_within_ttft.iter().map(|&(_, q)| q).collect();
+        q.sort_unstable();
+        q.get(q.len() / 2).copied().unwrap_or(0)
+    };
+    // At least half a request waiting per worker, so that the threshold means a queue.
+    let queue_up = f64::from(median_queue).max(0.5);
+    let kv_up = kv_capacity_tokens
+        .filter(|&c| c > 0)
+        .zip(kv_tokens_within_itl)
+        .map(|(c, kv)| (kv / c as f64).clamp(0.05, 1.0));
     Recommendations {
         max_isl_within_ttft,
         max_concurrency_within_itl,
+        queue_within_ttft,
+        kv_tokens_within_itl,
+        load_planner: LoadThresholds {
+            prefill_queue_up: queue_up,
+            prefill_queue_down: queue_up * 0.4,
+            kv_usage_up: kv_up,
+            kv_usage_down: kv_up.map(|u| u * 0.5 / 0.9),
+        },
     }
 }
 
@@ -409,6 +479,45 @@ pub fn report(result: &ProfileResult, config: &ProfileConfig) -> String {
             ),
         };
     }
+    for (isl, q) in &r.queue_within_ttft {
+        let _ = writeln!(
+            s,
+            "- Behind {q} waiting prompts of {isl:.0} tokens, a new one still meets the TTFT target."
+        );
+    }
+    let _ = match (r.kv_tokens_within_itl, config.kv_capacity_tokens) {
+        (Some(kv), Some(capacity)) => writeln!(
+            s,
+            "- Up to {kv:.0} active KV tokens ({:.0} % of the {capacity}-token cache) hold the ITL target \
+             at every context measured.",
+            kv / capacity.max(1) as f64 * 100.0
+        ),
+        (Some(kv), None) => writeln!(
+            s,
+            "- Up to {kv:.0} active KV tokens hold the ITL target at every context measured \
+             (give `--kv-capacity-tokens` for the share of the cache)."
+        ),
+        (None, _) => writeln!(
+            s,
+            "- Not every context measured holds the ITL target even with one stream."
+        ),
+    };
+    let t = &r.load_planner;
+    let _ = writeln!(
+        s,
+        "\nThe load planner's thresholds for these targets (`--planner-config`, or the \
+         `[planner.load]` table of the configuration):\n\n```toml\n[load]\n\
+         prefill_queue_up = {:.2}\nprefill_queue_down = {:.2}",
+        t.prefill_queue_up, t.prefill_queue_down
+    );
+    let _ = match (t.kv_usage_up, t.kv_usage_down) {
+        (Some(up), Some(down)) => writeln!(s, "kv_usage_up = {up:.2}\nkv_usage_down = {down:.2}"),
+        _ => writeln!(
+            s,
+            "# kv_usage_up / kv_usage_down: give --kv-capacity-tokens to derive them"
+        ),
+    };
+    let _ = writeln!(s, "```");
     let _ = writeln!(
         s,
         "\nThe profile (`profile.json`) is the mocker's format: `switchyard serve --perf-profile \
@@ -476,12 +585,30 @@ mod tests {
             },
         ];
         let decode = [d(512.0, 1, 8.0), d(512.0, 16, 40.0), d(512.0, 64, 90.0)];
-        let r = recommend(&prefill, &decode, 500.0, 50.0);
+        let r = recommend(&prefill, &decode, 500.0, 50.0, Some(40_000));
         assert_eq!(r.max_isl_within_ttft, Some(128.0));
         assert_eq!(r.max_concurrency_within_itl, [(512.0, Some(16))]);
-        let none = recommend(&prefill, &decode, 5.0, 5.0);
+        // 500 ms fits 25 prefills of 20 ms (24 waiting ahead), none of 900 ms.
+        assert_eq!(r.queue_within_ttft, [(128.0, 24), (4096.0, 0)]);
+        // 16 streams at 512 tokens of context hold 50 ms: their KV tokens of the 40,000.
+        let kv = d(512.0, 16, 40.0).active_kv_tokens;
+        assert_eq!(r.kv_tokens_within_itl, Some(kv));
+        let t = r.load_planner;
+        // The median of (0, 24), the upper one of two, is 24.
+        assert_eq!(
+            (t.prefill_queue_up, t.prefill_queue_down),
+            (24.0, 24.0 * 0.4)
+        );
+        assert_eq!(t.kv_usage_up, Some(kv / 40_000.0));
+        assert!((t.kv_usage_down.unwrap() - kv / 40_000.0 * 0.5 / 0.9).abs() < 1e-12);
+        let none = recommend(&prefill, &decode, 5.0, 5.0, None);
         assert_eq!(none.max_isl_within_ttft, None);
         assert_eq!(none.max_concurrency_within_itl, [(512.0, None)]);
+        assert_eq!(none.kv_tokens_within_itl, None);
+        assert_eq!(none.queue_within_ttft, [(128.0, 0), (4096.0, 0)]);
+        // No queue at all fits: the threshold still means one (half a request a worker).
+        assert_eq!(none.load_planner.prefill_queue_up, 0.5);
+        assert_eq!(none.load_planner.kv_usage_up, None);
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub struct ProfileArgs {
     itl_target: Duration,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The engine's KV cache in tokens (vLLM logs it at start; Switchyard's workers list it
+    /// in /v1/internal/workers): the report then gives the load planner's KV thresholds.
+    #[arg(long)]
+    kv_capacity_tokens: Option<u64>,
     /// Where to write profile.json, report.md, prefill.svg and decode.svg.
     #[arg(long, default_value = "profile")]
     out: PathBuf,
@@ -66,6 +70,7 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     config.ttft_target = args.ttft_target;
     config.itl_target = args.itl_target;
     config.seed = args.seed;
+    config.kv_capacity_tokens = args.kv_capacity_tokens;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
