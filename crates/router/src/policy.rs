@@ -975,6 +975,53 @@ mod tests {
     }
 
     #[test]
+    fn a_long_answer_weighs_the_workers_decode_step_when_output_weight_is_set() {
+        let timings = [WorkerTiming::default()];
+        // A: idle for prefill but decoding a large batch over many blocks (a slow step);
+        // B: a short prefill queued, a light batch.
+        let a = Candidate {
+            active_requests: 200,
+            active_blocks: 12_000,
+            ..cand(1)
+        };
+        let b = Candidate {
+            prefill_tokens: 3_000,
+            active_requests: 2,
+            active_blocks: 100,
+            ..cand(2)
+        };
+        let choose = |output_weight: f64, max_tokens: Option<u32>| {
+            let overrides = RoutingOverrides {
+                max_tokens,
+                ..RoutingOverrides::default()
+            };
+            let candidates = [a, b];
+            let s = Selection {
+                isl_tokens: 1_000,
+                block_size: 16,
+                candidates: &candidates,
+                overrides: &overrides,
+                timings: &timings,
+            };
+            let mut policy = LatencyPolicy {
+                config: LatencyPolicyConfig {
+                    itl_weight: 0.0,
+                    output_weight,
+                    ..LatencyPolicyConfig::default()
+                },
+            };
+            policy.select(&s, &mut SmallRng::seed_from_u64(1)).unwrap()
+        };
+        // By time to first token alone, A.
+        assert_eq!(choose(0.0, Some(2_000)), 0);
+        // A long answer is worth B's queue; a short one is not.
+        assert_eq!(choose(0.05, Some(2_000)), 1);
+        assert_eq!(choose(0.05, Some(4)), 0);
+        // Without max_tokens the term is not counted.
+        assert_eq!(choose(0.05, None), 0);
+    }
+
+    #[test]
     fn latency_counts_the_queue_work_already_done() {
         let m = PerfModel::Polynomial;
         let timings = [WorkerTiming::default()];
