@@ -70,6 +70,10 @@ pub struct Planner {
     interval_start: Duration,
     next_adjustment: Duration,
     accumulator: IntervalAccumulator,
+    /// The traffic the predictors learn from: one value per adjustment interval of time,
+    /// whatever decisions were taken early in between.
+    learning: IntervalAccumulator,
+    learning_start: Duration,
     /// Adjustments taken so far.
     intervals: u64,
     queue_history: BTreeMap<WorkerRole, VecDeque<f64>>,
@@ -113,6 +117,8 @@ impl Planner {
             interval_start: now,
             next_adjustment: now + config.adjustment_interval,
             accumulator: IntervalAccumulator::default(),
+            learning: IntervalAccumulator::default(),
+            learning_start: now,
             intervals: 0,
             queue_history: BTreeMap::new(),
             grace_until: BTreeMap::new(),
@@ -145,6 +151,16 @@ impl Planner {
     pub fn tick(&mut self, now: Duration, observation: &Observation) -> Tick {
         self.settle(now, observation);
         self.accumulator.add(&self.roles, observation);
+        // The predictors learn on the cadence: an early decision's short interval is not
+        // a value of their series (fed in, it reads as a fall or a jump), and decisions
+        // taken early one after the other in a long burst would otherwise starve them.
+        self.learning.add(&[], observation);
+        let learned = now.saturating_sub(self.learning_start);
+        if learned >= self.config.adjustment_interval {
+            let summary = self.learning.finish(learned.as_secs_f64());
+            self.learning_start = now;
+            self.learn(&summary);
+        }
         let panic = self.panic(now, observation);
         if now < self.next_adjustment && panic.is_none() {
             return Tick::default();
@@ -170,15 +186,12 @@ impl Planner {
                 history.pop_front();
             }
         }
-        // An early decision's short interval is not one the predictors learn from; its
-        // rate is a floor for the plan instead.
-        let floor = if panic.is_some() {
+        // An early decision plans for at least the rate seen so far in its interval.
+        self.rate_floor = if panic.is_some() {
             summary.traffic.rate
         } else {
-            self.learn(&summary);
             0.0
         };
-        self.rate_floor = floor;
         let decision = self.decide(now, summary);
         Tick {
             actions: decision.actions.clone(),

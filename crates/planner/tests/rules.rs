@@ -442,3 +442,39 @@ fn a_deep_queue_brings_the_sla_decision_forward() {
     let (at, _) = run(0.0);
     assert_eq!(at, Duration::from_secs(10));
 }
+
+#[test]
+fn predictors_learn_every_interval_through_early_decisions() {
+    let mut c = config();
+    c.mode = Mode::Sla;
+    c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+    c.budget.max_gpus = 1000;
+    let mut fleet = Fleet::new(c, &[(AGG, 2)]);
+    let traffic = |requests: u64, isl: u64| TrafficSample {
+        requests,
+        input_tokens: requests * isl,
+        output_tokens: requests * 100,
+        finished: requests,
+        ..TrafficSample::default()
+    };
+    fleet.traffic = traffic(2, 1000);
+    fleet.interval();
+    fleet.interval();
+    // A burst of longer prompts behind a deep queue: from now on every decision is an
+    // early one, a third of an interval after the last.
+    fleet.waiting.insert(AGG, 10);
+    fleet.traffic = traffic(5, 8000);
+    let decisions: Vec<Decision> = (0..8).map(|_| fleet.interval()).collect();
+    for d in &decisions {
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with("early decision")),
+            "{:?}",
+            d.reasons
+        );
+    }
+    // The predictors still took one value per interval of time: they know the burst's
+    // prompts (fed only at regular decisions, they would still predict 1,000 tokens).
+    let p = decisions.last().unwrap().prediction.unwrap();
+    assert_eq!(p.isl, 8000.0, "{p:?}");
+    assert!((p.rate - 5.0).abs() < 1e-9, "{p:?}");
+}
