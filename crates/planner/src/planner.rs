@@ -83,6 +83,8 @@ pub struct Planner {
     isl: Predictor,
     osl: Predictor,
     last_hit_rate: f64,
+    /// Requests of the last interval the predictors learned.
+    last_requests: f64,
     perf: PerfModel,
     /// SLA mode: the counts wanted by the recent decisions that wanted fewer workers.
     smaller_wanted: Vec<BTreeMap<WorkerRole, u32>>,
@@ -126,6 +128,7 @@ impl Planner {
             isl: predictor.build(),
             osl: predictor.build(),
             last_hit_rate: 0.0,
+            last_requests: 0.0,
             perf,
             smaller_wanted: Vec::new(),
             rate_floor: 0.0,
@@ -262,6 +265,7 @@ impl Planner {
     fn learn(&mut self, summary: &IntervalSummary) {
         let t = &summary.traffic;
         self.requests.observe(t.requests as f64);
+        self.last_requests = t.requests as f64;
         if t.requests > 0 {
             self.isl.observe(t.isl);
             self.last_hit_rate = t.hit_rate;
@@ -355,10 +359,13 @@ impl Planner {
             max_kv_usage: sla.max_kv_usage,
         };
         let seconds = self.config.adjustment_interval.as_secs_f64();
-        // Sized for the predicted rate over the target utilization.
+        // Sized for the predicted rate over the target utilization, and never for less
+        // than the last interval brought: a trend follower extrapolates a fall below it
+        // (on the step trace Holt predicted 0.2 req/s while 2 req/s arrived, and the fleet
+        // went from 9 workers to 1); fewer workers wait for traffic that has fallen.
         let rate = (1..=sla.lookahead_intervals.max(1))
             .filter_map(|h| self.requests.predict_ahead(h))
-            .fold(0.0, f64::max);
+            .fold(self.last_requests, f64::max);
         // Lengths not learned yet (an early first decision): this interval's.
         let seen = decision.interval.traffic;
         let demand = Demand {

@@ -478,3 +478,26 @@ fn predictors_learn_every_interval_through_early_decisions() {
     assert_eq!(p.isl, 8000.0, "{p:?}");
     assert!((p.rate - 5.0).abs() < 1e-9, "{p:?}");
 }
+
+#[test]
+fn the_sla_plan_never_falls_below_the_last_interval() {
+    let holt = |c: &mut PlannerConfig| {
+        c.sla.predictor = switchyard_planner::PredictorConfig::Holt {
+            alpha: 0.5,
+            beta: 0.3,
+        };
+    };
+    // Holt's trend after a fall predicts 760 requests, then 360, for the next intervals:
+    // fewer than the 1,000 that just came.
+    let falling = sla_fleet(&[3000, 3000, 2000, 1000, 1000], holt);
+    let steady = sla_fleet(&[1000], holt);
+    let last = falling.last().unwrap();
+    assert!(
+        (last.prediction.unwrap().rate - 100.0).abs() < 1e-9,
+        "{last:?}"
+    );
+    assert_eq!(
+        asked_over_time(&falling).last(),
+        asked_over_time(&steady).last()
+    );
+}
