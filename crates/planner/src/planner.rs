@@ -238,7 +238,14 @@ impl Planner {
         let mut graced = Vec::new();
         self.pending.retain(|p| {
             let seen = observation.count(p.role);
-            let done = seen == p.replicas;
+            // Past the count is done too: a connector may show a worker more or fewer for
+            // a while (a pod replaced, one leaving late), and waiting for the exact count
+            // would block decisions until the timeout.
+            let done = if p.growing {
+                seen >= p.replicas
+            } else {
+                seen <= p.replicas
+            };
             let expired = now.saturating_sub(p.since) >= timeout;
             if done || expired {
                 if expired && !done {

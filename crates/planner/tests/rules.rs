@@ -193,6 +193,30 @@ fn decisions_wait_for_an_action_in_progress_and_give_up_after_the_timeout() {
 }
 
 #[test]
+fn an_action_is_over_once_the_fleet_shows_its_count_or_past_it() {
+    let waiting = |d: &Decision| d.reasons.iter().any(|r| r.contains("waiting for"));
+    let mut fleet = Fleet::new(config(), &[(DECODE, 2)]);
+    fleet.frozen = true;
+    fleet.kv.insert(DECODE, 0.95);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 3)]);
+    // One more than asked came up (a pod being replaced, say): the next decision is
+    // taken, not held until the timeout.
+    fleet.workers.insert(DECODE, 4);
+    let d = fleet.interval();
+    assert!(!waiting(&d), "{:?}", d.reasons);
+    assert_eq!(actions(&d), [(DECODE, 4)]);
+    // And a removal once as few remain (or fewer).
+    let mut fleet = Fleet::new(config(), &[(PREFILL, 3)]);
+    fleet.frozen = true;
+    assert_eq!(actions(&fleet.interval()), [(PREFILL, 2)]);
+    let d = fleet.interval();
+    assert!(waiting(&d), "{:?}", d.reasons);
+    fleet.workers.insert(PREFILL, 1);
+    let d = fleet.interval();
+    assert!(!waiting(&d), "{:?}", d.reasons);
+}
+
+#[test]
 fn the_gpu_budget_caps_growth_and_counts_gpus_per_engine() {
     let mut c = config();
     c.budget.max_gpus = 6;
