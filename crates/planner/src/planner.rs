@@ -90,6 +90,8 @@ pub struct Planner {
     smaller_wanted: Vec<BTreeMap<WorkerRole, u32>>,
     /// An early decision plans for at least the rate seen so far in its interval.
     rate_floor: f64,
+    /// Prompt tokens that arrived per pull over the burst history, oldest first.
+    arrivals: VecDeque<u64>,
 }
 
 impl Planner {
@@ -132,6 +134,7 @@ impl Planner {
             perf,
             smaller_wanted: Vec::new(),
             rate_floor: 0.0,
+            arrivals: VecDeque::new(),
             config,
         })
     }
@@ -158,6 +161,10 @@ impl Planner {
         // a value of their series (fed in, it reads as a fall or a jump), and decisions
         // taken early one after the other in a long burst would otherwise starve them.
         self.learning.add(&[], observation);
+        self.arrivals.push_back(observation.traffic.input_tokens);
+        while self.arrivals.len() > self.burst_pulls() {
+            self.arrivals.pop_front();
+        }
         let learned = now.saturating_sub(self.learning_start);
         if learned >= self.config.adjustment_interval {
             let summary = self.learning.finish(learned.as_secs_f64());
@@ -227,6 +234,36 @@ impl Planner {
         (waiting >= threshold).then(|| {
             format!("early decision: {waiting:.1} requests waiting per worker (≥ {threshold})")
         })
+    }
+
+    /// Pulls the burst sizing reads (none when it is off).
+    fn burst_pulls(&self) -> usize {
+        let sla = &self.config.sla;
+        if sla.burst_overflow <= 0.0 {
+            return 0;
+        }
+        let pull = self.config.metric_interval.as_secs_f64();
+        (sla.burst_history.as_secs_f64() / pull).ceil() as usize
+    }
+
+    /// Workers whose prefill absorbs the bursts of the prompts that arrived, at the
+    /// model's prefill rate and the hit rate last seen.
+    fn burst_workers(&self, capacity: &sla::Capacity, hit_rate: f64) -> f64 {
+        let sla = &self.config.sla;
+        let ttft = sla.ttft_target.as_secs_f64();
+        let window = (ttft / self.config.metric_interval.as_secs_f64()).round() as usize;
+        let uncached = 1.0 - hit_rate.clamp(0.0, 1.0);
+        let arrivals: Vec<f64> = self
+            .arrivals
+            .iter()
+            .map(|&tokens| tokens as f64 * uncached)
+            .collect();
+        sla::burst_workers(
+            &arrivals,
+            window,
+            capacity.prefill_tokens_per_s * ttft,
+            sla.burst_overflow,
+        )
     }
 
     /// Ends the scaling actions the fleet now shows done, or that took too long.
@@ -366,8 +403,8 @@ impl Planner {
             max_kv_usage: sla.max_kv_usage,
         };
         let seconds = self.config.adjustment_interval.as_secs_f64();
-        // Sized for the predicted rate over the target utilization, and never for less
-        // than the last interval brought: a trend follower extrapolates a fall below it
+        // Sized for the predicted rate (over the target utilization or with room for the
+        // bursts seen), and never for less than the last interval brought: a trend follower extrapolates a fall below it
         // (on the step trace Holt predicted 0.2 req/s while 2 req/s arrived, and the fleet
         // went from 9 workers to 1); fewer workers wait for traffic that has fallen.
         let rate = (1..=sla.lookahead_intervals.max(1))
@@ -382,11 +419,19 @@ impl Planner {
             hit_rate: self.last_hit_rate,
         };
         let square_root = sla.staffing_beta > 0.0;
+        let bursts = sla.burst_overflow > 0.0;
+        // The utilization headroom: all of it without burst sizing; with it, only decode
+        // pools' (their bursts are not measured).
+        let utilization = if square_root {
+            1.0
+        } else {
+            sla.target_utilization
+        };
         let sized = Demand {
-            rate: if square_root {
+            rate: if bursts {
                 demand.rate
             } else {
-                demand.rate / sla.target_utilization
+                demand.rate / utilization
             },
             ..demand
         };
@@ -430,17 +475,22 @@ impl Planner {
         };
         let ttft = sla.ttft_target.as_secs_f64() * 1000.0;
         let itl = sla.itl_target.as_secs_f64() * 1000.0;
-        let need = sla::need(&model, &sized, ttft, itl, &correction);
+        let mut need = sla::need(&model, &sized, ttft, itl, &correction);
+        // No traffic coming, no bursts to keep room for.
+        if bursts && demand.rate > 0.0 {
+            need.burst = self.burst_workers(&need.capacity, demand.hit_rate);
+        }
         decision.reasons.push(format!(
             "predicted {:.2} req/s, {:.0} prompt tokens ({:.0} % cached), {:.0} output tokens: \
-             {:.2} workers of prefill, {:.2} of decode, {} aggregated",
+             {:.2} workers of prefill, {:.2} of decode, {} aggregated, {:.2} for bursts",
             demand.rate,
             demand.isl,
             demand.hit_rate * 100.0,
             demand.osl,
             need.prefill,
             need.decode,
-            need.aggregated
+            need.aggregated,
+            need.burst
         ));
         if demand.rate > 0.0 && !need.capacity.ttft_reachable {
             decision.reasons.push(format!(
@@ -455,10 +505,13 @@ impl Planner {
         }
         let mut wanted = BTreeMap::new();
         for &role in &self.roles {
-            let workers = match role {
-                WorkerRole::Prefill => need.prefill,
-                WorkerRole::Decode => need.decode,
-                _ => need.aggregated,
+            let workers = match (role, bursts) {
+                (WorkerRole::Prefill, true) => need.prefill.max(need.burst),
+                (WorkerRole::Decode, true) => need.decode / utilization,
+                (_, true) => need.aggregated.max(need.decode + need.burst),
+                (WorkerRole::Prefill, false) => need.prefill,
+                (WorkerRole::Decode, false) => need.decode,
+                (_, false) => need.aggregated,
             };
             let workers = if square_root && workers > 0.0 {
                 workers + sla.staffing_beta * workers.sqrt()
