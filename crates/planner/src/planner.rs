@@ -403,10 +403,11 @@ impl Planner {
             max_kv_usage: sla.max_kv_usage,
         };
         let seconds = self.config.adjustment_interval.as_secs_f64();
-        // Sized for the predicted rate (over the target utilization or with room for the
-        // bursts seen), and never for less than the last interval brought: a trend follower extrapolates a fall below it
-        // (on the step trace Holt predicted 0.2 req/s while 2 req/s arrived, and the fleet
-        // went from 9 workers to 1); fewer workers wait for traffic that has fallen.
+        // Sized for the predicted rate (over the target utilization, or with room for the
+        // bursts seen), and never for less than the last interval brought: a trend
+        // follower extrapolates a fall below it (on the step trace Holt predicted 0.2
+        // req/s while 2 req/s arrived, and the fleet went from 9 workers to 1); fewer
+        // workers wait for traffic that has fallen.
         let rate = (1..=sla.lookahead_intervals.max(1))
             .filter_map(|h| self.requests.predict_ahead(h))
             .fold(self.last_requests, f64::max);
