@@ -126,6 +126,17 @@ pub struct SlaConfig {
     /// Decide at once, not at the interval's end, when this many requests wait per
     /// worker at a pull (a burst the interval's average would show too late); 0: never.
     pub panic_queue: f64,
+    /// Size for bursts of arrivals when above 0. Prompts arriving together (within a
+    /// TTFT target of one another) are prefilled within the target only by workers free
+    /// to do it, so aggregated workers are the decode need plus the workers whose prefill
+    /// absorbs the bursts, and a prefill pool is at least the latter: the fewest that
+    /// leave this share of the prompt tokens arrived over `burst_history` beyond what they
+    /// prefill within a TTFT target. Aggregated and prefill workers are then sized by
+    /// their bursts instead of `target_utilization` (which still sizes decode pools).
+    pub burst_overflow: f64,
+    /// How far back the arrivals the burst sizing reads go.
+    #[serde(with = "humantime_serde")]
+    pub burst_history: Duration,
 }
 
 impl Default for SlaConfig {
@@ -143,6 +154,8 @@ impl Default for SlaConfig {
             scale_down_intervals: 3,
             lookahead_intervals: 2,
             panic_queue: 4.0,
+            burst_overflow: 0.08,
+            burst_history: Duration::from_secs(300),
         }
     }
 }
@@ -276,6 +289,18 @@ impl PlannerConfig {
                 return Err(invalid(key, format!("{value} is not a number ≥ 0")));
             }
         }
+        if !(self.sla.burst_overflow >= 0.0 && self.sla.burst_overflow < 1.0) {
+            return Err(invalid(
+                "sla.burst_overflow",
+                format!("{} is not a share in [0, 1)", self.sla.burst_overflow),
+            ));
+        }
+        if self.sla.burst_overflow > 0.0 && self.sla.burst_history < self.metric_interval {
+            return Err(invalid(
+                "sla.burst_history",
+                "must be at least the metric interval",
+            ));
+        }
         for (key, value) in [
             ("sla.max_kv_usage", self.sla.max_kv_usage),
             ("sla.target_utilization", self.sla.target_utilization),
@@ -363,6 +388,15 @@ mod tests {
             ..PlannerConfig::default()
         };
         assert_eq!(config.validate().unwrap_err().key, "adjustment_interval");
+
+        let mut config = PlannerConfig::default();
+        config.sla.burst_overflow = 1.0;
+        assert_eq!(config.validate().unwrap_err().key, "sla.burst_overflow");
+        config.sla.burst_overflow = 0.1;
+        config.sla.burst_history = Duration::from_millis(100);
+        assert_eq!(config.validate().unwrap_err().key, "sla.burst_history");
+        config.sla.burst_overflow = 0.0;
+        config.validate().unwrap();
 
         let unknown = serde_json::from_value::<PlannerConfig>(
             serde_json::json!({"load": {"kv_usage_upp": 0.8}}),

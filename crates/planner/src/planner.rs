@@ -70,6 +70,10 @@ pub struct Planner {
     interval_start: Duration,
     next_adjustment: Duration,
     accumulator: IntervalAccumulator,
+    /// The traffic the predictors learn from: one value per adjustment interval of time,
+    /// whatever decisions were taken early in between.
+    learning: IntervalAccumulator,
+    learning_start: Duration,
     /// Adjustments taken so far.
     intervals: u64,
     queue_history: BTreeMap<WorkerRole, VecDeque<f64>>,
@@ -79,11 +83,15 @@ pub struct Planner {
     isl: Predictor,
     osl: Predictor,
     last_hit_rate: f64,
+    /// Requests of the last interval the predictors learned.
+    last_requests: f64,
     perf: PerfModel,
     /// SLA mode: the counts wanted by the recent decisions that wanted fewer workers.
     smaller_wanted: Vec<BTreeMap<WorkerRole, u32>>,
     /// An early decision plans for at least the rate seen so far in its interval.
     rate_floor: f64,
+    /// Prompt tokens that arrived per pull over the burst history, oldest first.
+    arrivals: VecDeque<u64>,
 }
 
 impl Planner {
@@ -113,6 +121,8 @@ impl Planner {
             interval_start: now,
             next_adjustment: now + config.adjustment_interval,
             accumulator: IntervalAccumulator::default(),
+            learning: IntervalAccumulator::default(),
+            learning_start: now,
             intervals: 0,
             queue_history: BTreeMap::new(),
             grace_until: BTreeMap::new(),
@@ -120,9 +130,11 @@ impl Planner {
             isl: predictor.build(),
             osl: predictor.build(),
             last_hit_rate: 0.0,
+            last_requests: 0.0,
             perf,
             smaller_wanted: Vec::new(),
             rate_floor: 0.0,
+            arrivals: VecDeque::new(),
             config,
         })
     }
@@ -145,6 +157,20 @@ impl Planner {
     pub fn tick(&mut self, now: Duration, observation: &Observation) -> Tick {
         self.settle(now, observation);
         self.accumulator.add(&self.roles, observation);
+        // The predictors learn on the cadence: an early decision's short interval is not
+        // a value of their series (fed in, it reads as a fall or a jump), and decisions
+        // taken early one after the other in a long burst would otherwise starve them.
+        self.learning.add(&[], observation);
+        self.arrivals.push_back(observation.traffic.input_tokens);
+        while self.arrivals.len() > self.burst_pulls() {
+            self.arrivals.pop_front();
+        }
+        let learned = now.saturating_sub(self.learning_start);
+        if learned >= self.config.adjustment_interval {
+            let summary = self.learning.finish(learned.as_secs_f64());
+            self.learning_start = now;
+            self.learn(&summary);
+        }
         let panic = self.panic(now, observation);
         if now < self.next_adjustment && panic.is_none() {
             return Tick::default();
@@ -170,15 +196,12 @@ impl Planner {
                 history.pop_front();
             }
         }
-        // An early decision's short interval is not one the predictors learn from; its
-        // rate is a floor for the plan instead.
-        let floor = if panic.is_some() {
+        // An early decision plans for at least the rate seen so far in its interval.
+        self.rate_floor = if panic.is_some() {
             summary.traffic.rate
         } else {
-            self.learn(&summary);
             0.0
         };
-        self.rate_floor = floor;
         let decision = self.decide(now, summary);
         Tick {
             actions: decision.actions.clone(),
@@ -213,6 +236,36 @@ impl Planner {
         })
     }
 
+    /// Pulls the burst sizing reads (none when it is off).
+    fn burst_pulls(&self) -> usize {
+        let sla = &self.config.sla;
+        if sla.burst_overflow <= 0.0 {
+            return 0;
+        }
+        let pull = self.config.metric_interval.as_secs_f64();
+        (sla.burst_history.as_secs_f64() / pull).ceil() as usize
+    }
+
+    /// Workers whose prefill absorbs the bursts of the prompts that arrived, at the
+    /// model's prefill rate and the hit rate last seen.
+    fn burst_workers(&self, capacity: &sla::Capacity, hit_rate: f64) -> f64 {
+        let sla = &self.config.sla;
+        let ttft = sla.ttft_target.as_secs_f64();
+        let window = (ttft / self.config.metric_interval.as_secs_f64()).round() as usize;
+        let uncached = 1.0 - hit_rate.clamp(0.0, 1.0);
+        let arrivals: Vec<f64> = self
+            .arrivals
+            .iter()
+            .map(|&tokens| tokens as f64 * uncached)
+            .collect();
+        sla::burst_workers(
+            &arrivals,
+            window,
+            capacity.prefill_tokens_per_s * ttft,
+            sla.burst_overflow,
+        )
+    }
+
     /// Ends the scaling actions the fleet now shows done, or that took too long.
     fn settle(&mut self, now: Duration, observation: &Observation) {
         let timeout = self.config.action_timeout;
@@ -222,7 +275,14 @@ impl Planner {
         let mut graced = Vec::new();
         self.pending.retain(|p| {
             let seen = observation.count(p.role);
-            let done = seen == p.replicas;
+            // Past the count is done too: a connector may show a worker more or fewer for
+            // a while (a pod replaced, one leaving late), and waiting for the exact count
+            // would block decisions until the timeout.
+            let done = if p.growing {
+                seen >= p.replicas
+            } else {
+                seen <= p.replicas
+            };
             let expired = now.saturating_sub(p.since) >= timeout;
             if done || expired {
                 if expired && !done {
@@ -249,6 +309,7 @@ impl Planner {
     fn learn(&mut self, summary: &IntervalSummary) {
         let t = &summary.traffic;
         self.requests.observe(t.requests as f64);
+        self.last_requests = t.requests as f64;
         if t.requests > 0 {
             self.isl.observe(t.isl);
             self.last_hit_rate = t.hit_rate;
@@ -342,10 +403,14 @@ impl Planner {
             max_kv_usage: sla.max_kv_usage,
         };
         let seconds = self.config.adjustment_interval.as_secs_f64();
-        // Sized for the predicted rate over the target utilization.
+        // Sized for the predicted rate (over the target utilization, or with room for the
+        // bursts seen), and never for less than the last interval brought: a trend
+        // follower extrapolates a fall below it (on the step trace Holt predicted 0.2
+        // req/s while 2 req/s arrived, and the fleet went from 9 workers to 1); fewer
+        // workers wait for traffic that has fallen.
         let rate = (1..=sla.lookahead_intervals.max(1))
             .filter_map(|h| self.requests.predict_ahead(h))
-            .fold(0.0, f64::max);
+            .fold(self.last_requests, f64::max);
         // Lengths not learned yet (an early first decision): this interval's.
         let seen = decision.interval.traffic;
         let demand = Demand {
@@ -355,11 +420,19 @@ impl Planner {
             hit_rate: self.last_hit_rate,
         };
         let square_root = sla.staffing_beta > 0.0;
+        let bursts = sla.burst_overflow > 0.0;
+        // The utilization headroom: all of it without burst sizing; with it, only decode
+        // pools' (their bursts are not measured).
+        let utilization = if square_root {
+            1.0
+        } else {
+            sla.target_utilization
+        };
         let sized = Demand {
-            rate: if square_root {
+            rate: if bursts {
                 demand.rate
             } else {
-                demand.rate / sla.target_utilization
+                demand.rate / utilization
             },
             ..demand
         };
@@ -403,17 +476,22 @@ impl Planner {
         };
         let ttft = sla.ttft_target.as_secs_f64() * 1000.0;
         let itl = sla.itl_target.as_secs_f64() * 1000.0;
-        let need = sla::need(&model, &sized, ttft, itl, &correction);
+        let mut need = sla::need(&model, &sized, ttft, itl, &correction);
+        // No traffic coming, no bursts to keep room for.
+        if bursts && demand.rate > 0.0 {
+            need.burst = self.burst_workers(&need.capacity, demand.hit_rate);
+        }
         decision.reasons.push(format!(
             "predicted {:.2} req/s, {:.0} prompt tokens ({:.0} % cached), {:.0} output tokens: \
-             {:.2} workers of prefill, {:.2} of decode, {} aggregated",
+             {:.2} workers of prefill, {:.2} of decode, {} aggregated, {:.2} for bursts",
             demand.rate,
             demand.isl,
             demand.hit_rate * 100.0,
             demand.osl,
             need.prefill,
             need.decode,
-            need.aggregated
+            need.aggregated,
+            need.burst
         ));
         if demand.rate > 0.0 && !need.capacity.ttft_reachable {
             decision.reasons.push(format!(
@@ -428,10 +506,13 @@ impl Planner {
         }
         let mut wanted = BTreeMap::new();
         for &role in &self.roles {
-            let workers = match role {
-                WorkerRole::Prefill => need.prefill,
-                WorkerRole::Decode => need.decode,
-                _ => need.aggregated,
+            let workers = match (role, bursts) {
+                (WorkerRole::Prefill, true) => need.prefill.max(need.burst),
+                (WorkerRole::Decode, true) => need.decode / utilization,
+                (_, true) => need.aggregated.max(need.decode + need.burst),
+                (WorkerRole::Prefill, false) => need.prefill,
+                (WorkerRole::Decode, false) => need.decode,
+                (_, false) => need.aggregated,
             };
             let workers = if square_root && workers > 0.0 {
                 workers + sla.staffing_beta * workers.sqrt()

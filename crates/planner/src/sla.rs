@@ -16,6 +16,14 @@
 //!   its sequences waiting through the prefill chunks, so its mean ITL is about
 //!   `step(b) / (1 − f)`. The fleet is the fewest workers whose share of the prompts leaves
 //!   a batch within the ITL target that decodes their share of the output tokens.
+//! - Bursts: requests that arrive together (a client fanning out, a trace's batch of
+//!   simultaneous arrivals) are prefilled within the TTFT target only if enough workers
+//!   are free to share them. From the prompt tokens that arrived per metric pull, the
+//!   fewest workers whose prefill within a TTFT target leaves at most a given share of
+//!   the tokens over (summed over every window of that length) is the room to keep; an
+//!   aggregated fleet keeps it beside its decode need. A mean rate hides these bursts,
+//!   and a utilization below 1 pays for them in proportion to the load: too little for a
+//!   small fleet, too much for a large one.
 //! - Correction: observed TTFT over the model's prefill time scales the prefill need down
 //!   (never up: observed TTFT includes queueing the model does not, which more workers would
 //!   remove), and observed ITL over the model's step time at the observed batch tightens (or
@@ -179,6 +187,9 @@ pub struct Need {
     pub prefill: f64,
     pub decode: f64,
     pub aggregated: f64,
+    /// Workers whose prefill absorbs the bursts of arrivals ([`burst_workers`]); 0 when
+    /// not sized for bursts.
+    pub burst: f64,
     pub capacity: Capacity,
 }
 
@@ -204,8 +215,47 @@ pub fn need(
         prefill: prefill.max(0.0),
         decode: decode.max(0.0),
         aggregated: f64::from(aggregated),
+        burst: 0.0,
         capacity,
     }
+}
+
+/// Workers that prefill the bursts in `arrivals` (prompt tokens to compute that arrived
+/// in each metric pull, oldest first) within a TTFT target: every run of `window` pulls
+/// (one run of them all if fewer) is a burst, and one worker prefills `per_worker` tokens
+/// in a window. The fewest workers, fractional, that leave at most `overflow` of the
+/// tokens over (beyond what they prefill, summed over the windows) of all the windows'.
+pub fn burst_workers(arrivals: &[f64], window: usize, per_worker: f64, overflow: f64) -> f64 {
+    let window = window.clamp(1, arrivals.len().max(1));
+    let bursts: Vec<f64> = arrivals
+        .windows(window)
+        .map(|w| w.iter().sum::<f64>().max(0.0))
+        .collect();
+    let total: f64 = bursts.iter().sum();
+    if !(total > 0.0 && per_worker > 0.0) {
+        return 0.0;
+    }
+    let over = |workers: f64| {
+        let room = workers * per_worker;
+        bursts.iter().map(|b| (b - room).max(0.0)).sum::<f64>() / total
+    };
+    if over(0.0) <= overflow {
+        return 0.0;
+    }
+    // The largest burst fits whole in `hi` workers; `over` falls as workers grow.
+    let (mut lo, mut hi) = (
+        0.0,
+        bursts.iter().fold(0.0, |a: f64, &b| a.max(b)) / per_worker,
+    );
+    for _ in 0..50 {
+        let mid = (lo + hi) / 2.0;
+        if over(mid) <= overflow {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
 }
 
 /// The fewest aggregated workers that carry `prefill_load` worker-seconds of prefill per
@@ -391,6 +441,27 @@ mod tests {
             &Correction::default(),
         );
         assert_eq!(idle.aggregated, 0.0);
+    }
+
+    #[test]
+    fn a_burst_needs_the_workers_that_prefill_it_within_the_target() {
+        // 30,000 tokens at once, 10,000 per worker within the target: three workers for
+        // all of it.
+        let clump = [0.0, 0.0, 30_000.0, 0.0, 0.0];
+        assert!((burst_workers(&clump, 2, 10_000.0, 0.0) - 3.0).abs() < 1e-6);
+        // The clump is in two windows of two pulls; leaving a tenth of the tokens over
+        // takes 2.7 workers (0.3 × 10,000 over in each window: 6,000 of 60,000).
+        assert!((burst_workers(&clump, 2, 10_000.0, 0.1) - 2.7).abs() < 1e-6);
+        // The same tokens spread evenly are 12,000 a window: 1.2 workers.
+        let spread = [6_000.0; 5];
+        assert!((burst_workers(&spread, 2, 10_000.0, 0.0) - 1.2).abs() < 1e-6);
+        assert!((burst_workers(&spread, 2, 10_000.0, 0.1) - 1.08).abs() < 1e-6);
+        // Fewer pulls than a window: one burst of them all.
+        assert!((burst_workers(&[5_000.0, 5_000.0], 4, 10_000.0, 0.0) - 1.0).abs() < 1e-6);
+        // Nothing arrived, or nothing is allowed under: no workers.
+        assert_eq!(burst_workers(&[], 2, 10_000.0, 0.0), 0.0);
+        assert_eq!(burst_workers(&[0.0; 4], 2, 10_000.0, 0.0), 0.0);
+        assert_eq!(burst_workers(&clump, 2, 10_000.0, 1.0), 0.0);
     }
 
     #[test]

@@ -35,6 +35,9 @@ struct Fleet {
     kv: BTreeMap<WorkerRole, f64>,
     waiting: BTreeMap<WorkerRole, u32>,
     traffic: TrafficSample,
+    /// Traffic per pull in turn, instead of `traffic`, when not empty.
+    schedule: Vec<TrafficSample>,
+    pulls: usize,
     decisions: Vec<Decision>,
 }
 
@@ -49,6 +52,8 @@ impl Fleet {
             kv: BTreeMap::new(),
             waiting: BTreeMap::new(),
             traffic: TrafficSample::default(),
+            schedule: Vec::new(),
+            pulls: 0,
             decisions: Vec::new(),
         }
     }
@@ -75,6 +80,10 @@ impl Fleet {
     fn interval(&mut self) -> Decision {
         loop {
             self.now += Duration::from_secs(1);
+            if !self.schedule.is_empty() {
+                self.traffic = self.schedule[self.pulls % self.schedule.len()];
+            }
+            self.pulls += 1;
             let observation = self.observation();
             let tick = self.planner.tick(self.now, &observation);
             if !self.frozen {
@@ -193,6 +202,30 @@ fn decisions_wait_for_an_action_in_progress_and_give_up_after_the_timeout() {
 }
 
 #[test]
+fn an_action_is_over_once_the_fleet_shows_its_count_or_past_it() {
+    let waiting = |d: &Decision| d.reasons.iter().any(|r| r.contains("waiting for"));
+    let mut fleet = Fleet::new(config(), &[(DECODE, 2)]);
+    fleet.frozen = true;
+    fleet.kv.insert(DECODE, 0.95);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 3)]);
+    // One more than asked came up (a pod being replaced, say): the next decision is
+    // taken, not held until the timeout.
+    fleet.workers.insert(DECODE, 4);
+    let d = fleet.interval();
+    assert!(!waiting(&d), "{:?}", d.reasons);
+    assert_eq!(actions(&d), [(DECODE, 4)]);
+    // And a removal once as few remain (or fewer).
+    let mut fleet = Fleet::new(config(), &[(PREFILL, 3)]);
+    fleet.frozen = true;
+    assert_eq!(actions(&fleet.interval()), [(PREFILL, 2)]);
+    let d = fleet.interval();
+    assert!(waiting(&d), "{:?}", d.reasons);
+    fleet.workers.insert(PREFILL, 1);
+    let d = fleet.interval();
+    assert!(!waiting(&d), "{:?}", d.reasons);
+}
+
+#[test]
 fn the_gpu_budget_caps_growth_and_counts_gpus_per_engine() {
     let mut c = config();
     c.budget.max_gpus = 6;
@@ -243,13 +276,15 @@ fn a_prefill_queue_grows_the_prefill_pool_unless_its_trend_is_falling() {
 }
 
 /// The SLA planner sizes an aggregated fleet for the predicted traffic (at full
-/// utilization, shrinking as soon as it may: `tune` changes that).
+/// utilization, by the throughput model alone, shrinking as soon as it may: `tune`
+/// changes that; bursts have their own tests).
 fn sla_fleet(rate_per_interval: &[u64], tune: impl Fn(&mut PlannerConfig)) -> Vec<Decision> {
     let mut c = config();
     c.mode = Mode::Sla;
     c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
     c.sla.correction = false;
     c.sla.target_utilization = 1.0;
+    c.sla.burst_overflow = 0.0;
     c.sla.scale_down_intervals = 1;
     c.budget.max_gpus = 1000;
     tune(&mut c);
@@ -441,4 +476,121 @@ fn a_deep_queue_brings_the_sla_decision_forward() {
     assert!(d.actions[0].replicas > 2);
     let (at, _) = run(0.0);
     assert_eq!(at, Duration::from_secs(10));
+}
+
+#[test]
+fn predictors_learn_every_interval_through_early_decisions() {
+    let mut c = config();
+    c.mode = Mode::Sla;
+    c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+    c.budget.max_gpus = 1000;
+    let mut fleet = Fleet::new(c, &[(AGG, 2)]);
+    let traffic = |requests: u64, isl: u64| TrafficSample {
+        requests,
+        input_tokens: requests * isl,
+        output_tokens: requests * 100,
+        finished: requests,
+        ..TrafficSample::default()
+    };
+    fleet.traffic = traffic(2, 1000);
+    fleet.interval();
+    fleet.interval();
+    // A burst of longer prompts behind a deep queue: from now on every decision is an
+    // early one, a third of an interval after the last.
+    fleet.waiting.insert(AGG, 10);
+    fleet.traffic = traffic(5, 8000);
+    let decisions: Vec<Decision> = (0..8).map(|_| fleet.interval()).collect();
+    for d in &decisions {
+        assert!(
+            d.reasons.iter().any(|r| r.starts_with("early decision")),
+            "{:?}",
+            d.reasons
+        );
+    }
+    // The predictors still took one value per interval of time: they know the burst's
+    // prompts (fed only at regular decisions, they would still predict 1,000 tokens).
+    let p = decisions.last().unwrap().prediction.unwrap();
+    assert_eq!(p.isl, 8000.0, "{p:?}");
+    assert!((p.rate - 5.0).abs() < 1e-9, "{p:?}");
+}
+
+#[test]
+fn the_sla_plan_never_falls_below_the_last_interval() {
+    let holt = |c: &mut PlannerConfig| {
+        c.sla.predictor = switchyard_planner::PredictorConfig::Holt {
+            alpha: 0.5,
+            beta: 0.3,
+        };
+    };
+    // Holt's trend after a fall predicts 760 requests, then 360, for the next intervals:
+    // fewer than the 1,000 that just came.
+    let falling = sla_fleet(&[3000, 3000, 2000, 1000, 1000], holt);
+    let steady = sla_fleet(&[1000], holt);
+    let last = falling.last().unwrap();
+    assert!(
+        (last.prediction.unwrap().rate - 100.0).abs() < 1e-9,
+        "{last:?}"
+    );
+    assert_eq!(
+        asked_over_time(&falling).last(),
+        asked_over_time(&steady).last()
+    );
+}
+
+#[test]
+fn bursts_of_arrivals_keep_workers_free_to_prefill_them() {
+    let prompts = |requests: u64| TrafficSample {
+        requests,
+        input_tokens: requests * 8000,
+        output_tokens: requests * 100,
+        finished: requests,
+        ..TrafficSample::default()
+    };
+    let run = |clumped: bool, overflow: f64| {
+        let mut c = config();
+        c.mode = Mode::Sla;
+        c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+        c.sla.correction = false;
+        c.sla.ttft_target = Duration::from_secs(2);
+        c.sla.burst_overflow = overflow;
+        c.budget.max_gpus = 1000;
+        let mut fleet = Fleet::new(c, &[(AGG, 1)]);
+        // 40 prompts of 8,000 tokens every 10 s interval: all at once, or 4 a pull.
+        fleet.schedule = if clumped {
+            let mut s = vec![prompts(40)];
+            s.resize(10, TrafficSample::default());
+            s
+        } else {
+            vec![prompts(4); 10]
+        };
+        let last = (0..4).map(|_| fleet.interval()).last().unwrap();
+        (fleet, last)
+    };
+    let asked = |d: &Decision| d.actions.first().map_or(d.replicas[&AGG], |a| a.replicas);
+    let (_, spread) = run(false, 0.08);
+    let (mut clumps, clumped) = run(true, 0.08);
+    let (s, c) = (spread.need.unwrap(), clumped.need.unwrap());
+    // The same rate needs the same throughput; the clumps need room to prefill 320,000
+    // tokens within 2 s: 0.92 of it (8 % may be over) at 48,500 tokens/s a worker is
+    // 3 workers, five times what the spread-out prompts need.
+    assert_eq!(s.aggregated, c.aggregated);
+    assert!((c.burst - 5.0 * s.burst).abs() < 1e-6, "{s:?} {c:?}");
+    let per_worker = 8000.0 / (PerfModel::Polynomial.prefill_ms(8000) / 1000.0) * 2.0;
+    assert!(
+        (c.burst - 0.92 * 320_000.0 / per_worker).abs() < 1e-6,
+        "{c:?}"
+    );
+    assert!(asked(&clumped) > asked(&spread), "{clumped:?}");
+    // Beside the decode need, not inside the time-sharing one.
+    assert_eq!(f64::from(asked(&clumped)), (c.decode + c.burst).ceil());
+    // Without burst sizing, the clumps change nothing.
+    let (_, spread) = run(false, 0.0);
+    let (_, clumped) = run(true, 0.0);
+    assert_eq!(clumped.need.unwrap().burst, 0.0);
+    assert_eq!(asked(&spread), asked(&clumped));
+    // No traffic, no room kept for the bursts that came before: down to the minimum.
+    clumps.schedule = vec![TrafficSample::default()];
+    let quiet: Vec<Decision> = (0..3).map(|_| clumps.interval()).collect();
+    assert_eq!(quiet[2].need.unwrap().burst, 0.0);
+    assert_eq!(clumps.asked(AGG), 1);
 }
