@@ -125,9 +125,14 @@ impl SharedFeatureStore {
             reported,
             payloads,
         } = &mut *inner;
-        let used = (store.cpu_used(), store.staging_used());
+        let before = (store.cpu_used(), store.staging_used(), store.stats().kept);
         let out = f(store, payloads);
-        if store.cpu_used() < used.0 || store.staging_used() < used.1 {
+        // Memory given back, or an item that may now be evicted to make room: whoever
+        // waits for room looks again.
+        if store.cpu_used() < before.0
+            || store.staging_used() < before.1
+            || store.stats().kept > before.2
+        {
             self.freed.notify_waiters();
         }
         if !payloads.is_empty() {
@@ -335,6 +340,55 @@ impl Drop for FeatureHold {
                     tracing::warn!(error = %e, "the feature store could not release an item");
                 }
             }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_multimodal::store::Acquired;
+
+    use super::*;
+
+    /// A store with room for one item of 1 MiB, kept after its request lets it go.
+    fn one_item_store() -> Arc<SharedFeatureStore> {
+        let config = FeatureStoreConfig {
+            cpu_mib: 1,
+            staging_mib: 1,
+            after_prefill: AfterPrefill::KeepCpu,
+            staging_wait: Duration::from_secs(30),
+        };
+        SharedFeatureStore::new(&config, &Metrics::default())
+    }
+
+    #[tokio::test]
+    async fn a_request_waiting_for_cpu_memory_wakes_when_an_item_becomes_evictable() {
+        let store = one_item_store();
+        let mib = 1 << 20;
+        store.with(|s| {
+            assert_eq!(s.acquire(1, mib), Ok(Acquired::Encode));
+            s.encoded(1).unwrap();
+        });
+        // Item 1 is held: item 2 waits for room.
+        let waiter = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .when_freed(Duration::from_secs(5), |s| match s.acquire(2, mib) {
+                        Ok(Acquired::Wait) => None,
+                        other => Some(other),
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        // Let go and kept: no memory is given back, but item 1 may now be evicted.
+        store.with(|s| s.release(1)).unwrap();
+        assert_eq!(waiter.await.unwrap(), Some(Ok(Acquired::Encode)));
+        store.with(|s| {
+            assert_eq!(s.state(1), None);
+            assert_eq!(s.stats().evictions, 1);
         });
     }
 }

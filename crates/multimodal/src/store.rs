@@ -102,6 +102,9 @@ pub struct StoreStats {
     pub waits: u64,
     /// Times a request had to wait for staging memory.
     pub staging_waits: u64,
+    /// Times an item was let go by its last request and kept in CPU memory: from then on
+    /// it may be evicted, so a request waiting for CPU memory may now find room.
+    pub kept: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -337,6 +340,7 @@ impl FeatureStore {
             }
             AfterPrefill::KeepCpu => {
                 self.clock += 1;
+                self.stats.kept += 1;
                 entry.state = FeatureState::EncodedCpu;
                 entry.released_at = self.clock;
             }
@@ -450,6 +454,8 @@ mod tests {
             Ok(Acquired::Hit(FeatureState::EncodedCpu))
         );
         store.release(1).unwrap();
+        // Every let-go item was kept (evictable from then on).
+        assert_eq!(store.stats().kept, 4);
         // 400 more bytes: the oldest unheld (2, then 3) go; 1 was let go last.
         assert_eq!(store.acquire(4, 400), Ok(Acquired::Encode));
         assert_eq!(store.state(2), None);

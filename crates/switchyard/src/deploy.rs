@@ -148,6 +148,9 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
 }
 
+/// How long `serve` waits, at start, for its frontend to see the workers it started.
+const WORKERS_SEEN_WITHIN: Duration = Duration::from_secs(10);
+
 /// Everything in one process: in-process planes, `config.workers.count` workers, the
 /// frontend.
 pub async fn start_local(config: Config) -> Result<Deployment> {
@@ -229,6 +232,29 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
         );
     }
 
+    // Served once the frontend sees every worker: a request arriving before the encoder
+    // workers are known would have its media go unencoded.
+    let ids: Vec<WorkerId> = workers.iter().map(Worker::worker_id).collect();
+    let seen = async {
+        loop {
+            let changed = frontend.routing.fleet_changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if ids.iter().all(|&id| frontend.routing.knows(id)) {
+                return;
+            }
+            changed.await;
+        }
+    };
+    if tokio::time::timeout(WORKERS_SEEN_WITHIN, seen)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            within = ?WORKERS_SEEN_WITHIN,
+            "the frontend has not seen every worker yet; serving anyway"
+        );
+    }
     stop_on_error.disarm();
     Deployment::serve(listener, frontend, workers, tracker, cancel)
 }

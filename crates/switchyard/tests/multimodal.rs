@@ -33,6 +33,18 @@ fn store_bytes(metrics: &str) -> f64 {
     metric_value(metrics, "switchyard_feature_store_bytes", None)
 }
 
+/// The media, encoder and feature-store lines of Prometheus text (for failure messages).
+fn media_lines(metrics: &str) -> String {
+    metrics
+        .lines()
+        .filter(|l| {
+            !l.starts_with('#')
+                && (l.contains("feature_store") || l.contains("media") || l.contains("encoder"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `switchyard_media_encodes_total{outcome}` in Prometheus text.
 fn encodes(metrics: &str, outcome: &str) -> f64 {
     metric_value(
@@ -1113,6 +1125,7 @@ async fn under_mixed_load_the_feature_store_keeps_its_budgets_and_every_request_
             "staging peak {staging_peak}"
         );
         let text = scrape(&url(&d, "/metrics")).await;
+        let media = media_lines(&text);
         // Staging one item at a time made requests wait for it.
         assert!(
             metric_value(
@@ -1120,24 +1133,28 @@ async fn under_mixed_load_the_feature_store_keeps_its_budgets_and_every_request_
                 "switchyard_feature_store_waits_total",
                 Some("memory=\"staging\"")
             ) >= 1.0,
-            "{text}"
+            "{media}"
         );
+        // Every image was encoded or found in the store: none waited out its time.
+        for outcome in ["timeout", "text_only"] {
+            assert_eq!(encodes(&text, outcome), 0.0, "{media}");
+        }
         let left = store_bytes(&text);
         if after_prefill == "discard" {
-            assert_eq!(left, 0.0, "{text}");
+            assert_eq!(left, 0.0, "{media}");
         } else {
             // Kept items only, within the budget, none staged any more.
-            assert!(left > 0.0 && left <= 14.0 * 1048576.0, "{text}");
+            assert!(left > 0.0 && left <= 14.0 * 1048576.0, "{media}");
             assert!(
                 metric_value(&text, "switchyard_feature_store_evictions_total", None) >= 1.0,
-                "{text}"
+                "{media}"
             );
             for state in ["staged", "merged", "encoding"] {
                 let label = format!("state=\"{state}\"");
                 assert_eq!(
                     metric_value(&text, "switchyard_feature_store_bytes", Some(&label)),
                     0.0,
-                    "{text}"
+                    "{media}"
                 );
             }
         }

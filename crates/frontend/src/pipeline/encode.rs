@@ -142,7 +142,7 @@ impl Frontend {
         )
         .await;
         let outcome = match held {
-            Ok(to_encode) => match self.plan_encoding(&to_encode, prompt) {
+            Ok(Some(to_encode)) => match self.plan_encoding(&to_encode, prompt) {
                 Plan::Nothing => Ok(Encoded::default()),
                 Plan::Held(worker) => Ok(Encoded {
                     holder: Some(worker),
@@ -181,7 +181,7 @@ impl Frontend {
                     .await
                     .unwrap_or_else(|_| Err(self.timed_out(timeout))),
             },
-            Err(_) => Err(self.timed_out(timeout)),
+            Ok(None) | Err(_) => Err(self.timed_out(timeout)),
         };
         // The items this request reserved are encoded now, or leave the store.
         self.settle(&reserved, outcome.as_ref().ok(), &mut hold);
@@ -262,16 +262,16 @@ impl Frontend {
     /// again; the others are reserved (`reserved`) and returned, to encode. An item a
     /// request sends twice is encoded once. Waits while the store has no room (bounded by
     /// the caller's timeout). Without encoder workers nothing is encoded, so nothing is
-    /// stored.
+    /// stored. `None` when no room came in time.
     async fn hold_features(
         &self,
         items: &[MediaItem],
         hold: &mut FeatureHold,
         reserved: &mut Vec<u64>,
         features: &mut HashMap<u64, MediaInput>,
-    ) -> Vec<MediaItem> {
+    ) -> Option<Vec<MediaItem>> {
         if items.is_empty() || self.routing.encoders().is_empty() {
-            return items.to_vec();
+            return Some(items.to_vec());
         }
         let per_token = self.media.encoder_cost().embedding_bytes_per_token;
         let mut to_encode: Vec<MediaItem> = Vec::new();
@@ -310,8 +310,8 @@ impl Frontend {
                         reserved.push(item.hash);
                         to_encode.push(item.clone());
                     }
-                    // Out of time: the caller's timeout has passed by now.
-                    Ok(Acquired::Wait) => return to_encode,
+                    // Out of time (the caller's timeout has passed by now).
+                    Ok(Acquired::Wait) => return None,
                     Err(e) => {
                         // Larger than the whole store: encoded, not kept.
                         tracing::debug!(error = %e, "a media item bypasses the feature store");
@@ -320,7 +320,7 @@ impl Frontend {
                 }
             }
         }
-        to_encode
+        Some(to_encode)
     }
 
     /// Encodes the request's media on encoder workers and returns once it is done (with the

@@ -300,6 +300,11 @@ impl RoutingService {
             .collect()
     }
 
+    /// Whether discovery has shown this service the worker `id` (of any role).
+    pub fn knows(&self, id: WorkerId) -> bool {
+        self.instances.read().contains_key(&id)
+    }
+
     /// The fleet's encoder workers.
     pub fn encoders(&self) -> Vec<WorkerInstance> {
         self.instances
