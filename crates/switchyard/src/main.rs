@@ -1,6 +1,7 @@
 //! The `switchyard` command line: wiring only, the logic lives in the library crates.
 
 mod cmd;
+mod huge_pages;
 mod logging;
 mod signals;
 
@@ -42,6 +43,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The commands that hold a KV index: its lookups gain from huge pages.
+    if matches!(
+        cli.command,
+        Command::Serve(_) | Command::Frontend(_) | Command::Sim(_)
+    ) {
+        huge_pages::enable();
+    }
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args, &std::env::vars().collect()),
         Command::Frontend(args) => {
