@@ -125,7 +125,6 @@ pub struct FeatureStore {
     entries: HashMap<u64, Entry>,
     cpu_used: u64,
     staging_used: u64,
-    clock: u64,
     stats: StoreStats,
 }
 
@@ -138,7 +137,6 @@ impl FeatureStore {
             entries: HashMap::new(),
             cpu_used: 0,
             staging_used: 0,
-            clock: 0,
             stats: StoreStats::default(),
         }
     }
@@ -339,10 +337,10 @@ impl FeatureStore {
                 self.cpu_used -= bytes;
             }
             AfterPrefill::KeepCpu => {
-                self.clock += 1;
+                // The count of items kept is also the clock eviction goes by.
                 self.stats.kept += 1;
                 entry.state = FeatureState::EncodedCpu;
-                entry.released_at = self.clock;
+                entry.released_at = self.stats.kept;
             }
         }
     }

@@ -235,17 +235,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
     // Served once the frontend sees every worker: a request arriving before the encoder
     // workers are known would have its media go unencoded.
     let ids: Vec<WorkerId> = workers.iter().map(Worker::worker_id).collect();
-    let seen = async {
-        loop {
-            let changed = frontend.routing.fleet_changed();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if ids.iter().all(|&id| frontend.routing.knows(id)) {
-                return;
-            }
-            changed.await;
-        }
-    };
+    let seen = frontend.routing.until_known(&ids);
     if tokio::time::timeout(WORKERS_SEEN_WITHIN, seen)
         .await
         .is_err()

@@ -300,9 +300,17 @@ impl RoutingService {
             .collect()
     }
 
-    /// Whether discovery has shown this service the worker `id` (of any role).
-    pub fn knows(&self, id: WorkerId) -> bool {
-        self.instances.read().contains_key(&id)
+    /// Returns once discovery has shown this service every worker of `ids` (of any role).
+    pub async fn until_known(&self, ids: &[WorkerId]) {
+        loop {
+            let changed = self.fleet_changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if ids.iter().all(|id| self.instances.read().contains_key(id)) {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// The fleet's encoder workers.
