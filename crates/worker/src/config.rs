@@ -184,9 +184,11 @@ pub struct CandleConfig {
     pub max_num_seqs: u32,
     /// Tokens one step computes at most (prompt chunks plus one per decoding sequence).
     pub max_batched_tokens: u32,
-    /// Keep an f32 copy of the weights (4 bytes a parameter) for steps of many tokens:
-    /// prompt chunks and large batches run several times faster than on the quantized
-    /// weights, which single-token steps keep using.
+    /// Keep an f32 copy of the weights (4 bytes a parameter) for steps of many tokens, on
+    /// CPUs without VNNI: there candle's quantized product costs the same per row whatever
+    /// the batch, and prompt chunks run several times faster on the copy. With VNNI
+    /// (AVX-512 or AVX) the quantized weights take repacked kernels faster than the copy
+    /// at every batch size, and no copy is kept.
     pub dense_weights: bool,
     /// Longest a step should take: prompt chunks are sized from the measured cost of a
     /// token so that running streams get their next token at least this often.
