@@ -64,7 +64,8 @@ impl ModelShape {
 const DENSE_ROWS: usize = 8;
 
 /// Whether candle's repacked x86 kernels multiply Q8_0 weights here: they need VNNI
-/// (AVX-512 or AVX) and a reduced dimension that is a multiple of 256.
+/// (AVX-512 or AVX), a reduced dimension that is a multiple of [`VNNI_K`] and rows a
+/// multiple of [`VNNI_ROWS`].
 fn q8_0_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -81,6 +82,9 @@ fn q8_0_vnni() -> bool {
 
 /// The block of the reduced dimension candle's repacked x86 kernels take.
 const VNNI_K: usize = 256;
+/// Rows of a weight those kernels take at a time (a weight whose rows are not a multiple
+/// of it stays on the generic kernel).
+const VNNI_ROWS: usize = 16;
 
 /// A weight matrix: quantized (single rows: decode), and optionally dense too (batches and
 /// prompt chunks).
@@ -106,8 +110,9 @@ impl Weight {
             tensor.dtype(),
             GgmlDType::Q4_0 | GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q8_1
         );
-        let k = tensor.shape().dims().last().copied().unwrap_or(0);
-        let vnni = (legacy || tensor.dtype() == GgmlDType::Q8_0) && q8_0_vnni();
+        let (n, k) = tensor.shape().dims2()?;
+        let vnni =
+            (legacy || tensor.dtype() == GgmlDType::Q8_0) && n % VNNI_ROWS == 0 && q8_0_vnni();
         let pad = if vnni {
             k.next_multiple_of(VNNI_K) - k
         } else {
