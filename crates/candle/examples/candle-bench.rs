@@ -4,11 +4,15 @@
 //!
 //!     cargo run --release -p switchyard-candle --example candle-bench -- MODEL.gguf
 //!     cargo run --release -p switchyard-candle --example candle-bench -- MODEL.gguf --mixed
+//!     cargo run --release -p switchyard-candle --example candle-bench -- MODEL.gguf --context
 //!
 //! `--mixed` times steps instead: a prompt chunk of `c` tokens computed beside `n` decoding
 //! sequences, against the two timing models of a mixed step (`switchyard_core::perf`): the
 //! prefill and decode steps added, or the decode step plus what `c` more rows add to a
 //! pass of `n`.
+//!
+//! `--context` times a prompt chunk after the part of its prompt computed before it,
+//! against the same chunk as a prompt alone, and fits the profile's `prefill_context_ms`.
 //!
 //! `scripts/bench-candle` runs it and llama.cpp on the same file, side by side.
 #![allow(clippy::unwrap_used)]
@@ -152,13 +156,72 @@ fn mixed(path: &str) {
     println!("\nmixed_step_saving = {saving:.2}");
 }
 
+/// A prompt chunk after the part of its prompt computed before it: for chunks of `t`
+/// tokens after `p`, the step that computes the chunk against the step of a `t`-token
+/// prompt alone. A profile times whole prompts in one step each, so the difference (the
+/// chunk's attention to the `p` tokens before it) is what it misses; fitted as `k·p·t`.
+fn context(path: &str) {
+    let config = |budget: usize| CandleConfig {
+        model: path.into(),
+        max_num_seqs: 4,
+        max_batched_tokens: budget as u32,
+        step_target: Duration::from_secs(3600),
+        ..CandleConfig::default()
+    };
+    let salt = std::cell::Cell::new(5000);
+    let mut fits = Vec::new();
+    println!(
+        "| chunk t | tokens before p | step | a t-token prompt alone | difference | per p·t |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for t in [64usize, 128, 192] {
+        let mut e = engine(path, config(t));
+        e.add(request(1, prompt(64, 4999), 2)).unwrap();
+        run(&mut e);
+        let mut id = 10;
+        let mut last_step = |p: usize| {
+            median(3, || {
+                id += 1;
+                salt.set(salt.get() + 1);
+                e.add(request(id, prompt(p + t, salt.get()), 1)).unwrap();
+                // The prompt is computed t tokens a step: p / t steps, then the chunk.
+                let (mut tokens, mut events) = (Vec::new(), Vec::new());
+                for _ in 0..p / t {
+                    e.step(Duration::ZERO, &mut tokens, &mut events);
+                }
+                let step = timed_step(&mut e);
+                run(&mut e);
+                step
+            })
+        };
+        let alone = last_step(0);
+        for p in [256usize, 512, 1024] {
+            let step = last_step(p);
+            let extra = step - alone;
+            let pt = (p * t) as f64;
+            println!(
+                "| {t} | {p} | {step:.1} ms | {alone:.1} ms | {extra:.1} ms | {:.2e} |",
+                extra / pt
+            );
+            fits.push((pt, extra));
+        }
+    }
+    // extra ≈ k·p·t, by least squares through the origin.
+    let (num, den) = fits.iter().fold((0.0, 0.0), |(n, d), (pt, extra)| {
+        (n + pt * extra, d + pt * pt)
+    });
+    let k = if den > 0.0 { (num / den).max(0.0) } else { 0.0 };
+    println!("\nprefill_context_ms = {k:.4e}");
+}
+
 fn main() {
     let path = std::env::args()
         .nth(1)
-        .expect("usage: candle-bench MODEL.gguf [--mixed]");
-    if std::env::args().nth(2).as_deref() == Some("--mixed") {
-        mixed(&path);
-        return;
+        .expect("usage: candle-bench MODEL.gguf [--mixed | --context]");
+    match std::env::args().nth(2).as_deref() {
+        Some("--mixed") => return mixed(&path),
+        Some("--context") => return context(&path),
+        _ => {}
     }
     let config = CandleConfig {
         model: path.clone().into(),

@@ -764,6 +764,7 @@ mod tests {
             decode_context_length: vec![1.0, 100.0],
             decode_itl: vec![vec![5.0, 5.0], vec![5.0, 5.0]],
             mixed_step_saving: 0.0,
+            prefill_context_ms: 0.0,
         })
         .unwrap();
         assert_eq!(step_tokens(&perf, Duration::from_millis(110), 512), 50);

@@ -23,6 +23,13 @@
 //! own sequence, which an engine that attends sequence by sequence still pays:
 //! `candle-bench --mixed` measures the candle engine at 0.64. The default is 0 (the phases
 //! added, as before the field existed) until other engines are measured.
+//!
+//! A profile times each prompt in one step, so its prefill curve holds a prompt's attention
+//! to itself but not a later chunk's attention to the chunks before it. The profile's
+//! `prefill_context_ms` adds k·p·t to a step for each chunk of t tokens after p (computed
+//! or cached) of its prompt; `candle-bench --context` measures k on the candle engine
+//! (`scripts/calibrate-candle` does). 0, the default, prices a chunk as a whole prompt of
+//! its length, as Dynamo's mocker and the polynomial model do.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -36,6 +43,9 @@ pub struct StepShape {
     pub decode_seqs: u32,
     /// Sum of the context lengths of the decoding sequences.
     pub decode_kv_tokens: u64,
+    /// Sum over the step's prompt chunks of the tokens before the chunk (computed or cached)
+    /// times the chunk's tokens: the keys its queries attend to beyond its own.
+    pub prefill_context: u64,
     /// KV blocks held by running sequences.
     pub active_blocks: u64,
     pub capacity_blocks: u64,
@@ -61,6 +71,12 @@ pub struct Profile {
     /// module's notes.
     #[serde(default)]
     pub mixed_step_saving: f64,
+    /// Milliseconds a step's prompt chunk takes per (token of the chunk × token before it):
+    /// its attention to the earlier part of its prompt, which `prefill_ttft_ms` (each
+    /// prompt timed in one step) never holds. 0 prices a chunk as a whole prompt of its
+    /// length, as Dynamo's mocker does.
+    #[serde(default)]
+    pub prefill_context_ms: f64,
 }
 
 /// Read from the network (a worker's registration) or a file, a profile is validated as it
@@ -95,6 +111,8 @@ impl TryFrom<PerfModelWire> for PerfModel {
 /// Largest timing a profile may give, in ms (a day): beyond any step, and small enough
 /// that extrapolated predictions stay finite.
 const MAX_TIMING_MS: f64 = 86_400_000.0;
+/// Largest `prefill_context_ms` (a 1,000-token chunk after 1,000 tokens would take 100 s).
+const MAX_CONTEXT_MS: f64 = 0.1;
 /// Largest axis value (tokens) a profile may give.
 const MAX_AXIS: f64 = 1e9;
 /// Smallest step between two points of an axis: closer points make slopes, and so
@@ -123,6 +141,12 @@ impl PerfModel {
                 "decode_itl must be {rows} rows of {cols} values"
             )));
         }
+        if !(0.0..=MAX_CONTEXT_MS).contains(&profile.prefill_context_ms) {
+            return Err(InvalidProfile(format!(
+                "prefill_context_ms must be a number from 0 to {MAX_CONTEXT_MS}, got {}",
+                profile.prefill_context_ms
+            )));
+        }
         if !(0.0..=1.0).contains(&profile.mixed_step_saving) {
             return Err(InvalidProfile(format!(
                 "mixed_step_saving must be from 0 to 1, got {}",
@@ -146,6 +170,15 @@ impl PerfModel {
 
     /// Duration of one step in milliseconds (before any speedup).
     pub fn step_ms(&self, shape: &StepShape) -> f64 {
+        let context = match self {
+            PerfModel::Interpolated(p) => p.prefill_context_ms * shape.prefill_context as f64,
+            PerfModel::Polynomial => 0.0,
+        };
+        self.phases_ms(shape) + context
+    }
+
+    /// The step's prefill and decode phases.
+    fn phases_ms(&self, shape: &StepShape) -> f64 {
         match (shape.prefill_tokens, shape.decode_seqs) {
             (0, 0) => 0.0,
             (t, 0) => self.prefill_ms(t),
@@ -271,6 +304,58 @@ mod tests {
             decode_context_length: vec![100.0, 1100.0],
             decode_itl: vec![vec![5.0, 7.0], vec![15.0, 25.0]],
             mixed_step_saving: 1.0,
+            prefill_context_ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_chunk_pays_for_attending_to_the_tokens_before_it() {
+        let plain = PerfModel::from_profile(Profile {
+            mixed_step_saving: 0.0,
+            prefill_context_ms: 0.0,
+            ..profile()
+        })
+        .unwrap();
+        let priced = PerfModel::from_profile(Profile {
+            mixed_step_saving: 0.0,
+            prefill_context_ms: 0.001,
+            ..profile()
+        })
+        .unwrap();
+        // 200 tokens after 300, beside two decodes.
+        let chunk = StepShape {
+            prefill_tokens: 200,
+            prefill_context: 300 * 200,
+            decode_seqs: 2,
+            decode_kv_tokens: 1000,
+            ..StepShape::default()
+        };
+        assert!((priced.step_ms(&chunk) - plain.step_ms(&chunk) - 60.0).abs() < 1e-9);
+        // Without the measurement, or for the first chunk of a prompt: a prompt's price.
+        let first = StepShape {
+            prefill_context: 0,
+            ..chunk
+        };
+        assert_eq!(priced.step_ms(&first), plain.step_ms(&first));
+        assert_eq!(
+            plain.step_ms(&chunk),
+            plain.step_ms(&first),
+            "no measurement, no term"
+        );
+        assert_eq!(
+            PerfModel::Polynomial.step_ms(&chunk),
+            PerfModel::Polynomial.step_ms(&first)
+        );
+        // A negative or absurd coefficient is refused.
+        for bad in [-1e-3, f64::NAN, 1.0] {
+            assert!(
+                PerfModel::from_profile(Profile {
+                    prefill_context_ms: bad,
+                    ..profile()
+                })
+                .is_err(),
+                "{bad}"
+            );
         }
     }
 
@@ -340,6 +425,7 @@ mod tests {
         for (saving, step) in [(0.0, expected + 65.0 / 3.0), (0.5, expected + 55.0 / 3.0)] {
             let m = PerfModel::from_profile(Profile {
                 mixed_step_saving: saving,
+                prefill_context_ms: 0.0,
                 ..profile()
             })
             .unwrap();

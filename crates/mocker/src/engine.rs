@@ -652,6 +652,7 @@ impl MockEngine {
                 shape.decode_kv_tokens += u64::from(seq.num_tokens());
             } else {
                 shape.prefill_tokens += seq.scheduled;
+                shape.prefill_context += u64::from(seq.computed) * u64::from(seq.scheduled);
             }
         }
         shape

@@ -86,6 +86,7 @@ fn read_npz(path: &Path) -> Result<Profile, String> {
         decode_itl,
         // Not in Dynamo's NPZ format: the phases added, as its mocker charges them.
         mixed_step_saving: 0.0,
+        prefill_context_ms: 0.0,
     })
 }
 
@@ -101,6 +102,7 @@ mod tests {
             decode_context_length: vec![100.0, 1100.0],
             decode_itl: vec![vec![5.0, 7.0], vec![15.0, 25.0]],
             mixed_step_saving: 0.0,
+            prefill_context_ms: 0.0,
         }
     }
 

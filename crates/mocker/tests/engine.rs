@@ -66,6 +66,14 @@ fn chunked_prefill_then_decode_produces_deterministic_tokens() {
     assert_eq!(steps[0].shape.prefill_tokens, 8);
     assert_eq!(steps[1].shape.prefill_tokens, 8);
     assert_eq!(steps[2].shape.prefill_tokens, 4);
+    // Each chunk attends to the part of its prompt before it: 0·8, 8·8, 16·4.
+    assert_eq!(
+        steps[..3]
+            .iter()
+            .map(|s| s.shape.prefill_context)
+            .collect::<Vec<_>>(),
+        [0, 64, 64]
+    );
     assert!(steps[0].tokens.is_empty() && steps[1].tokens.is_empty());
     assert_eq!(steps[2].tokens.len(), 1);
     // Then 4 decode steps of one token each.

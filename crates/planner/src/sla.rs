@@ -64,6 +64,7 @@ impl WorkerModel<'_> {
         let blocks_each = (context / f64::from(self.block_size)).ceil() as u64;
         StepShape {
             prefill_tokens: 0,
+            prefill_context: 0,
             decode_seqs: batch,
             decode_kv_tokens: (f64::from(batch) * context) as u64,
             active_blocks: u64::from(batch) * blocks_each,

@@ -1081,6 +1081,7 @@ mod tests {
                 decode_context_length: vec![1.0, 10_000.0],
                 decode_itl: vec![vec![2.0, 2.0], vec![4.0, 4.0]],
                 mixed_step_saving: 0.0,
+                prefill_context_ms: 0.0,
             })
             .unwrap(),
             ..WorkerTiming::default()

@@ -307,6 +307,7 @@ fn slower(factor: f64) -> PerfModel {
         decode_context_length: vec![1.0, 100_000.0],
         decode_itl: vec![vec![factor * 5.74; 2], vec![factor * 34.0; 2]],
         mixed_step_saving: 0.0,
+        prefill_context_ms: 0.0,
     })
     .unwrap()
 }

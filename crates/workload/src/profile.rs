@@ -346,6 +346,7 @@ pub fn to_profile(
         decode_context_length: contexts,
         decode_itl: grid,
         mixed_step_saving: 0.0,
+        prefill_context_ms: 0.0,
     };
     // The same checks a profile read from a file gets.
     PerfModel::from_profile(profile.clone())?;
