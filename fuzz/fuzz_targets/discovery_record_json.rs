@@ -31,6 +31,7 @@ fn samples() -> Vec<Vec<u8>> {
         decode_context_length: vec![100.0, 1100.0],
         decode_itl: vec![vec![5.0, 7.0], vec![15.0, 25.0]],
         mixed_step_saving: 0.5,
+        prefill_context_ms: 1e-3,
     })
     .ok();
     let mut poly = plain.clone();
