@@ -7,6 +7,10 @@
 //! bookkeeping it keeps the embeddings real encoders computed, for as long as the store
 //! keeps their item.
 //!
+//! A request that finds an item being encoded for another request does not encode it
+//! again: it holds it too and waits for that encoding ([`Taken::Pending`]); if that
+//! encoding fails, the item leaves the store and every request waiting on it is told.
+//!
 //! The states after encoding follow the request: its items are STAGED when they go to its
 //! LLM worker (with the request, or when it is told they are ready), within the staging
 //! budget, which stands for the engines' memory for features they have not prefilled yet
@@ -26,9 +30,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use switchyard_core::protocol::MediaInput;
 use switchyard_multimodal::store::{
-    AfterPrefill, FeatureState, FeatureStore, StoreError, StoreStats,
+    Acquired, AfterPrefill, FeatureState, FeatureStore, StoreError, StoreStats,
 };
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::metrics::{FeatureStateLabels, MemoryLabels, Metrics};
 
@@ -66,6 +70,39 @@ struct Inner {
     reported: StoreStats,
     /// The embeddings of items in the store, by item hash.
     payloads: HashMap<u64, MediaInput>,
+    /// Items being encoded, each with the channel its waiting requests watch: `None` while
+    /// encoding, then `Some(true)` once encoded or `Some(false)` once it left the store.
+    encoding: HashMap<u64, watch::Sender<Option<bool>>>,
+}
+
+/// How a request took one of its media items (see [`SharedFeatureStore::take`]).
+#[derive(Debug)]
+pub enum Taken {
+    /// The store has the item (in any state after encoding).
+    Hit,
+    /// The item is new: reserved for this request to encode.
+    Encode,
+    /// Another request is encoding the item: held for this one too; the channel says when
+    /// that encoding ends (see [`Pending::wait`]).
+    Pending(Pending),
+}
+
+/// An item another request is encoding.
+#[derive(Debug)]
+pub struct Pending {
+    pub hash: u64,
+    done: watch::Receiver<Option<bool>>,
+}
+
+impl Pending {
+    /// Waits for the other request's encoding: true when it encoded the item, false when
+    /// it failed (the item left the store, and this request's hold on it with it).
+    pub async fn wait(mut self) -> bool {
+        matches!(
+            self.done.wait_for(Option::is_some).await.as_deref(),
+            Ok(Some(true))
+        )
+    }
 }
 
 /// The store, shared by the frontend's requests.
@@ -99,6 +136,7 @@ impl SharedFeatureStore {
                 store,
                 reported: StoreStats::default(),
                 payloads: HashMap::new(),
+                encoding: HashMap::new(),
             }),
             bytes: metrics.feature_store_bytes.clone(),
             evictions: metrics.feature_store_evictions.clone(),
@@ -119,14 +157,71 @@ impl SharedFeatureStore {
         &self,
         f: impl FnOnce(&mut FeatureStore, &mut HashMap<u64, MediaInput>) -> R,
     ) -> R {
-        let mut inner = self.inner.lock();
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let before = before_of(&inner.store);
+        let out = f(&mut inner.store, &mut inner.payloads);
+        self.after(inner, before);
+        out
+    }
+
+    /// Takes item `hash` of `bytes` for a request, as [`FeatureStore::acquire`] does, and
+    /// for an item another request is encoding, the channel to wait on. Waits while the
+    /// store has no room, at most `bound`; `None` when the time ran out.
+    pub async fn take(
+        &self,
+        hash: u64,
+        bytes: u64,
+        bound: Duration,
+    ) -> Option<Result<Taken, StoreError>> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            // Registered before looking, so memory freed in between is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut inner = self.inner.lock();
+                let before = before_of(&inner.store);
+                let taken = match inner.store.acquire(hash, bytes) {
+                    Ok(Acquired::Wait) => None,
+                    Ok(Acquired::Encode) => {
+                        inner.encoding.insert(hash, watch::Sender::new(None));
+                        Some(Ok(Taken::Encode))
+                    }
+                    Ok(Acquired::Hit(FeatureState::Encoding)) => {
+                        // Every encoding the frontend starts is registered; one started
+                        // otherwise gets its channel here and is told when it ends.
+                        let done = inner
+                            .encoding
+                            .entry(hash)
+                            .or_insert_with(|| watch::Sender::new(None))
+                            .subscribe();
+                        Some(Ok(Taken::Pending(Pending { hash, done })))
+                    }
+                    Ok(Acquired::Hit(_)) => Some(Ok(Taken::Hit)),
+                    Err(e) => Some(Err(e)),
+                };
+                self.after(&mut inner, before);
+                if taken.is_some() {
+                    return taken;
+                }
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// After a change to the store: wakes whoever waits for room or for an encoding, drops
+    /// the embeddings of items that left, and brings the metrics up to date.
+    fn after(&self, inner: &mut Inner, before: (u64, u64, u64)) {
         let Inner {
             store,
             reported,
             payloads,
-        } = &mut *inner;
-        let before = (store.cpu_used(), store.staging_used(), store.stats().kept);
-        let out = f(store, payloads);
+            encoding,
+        } = inner;
         // Memory given back, or an item that may now be evicted to make room: whoever
         // waits for room looks again.
         if store.cpu_used() < before.0
@@ -137,6 +232,15 @@ impl SharedFeatureStore {
         }
         if !payloads.is_empty() {
             payloads.retain(|&hash, _| store.state(hash).is_some());
+        }
+        if !encoding.is_empty() {
+            encoding.retain(|&hash, done| match store.state(hash) {
+                Some(FeatureState::Encoding) => true,
+                state => {
+                    done.send_replace(Some(state.is_some()));
+                    false
+                }
+            });
         }
         let stats = store.stats();
         self.evictions.inc_by(stats.evictions - reported.evictions);
@@ -156,7 +260,6 @@ impl SharedFeatureStore {
                 })
                 .set(i64::try_from(store.bytes_in(state)).unwrap_or(i64::MAX));
         }
-        out
     }
 
     /// The embeddings the store keeps for item `hash`.
@@ -191,6 +294,12 @@ impl SharedFeatureStore {
             }
         }
     }
+}
+
+/// What [`SharedFeatureStore::after`] compares with: CPU and staging memory in use, and
+/// the items kept.
+fn before_of(store: &FeatureStore) -> (u64, u64, u64) {
+    (store.cpu_used(), store.staging_used(), store.stats().kept)
 }
 
 /// A request's hold on its media items' features: let go when dropped (when its response
@@ -359,6 +468,62 @@ mod tests {
             staging_wait: Duration::from_secs(30),
         };
         SharedFeatureStore::new(&config, &Metrics::default())
+    }
+
+    #[tokio::test]
+    async fn a_request_finding_its_item_being_encoded_waits_for_that_encoding() {
+        let store = one_item_store();
+        let kib = 1 << 10;
+        let bound = Duration::from_secs(1);
+        let take = |hash| {
+            let store = Arc::clone(&store);
+            async move { store.take(hash, kib, bound).await.unwrap().unwrap() }
+        };
+        // The first request encodes item 1; the second waits for it instead.
+        assert!(matches!(take(1).await, Taken::Encode));
+        let Taken::Pending(pending) = take(1).await else {
+            panic!("the second request should wait for the first's encoding");
+        };
+        let waiter = tokio::spawn(pending.wait());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "told before the encoding ended");
+        store.with(|s| s.encoded(1)).unwrap();
+        assert!(waiter.await.unwrap(), "the encoding succeeded");
+        assert!(matches!(take(1).await, Taken::Hit));
+        store.with(|s| {
+            assert_eq!(s.state(1), Some(FeatureState::EncodedCpu));
+            for _ in 0..3 {
+                s.release(1).unwrap();
+            }
+        });
+
+        // A failed encoding: the waiter is told, and the item (with every hold on it) is
+        // gone; the next request to send it encodes it afresh and is not told of the old
+        // failure.
+        assert!(matches!(take(2).await, Taken::Encode));
+        let Taken::Pending(pending) = take(2).await else {
+            panic!("the second request should wait for the first's encoding");
+        };
+        store.with(|s| s.failed(2)).unwrap();
+        assert!(!pending.wait().await, "the encoding failed");
+        assert!(matches!(take(2).await, Taken::Encode));
+        let Taken::Pending(again) = take(2).await else {
+            panic!("waits for the new encoding");
+        };
+        let waiter = tokio::spawn(again.wait());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "told of the old encoding's failure");
+        store.with(|s| s.failed(2)).unwrap();
+        assert!(!waiter.await.unwrap());
+        store.with(|s| {
+            assert_eq!(s.state(2), None);
+            // Only item 1, kept after its requests let it go: the failures leaked nothing.
+            assert_eq!(s.cpu_used(), kib, "a failure leaks no memory");
+        });
+        assert!(
+            store.inner.lock().encoding.is_empty(),
+            "no channel left behind"
+        );
     }
 
     #[tokio::test]

@@ -948,6 +948,54 @@ async fn a_conversation_sending_its_image_again_skips_the_encoder_when_features_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_sending_the_same_image_at_once_share_one_encoding() {
+    for overlap in ["true", "false"] {
+        let d = start(&[
+            ("WORKERS__COUNT", "1"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
+            // 300 ms an image: the second request arrives while the first's is encoded.
+            (
+                "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+                "[[1, 300.0], [2, 320.0]]",
+            ),
+        ])
+        .await;
+        let image = data_url(&png(64, 64, 81));
+        let send = |text: &str| {
+            let body = with_image(text, &image, None);
+            let client = client();
+            let target = url(&d, "/v1/chat/completions");
+            tokio::spawn(async move { client.post(target).json(&body).send().await })
+        };
+        let first = send("Describe this.");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let second = send("What colour is it?");
+        for request in [first, second] {
+            let response = request.await.unwrap().unwrap();
+            assert_eq!(response.status(), 200, "overlap {overlap}");
+            let body: Value = response.json().await.unwrap();
+            // Both prompts carry the image's 576 positions.
+            assert!(usage(&body).0 > 576, "{body}");
+        }
+        let text = scrape(&url(&d, "/metrics")).await;
+        let value = |name: &str| metric_value(&text, name, None);
+        assert_eq!(
+            (
+                value("switchyard_encoder_jobs_total"),
+                value("switchyard_feature_store_hits_total")
+            ),
+            (1.0, 1.0),
+            "overlap {overlap}: encoded once, the second request waited for it: {text}"
+        );
+        assert_eq!(store_bytes(&text), 0.0, "overlap {overlap}: {text}");
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_encoders_and_bad_media_leave_nothing_in_the_feature_store() {
     use switchyard_worker::faults::Fault;
     // Every path checks the store is empty right after it, with the request sent ahead of

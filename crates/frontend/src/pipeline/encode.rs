@@ -16,13 +16,12 @@ use switchyard_core::protocol::{
     EngineError, GenerateOutput, GenerateRequest, MediaInput, Phase, Prompt,
 };
 use switchyard_core::{MediaSpan, RequestId, WorkerId};
-use switchyard_multimodal::store::{Acquired, FeatureState};
 use switchyard_router::routing::encoders::MediaWork;
 use switchyard_runtime::WorkerInstance;
 use tokio::sync::watch;
 
 use super::Frontend;
-use crate::features::FeatureHold;
+use crate::features::{FeatureHold, Pending, Taken};
 use crate::media::{MediaItem, OnEncoderFailure};
 use crate::openai::ApiError;
 
@@ -134,32 +133,45 @@ impl Frontend {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut hold = FeatureHold::new(Arc::clone(&self.features));
         let mut reserved = Vec::new();
+        // Items other requests are encoding: waited for, not encoded again.
+        let mut awaited = Vec::new();
         // The embeddings of the items the store has.
         let mut features = HashMap::new();
         let held = tokio::time::timeout_at(
             deadline,
-            self.hold_features(items, &mut hold, &mut reserved, &mut features),
+            self.hold_features(items, &mut hold, &mut reserved, &mut awaited, &mut features),
         )
         .await;
         let outcome = match held {
             Ok(Some(to_encode)) => match self.plan_encoding(&to_encode, prompt) {
-                Plan::Nothing => Ok(Encoded::default()),
+                Plan::Nothing if awaited.is_empty() => Ok(Encoded::default()),
                 Plan::Held(worker) => Ok(Encoded {
                     holder: Some(worker),
                     ..Encoded::default()
                 }),
-                Plan::Encode(groups) if self.media.overlap() => {
+                plan if self.media.overlap() => {
                     // The request goes ahead; its media follow.
+                    let groups = match plan {
+                        Plan::Encode(groups) => groups,
+                        _ => Vec::new(),
+                    };
                     let hold = Arc::new(parking_lot::Mutex::new(hold));
                     let (status, pending) = watch::channel(MediaStatus::Encoding);
                     let frontend = Arc::clone(self);
                     let behind = Arc::clone(&hold);
                     let found = features.clone();
                     tokio::spawn(async move {
-                        let outcome = tokio::time::timeout_at(deadline, frontend.run_plan(&groups))
-                            .await
-                            .unwrap_or_else(|_| Err(frontend.timed_out(timeout)));
-                        frontend.settle(&reserved, outcome.as_ref().ok(), &mut behind.lock());
+                        let (outcome, others) = tokio::time::timeout_at(
+                            deadline,
+                            frontend.encode_and_wait(&groups, awaited),
+                        )
+                        .await
+                        .unwrap_or_else(|_| (Err(frontend.timed_out(timeout)), Ok(HashMap::new())));
+                        let outcome = {
+                            let mut hold = behind.lock();
+                            frontend.settle(&reserved, outcome.as_ref().ok(), &mut hold);
+                            frontend.join_waited(outcome, others, &mut hold)
+                        };
                         status.send_replace(match outcome {
                             Ok(encoded) => {
                                 let mut features = found;
@@ -177,14 +189,26 @@ impl Frontend {
                         features: Arc::new(features),
                     });
                 }
-                Plan::Encode(groups) => tokio::time::timeout_at(deadline, self.run_plan(&groups))
-                    .await
-                    .unwrap_or_else(|_| Err(self.timed_out(timeout))),
+                plan => {
+                    let groups = match plan {
+                        Plan::Encode(groups) => groups,
+                        _ => Vec::new(),
+                    };
+                    let (outcome, others) =
+                        tokio::time::timeout_at(deadline, self.encode_and_wait(&groups, awaited))
+                            .await
+                            .unwrap_or_else(|_| (Err(self.timed_out(timeout)), Ok(HashMap::new())));
+                    // The items this request reserved are encoded now, or leave the store.
+                    self.settle(&reserved, outcome.as_ref().ok(), &mut hold);
+                    self.join_waited(outcome, others, &mut hold)
+                }
             },
-            Ok(None) | Err(_) => Err(self.timed_out(timeout)),
+            Ok(None) | Err(_) => {
+                let outcome = Err(self.timed_out(timeout));
+                self.settle(&reserved, None, &mut hold);
+                outcome
+            }
         };
-        // The items this request reserved are encoded now, or leave the store.
-        self.settle(&reserved, outcome.as_ref().ok(), &mut hold);
         let hold = Arc::new(parking_lot::Mutex::new(hold));
         match (outcome, policy) {
             (Ok(encoded), _) => {
@@ -258,6 +282,74 @@ impl Frontend {
         }
     }
 
+    /// Encodes `groups` (none: nothing) while waiting for the items other requests are
+    /// encoding: this request's encoding, and the embeddings of the awaited items or the
+    /// error when one of those encodings failed (with the items that failed).
+    async fn encode_and_wait(
+        &self,
+        groups: &[Group],
+        awaited: Vec<Pending>,
+    ) -> (
+        Result<Encoded, ApiError>,
+        Result<HashMap<u64, MediaInput>, Vec<u64>>,
+    ) {
+        let own = async {
+            if groups.is_empty() {
+                Ok(Encoded::default())
+            } else {
+                self.run_plan(groups).await
+            }
+        };
+        let others = futures::future::join_all(
+            awaited
+                .into_iter()
+                .map(|pending| async move { (pending.hash, pending.wait().await) }),
+        );
+        let (own, others) = futures::join!(own, others);
+        let failed: Vec<u64> = others.iter().filter(|o| !o.1).map(|o| o.0).collect();
+        if !failed.is_empty() {
+            return (own, Err(failed));
+        }
+        let mut features = HashMap::new();
+        for (hash, _) in others {
+            // Not encoded again: the store had it by the time it was needed.
+            self.metrics.feature_store_hits.inc();
+            if let Some(input) = self.features.payload(hash) {
+                features.insert(hash, input);
+            }
+        }
+        (own, Ok(features))
+    }
+
+    /// This request's encoding with the items it waited for: their embeddings added, or,
+    /// when another request's encoding of one failed, the failure (the item has left the
+    /// store, and the request's hold on it with it).
+    fn join_waited(
+        &self,
+        own: Result<Encoded, ApiError>,
+        others: Result<HashMap<u64, MediaInput>, Vec<u64>>,
+        hold: &mut FeatureHold,
+    ) -> Result<Encoded, ApiError> {
+        match others {
+            Ok(features) => own.map(|mut encoded| {
+                encoded.features.extend(features);
+                encoded
+            }),
+            Err(failed) => {
+                for &hash in &failed {
+                    hold.forget(hash);
+                }
+                self.metrics.count_media_encode("failed");
+                own.and(Err(ApiError::unavailable(
+                    "The request's media could not be encoded (another request's encoding \
+                     of the same item failed); retry shortly."
+                        .to_string(),
+                    Duration::from_secs(1),
+                )))
+            }
+        }
+    }
+
     /// Takes the request's items in the feature store: those it has are not encoded
     /// again; the others are reserved (`reserved`) and returned, to encode. An item a
     /// request sends twice is encoded once. Waits while the store has no room (bounded by
@@ -268,6 +360,7 @@ impl Frontend {
         items: &[MediaItem],
         hold: &mut FeatureHold,
         reserved: &mut Vec<u64>,
+        awaited: &mut Vec<Pending>,
         features: &mut HashMap<u64, MediaInput>,
     ) -> Option<Vec<MediaItem>> {
         if items.is_empty() || self.routing.encoders().is_empty() {
@@ -281,38 +374,32 @@ impl Frontend {
             }
             let bytes = u64::from(item.tokens).saturating_mul(per_token);
             // No room: wait for memory to be given back (the caller bounds the wait).
-            let acquired = self
+            let taken = self
                 .features
-                .when_freed(self.media.on_encoder_failure().1, |store| {
-                    match store.acquire(item.hash, bytes) {
-                        Ok(Acquired::Wait) => None,
-                        other => Some(other),
-                    }
-                })
-                .await
-                .unwrap_or(Ok(Acquired::Wait));
+                .take(item.hash, bytes, self.media.on_encoder_failure().1)
+                .await;
             {
-                match acquired {
-                    Ok(Acquired::Hit(FeatureState::Encoding)) => {
-                        // Another request is encoding it: encode it too rather than wait.
+                match taken {
+                    Some(Ok(Taken::Pending(pending))) => {
+                        // Another request is encoding it: wait for that encoding.
                         hold.push(item.hash);
-                        to_encode.push(item.clone());
+                        awaited.push(pending);
                     }
-                    Ok(Acquired::Hit(_)) => {
+                    Some(Ok(Taken::Hit)) => {
                         hold.push(item.hash);
                         self.metrics.feature_store_hits.inc();
                         if let Some(input) = self.features.payload(item.hash) {
                             features.insert(item.hash, input);
                         }
                     }
-                    Ok(Acquired::Encode) => {
+                    Some(Ok(Taken::Encode)) => {
                         hold.push(item.hash);
                         reserved.push(item.hash);
                         to_encode.push(item.clone());
                     }
                     // Out of time (the caller's timeout has passed by now).
-                    Ok(Acquired::Wait) => return None,
-                    Err(e) => {
+                    None => return None,
+                    Some(Err(e)) => {
                         // Larger than the whole store: encoded, not kept.
                         tracing::debug!(error = %e, "a media item bypasses the feature store");
                         to_encode.push(item.clone());
