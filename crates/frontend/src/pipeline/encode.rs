@@ -116,6 +116,16 @@ enum Plan {
     Encode(Vec<Group>),
 }
 
+/// What a request's media take once the store has been asked: its own encoding, the items
+/// it reserved for it, the items other requests are encoding, and its deadline.
+struct Work {
+    groups: Vec<Group>,
+    reserved: Vec<u64>,
+    awaited: Vec<Pending>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+}
+
 impl Frontend {
     /// Encodes the request's media as [`Frontend::encode_media`] does, within
     /// `frontend.multimodal.encode_timeout`, except items whose features the feature store
@@ -142,6 +152,7 @@ impl Frontend {
             self.hold_features(items, &mut hold, &mut reserved, &mut awaited, &mut features),
         )
         .await;
+        let hold = Arc::new(parking_lot::Mutex::new(hold));
         let outcome = match held {
             Ok(Some(to_encode)) => match self.plan_encoding(&to_encode, prompt) {
                 Plan::Nothing if awaited.is_empty() => Ok(Encoded::default()),
@@ -149,67 +160,52 @@ impl Frontend {
                     holder: Some(worker),
                     ..Encoded::default()
                 }),
-                plan if self.media.overlap() => {
-                    // The request goes ahead; its media follow.
-                    let groups = match plan {
-                        Plan::Encode(groups) => groups,
-                        _ => Vec::new(),
-                    };
-                    let hold = Arc::new(parking_lot::Mutex::new(hold));
-                    let (status, pending) = watch::channel(MediaStatus::Encoding);
-                    let frontend = Arc::clone(self);
-                    let behind = Arc::clone(&hold);
-                    let found = features.clone();
-                    tokio::spawn(async move {
-                        let (outcome, others) = tokio::time::timeout_at(
-                            deadline,
-                            frontend.encode_and_wait(&groups, awaited),
-                        )
-                        .await
-                        .unwrap_or_else(|_| (Err(frontend.timed_out(timeout)), Ok(HashMap::new())));
-                        let outcome = {
-                            let mut hold = behind.lock();
-                            frontend.settle(&reserved, outcome.as_ref().ok(), &mut hold);
-                            frontend.join_waited(outcome, others, &mut hold)
-                        };
-                        status.send_replace(match outcome {
-                            Ok(encoded) => {
-                                let mut features = found;
-                                features.extend(encoded.features);
-                                MediaStatus::Ready(encoded.resized, Arc::new(features))
-                            }
-                            Err(e) => MediaStatus::Failed(e.message),
-                        });
-                    });
-                    return Ok(MediaReady {
-                        warning: None,
-                        hold,
-                        worker: None,
-                        pending: Some(pending),
-                        features: Arc::new(features),
-                    });
-                }
                 plan => {
                     let groups = match plan {
                         Plan::Encode(groups) => groups,
-                        _ => Vec::new(),
+                        Plan::Nothing | Plan::Held(_) => Vec::new(),
                     };
-                    let (outcome, others) =
-                        tokio::time::timeout_at(deadline, self.encode_and_wait(&groups, awaited))
-                            .await
-                            .unwrap_or_else(|_| (Err(self.timed_out(timeout)), Ok(HashMap::new())));
-                    // The items this request reserved are encoded now, or leave the store.
-                    self.settle(&reserved, outcome.as_ref().ok(), &mut hold);
-                    self.join_waited(outcome, others, &mut hold)
+                    let work = Work {
+                        groups,
+                        reserved,
+                        awaited,
+                        deadline,
+                        timeout,
+                    };
+                    if self.media.overlap() {
+                        // The request goes ahead; its media follow.
+                        let (status, pending) = watch::channel(MediaStatus::Encoding);
+                        let frontend = Arc::clone(self);
+                        let behind = Arc::clone(&hold);
+                        let found = features.clone();
+                        tokio::spawn(async move {
+                            let outcome = frontend.encode_and_wait(work, &behind).await;
+                            status.send_replace(match outcome {
+                                Ok(encoded) => {
+                                    let mut features = found;
+                                    features.extend(encoded.features);
+                                    MediaStatus::Ready(encoded.resized, Arc::new(features))
+                                }
+                                Err(e) => MediaStatus::Failed(e.message),
+                            });
+                        });
+                        return Ok(MediaReady {
+                            warning: None,
+                            hold,
+                            worker: None,
+                            pending: Some(pending),
+                            features: Arc::new(features),
+                        });
+                    }
+                    self.encode_and_wait(work, &hold).await
                 }
             },
             Ok(None) | Err(_) => {
-                let outcome = Err(self.timed_out(timeout));
-                self.settle(&reserved, None, &mut hold);
-                outcome
+                // Out of time before any encoding: the items reserved leave the store.
+                self.settle(&reserved, None, &mut hold.lock());
+                Err(self.timed_out(timeout))
             }
         };
-        let hold = Arc::new(parking_lot::Mutex::new(hold));
         match (outcome, policy) {
             (Ok(encoded), _) => {
                 features.extend(encoded.features);
@@ -282,72 +278,72 @@ impl Frontend {
         }
     }
 
-    /// Encodes `groups` (none: nothing) while waiting for the items other requests are
-    /// encoding: this request's encoding, and the embeddings of the awaited items or the
-    /// error when one of those encodings failed (with the items that failed).
+    /// Encodes `work.groups` (none: nothing) while waiting, both within the deadline, for
+    /// the items other requests are encoding. The items this request reserved are settled
+    /// in the store as soon as its own encoding ends, not after the wait: another request
+    /// may be waiting for them (two requests each waiting for the other's item would
+    /// otherwise wait for each other until the deadline). When another request's encoding
+    /// of an item failed, the item has left the store, and this request's hold on it with
+    /// it: the request's media failed.
     async fn encode_and_wait(
         &self,
-        groups: &[Group],
-        awaited: Vec<Pending>,
-    ) -> (
-        Result<Encoded, ApiError>,
-        Result<HashMap<u64, MediaInput>, Vec<u64>>,
-    ) {
+        work: Work,
+        hold: &parking_lot::Mutex<FeatureHold>,
+    ) -> Result<Encoded, ApiError> {
+        let Work {
+            groups,
+            reserved,
+            awaited,
+            deadline,
+            timeout,
+        } = work;
         let own = async {
-            if groups.is_empty() {
+            let outcome = if groups.is_empty() {
                 Ok(Encoded::default())
             } else {
-                self.run_plan(groups).await
-            }
+                tokio::time::timeout_at(deadline, self.run_plan(&groups))
+                    .await
+                    .unwrap_or_else(|_| Err(self.timed_out(timeout)))
+            };
+            // The items this request reserved are encoded now, or leave the store.
+            self.settle(&reserved, outcome.as_ref().ok(), &mut hold.lock());
+            outcome
         };
-        let others = futures::future::join_all(
-            awaited
-                .into_iter()
-                .map(|pending| async move { (pending.hash, pending.wait().await) }),
+        let others = tokio::time::timeout_at(
+            deadline,
+            futures::future::join_all(
+                awaited
+                    .into_iter()
+                    .map(|pending| async move { (pending.hash, pending.wait().await) }),
+            ),
         );
         let (own, others) = futures::join!(own, others);
+        let mut encoded = own?;
+        let Ok(others) = others else {
+            return Err(self.timed_out(timeout));
+        };
         let failed: Vec<u64> = others.iter().filter(|o| !o.1).map(|o| o.0).collect();
         if !failed.is_empty() {
-            return (own, Err(failed));
+            let mut hold = hold.lock();
+            for &hash in &failed {
+                hold.forget(hash);
+            }
+            self.metrics.count_media_encode("failed");
+            return Err(ApiError::unavailable(
+                "The request's media could not be encoded (another request's encoding of \
+                 the same item failed); retry shortly."
+                    .to_string(),
+                Duration::from_secs(1),
+            ));
         }
-        let mut features = HashMap::new();
         for (hash, _) in others {
             // Not encoded again: the store had it by the time it was needed.
             self.metrics.feature_store_hits.inc();
             if let Some(input) = self.features.payload(hash) {
-                features.insert(hash, input);
+                encoded.features.insert(hash, input);
             }
         }
-        (own, Ok(features))
-    }
-
-    /// This request's encoding with the items it waited for: their embeddings added, or,
-    /// when another request's encoding of one failed, the failure (the item has left the
-    /// store, and the request's hold on it with it).
-    fn join_waited(
-        &self,
-        own: Result<Encoded, ApiError>,
-        others: Result<HashMap<u64, MediaInput>, Vec<u64>>,
-        hold: &mut FeatureHold,
-    ) -> Result<Encoded, ApiError> {
-        match others {
-            Ok(features) => own.map(|mut encoded| {
-                encoded.features.extend(features);
-                encoded
-            }),
-            Err(failed) => {
-                for &hash in &failed {
-                    hold.forget(hash);
-                }
-                self.metrics.count_media_encode("failed");
-                own.and(Err(ApiError::unavailable(
-                    "The request's media could not be encoded (another request's encoding \
-                     of the same item failed); retry shortly."
-                        .to_string(),
-                    Duration::from_secs(1),
-                )))
-            }
-        }
+        Ok(encoded)
     }
 
     /// Takes the request's items in the feature store: those it has are not encoded
