@@ -7,9 +7,13 @@
 //! bookkeeping it keeps the embeddings real encoders computed, for as long as the store
 //! keeps their item.
 //!
-//! A request that finds an item being encoded for another request does not encode it
+//! A request that finds an item another request has started encoding does not encode it
 //! again: it holds it too and waits for that encoding ([`Taken::Pending`]); if that
-//! encoding fails, the item leaves the store and every request waiting on it is told.
+//! encoding fails, the item leaves the store, every request waiting on it is told (and
+//! encodes it itself). Each stay of an item in the store is its own generation, so a hold
+//! on an item that left is never taken for a hold on the item that came back; a request's
+//! reservations not settled when it goes away (a client that hung up) fail
+//! ([`Reservations`]), so nobody waits on them.
 //!
 //! The states after encoding follow the request: its items are STAGED when they go to its
 //! LLM worker (with the request, or when it is told they are ready), within the staging
@@ -70,9 +74,21 @@ struct Inner {
     reported: StoreStats,
     /// The embeddings of items in the store, by item hash.
     payloads: HashMap<u64, MediaInput>,
-    /// Items being encoded, each with the channel its waiting requests watch: `None` while
-    /// encoding, then `Some(true)` once encoded or `Some(false)` once it left the store.
-    encoding: HashMap<u64, watch::Sender<Option<bool>>>,
+    /// Items being encoded (see [`Encoding`]).
+    encoding: HashMap<u64, Encoding>,
+    /// Each item's generation: an item that left the store and came back is another.
+    generations: HashMap<u64, u64>,
+    next_generation: u64,
+}
+
+/// An item being encoded: the channel its waiting requests watch (`None` while encoding,
+/// then `Some(true)` once encoded or `Some(false)` once it left the store), and whether its
+/// encoding has started (a request still waiting for room to reserve its other items has
+/// not started: another request waiting on it could wait on that request).
+#[derive(Debug)]
+struct Encoding {
+    done: watch::Sender<Option<bool>>,
+    started: bool,
 }
 
 /// How a request took one of its media items (see [`SharedFeatureStore::take`]).
@@ -85,6 +101,9 @@ pub enum Taken {
     /// Another request is encoding the item: held for this one too; the channel says when
     /// that encoding ends (see [`Pending::wait`]).
     Pending(Pending),
+    /// Another request has reserved the item but not started encoding it: held for this
+    /// one too; encode it too (the result is not stored).
+    EncodeToo,
 }
 
 /// An item another request is encoding.
@@ -137,6 +156,8 @@ impl SharedFeatureStore {
                 reported: StoreStats::default(),
                 payloads: HashMap::new(),
                 encoding: HashMap::new(),
+                generations: HashMap::new(),
+                next_generation: 0,
             }),
             bytes: metrics.feature_store_bytes.clone(),
             evictions: metrics.feature_store_evictions.clone(),
@@ -166,14 +187,15 @@ impl SharedFeatureStore {
     }
 
     /// Takes item `hash` of `bytes` for a request, as [`FeatureStore::acquire`] does, and
-    /// for an item another request is encoding, the channel to wait on. Waits while the
-    /// store has no room, at most `bound`; `None` when the time ran out.
+    /// for an item another request is encoding, the channel to wait on; with the item's
+    /// generation (for [`FeatureHold::push`]). Waits while the store has no room, at most
+    /// `bound`; `None` when the time ran out.
     pub async fn take(
         &self,
         hash: u64,
         bytes: u64,
         bound: Duration,
-    ) -> Option<Result<Taken, StoreError>> {
+    ) -> Option<Result<(Taken, u64), StoreError>> {
         let deadline = tokio::time::Instant::now() + bound;
         loop {
             // Registered before looking, so memory freed in between is not missed.
@@ -181,28 +203,45 @@ impl SharedFeatureStore {
             tokio::pin!(freed);
             freed.as_mut().enable();
             {
-                let mut inner = self.inner.lock();
+                let mut guard = self.inner.lock();
+                let inner = &mut *guard;
                 let before = before_of(&inner.store);
                 let taken = match inner.store.acquire(hash, bytes) {
                     Ok(Acquired::Wait) => None,
                     Ok(Acquired::Encode) => {
-                        inner.encoding.insert(hash, watch::Sender::new(None));
+                        inner.encoding.insert(
+                            hash,
+                            Encoding {
+                                done: watch::Sender::new(None),
+                                started: false,
+                            },
+                        );
+                        inner.generations.remove(&hash);
                         Some(Ok(Taken::Encode))
                     }
                     Ok(Acquired::Hit(FeatureState::Encoding)) => {
-                        // Every encoding the frontend starts is registered; one started
-                        // otherwise gets its channel here and is told when it ends.
-                        let done = inner
-                            .encoding
-                            .entry(hash)
-                            .or_insert_with(|| watch::Sender::new(None))
-                            .subscribe();
-                        Some(Ok(Taken::Pending(Pending { hash, done })))
+                        Some(Ok(match inner.encoding.get(&hash) {
+                            Some(e) if e.started => Taken::Pending(Pending {
+                                hash,
+                                done: e.done.subscribe(),
+                            }),
+                            _ => Taken::EncodeToo,
+                        }))
                     }
                     Ok(Acquired::Hit(_)) => Some(Ok(Taken::Hit)),
                     Err(e) => Some(Err(e)),
                 };
-                self.after(&mut inner, before);
+                let taken = taken.map(|t| {
+                    t.map(|t| {
+                        let next = &mut inner.next_generation;
+                        let generation = *inner.generations.entry(hash).or_insert_with(|| {
+                            *next += 1;
+                            *next
+                        });
+                        (t, generation)
+                    })
+                });
+                self.after(inner, before);
                 if taken.is_some() {
                     return taken;
                 }
@@ -221,6 +260,8 @@ impl SharedFeatureStore {
             reported,
             payloads,
             encoding,
+            generations,
+            next_generation: _,
         } = inner;
         // Memory given back, or an item that may now be evicted to make room: whoever
         // waits for room looks again.
@@ -234,13 +275,16 @@ impl SharedFeatureStore {
             payloads.retain(|&hash, _| store.state(hash).is_some());
         }
         if !encoding.is_empty() {
-            encoding.retain(|&hash, done| match store.state(hash) {
+            encoding.retain(|&hash, e| match store.state(hash) {
                 Some(FeatureState::Encoding) => true,
                 state => {
-                    done.send_replace(Some(state.is_some()));
+                    e.done.send_replace(Some(state.is_some()));
                     false
                 }
             });
+        }
+        if !generations.is_empty() {
+            generations.retain(|&hash, _| store.state(hash).is_some());
         }
         let stats = store.stats();
         self.evictions.inc_by(stats.evictions - reported.evictions);
@@ -260,6 +304,53 @@ impl SharedFeatureStore {
                 })
                 .set(i64::try_from(store.bytes_in(state)).unwrap_or(i64::MAX));
         }
+    }
+
+    /// The request reserving `hashes` starts encoding them: from now on other requests
+    /// wait for it rather than encode them too.
+    pub fn start(&self, hashes: impl IntoIterator<Item = u64>) {
+        let mut inner = self.inner.lock();
+        for hash in hashes {
+            if let Some(e) = inner.encoding.get_mut(&hash) {
+                e.started = true;
+            }
+        }
+    }
+
+    /// Lets go of `held` (item, generation): items that left the store meanwhile (their
+    /// encoding failed) are not released, whatever came back under their hash.
+    fn release_held(&self, held: Vec<(u64, u64)>) {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let before = before_of(&inner.store);
+        for (hash, generation) in held {
+            if inner.generations.get(&hash) != Some(&generation) {
+                continue;
+            }
+            // Only items this request took are here: a failure is a bookkeeping bug,
+            // logged rather than fatal.
+            if let Err(e) = inner.store.release(hash) {
+                tracing::warn!(error = %e, "the feature store could not release an item");
+            }
+        }
+        self.after(inner, before);
+    }
+
+    /// Fails `reserved` (item, generation) still being encoded: they leave the store and
+    /// the requests waiting for them are told.
+    fn fail_unsettled(&self, reserved: Vec<(u64, u64)>) {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let before = before_of(&inner.store);
+        for (hash, generation) in reserved {
+            if inner.generations.get(&hash) == Some(&generation)
+                && inner.store.state(hash) == Some(FeatureState::Encoding)
+                && let Err(e) = inner.store.failed(hash)
+            {
+                tracing::warn!(error = %e, "the feature store could not fail an item");
+            }
+        }
+        self.after(inner, before);
     }
 
     /// The embeddings the store keeps for item `hash`.
@@ -307,7 +398,8 @@ fn before_of(store: &FeatureStore) -> (u64, u64, u64) {
 #[derive(Debug)]
 pub struct FeatureHold {
     store: Arc<SharedFeatureStore>,
-    held: Vec<u64>,
+    /// Held items, with their generations.
+    held: Vec<(u64, u64)>,
     /// Held items this request staged whose positions its worker has not prefilled yet.
     staged: Vec<u64>,
 }
@@ -321,28 +413,25 @@ impl FeatureHold {
         }
     }
 
-    /// Records that the request holds `hash` (acquired from the store).
-    pub fn push(&mut self, hash: u64) {
-        self.held.push(hash);
+    /// Records that the request holds `hash` of `generation` (taken from the store).
+    pub fn push(&mut self, hash: u64, generation: u64) {
+        self.held.push((hash, generation));
     }
 
     /// Whether the request holds `hash`.
     pub fn holds(&self, hash: u64) -> bool {
-        self.held.contains(&hash)
+        self.held.iter().any(|&(h, _)| h == hash)
     }
 
     /// Forgets `hash` (its encoding failed: it left the store).
     pub fn forget(&mut self, hash: u64) {
-        self.held.retain(|&h| h != hash);
+        self.held.retain(|&(h, _)| h != hash);
         self.staged.retain(|&h| h != hash);
     }
 
     /// The held items among `hashes` (the media of the prompt about to go to a worker).
     pub fn held_among(&self, hashes: impl IntoIterator<Item = u64>) -> Vec<u64> {
-        let mut out: Vec<u64> = hashes
-            .into_iter()
-            .filter(|h| self.held.contains(h))
-            .collect();
+        let mut out: Vec<u64> = hashes.into_iter().filter(|&h| self.holds(h)).collect();
         out.sort_unstable();
         out.dedup();
         out
@@ -441,15 +530,49 @@ impl Drop for FeatureHold {
             return;
         }
         let held = std::mem::take(&mut self.held);
-        self.store.with(|store| {
-            for hash in held {
-                // Only items this request took are here: a failure is a bookkeeping bug,
-                // logged rather than fatal.
-                if let Err(e) = store.release(hash) {
-                    tracing::warn!(error = %e, "the feature store could not release an item");
-                }
-            }
-        });
+        self.store.release_held(held);
+    }
+}
+
+/// The items a request reserved to encode (with their generations): recorded encoded or
+/// failed by [`Reservations::take_all`]'s caller; those still reserved when it is dropped
+/// (the request went away first) fail.
+#[derive(Debug)]
+pub struct Reservations {
+    store: Arc<SharedFeatureStore>,
+    items: Vec<(u64, u64)>,
+}
+
+impl Reservations {
+    pub fn new(store: Arc<SharedFeatureStore>) -> Self {
+        Reservations {
+            store,
+            items: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, hash: u64, generation: u64) {
+        self.items.push((hash, generation));
+    }
+
+    pub fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.items.iter().map(|&(h, _)| h)
+    }
+
+    /// The reserved items' hashes, now the caller's to settle.
+    pub fn take_all(mut self) -> Vec<u64> {
+        std::mem::take(&mut self.items)
+            .into_iter()
+            .map(|(h, _)| h)
+            .collect()
+    }
+}
+
+impl Drop for Reservations {
+    fn drop(&mut self) {
+        if !self.items.is_empty() {
+            self.store.fail_unsettled(std::mem::take(&mut self.items));
+        }
     }
 }
 
@@ -479,51 +602,76 @@ mod tests {
             let store = Arc::clone(&store);
             async move { store.take(hash, kib, bound).await.unwrap().unwrap() }
         };
-        // The first request encodes item 1; the second waits for it instead.
-        assert!(matches!(take(1).await, Taken::Encode));
-        let Taken::Pending(pending) = take(1).await else {
-            panic!("the second request should wait for the first's encoding");
+        // The first request reserves item 1; until it starts encoding, a second request
+        // encodes it too (the first may be waiting for room for its other items).
+        let (taken, first) = take(1).await;
+        assert!(matches!(taken, Taken::Encode));
+        assert!(matches!(take(1).await.0, Taken::EncodeToo));
+        store.start([1]);
+        let (Taken::Pending(pending), generation) = take(1).await else {
+            panic!("the third request should wait for the first's encoding");
         };
+        assert_eq!(generation, first, "the same stay in the store");
         let waiter = tokio::spawn(pending.wait());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiter.is_finished(), "told before the encoding ended");
         store.with(|s| s.encoded(1)).unwrap();
         assert!(waiter.await.unwrap(), "the encoding succeeded");
-        assert!(matches!(take(1).await, Taken::Hit));
-        store.with(|s| {
-            assert_eq!(s.state(1), Some(FeatureState::EncodedCpu));
-            for _ in 0..3 {
-                s.release(1).unwrap();
-            }
-        });
+        assert!(matches!(take(1).await.0, Taken::Hit));
+        store.release_held(vec![(1, first); 4]);
+        store.with(|s| assert_eq!(s.state(1), Some(FeatureState::EncodedCpu)));
 
         // A failed encoding: the waiter is told, and the item (with every hold on it) is
-        // gone; the next request to send it encodes it afresh and is not told of the old
-        // failure.
-        assert!(matches!(take(2).await, Taken::Encode));
-        let Taken::Pending(pending) = take(2).await else {
+        // gone; the next request to send it encodes it afresh, in a new generation, and is
+        // not told of the old failure.
+        let (_, old) = take(2).await;
+        store.start([2]);
+        let (Taken::Pending(pending), _) = take(2).await else {
             panic!("the second request should wait for the first's encoding");
         };
         store.with(|s| s.failed(2)).unwrap();
         assert!(!pending.wait().await, "the encoding failed");
-        assert!(matches!(take(2).await, Taken::Encode));
-        let Taken::Pending(again) = take(2).await else {
+        let (taken, new) = take(2).await;
+        assert!(matches!(taken, Taken::Encode));
+        assert_ne!(new, old, "another stay in the store");
+        store.start([2]);
+        let (Taken::Pending(again), _) = take(2).await else {
             panic!("waits for the new encoding");
         };
         let waiter = tokio::spawn(again.wait());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiter.is_finished(), "told of the old encoding's failure");
-        store.with(|s| s.failed(2)).unwrap();
-        assert!(!waiter.await.unwrap());
+        // The old holds let go: nothing of the new stay is released.
+        store.release_held(vec![(2, old); 2]);
+        store.with(|s| s.encoded(2)).unwrap();
+        assert!(waiter.await.unwrap());
+        store.release_held(vec![(2, new)]);
         store.with(|s| {
-            assert_eq!(s.state(2), None);
-            // Only item 1, kept after its requests let it go: the failures leaked nothing.
-            assert_eq!(s.cpu_used(), kib, "a failure leaks no memory");
+            assert_eq!(
+                s.state(2),
+                Some(FeatureState::EncodedCpu),
+                "still held once"
+            );
+            s.release(2).unwrap();
         });
         assert!(
             store.inner.lock().encoding.is_empty(),
             "no channel left behind"
         );
+
+        // A request that goes away with its reservation unsettled: the item fails, and a
+        // request waiting for it is told at once.
+        let mut reserved = Reservations::new(Arc::clone(&store));
+        let (taken, generation) = take(3).await;
+        assert!(matches!(taken, Taken::Encode));
+        reserved.push(3, generation);
+        store.start(reserved.hashes().collect::<Vec<_>>());
+        let (Taken::Pending(pending), _) = take(3).await else {
+            panic!("waits for the reserving request");
+        };
+        drop(reserved);
+        assert!(!pending.wait().await, "told of the abandoned reservation");
+        store.with(|s| assert_eq!(s.state(3), None));
     }
 
     #[tokio::test]

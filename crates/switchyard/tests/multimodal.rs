@@ -747,6 +747,8 @@ async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
     let text = scrape(&url(&d, "/metrics")).await;
     let count = |outcome: &str| encodes(&text, outcome);
     assert_eq!((count("encoded"), count("skipped")), (1.0, 1.0), "{text}");
+    // The second request's reservation of the image, not encoded, left the store.
+    assert_eq!(store_bytes(&text), 0.0, "{text}");
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();
@@ -989,6 +991,61 @@ async fn requests_sending_the_same_image_at_once_share_one_encoding() {
             "overlap {overlap}: encoded once, the second request waited for it: {text}"
         );
         assert_eq!(store_bytes(&text), 0.0, "overlap {overlap}: {text}");
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_an_encoding_that_fails_tries_itself_and_leaves_nothing_stored() {
+    use switchyard_worker::faults::Fault;
+    for overlap in ["true", "false"] {
+        let d = start(&[
+            ("WORKERS__COUNT", "1"),
+            ("FRONTEND__MULTIMODAL__ENCODERS", "1"),
+            ("FRONTEND__MULTIMODAL__OVERLAP", overlap),
+            ("FRONTEND__MULTIMODAL__ON_ENCODER_FAILURE", "text_only"),
+            (
+                "FRONTEND__MULTIMODAL__ENCODER_COST__IMAGE_BATCH_MS",
+                "[[1, 400.0], [2, 450.0]]",
+            ),
+        ])
+        .await;
+        let encoder = d.workers[1].worker_id();
+        let image = data_url(&png(64, 64, 91));
+        let send = |text: &str| {
+            let body = with_image(text, &image, None);
+            let client = client();
+            let target = url(&d, "/v1/chat/completions");
+            tokio::spawn(async move { client.post(target).json(&body).send().await })
+        };
+        let first = send("Describe this.");
+        while d.frontend.media.outstanding_ms(encoder) <= 0.0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // The second request finds the image being encoded for the first and waits.
+        let second = send("What colour is it?");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // The only encoder dies in the middle of the job: the first request's encoding
+        // fails, the second is told, tries itself, fails too; both answer from the text.
+        inject(&d, encoder, Fault::Crash);
+        for request in [first, second] {
+            let response = request.await.unwrap().unwrap();
+            assert_eq!(response.status(), 200, "overlap {overlap}");
+            let warning = response.headers()["x-switchyard-warning"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            assert!(warning.contains("text alone"), "{warning}");
+        }
+        let text = scrape(&url(&d, "/metrics")).await;
+        assert_eq!(store_bytes(&text), 0.0, "overlap {overlap}: {text}");
+        assert_eq!(
+            encodes(&text, "text_only"),
+            2.0,
+            "overlap {overlap}: {text}"
+        );
         d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
             .await
             .unwrap();

@@ -21,7 +21,7 @@ use switchyard_runtime::WorkerInstance;
 use tokio::sync::watch;
 
 use super::Frontend;
-use crate::features::{FeatureHold, Pending, Taken};
+use crate::features::{FeatureHold, Pending, Reservations, Taken};
 use crate::media::{MediaItem, OnEncoderFailure};
 use crate::openai::ApiError;
 
@@ -120,8 +120,8 @@ enum Plan {
 /// it reserved for it, the items other requests are encoding, and its deadline.
 struct Work {
     groups: Vec<Group>,
-    reserved: Vec<u64>,
-    awaited: Vec<Pending>,
+    reserved: Reservations,
+    awaited: Vec<(MediaItem, Pending)>,
     deadline: tokio::time::Instant,
     timeout: Duration,
 }
@@ -142,7 +142,7 @@ impl Frontend {
         let (policy, timeout) = self.media.on_encoder_failure();
         let deadline = tokio::time::Instant::now() + timeout;
         let mut hold = FeatureHold::new(Arc::clone(&self.features));
-        let mut reserved = Vec::new();
+        let mut reserved = Reservations::new(Arc::clone(&self.features));
         // Items other requests are encoding: waited for, not encoded again.
         let mut awaited = Vec::new();
         // The embeddings of the items the store has.
@@ -155,11 +155,19 @@ impl Frontend {
         let hold = Arc::new(parking_lot::Mutex::new(hold));
         let outcome = match held {
             Ok(Some(to_encode)) => match self.plan_encoding(&to_encode, prompt) {
-                Plan::Nothing if awaited.is_empty() => Ok(Encoded::default()),
-                Plan::Held(worker) => Ok(Encoded {
-                    holder: Some(worker),
-                    ..Encoded::default()
-                }),
+                Plan::Nothing if awaited.is_empty() => {
+                    // Reserved items no encoder worker takes leave the store.
+                    self.settle(reserved, None, &mut hold.lock());
+                    Ok(Encoded::default())
+                }
+                Plan::Held(worker) => {
+                    // Not encoded: the worker holds the media's KV.
+                    self.settle(reserved, None, &mut hold.lock());
+                    Ok(Encoded {
+                        holder: Some(worker),
+                        ..Encoded::default()
+                    })
+                }
                 plan => {
                     let groups = match plan {
                         Plan::Encode(groups) => groups,
@@ -202,7 +210,7 @@ impl Frontend {
             },
             Ok(None) | Err(_) => {
                 // Out of time before any encoding: the items reserved leave the store.
-                self.settle(&reserved, None, &mut hold.lock());
+                self.settle(reserved, None, &mut hold.lock());
                 Err(self.timed_out(timeout))
             }
         };
@@ -252,10 +260,11 @@ impl Frontend {
     /// Settles the items a request reserved in the feature store: those `encoded` are
     /// recorded, with their embeddings when the encoders computed them; the others leave
     /// it (and the request's hold).
-    fn settle(&self, reserved: &[u64], encoded: Option<&Encoded>, hold: &mut FeatureHold) {
+    fn settle(&self, reserved: Reservations, encoded: Option<&Encoded>, hold: &mut FeatureHold) {
+        let reserved = reserved.take_all();
         let encoded_hashes: &[u64] = encoded.map_or(&[], |e| e.hashes.as_slice());
         self.features.with_payloads(|store, payloads| {
-            for &hash in reserved {
+            for &hash in &reserved {
                 let settled = if encoded_hashes.contains(&hash) {
                     store.encoded(hash)
                 } else {
@@ -281,10 +290,9 @@ impl Frontend {
     /// Encodes `work.groups` (none: nothing) while waiting, both within the deadline, for
     /// the items other requests are encoding. The items this request reserved are settled
     /// in the store as soon as its own encoding ends, not after the wait: another request
-    /// may be waiting for them (two requests each waiting for the other's item would
-    /// otherwise wait for each other until the deadline). When another request's encoding
-    /// of an item failed, the item has left the store, and this request's hold on it with
-    /// it: the request's media failed.
+    /// may be waiting for them. An item whose other encoding failed (its encoder failed, or
+    /// encoded it smaller under another hash after running out of memory) has left the
+    /// store, and this request's hold on it with it: the request encodes it itself.
     async fn encode_and_wait(
         &self,
         work: Work,
@@ -297,6 +305,7 @@ impl Frontend {
             deadline,
             timeout,
         } = work;
+        self.features.start(reserved.hashes().collect::<Vec<_>>());
         let own = async {
             let outcome = if groups.is_empty() {
                 Ok(Encoded::default())
@@ -306,44 +315,103 @@ impl Frontend {
                     .unwrap_or_else(|_| Err(self.timed_out(timeout)))
             };
             // The items this request reserved are encoded now, or leave the store.
-            self.settle(&reserved, outcome.as_ref().ok(), &mut hold.lock());
+            self.settle(reserved, outcome.as_ref().ok(), &mut hold.lock());
             outcome
         };
-        let others = tokio::time::timeout_at(
-            deadline,
-            futures::future::join_all(
-                awaited
-                    .into_iter()
-                    .map(|pending| async move { (pending.hash, pending.wait().await) }),
-            ),
-        );
+        let others =
+            futures::future::join_all(awaited.into_iter().map(|(item, pending)| async move {
+                let done = tokio::time::timeout_at(deadline, pending.wait()).await.ok();
+                (item, done)
+            }));
         let (own, others) = futures::join!(own, others);
-        let mut encoded = own?;
-        let Ok(others) = others else {
-            return Err(self.timed_out(timeout));
-        };
-        let failed: Vec<u64> = others.iter().filter(|o| !o.1).map(|o| o.0).collect();
-        if !failed.is_empty() {
-            let mut hold = hold.lock();
-            for &hash in &failed {
-                hold.forget(hash);
+        let mut again = Vec::new();
+        let mut waited = Vec::new();
+        let mut late = false;
+        for (item, done) in others {
+            match done {
+                Some(true) => waited.push(item.hash),
+                Some(false) => {
+                    hold.lock().forget(item.hash);
+                    again.push(item);
+                }
+                None => late = true,
             }
-            self.metrics.count_media_encode("failed");
-            return Err(ApiError::unavailable(
-                "The request's media could not be encoded (another request's encoding of \
-                 the same item failed); retry shortly."
-                    .to_string(),
-                Duration::from_secs(1),
-            ));
         }
-        for (hash, _) in others {
+        let mut encoded = own?;
+        if late {
+            return Err(self.timed_out(timeout));
+        }
+        for hash in waited {
             // Not encoded again: the store had it by the time it was needed.
             self.metrics.feature_store_hits.inc();
             if let Some(input) = self.features.payload(hash) {
                 encoded.features.insert(hash, input);
             }
         }
+        if !again.is_empty() {
+            let more = self.encode_again(&again, hold, deadline, timeout).await?;
+            encoded.hashes.extend(more.hashes);
+            encoded.resized.extend(more.resized);
+            encoded.features.extend(more.features);
+        }
         Ok(encoded)
+    }
+
+    /// Encodes `items` whose other encoding failed: taken from the store again (reserved,
+    /// or found there; one another request is encoding again is encoded too rather than
+    /// waited for twice), then encoded and settled.
+    async fn encode_again(
+        &self,
+        items: &[MediaItem],
+        hold: &parking_lot::Mutex<FeatureHold>,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Result<Encoded, ApiError> {
+        let per_token = self.media.encoder_cost().embedding_bytes_per_token;
+        let mut reserved = Reservations::new(Arc::clone(&self.features));
+        let mut to_encode = Vec::new();
+        let mut found = HashMap::new();
+        for item in items {
+            let bytes = u64::from(item.tokens).saturating_mul(per_token);
+            let bound = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.features.take(item.hash, bytes, bound).await {
+                Some(Ok((taken, generation))) => {
+                    hold.lock().push(item.hash, generation);
+                    match taken {
+                        Taken::Encode => {
+                            reserved.push(item.hash, generation);
+                            to_encode.push(item.clone());
+                        }
+                        Taken::Hit => {
+                            self.metrics.feature_store_hits.inc();
+                            if let Some(input) = self.features.payload(item.hash) {
+                                found.insert(item.hash, input);
+                            }
+                        }
+                        Taken::Pending(_) | Taken::EncodeToo => to_encode.push(item.clone()),
+                    }
+                }
+                Some(Err(_)) => to_encode.push(item.clone()),
+                None => {
+                    self.settle(reserved, None, &mut hold.lock());
+                    return Err(self.timed_out(timeout));
+                }
+            }
+        }
+        self.features.start(reserved.hashes().collect::<Vec<_>>());
+        let groups = self.groups_for(&to_encode);
+        let outcome = if groups.is_empty() {
+            Ok(Encoded::default())
+        } else {
+            tokio::time::timeout_at(deadline, self.run_plan(&groups))
+                .await
+                .unwrap_or_else(|_| Err(self.timed_out(timeout)))
+        };
+        self.settle(reserved, outcome.as_ref().ok(), &mut hold.lock());
+        outcome.map(|mut encoded| {
+            encoded.features.extend(found);
+            encoded
+        })
     }
 
     /// Takes the request's items in the feature store: those it has are not encoded
@@ -355,8 +423,8 @@ impl Frontend {
         &self,
         items: &[MediaItem],
         hold: &mut FeatureHold,
-        reserved: &mut Vec<u64>,
-        awaited: &mut Vec<Pending>,
+        reserved: &mut Reservations,
+        awaited: &mut Vec<(MediaItem, Pending)>,
         features: &mut HashMap<u64, MediaInput>,
     ) -> Option<Vec<MediaItem>> {
         if items.is_empty() || self.routing.encoders().is_empty() {
@@ -376,21 +444,27 @@ impl Frontend {
                 .await;
             {
                 match taken {
-                    Some(Ok(Taken::Pending(pending))) => {
+                    Some(Ok((Taken::Pending(pending), generation))) => {
                         // Another request is encoding it: wait for that encoding.
-                        hold.push(item.hash);
-                        awaited.push(pending);
+                        hold.push(item.hash, generation);
+                        awaited.push((item.clone(), pending));
                     }
-                    Some(Ok(Taken::Hit)) => {
-                        hold.push(item.hash);
+                    Some(Ok((Taken::EncodeToo, generation))) => {
+                        // Reserved by a request that has not started on it (it may be
+                        // waiting for room): encode it too rather than wait.
+                        hold.push(item.hash, generation);
+                        to_encode.push(item.clone());
+                    }
+                    Some(Ok((Taken::Hit, generation))) => {
+                        hold.push(item.hash, generation);
                         self.metrics.feature_store_hits.inc();
                         if let Some(input) = self.features.payload(item.hash) {
                             features.insert(item.hash, input);
                         }
                     }
-                    Some(Ok(Taken::Encode)) => {
-                        hold.push(item.hash);
-                        reserved.push(item.hash);
+                    Some(Ok((Taken::Encode, generation))) => {
+                        hold.push(item.hash, generation);
+                        reserved.push(item.hash, generation);
                         to_encode.push(item.clone());
                     }
                     // Out of time (the caller's timeout has passed by now).
@@ -433,12 +507,37 @@ impl Frontend {
         if items.is_empty() {
             return Plan::Nothing;
         }
-        let encoders = self.routing.encoders();
-        if encoders.is_empty() {
+        let groups = self.groups_for(items);
+        if groups.is_empty() {
             return Plan::Nothing;
         }
+        // The soonest the media could reach a worker: per group, the first encoder's queue
+        // and the group's batches; the last group to finish, and the embeddings' transfer.
+        let ready_ms = groups
+            .iter()
+            .map(|g| self.media.outstanding_ms(g.takers[0].worker_id) + g.estimate_ms)
+            .fold(0f64, f64::max);
+        let media_tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
+        let encode = Duration::from_secs_f64(ready_ms / 1e3)
+            + self.media.encoder_cost().transfer_time(media_tokens);
+        match self.routing.sooner_holder(prompt, encode) {
+            Some(holder) => {
+                self.metrics.count_media_encode("skipped");
+                Plan::Held(holder)
+            }
+            None => Plan::Encode(groups),
+        }
+    }
+
+    /// The items grouped by the encoder workers that take them (the best first), with
+    /// their estimated time; none without encoder workers.
+    fn groups_for(&self, items: &[MediaItem]) -> Vec<Group> {
+        let encoders = self.routing.encoders();
+        if encoders.is_empty() {
+            return Vec::new();
+        }
         let cost = self.media.encoder_cost();
-        let groups: Vec<Group> = group_by_takers(items, &encoders)
+        group_by_takers(items, &encoders)
             .into_iter()
             .map(|(mut takers, members)| {
                 self.media.order_encoders(&mut takers);
@@ -459,25 +558,7 @@ impl Frontend {
                     estimate_ms,
                 }
             })
-            .collect();
-        if groups.is_empty() {
-            return Plan::Nothing;
-        }
-        // The soonest the media could reach a worker: per group, the first encoder's queue
-        // and the group's batches; the last group to finish, and the embeddings' transfer.
-        let ready_ms = groups
-            .iter()
-            .map(|g| self.media.outstanding_ms(g.takers[0].worker_id) + g.estimate_ms)
-            .fold(0f64, f64::max);
-        let media_tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
-        let encode = Duration::from_secs_f64(ready_ms / 1e3) + cost.transfer_time(media_tokens);
-        match self.routing.sooner_holder(prompt, encode) {
-            Some(holder) => {
-                self.metrics.count_media_encode("skipped");
-                Plan::Held(holder)
-            }
-            None => Plan::Encode(groups),
-        }
+            .collect()
     }
 
     /// Encodes every group (at once, each on its first worker that succeeds): the items
