@@ -173,6 +173,9 @@ impl Frontend {
                         Plan::Encode(groups) => groups,
                         Plan::Nothing | Plan::Held(_) => Vec::new(),
                     };
+                    // From here on other requests wait for this one's encoding of the
+                    // items it reserved (started at once, or in the task spawned below).
+                    self.features.start(reserved.hashes().collect::<Vec<_>>());
                     let work = Work {
                         groups,
                         reserved,
@@ -305,7 +308,6 @@ impl Frontend {
             deadline,
             timeout,
         } = work;
-        self.features.start(reserved.hashes().collect::<Vec<_>>());
         let own = async {
             let outcome = if groups.is_empty() {
                 Ok(Encoded::default())
