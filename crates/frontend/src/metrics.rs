@@ -399,7 +399,7 @@ impl Metrics {
         let media_encodes = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "media_encodes",
-            "Requests with media by outcome: encoded, skipped (its media's KV held by the soonest worker), failed",
+            "Requests with media by outcome: encoded, skipped (its media's KV held by the soonest worker), waited (for another request's encoding of its items), failed, timeout, reduced, text_only",
             media_encodes.clone(),
         );
         let encoder_jobs = Counter::default();

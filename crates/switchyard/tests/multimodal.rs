@@ -990,6 +990,11 @@ async fn requests_sending_the_same_image_at_once_share_one_encoding() {
             (1.0, 1.0),
             "overlap {overlap}: encoded once, the second request waited for it: {text}"
         );
+        assert_eq!(
+            (encodes(&text, "encoded"), encodes(&text, "waited")),
+            (1.0, 1.0),
+            "overlap {overlap}: {text}"
+        );
         assert_eq!(store_bytes(&text), 0.0, "overlap {overlap}: {text}");
         d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
             .await

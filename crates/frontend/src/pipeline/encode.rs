@@ -343,6 +343,9 @@ impl Frontend {
         if late {
             return Err(self.timed_out(timeout));
         }
+        if !waited.is_empty() {
+            self.metrics.count_media_encode("waited");
+        }
         for hash in waited {
             // Not encoded again: the store had it by the time it was needed.
             self.metrics.feature_store_hits.inc();
