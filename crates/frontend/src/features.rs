@@ -178,10 +178,15 @@ impl SharedFeatureStore {
         &self,
         f: impl FnOnce(&mut FeatureStore, &mut HashMap<u64, MediaInput>) -> R,
     ) -> R {
+        self.locked(|inner| f(&mut inner.store, &mut inner.payloads))
+    }
+
+    /// Runs `f` on the store's state, then [`SharedFeatureStore::after`].
+    fn locked<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         let before = before_of(&inner.store);
-        let out = f(&mut inner.store, &mut inner.payloads);
+        let out = f(inner);
         self.after(inner, before);
         out
     }
@@ -202,10 +207,7 @@ impl SharedFeatureStore {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            {
-                let mut guard = self.inner.lock();
-                let inner = &mut *guard;
-                let before = before_of(&inner.store);
+            let taken = self.locked(|inner| {
                 let taken = match inner.store.acquire(hash, bytes) {
                     Ok(Acquired::Wait) => None,
                     Ok(Acquired::Encode) => {
@@ -216,7 +218,6 @@ impl SharedFeatureStore {
                                 started: false,
                             },
                         );
-                        inner.generations.remove(&hash);
                         Some(Ok(Taken::Encode))
                     }
                     Ok(Acquired::Hit(FeatureState::Encoding)) => {
@@ -231,7 +232,8 @@ impl SharedFeatureStore {
                     Ok(Acquired::Hit(_)) => Some(Ok(Taken::Hit)),
                     Err(e) => Some(Err(e)),
                 };
-                let taken = taken.map(|t| {
+                // An item new to the store (or back in it) starts a generation.
+                taken.map(|t| {
                     t.map(|t| {
                         let next = &mut inner.next_generation;
                         let generation = *inner.generations.entry(hash).or_insert_with(|| {
@@ -240,11 +242,10 @@ impl SharedFeatureStore {
                         });
                         (t, generation)
                     })
-                });
-                self.after(inner, before);
-                if taken.is_some() {
-                    return taken;
-                }
+                })
+            });
+            if taken.is_some() {
+                return taken;
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
                 return None;
@@ -320,37 +321,33 @@ impl SharedFeatureStore {
     /// Lets go of `held` (item, generation): items that left the store meanwhile (their
     /// encoding failed) are not released, whatever came back under their hash.
     fn release_held(&self, held: Vec<(u64, u64)>) {
-        let mut guard = self.inner.lock();
-        let inner = &mut *guard;
-        let before = before_of(&inner.store);
-        for (hash, generation) in held {
-            if inner.generations.get(&hash) != Some(&generation) {
-                continue;
+        self.locked(|inner| {
+            for (hash, generation) in held {
+                if inner.generations.get(&hash) != Some(&generation) {
+                    continue;
+                }
+                // Only items this request took are here: a failure is a bookkeeping bug,
+                // logged rather than fatal.
+                if let Err(e) = inner.store.release(hash) {
+                    tracing::warn!(error = %e, "the feature store could not release an item");
+                }
             }
-            // Only items this request took are here: a failure is a bookkeeping bug,
-            // logged rather than fatal.
-            if let Err(e) = inner.store.release(hash) {
-                tracing::warn!(error = %e, "the feature store could not release an item");
-            }
-        }
-        self.after(inner, before);
+        });
     }
 
     /// Fails `reserved` (item, generation) still being encoded: they leave the store and
     /// the requests waiting for them are told.
     fn fail_unsettled(&self, reserved: Vec<(u64, u64)>) {
-        let mut guard = self.inner.lock();
-        let inner = &mut *guard;
-        let before = before_of(&inner.store);
-        for (hash, generation) in reserved {
-            if inner.generations.get(&hash) == Some(&generation)
-                && inner.store.state(hash) == Some(FeatureState::Encoding)
-                && let Err(e) = inner.store.failed(hash)
-            {
-                tracing::warn!(error = %e, "the feature store could not fail an item");
+        self.locked(|inner| {
+            for (hash, generation) in reserved {
+                if inner.generations.get(&hash) == Some(&generation)
+                    && inner.store.state(hash) == Some(FeatureState::Encoding)
+                    && let Err(e) = inner.store.failed(hash)
+                {
+                    tracing::warn!(error = %e, "the feature store could not fail an item");
+                }
             }
-        }
-        self.after(inner, before);
+        });
     }
 
     /// The embeddings the store keeps for item `hash`.

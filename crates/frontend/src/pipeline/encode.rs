@@ -309,13 +309,7 @@ impl Frontend {
             timeout,
         } = work;
         let own = async {
-            let outcome = if groups.is_empty() {
-                Ok(Encoded::default())
-            } else {
-                tokio::time::timeout_at(deadline, self.run_plan(&groups))
-                    .await
-                    .unwrap_or_else(|_| Err(self.timed_out(timeout)))
-            };
+            let outcome = self.run_plan_by(&groups, deadline, timeout).await;
             // The items this request reserved are encoded now, or leave the store.
             self.settle(reserved, outcome.as_ref().ok(), &mut hold.lock());
             outcome
@@ -405,13 +399,7 @@ impl Frontend {
         }
         self.features.start(reserved.hashes().collect::<Vec<_>>());
         let groups = self.groups_for(&to_encode);
-        let outcome = if groups.is_empty() {
-            Ok(Encoded::default())
-        } else {
-            tokio::time::timeout_at(deadline, self.run_plan(&groups))
-                .await
-                .unwrap_or_else(|_| Err(self.timed_out(timeout)))
-        };
+        let outcome = self.run_plan_by(&groups, deadline, timeout).await;
         self.settle(reserved, outcome.as_ref().ok(), &mut hold.lock());
         outcome.map(|mut encoded| {
             encoded.features.extend(found);
@@ -564,6 +552,22 @@ impl Frontend {
                 }
             })
             .collect()
+    }
+
+    /// [`Frontend::run_plan`] by `deadline` (else the timeout's error); nothing to do for
+    /// no groups.
+    async fn run_plan_by(
+        &self,
+        groups: &[Group],
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Result<Encoded, ApiError> {
+        if groups.is_empty() {
+            return Ok(Encoded::default());
+        }
+        tokio::time::timeout_at(deadline, self.run_plan(groups))
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(timeout)))
     }
 
     /// Encodes every group (at once, each on its first worker that succeeds): the items
