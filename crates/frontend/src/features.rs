@@ -426,9 +426,16 @@ impl FeatureHold {
         self.staged.retain(|&h| h != hash);
     }
 
-    /// The held items among `hashes` (the media of the prompt about to go to a worker).
+    /// The held items among `hashes` (the media of the prompt about to go to a worker),
+    /// still in the store in the generation held (an item that left and came back is
+    /// another request's to stage).
     pub fn held_among(&self, hashes: impl IntoIterator<Item = u64>) -> Vec<u64> {
-        let mut out: Vec<u64> = hashes.into_iter().filter(|&h| self.holds(h)).collect();
+        let inner = self.store.inner.lock();
+        let current = |&(h, g): &(u64, u64)| inner.generations.get(&h) == Some(&g);
+        let mut out: Vec<u64> = hashes
+            .into_iter()
+            .filter(|&h| self.held.iter().any(|held| held.0 == h && current(held)))
+            .collect();
         out.sort_unstable();
         out.dedup();
         out
@@ -655,6 +662,15 @@ mod tests {
             store.inner.lock().encoding.is_empty(),
             "no channel left behind"
         );
+
+        // A hold on the old stay of item 2 is not a hold on the new one: nothing of it
+        // is staged.
+        let mut stale = FeatureHold::new(Arc::clone(&store));
+        stale.push(2, old);
+        assert_eq!(stale.held_among([2]), Vec::<u64>::new());
+        stale.push(2, new);
+        assert_eq!(stale.held_among([2]), vec![2]);
+        stale.held.clear();
 
         // A request that goes away with its reservation unsettled: the item fails, and a
         // request waiting for it is told at once.
