@@ -342,10 +342,7 @@ impl Frontend {
         }
         for hash in waited {
             // Not encoded again: the store had it by the time it was needed.
-            self.metrics.feature_store_hits.inc();
-            if let Some(input) = self.features.payload(hash) {
-                encoded.features.insert(hash, input);
-            }
+            self.hit(hash, &mut encoded.features);
         }
         if !again.is_empty() {
             let more = self.encode_again(&again, hold, deadline, timeout).await?;
@@ -381,12 +378,7 @@ impl Frontend {
                             reserved.push(item.hash, generation);
                             to_encode.push(item.clone());
                         }
-                        Taken::Hit => {
-                            self.metrics.feature_store_hits.inc();
-                            if let Some(input) = self.features.payload(item.hash) {
-                                found.insert(item.hash, input);
-                            }
-                        }
+                        Taken::Hit => self.hit(item.hash, &mut found),
                         Taken::Pending(_) | Taken::EncodeToo => to_encode.push(item.clone()),
                     }
                 }
@@ -405,6 +397,15 @@ impl Frontend {
             encoded.features.extend(found);
             encoded
         })
+    }
+
+    /// Item `hash` found in the feature store: counted as a hit, its embeddings (if the
+    /// store keeps any) added to `features`.
+    fn hit(&self, hash: u64, features: &mut HashMap<u64, MediaInput>) {
+        self.metrics.feature_store_hits.inc();
+        if let Some(input) = self.features.payload(hash) {
+            features.insert(hash, input);
+        }
     }
 
     /// Takes the request's items in the feature store: those it has are not encoded
@@ -450,10 +451,7 @@ impl Frontend {
                     }
                     Some(Ok((Taken::Hit, generation))) => {
                         hold.push(item.hash, generation);
-                        self.metrics.feature_store_hits.inc();
-                        if let Some(input) = self.features.payload(item.hash) {
-                            features.insert(item.hash, input);
-                        }
+                        self.hit(item.hash, features);
                     }
                     Some(Ok((Taken::Encode, generation))) => {
                         hold.push(item.hash, generation);
