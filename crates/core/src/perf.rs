@@ -112,7 +112,7 @@ impl TryFrom<PerfModelWire> for PerfModel {
 /// that extrapolated predictions stay finite.
 const MAX_TIMING_MS: f64 = 86_400_000.0;
 /// Largest `prefill_context_ms` (a 1,000-token chunk after 1,000 tokens would take 100 s).
-const MAX_CONTEXT_MS: f64 = 0.1;
+pub const MAX_CONTEXT_MS: f64 = 0.1;
 /// Largest axis value (tokens) a profile may give.
 const MAX_AXIS: f64 = 1e9;
 /// Smallest step between two points of an axis: closer points make slopes, and so

@@ -17,10 +17,15 @@ fn profile(url: &str, out: &std::path::Path, extra: &[&str]) -> std::process::Ou
         .args(["--isl", "128,2048", "--samples", "2"])
         .args(["--context", "256,1024", "--concurrency", "1,4"])
         .args(["--output-tokens", "24", "--out", out.to_str().unwrap()])
+        .args(["--cached-prefix", "512,2048", "--chunk", "256"])
         .args(extra)
         .output()
         .unwrap()
 }
+
+/// The cost of attending to cached tokens set in a profile, ms per cached token per chunk
+/// token: 13 ms for a 256-token chunk after 512 cached, 52 ms after 2,048.
+const CONTEXT_MS: f64 = 1e-4;
 
 #[test]
 fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
@@ -95,13 +100,31 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
         load["load"]["prefill_queue_up"].as_float().unwrap() >= 0.5,
         "{table}"
     );
+    // The polynomial model prices no attention to cached tokens: what the context sweep
+    // fits is noise, a small fraction of the cost set below.
+    assert!(
+        p.prefill_context_ms < 0.25 * CONTEXT_MS,
+        "{}",
+        p.prefill_context_ms
+    );
+    for point in measured["context"].as_array().unwrap() {
+        // The mocker's frontend says what it served from the cache: the whole prefix.
+        assert_eq!(point["cached_reported"], true, "{point}");
+        assert!(point["cached"].as_f64().unwrap() >= 512.0, "{point}");
+    }
     for plot in ["prefill.svg", "decode.svg"] {
         let svg = std::fs::read_to_string(out_dir.join(plot)).unwrap();
         assert!(svg.starts_with("<svg"), "{plot}");
     }
     drop(serve);
 
-    // The profile drives a mocker: `serve --perf-profile`.
+    // The profile drives a mocker: `serve --perf-profile`; with a cost of attending to
+    // cached tokens set in it, a profile of that mocker finds the cost again.
+    let mut with_context: Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("profile.json")).unwrap()).unwrap();
+    with_context["prefill_context_ms"] = CONTEXT_MS.into();
+    let with_context_path = dir.path().join("with-context.json");
+    std::fs::write(&with_context_path, with_context.to_string()).unwrap();
     let args = [
         "serve",
         "--port",
@@ -109,7 +132,7 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
         "--workers",
         "1",
         "--perf-profile",
-        out_dir.join("profile.json").to_str().unwrap(),
+        with_context_path.to_str().unwrap(),
     ]
     .map(str::to_string);
     let served = Process::spawn("serve-profiled", &args, dir.path());
@@ -120,6 +143,74 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let PerfModel::Interpolated(p) =
+        switchyard_mocker::perf::load(&again.join("profile.json")).unwrap()
+    else {
+        panic!("not a profile")
+    };
+    assert!(
+        (p.prefill_context_ms - CONTEXT_MS).abs() < 0.25 * CONTEXT_MS,
+        "fitted {} for {CONTEXT_MS}",
+        p.prefill_context_ms
+    );
+    drop(served);
+
+    // A server without prefix caching: nothing to fit, and the report says why.
+    let args = [
+        "serve",
+        "--port",
+        "0",
+        "--workers",
+        "1",
+        "--perf-profile",
+        with_context_path.to_str().unwrap(),
+    ]
+    .map(str::to_string);
+    let uncached = Process::spawn_with_env(
+        "serve-uncached",
+        &args,
+        &[("SWITCHYARD_WORKERS__MOCKER__ENABLE_PREFIX_CACHING", "false")],
+        dir.path(),
+    );
+    let none = dir.path().join("none");
+    let out = profile(&format!("http://{}", uncached.address), &none, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let PerfModel::Interpolated(p) =
+        switchyard_mocker::perf::load(&none.join("profile.json")).unwrap()
+    else {
+        panic!("not a profile")
+    };
+    assert_eq!(p.prefill_context_ms, 0.0);
+    let report = std::fs::read_to_string(none.join("report.md")).unwrap();
+    assert!(report.contains("no prefix caching"), "{report}");
+    drop(uncached);
+
+    // A server refusing the sweep's longest prompt (2,048 + 256 tokens): the profile is
+    // still written, without the context cost, and the report names the refusal.
+    let args = ["serve", "--port", "0", "--workers", "1"].map(str::to_string);
+    let short = Process::spawn_with_env(
+        "serve-short",
+        &args,
+        &[("SWITCHYARD_FRONTEND__CONTEXT_LENGTH", "2200")],
+        dir.path(),
+    );
+    let refused = dir.path().join("refused");
+    let out = profile(&format!("http://{}", short.address), &refused, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = std::fs::read_to_string(refused.join("report.md")).unwrap();
+    assert!(
+        report.contains("the sweep failed") && report.contains("maximum context length"),
+        "{report}"
+    );
+    assert!(refused.join("profile.json").exists());
 
     // Bad input is named.
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))

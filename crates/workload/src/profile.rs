@@ -9,11 +9,21 @@
 //! - Decode: at each context length and concurrency, that many streams started together;
 //!   the ITL is read over the second half of each stream's tokens (after every prompt of
 //!   the batch is in), its active KV tokens as concurrency × (context + ¾ of the output).
+//! - Context: at each cached-prefix length p, one prompt of p words, then prompts of the
+//!   same p words and a fresh chunk of t more, one at a time. The server computes only the
+//!   chunk (its prefix cache holds the rest), whose queries also attend to the p cached
+//!   keys: its TTFT less the prefill of t fresh tokens (the prefill curve) is that cost,
+//!   k·p·t, and a least-squares fit over the points gives the profile's
+//!   `prefill_context_ms` k. The cached count is the server's
+//!   (`usage.prompt_tokens_details.cached_tokens`) when it says; a server that recomputes
+//!   the prefix (no prefix caching, or too small a cache) leaves k at 0, with the reason in
+//!   the report.
 
 use std::time::Duration;
 
 use serde::Serialize;
-use switchyard_core::perf::{InvalidProfile, PerfModel, Profile, interpolate};
+use switchyard_core::perf::{InvalidProfile, MAX_CONTEXT_MS, PerfModel, Profile, interpolate};
+use switchyard_core::trace::MooncakeRecord;
 use tokio_util::sync::CancellationToken;
 
 use crate::bench::config::{Endpoint, LoadShape, RequestSource};
@@ -35,6 +45,10 @@ pub struct ProfileConfig {
     pub decode_concurrency: Vec<usize>,
     /// Tokens each decode stream asks for.
     pub decode_output_tokens: u64,
+    /// Cached-prefix lengths (words) for the context sweep; empty: not measured.
+    pub context_prefix: Vec<u64>,
+    /// Words of the fresh chunk after each cached prefix.
+    pub context_chunk: u64,
     pub ttft_target: Duration,
     pub itl_target: Duration,
     pub request_timeout: Duration,
@@ -56,6 +70,8 @@ impl ProfileConfig {
             decode_context: vec![512, 2048],
             decode_concurrency: vec![1, 4, 16],
             decode_output_tokens: 64,
+            context_prefix: vec![1024, 2048],
+            context_chunk: 512,
             ttft_target: Duration::from_millis(500),
             itl_target: Duration::from_millis(50),
             request_timeout: Duration::from_secs(600),
@@ -80,6 +96,107 @@ pub struct DecodePoint {
     pub active_kv_tokens: f64,
     /// Median over the streams of their mean ITL in the second half of their tokens.
     pub itl_ms: f64,
+}
+
+/// A chunk prefilled after a cached prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ContextPoint {
+    /// Tokens of the prefix prompt sent first.
+    pub prefix: f64,
+    /// Prompt tokens served from the cache (the server's count, or the prefix prompt's
+    /// length when it gives none).
+    pub cached: f64,
+    /// Tokens computed: the prompt's less the cached.
+    pub chunk: f64,
+    /// Median time to the first token of the prompts (the prefix and a chunk).
+    pub ttft_ms: f64,
+    /// The same prompts sent again (now all cached but their last tokens): the server's
+    /// own time for a prompt of that length.
+    pub again_ms: f64,
+    /// A fresh prompt of a chunk's words alone, and the same sent again.
+    pub fresh_ms: f64,
+    pub fresh_again_ms: f64,
+    /// What attending to the cached tokens added: the median over the samples of
+    /// `(ttft − again) − (fresh − fresh again)`, which leaves out what the server spends
+    /// on a prompt's length outside the engine (reading, tokenizing, hashing it).
+    pub extra_ms: f64,
+    /// The same difference in cached × computed tokens (what k multiplies): cached ×
+    /// chunk, less the last tokens the prompts sent again compute after their cached ones
+    /// (when the server says what it cached).
+    pub attended: f64,
+    /// What recomputing the prefix would add, from the prefill curve: its time for the
+    /// whole prompt less its time for the chunk.
+    pub recompute_ms: f64,
+    /// Whether the server said how many tokens it served from its cache.
+    pub cached_reported: bool,
+}
+
+/// The context cost fitted over the points, or why there is none.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ContextFit {
+    /// The profile's `prefill_context_ms`: milliseconds per cached token per chunk token.
+    pub prefill_context_ms: f64,
+    /// Why it is 0 without being measured as 0 (`None`: fitted).
+    pub not_measured: Option<String>,
+}
+
+/// A cached prefix the server served for less than half its tokens, or (the server not
+/// saying) a chunk that took half or more of recomputing the whole prompt, means the prefix
+/// was not served from a cache.
+const CACHED_AT_LEAST: f64 = 0.5;
+
+/// Fits k in `extra = k · cached · chunk` through the origin (least squares), over
+/// points where the prefix came from the cache; clamped to what a profile may hold.
+pub fn fit_context(points: &[ContextPoint]) -> ContextFit {
+    if points.is_empty() {
+        return ContextFit {
+            prefill_context_ms: 0.0,
+            not_measured: Some("no cached-prefix lengths given".into()),
+        };
+    }
+    if let Some(p) = points.iter().find(|p| {
+        if p.cached_reported {
+            p.cached < CACHED_AT_LEAST * p.prefix
+        } else {
+            p.ttft_ms - p.fresh_ms >= CACHED_AT_LEAST * p.recompute_ms.max(0.0)
+        }
+    }) {
+        let why = if p.cached_reported {
+            format!(
+                "the server served {:.0} tokens of a prompt from its cache right after its \
+                 {:.0}-token prefix: no prefix caching, or too small a cache",
+                p.cached, p.prefix
+            )
+        } else {
+            format!(
+                "a prompt whose {:.0}-token prefix had just been sent took {:.1} ms, {:.1} more \
+                 than a fresh {:.0}-token chunk: about what recomputing the prefix costs \
+                 ({:.1} ms), so the server does not cache prefixes, or gives no count to tell",
+                p.prefix,
+                p.ttft_ms,
+                p.ttft_ms - p.fresh_ms,
+                p.chunk,
+                p.recompute_ms
+            )
+        };
+        return ContextFit {
+            prefill_context_ms: 0.0,
+            not_measured: Some(why),
+        };
+    }
+    let (xy, xx) = points.iter().fold((0.0, 0.0), |(xy, xx), p| {
+        let x = p.attended;
+        (xy + x * p.extra_ms, xx + x * x)
+    });
+    let k = if xx > 0.0 { xy / xx } else { 0.0 };
+    ContextFit {
+        prefill_context_ms: if k.is_finite() {
+            k.clamp(0.0, MAX_CONTEXT_MS)
+        } else {
+            0.0
+        },
+        not_measured: None,
+    }
 }
 
 /// What the targets allow on this engine.
@@ -117,8 +234,12 @@ pub struct LoadThresholds {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProfileResult {
+    /// The seed of the synthetic text (`--seed` repeats a run's prompts).
+    pub seed: u64,
     pub prefill: Vec<PrefillPoint>,
     pub decode: Vec<DecodePoint>,
+    pub context: Vec<ContextPoint>,
+    pub context_fit: ContextFit,
     pub profile: Profile,
     pub recommendations: Recommendations,
 }
@@ -168,12 +289,25 @@ pub async fn measure(
             "give at least two context lengths and two concurrencies",
         ));
     }
+    if config.context_chunk == 0 && config.context_prefix.iter().any(|&p| p > 0) {
+        return Err(ProfileError::Empty(
+            "give a chunk of at least one word after the cached prefixes",
+        ));
+    }
     let mut run = 0u64;
     let mut prefill = Vec::new();
     for &isl in &config.prefill_isl {
         run += 1;
         let what = format!("prefill at {isl} words");
-        let records = bench(config, run, isl, 1, 1, config.prefill_samples, &shutdown).await?;
+        let records = bench(
+            config,
+            run,
+            synthetic(isl, 1),
+            1,
+            config.prefill_samples,
+            &shutdown,
+        )
+        .await?;
         let records = succeeded(&what, records)?;
         let ttfts: Vec<f64> = records
             .iter()
@@ -196,8 +330,7 @@ pub async fn measure(
             let records = bench(
                 config,
                 run,
-                context,
-                config.decode_output_tokens,
+                synthetic(context, config.decode_output_tokens),
                 k.max(1),
                 k.max(1),
                 &shutdown,
@@ -225,7 +358,40 @@ pub async fn measure(
             });
         }
     }
-    let profile = to_profile(&prefill, &decode)?;
+    let mut context = Vec::new();
+    let mut failure = None;
+    let points: Vec<(f64, f64)> = prefill.iter().map(|p| (p.isl, p.ttft_ms)).collect();
+    let curve = |tokens: f64| interpolate(&points, tokens).max(0.0);
+    let mut prefixes = config.context_prefix.clone();
+    prefixes.retain(|&p| p > 0);
+    prefixes.sort_unstable();
+    prefixes.dedup();
+    for &prefix in &prefixes {
+        run += 1;
+        let what = format!(
+            "{} words after a cached prefix of {prefix} words",
+            config.context_chunk
+        );
+        let records = context_bench(config, run, prefix, &shutdown).await?;
+        match context_point(&what, records, &curve) {
+            Ok(point) => context.push(point),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    // A prompt of the sweep failing (longer than the server's context, say) costs the
+    // context cost only, not the profile.
+    let context_fit = match failure {
+        None => fit_context(&context),
+        Some(e) => ContextFit {
+            prefill_context_ms: 0.0,
+            not_measured: Some(format!("the sweep failed: {e}")),
+        },
+    };
+    let mut profile = to_profile(&prefill, &decode)?;
+    profile.prefill_context_ms = context_fit.prefill_context_ms;
     let recommendations = recommend(
         &prefill,
         &decode,
@@ -234,19 +400,28 @@ pub async fn measure(
         config.kv_capacity_tokens,
     );
     Ok(ProfileResult {
+        seed: config.seed,
         prefill,
         decode,
+        context,
+        context_fit,
         profile,
         recommendations,
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Fresh prompts of `input_tokens` words, asking for `output_tokens`.
+fn synthetic(input_tokens: u64, output_tokens: u64) -> RequestSource {
+    RequestSource::Synthetic {
+        input_tokens,
+        output_tokens,
+    }
+}
+
 async fn bench(
     config: &ProfileConfig,
     run: u64,
-    input_tokens: u64,
-    output_tokens: u64,
+    source: RequestSource,
     clients: usize,
     requests: usize,
     shutdown: &CancellationToken,
@@ -254,10 +429,7 @@ async fn bench(
     let mut b = BenchConfig::new(config.url.clone(), config.model.clone());
     b.endpoint = config.endpoint;
     b.stream = true;
-    b.source = RequestSource::Synthetic {
-        input_tokens,
-        output_tokens,
-    };
+    b.source = source;
     b.shape = LoadShape::Concurrency { clients };
     b.max_requests = Some(requests);
     b.request_timeout = config.request_timeout;
@@ -266,6 +438,126 @@ async fn bench(
     // A new seed per point: fresh text, which no earlier point left in a cache.
     b.seed = config.seed.wrapping_mul(1_000_003).wrapping_add(run);
     Ok(crate::bench::run(b, shutdown.clone()).await?.requests)
+}
+
+/// One point of the context sweep from its records (see [`context_bench`] for their order).
+fn context_point(
+    what: &str,
+    mut records: Vec<RequestRecord>,
+    curve: &dyn Fn(f64) -> f64,
+) -> Result<ContextPoint, ProfileError> {
+    records.sort_by_key(|r| r.index);
+    let records = succeeded(what, records)?;
+    let no_timing = || ProfileError::NoTiming(what.to_string());
+        let (first, rest) = records.split_first().ok_or_else(no_timing)?;
+    let samples: Vec<&[RequestRecord]> = rest.chunks_exact(4).collect();
+    let ms = |r: &RequestRecord| r.ttft.map(|d| d.as_secs_f64() * 1e3);
+    let column = |i: usize| median(samples.iter().filter_map(|s| ms(&s[i])).collect());
+    let reported = samples.iter().all(|s| s[2].cached_tokens.is_some());
+    let cached = if reported {
+        median(
+            samples
+                .iter()
+                .filter_map(|s| s[2].cached_tokens)
+                .map(|c| c as f64)
+                .collect(),
+        )
+    } else {
+        Some(first.input_tokens as f64)
+    }
+    .unwrap_or(0.0);
+    let whole =
+        samples.iter().map(|s| s[2].input_tokens as f64).sum::<f64>() / samples.len() as f64;
+    let extra = median(
+        samples
+            .iter()
+            .filter_map(|s| Some((ms(&s[2])? - ms(&s[3])?) - (ms(&s[0])? - ms(&s[1])?)))
+            .collect(),
+    );
+    let chunk = (whole - cached).max(1.0);
+    // Cached × computed tokens of one request, by the server's counts.
+    let attended_by = |r: &RequestRecord| {
+        r.cached_tokens
+            .map(|c| c as f64 * r.input_tokens.saturating_sub(c) as f64)
+    };
+    let attended = if samples
+        .iter()
+        .flat_map(|s| s.iter())
+        .all(|r| r.cached_tokens.is_some())
+    {
+        samples
+            .iter()
+            .map(|s| {
+                let [a, b, c, d] = [0, 1, 2, 3].map(|i| attended_by(&s[i]).unwrap_or(0.0));
+                (c - d) - (a - b)
+            })
+            .sum::<f64>()
+            / samples.len() as f64
+    } else {
+        cached * chunk
+    };
+    let (Some(ttft), Some(again), Some(fresh), Some(fresh_again), Some(extra)) =
+        (column(2), column(3), column(0), column(1), extra)
+    else {
+        return Err(no_timing());
+    };
+    Ok(ContextPoint {
+        prefix: first.input_tokens as f64,
+        cached,
+        chunk,
+        ttft_ms: ttft,
+        again_ms: again,
+        fresh_ms: fresh,
+        fresh_again_ms: fresh_again,
+        extra_ms: extra,
+        attended,
+        recompute_ms: curve(whole) - curve(chunk),
+        cached_reported: reported,
+    })
+}
+
+/// Words of the synthetic text per hash id in the context sweep's prompts.
+const CONTEXT_BLOCK_WORDS: u32 = 64;
+
+/// One prompt of `prefix` words, then `prefill_samples` times: a fresh prompt of a chunk's
+/// words, the same again, a prompt of the prefix's words and a fresh chunk, the same again;
+/// one at a time, each asking for one token.
+async fn context_bench(
+    config: &ProfileConfig,
+    run: u64,
+    prefix: u64,
+    shutdown: &CancellationToken,
+) -> Result<Vec<RequestRecord>, ProfileError> {
+    let block = u64::from(CONTEXT_BLOCK_WORDS);
+    let prefix_ids: Vec<u64> = (0..prefix.div_ceil(block)).collect();
+    let chunk = config.context_chunk.max(1);
+    let chunk_ids = chunk.div_ceil(block);
+    let row = |input_length: u64, hash_ids: Vec<u64>| MooncakeRecord {
+        timestamp: 0,
+        input_length,
+        output_length: 1,
+        hash_ids,
+        media: Vec::new(),
+    };
+    // The prefix in whole blocks, and each chunk from a block of its own: the prefix
+    // prompt's words are the first words of every longer one.
+    let padded = prefix_ids.len() as u64 * block;
+    let mut records = vec![row(padded, prefix_ids.clone())];
+    for sample in 0..config.prefill_samples as u64 {
+        let alone = (2 * sample + 1) << 32;
+        let after = (2 * sample + 2) << 32;
+        let alone = row(chunk, (alone..alone + chunk_ids).collect());
+        let mut ids = prefix_ids.clone();
+        ids.extend(after..after + chunk_ids);
+        let after = row(padded + chunk, ids);
+        records.extend([alone.clone(), alone, after.clone(), after]);
+    }
+    let count = records.len();
+    let source = RequestSource::Trace {
+        records,
+        block_size: CONTEXT_BLOCK_WORDS,
+    };
+    bench(config, run, source, 1, count, shutdown).await
 }
 
 fn succeeded(what: &str, records: Vec<RequestRecord>) -> Result<Vec<RequestRecord>, ProfileError> {
@@ -450,6 +742,43 @@ pub fn report(result: &ProfileResult, config: &ProfileConfig) -> String {
             d.context, d.concurrency, d.active_kv_tokens, d.itl_ms
         );
     }
+    if !result.context.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## A chunk after a cached prefix\n\nTTFT medians: the prompt, the same again \
+             (all cached), a fresh prompt of the chunk's words alone, the same again; extra is \
+             the median over the samples of (prompt − again) − (alone − again).\n\n\
+             | cached tokens | chunk tokens | prompt ms | again ms | alone ms | again ms | \
+             extra ms |\n|---|---|---|---|---|---|---|"
+        );
+        for c in &result.context {
+            let _ = writeln!(
+                s,
+                "| {:.0}{} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
+                c.cached,
+                if c.cached_reported { "" } else { " (assumed)" },
+                c.chunk,
+                c.ttft_ms,
+                c.again_ms,
+                c.fresh_ms,
+                c.fresh_again_ms,
+                c.extra_ms
+            );
+        }
+    }
+    let _ = match &result.context_fit.not_measured {
+        None => writeln!(
+            s,
+            "\nAttending to cached tokens costs {:.3e} ms per cached token per chunk token \
+             (`prefill_context_ms` in the profile, fitted through the points above).",
+            result.context_fit.prefill_context_ms
+        ),
+        Some(why) => writeln!(
+            s,
+            "\nThe cost of attending to cached tokens is not measured ({why}); the profile's \
+             `prefill_context_ms` is 0."
+        ),
+    };
     let r = &result.recommendations;
     let _ = writeln!(
         s,
@@ -610,6 +939,83 @@ mod tests {
         // No queue at all fits: the threshold still means one (half a request a worker).
         assert_eq!(none.load_planner.prefill_queue_up, 0.5);
         assert_eq!(none.load_planner.kv_usage_up, None);
+    }
+
+    /// A point as a server with context cost `k` and a per-token overhead outside the
+    /// engine would give it (`again` and `fresh again` carry only that overhead).
+    fn c(prefix: f64, chunk: f64, k: f64, reported: bool) -> ContextPoint {
+        let overhead = |tokens: f64| 30.0 + 0.002 * tokens;
+        let prefill = |tokens: f64| 5.0 + 0.05 * tokens;
+        ContextPoint {
+            prefix,
+            cached: prefix,
+            chunk,
+            ttft_ms: overhead(prefix + chunk) + prefill(chunk) + k * prefix * chunk,
+            again_ms: overhead(prefix + chunk),
+            fresh_ms: overhead(chunk) + prefill(chunk),
+            fresh_again_ms: overhead(chunk),
+            extra_ms: k * prefix * chunk,
+            attended: prefix * chunk,
+            recompute_ms: prefill(prefix + chunk) - prefill(chunk),
+            cached_reported: reported,
+        }
+    }
+
+    #[test]
+    fn the_context_cost_is_fitted_through_the_points() {
+        let k = 2e-5;
+        let fit = fit_context(&[c(1024.0, 512.0, k, true), c(4096.0, 512.0, k, true)]);
+        assert_eq!(fit.not_measured, None);
+        assert!((fit.prefill_context_ms - k).abs() < 1e-12, "{fit:?}");
+        // Least squares through the origin: the larger product weighs more.
+        let mut low = c(1024.0, 512.0, k, false);
+        low.extra_ms = 0.0;
+        let high = c(4096.0, 512.0, k, false);
+        let fit = fit_context(&[low, high]);
+        let (x1, x2) = (low.attended, high.attended);
+        let expected = (x2 * high.extra_ms) / (x1 * x1 + x2 * x2);
+        assert!((fit.prefill_context_ms - expected).abs() < 1e-15);
+        assert!(fit.prefill_context_ms < k);
+        // Noise below zero is no negative cost; an absurd one is held to what a profile
+        // may say.
+        let mut negative = c(1024.0, 512.0, 0.0, true);
+        negative.extra_ms = -3.0;
+        assert_eq!(fit_context(&[negative]).prefill_context_ms, 0.0);
+        let huge = c(1024.0, 512.0, 1.0, true);
+        assert_eq!(fit_context(&[huge]).prefill_context_ms, MAX_CONTEXT_MS);
+        // Nothing asked for.
+        let none = fit_context(&[]);
+        assert_eq!(none.prefill_context_ms, 0.0);
+        assert!(none.not_measured.is_some());
+    }
+
+    #[test]
+    fn a_server_that_recomputes_the_prefix_gets_no_context_cost() {
+        // It says it cached nothing.
+        let mut said = c(4096.0, 512.0, 0.0, true);
+        said.cached = 0.0;
+        let fit = fit_context(&[c(1024.0, 512.0, 1e-5, true), said]);
+        assert_eq!(fit.prefill_context_ms, 0.0);
+        assert!(
+            fit.not_measured.as_deref().unwrap().contains("served 0 tokens"),
+            "{fit:?}"
+        );
+        // It says nothing, and the prompt took what recomputing its prefix takes (the
+        // again-differences cancel: every prompt is computed whole).
+        let mut silent = c(4096.0, 512.0, 0.0, false);
+        silent.ttft_ms = silent.fresh_ms + silent.recompute_ms;
+        silent.again_ms = silent.ttft_ms;
+        silent.extra_ms = 0.0;
+        let fit = fit_context(&[silent]);
+        assert_eq!(fit.prefill_context_ms, 0.0);
+        assert!(
+            fit.not_measured.as_deref().unwrap().contains("does not cache prefixes"),
+            "{fit:?}"
+        );
+        // Saying nothing is not enough to be doubted: a cached prefix fits.
+        let fit = fit_context(&[c(4096.0, 512.0, 1e-5, false)]);
+        assert_eq!(fit.not_measured, None);
+        assert!((fit.prefill_context_ms - 1e-5).abs() < 1e-15);
     }
 
     #[test]

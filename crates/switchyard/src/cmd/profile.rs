@@ -38,13 +38,23 @@ pub struct ProfileArgs {
     /// Tokens each decode stream asks for.
     #[arg(long, default_value_t = 64)]
     output_tokens: u64,
+    /// Cached-prefix lengths (words) after which a chunk is timed, for the cost of
+    /// attending to cached tokens (`prefill_context_ms`); 0 skips it. Needs a server with
+    /// prefix caching.
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
+    cached_prefix: Vec<u64>,
+    /// Words of the chunk timed after each cached prefix.
+    #[arg(long, default_value_t = 512)]
+    chunk: u64,
     /// Targets the report reads the measurements against.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "500ms")]
     ttft_target: Duration,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "50ms")]
     itl_target: Duration,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Salts the synthetic text. Default: a new one each run, so that no prompt of an
+    /// earlier run against the same server is still in its prefix cache.
+    #[arg(long)]
+    seed: Option<u64>,
     /// The engine's KV cache in tokens (vLLM logs it at start; Switchyard's workers list it
     /// in /v1/internal/workers): the report then gives the load planner's KV thresholds.
     #[arg(long)]
@@ -67,9 +77,11 @@ pub fn run(args: ProfileArgs) -> Result<()> {
     config.decode_context = args.context.clone();
     config.decode_concurrency = args.concurrency.clone();
     config.decode_output_tokens = args.output_tokens;
+    config.context_prefix = args.cached_prefix.clone();
+    config.context_chunk = args.chunk;
     config.ttft_target = args.ttft_target;
     config.itl_target = args.itl_target;
-    config.seed = args.seed;
+    config.seed = args.seed.unwrap_or_else(rand::random);
     config.kv_capacity_tokens = args.kv_capacity_tokens;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

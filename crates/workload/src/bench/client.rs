@@ -90,6 +90,7 @@ impl Client {
             input_tokens: request.prompt_tokens,
             output_tokens: 0,
             usage_reported: false,
+            cached_tokens: None,
             error: None,
         };
         match outcome {
@@ -101,6 +102,7 @@ impl Client {
                     record.input_tokens = usage.prompt_tokens;
                     record.output_tokens = usage.completion_tokens;
                     record.usage_reported = true;
+                    record.cached_tokens = usage.cached_tokens;
                 }
             }
             Err(error) => record.error = Some(error),

@@ -34,6 +34,9 @@ pub struct RequestRecord {
     pub output_tokens: u64,
     /// Whether the token counts came from the server's `usage`.
     pub usage_reported: bool,
+    /// Prompt tokens the server served from its prefix cache, when its `usage` says
+    /// (`prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: Option<u64>,
     pub error: Option<RequestError>,
 }
 
@@ -132,6 +135,7 @@ mod tests {
             input_tokens: 1,
             output_tokens,
             usage_reported: true,
+            cached_tokens: None,
             error: None,
         }
     }

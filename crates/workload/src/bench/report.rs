@@ -197,6 +197,14 @@ impl fmt::Display for BenchReport {
             thousands(s.usage_reported as u64),
             thousands(s.succeeded as u64)
         )?;
+        if let Some((cached, rate)) = s.cached_tokens.zip(s.prompt_cache_hit_rate) {
+            writeln!(
+                f,
+                "Prefix cache {} prompt tokens served from the server's cache ({:.1}% of the prompts that say)",
+                thousands(cached),
+                rate * 100.0
+            )?;
+        }
         if s.succeeded == 0 {
             return Ok(());
         }

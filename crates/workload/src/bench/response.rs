@@ -9,6 +9,9 @@ use super::record::{ErrorKind, RequestError};
 pub(crate) struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Prompt tokens the server found in its prefix cache
+    /// (`usage.prompt_tokens_details.cached_tokens`), when it says.
+    pub cached_tokens: Option<u64>,
 }
 
 /// What one stream event carried.
@@ -107,6 +110,10 @@ fn usage(value: &Value) -> Option<Usage> {
     Some(Usage {
         prompt_tokens: usage.get("prompt_tokens")?.as_u64()?,
         completion_tokens: usage.get("completion_tokens")?.as_u64()?,
+        cached_tokens: usage
+            .get("prompt_tokens_details")
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(Value::as_u64),
     })
 }
 
@@ -149,8 +156,26 @@ mod tests {
             usage.usage,
             Some(Usage {
                 prompt_tokens: 12,
-                completion_tokens: 3
+                completion_tokens: 3,
+                cached_tokens: None,
             })
+        );
+        // OpenAI's (and vLLM's, SGLang's, Switchyard's) count of prompt tokens served
+        // from the prefix cache.
+        let cached = parse_chunk(
+            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,
+                "prompt_tokens_details":{"cached_tokens":8}}}"#,
+        )
+        .unwrap();
+        assert_eq!(cached.usage.and_then(|u| u.cached_tokens), Some(8));
+        let null_details = parse_chunk(
+            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,
+                "prompt_tokens_details":null}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            null_details.usage.map(|u| (u.prompt_tokens, u.cached_tokens)),
+            Some((12, None))
         );
         let reasoning = parse_chunk(r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#);
         assert!(reasoning.unwrap().content);

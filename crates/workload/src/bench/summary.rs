@@ -37,6 +37,11 @@ pub struct BenchSummary {
     pub output_tokens: Option<Summary>,
     /// Successful requests whose token counts came from the server's `usage`.
     pub usage_reported: usize,
+    /// Prompt tokens served from the server's prefix cache, summed over the successful
+    /// requests whose `usage` says (`None`: none said).
+    pub cached_tokens: Option<u64>,
+    /// Those tokens' share of the same requests' prompt tokens.
+    pub prompt_cache_hit_rate: Option<f64>,
     /// How late open-loop requests were sent against their schedule; a large lag means
     /// the client, not the server, limited the rate.
     pub send_lag_ms: Option<Summary>,
@@ -79,6 +84,14 @@ impl BenchSummary {
         };
         let output: u64 = ok.iter().map(|r| r.output_tokens).sum();
         let input: u64 = ok.iter().map(|r| r.input_tokens).sum();
+        let (cached, cached_of) = ok
+            .iter()
+            .filter_map(|r| r.cached_tokens.map(|c| (c, r.input_tokens)))
+            .fold(None, |sum: Option<(u64, u64)>, (c, of)| {
+                let (c0, of0) = sum.unwrap_or_default();
+                Some((c0 + c, of0 + of))
+            })
+            .unzip();
         let goodput = slo.is_set().then(|| {
             let good = ok.iter().filter(|r| meets(r, slo)).count();
             Goodput {
@@ -109,6 +122,10 @@ impl BenchSummary {
             input_tokens: Summary::of(ok.iter().map(|r| r.input_tokens as f64)),
             output_tokens: Summary::of(ok.iter().map(|r| r.output_tokens as f64)),
             usage_reported: ok.iter().filter(|r| r.usage_reported).count(),
+            cached_tokens: cached,
+            prompt_cache_hit_rate: cached
+                .zip(cached_of)
+                .map(|(c, of)| if of == 0 { 0.0 } else { c as f64 / of as f64 }),
             send_lag_ms: Summary::of(
                 records
                     .iter()
@@ -149,6 +166,7 @@ mod tests {
             input_tokens: 100,
             output_tokens: tokens,
             usage_reported: true,
+            cached_tokens: None,
             error: None,
         }
     }
@@ -160,6 +178,7 @@ mod tests {
             itl: Vec::new(),
             output_tokens: 0,
             usage_reported: false,
+            cached_tokens: None,
             ..ok(0, 0, &[], 0)
         }
     }
@@ -198,6 +217,31 @@ mod tests {
         assert_eq!(itl.count, 8);
         assert_eq!(summary.ttft_ms.unwrap().p50, 100.0);
         assert_eq!(summary.send_lag_ms.unwrap().max, 0.0);
+    }
+
+    #[test]
+    fn the_prefix_cache_share_counts_only_requests_whose_usage_says() {
+        let with = |input: u64, cached: Option<u64>| RequestRecord {
+            input_tokens: input,
+            cached_tokens: cached,
+            ..ok(0, 10, &[], 1)
+        };
+        let records = vec![
+            with(100, Some(60)),
+            with(300, Some(0)),
+            // Says nothing: neither its cached nor its prompt tokens count.
+            with(1_000, None),
+            // Failed: left out like every other figure.
+            RequestRecord {
+                cached_tokens: Some(500),
+                ..failed(ErrorKind::Dropped)
+            },
+        ];
+        let summary = BenchSummary::of(&records, &Slo::default());
+        assert_eq!(summary.cached_tokens, Some(60));
+        assert!((summary.prompt_cache_hit_rate.unwrap() - 60.0 / 400.0).abs() < 1e-12);
+        let silent = BenchSummary::of(&[with(100, None)], &Slo::default());
+        assert_eq!((silent.cached_tokens, silent.prompt_cache_hit_rate), (None, None));
     }
 
     #[test]

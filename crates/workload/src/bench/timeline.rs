@@ -79,6 +79,7 @@ mod tests {
             input_tokens: 1,
             output_tokens: 8,
             usage_reported: true,
+            cached_tokens: None,
             error: None,
         };
         let timeline = Timeline::of(&[streamed]);
