@@ -449,7 +449,7 @@ fn context_point(
     records.sort_by_key(|r| r.index);
     let records = succeeded(what, records)?;
     let no_timing = || ProfileError::NoTiming(what.to_string());
-        let (first, rest) = records.split_first().ok_or_else(no_timing)?;
+    let (first, rest) = records.split_first().ok_or_else(no_timing)?;
     let samples: Vec<&[RequestRecord]> = rest.chunks_exact(4).collect();
     let ms = |r: &RequestRecord| r.ttft.map(|d| d.as_secs_f64() * 1e3);
     let column = |i: usize| median(samples.iter().filter_map(|s| ms(&s[i])).collect());
@@ -466,8 +466,11 @@ fn context_point(
         Some(first.input_tokens as f64)
     }
     .unwrap_or(0.0);
-    let whole =
-        samples.iter().map(|s| s[2].input_tokens as f64).sum::<f64>() / samples.len() as f64;
+    let whole = samples
+        .iter()
+        .map(|s| s[2].input_tokens as f64)
+        .sum::<f64>()
+        / samples.len() as f64;
     let extra = median(
         samples
             .iter()
@@ -997,7 +1000,10 @@ mod tests {
         let fit = fit_context(&[c(1024.0, 512.0, 1e-5, true), said]);
         assert_eq!(fit.prefill_context_ms, 0.0);
         assert!(
-            fit.not_measured.as_deref().unwrap().contains("served 0 tokens"),
+            fit.not_measured
+                .as_deref()
+                .unwrap()
+                .contains("served 0 tokens"),
             "{fit:?}"
         );
         // It says nothing, and the prompt took what recomputing its prefix takes (the
@@ -1009,7 +1015,10 @@ mod tests {
         let fit = fit_context(&[silent]);
         assert_eq!(fit.prefill_context_ms, 0.0);
         assert!(
-            fit.not_measured.as_deref().unwrap().contains("does not cache prefixes"),
+            fit.not_measured
+                .as_deref()
+                .unwrap()
+                .contains("does not cache prefixes"),
             "{fit:?}"
         );
         // Saying nothing is not enough to be doubted: a cached prefix fits.

@@ -174,7 +174,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            null_details.usage.map(|u| (u.prompt_tokens, u.cached_tokens)),
+            null_details
+                .usage
+                .map(|u| (u.prompt_tokens, u.cached_tokens)),
             Some((12, None))
         );
         let reasoning = parse_chunk(r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#);

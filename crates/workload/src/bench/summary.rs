@@ -241,7 +241,10 @@ mod tests {
         assert_eq!(summary.cached_tokens, Some(60));
         assert!((summary.prompt_cache_hit_rate.unwrap() - 60.0 / 400.0).abs() < 1e-12);
         let silent = BenchSummary::of(&[with(100, None)], &Slo::default());
-        assert_eq!((silent.cached_tokens, silent.prompt_cache_hit_rate), (None, None));
+        assert_eq!(
+            (silent.cached_tokens, silent.prompt_cache_hit_rate),
+            (None, None)
+        );
     }
 
     #[test]
