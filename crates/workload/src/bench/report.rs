@@ -200,9 +200,10 @@ impl fmt::Display for BenchReport {
         if let Some((cached, rate)) = s.cached_tokens.zip(s.prompt_cache_hit_rate) {
             writeln!(
                 f,
-                "Prefix cache {} prompt tokens served from the server's cache ({:.1}% of the prompts that say)",
-                thousands(cached),
-                rate * 100.0
+                "Prefix cache {:.1}% of prompt tokens served from the server's cache ({} tokens, \
+                 where its usage says)",
+                rate * 100.0,
+                thousands(cached)
             )?;
         }
         if s.succeeded == 0 {
