@@ -300,6 +300,7 @@ pub mod samples {
             GenerateOutput::Finished {
                 reason: FinishReason::Length,
                 completion_tokens: 3,
+                cached_tokens: Some(5),
             },
         ]
     }

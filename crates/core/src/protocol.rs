@@ -440,10 +440,14 @@ pub enum GenerateOutput {
     /// spans' order ([`MediaInput::Embeddings`]), before it finishes; encoders that only
     /// model their timing send none.
     Features { items: Vec<MediaInput> },
-    /// The end of the stream.
+    /// The end of the stream. `cached_tokens`: the prompt tokens the engine found in its
+    /// prefix cache, from an engine that says so only at the end (an OpenAI-compatible
+    /// upstream's trailing usage chunk) rather than on its first item.
     Finished {
         reason: FinishReason,
         completion_tokens: u32,
+        #[serde(default)]
+        cached_tokens: Option<u32>,
     },
 }
 

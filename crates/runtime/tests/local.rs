@@ -72,6 +72,7 @@ impl EngineService for Fixed {
             Ok(GenerateOutput::Finished {
                 reason: FinishReason::Length,
                 completion_tokens: request.prompt.token_ids.len() as u32,
+                cached_tokens: None,
             }),
         ];
         Ok(futures::stream::iter(items).boxed())

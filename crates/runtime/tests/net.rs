@@ -327,6 +327,7 @@ impl EngineService for Ticker {
                 let end = GenerateOutput::Finished {
                     reason: FinishReason::Length,
                     completion_tokens: n,
+                    cached_tokens: None,
                 };
                 return Some((Ok(end), (i + 1, counter)));
             }

@@ -118,6 +118,80 @@ async fn metric(frontend: &Process, name: &str, worker: Option<&str>) -> f64 {
     )
 }
 
+/// An OpenAI-compatible engine answering as vLLM does with `include_usage`: the text, a
+/// finishing chunk without usage, then a usage-only chunk saying 7 prompt tokens were
+/// cached, then `[DONE]`.
+async fn vllm_like_upstream() -> String {
+    use axum::response::sse::{Event, Sse};
+    let completions = axum::routing::post(|| async {
+        let chunks = [
+            json!({"choices": [{"index": 0, "text": " a", "finish_reason": null}], "usage": null}),
+            json!({"choices": [{"index": 0, "text": " b", "finish_reason": "length"}], "usage": null}),
+            json!({"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 2,
+                "total_tokens": 22, "prompt_tokens_details": {"cached_tokens": 7}}}),
+        ]
+        .map(|c| c.to_string())
+        .into_iter()
+        .chain(["[DONE]".to_string()])
+        .map(|data| Ok::<_, std::convert::Infallible>(Event::default().data(data)));
+        Sse::new(futures::stream::iter(chunks))
+    });
+    let app = axum::Router::new().route("/v1/completions", completions);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}")
+}
+
+/// The prompt tokens an OpenAI-compatible engine says it cached reach the client's usage
+/// and the frontend's metrics, though vLLM says so only after the answer's last token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_openai_engines_cached_tokens_reach_the_client() {
+    let cluster = Cluster::start();
+    let upstream = vllm_like_upstream().await;
+    let frontend = cluster.frontend("frontend", 0);
+    let _worker = cluster.worker_with(
+        "worker-openai",
+        &[
+            "--engine",
+            "openai",
+            "--upstream",
+            &upstream,
+            "--worker-id",
+            "3",
+        ],
+    );
+    wait_for_workers(&frontend, 1, Duration::from_secs(30)).await;
+    for stream in [false, true] {
+        let response = client()
+            .post(frontend.url("/v1/completions"))
+            .json(&json!({"model": MODEL, "prompt": "one two three", "max_tokens": 2,
+                "stream": stream, "stream_options": stream.then(|| json!({"include_usage": true}))}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let usage = if stream {
+            let text = response.text().await.unwrap();
+            let streamed = support::parse_stream(&text);
+            assert_eq!(streamed.text, " a b", "{text}");
+            streamed.usage.unwrap()
+        } else {
+            let value: Value = response.json().await.unwrap();
+            assert_eq!(value["choices"][0]["text"], " a b", "{value}");
+            value["usage"].clone()
+        };
+        assert_eq!(
+            usage["prompt_tokens_details"]["cached_tokens"], 7,
+            "{usage}"
+        );
+    }
+    assert_eq!(
+        metric(&frontend, "switchyard_cached_tokens", None).await,
+        14.0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_frontends_three_workers_agree_survive_a_crash_and_a_frontend_restart() {
     let cluster = Cluster::start();

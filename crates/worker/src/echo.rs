@@ -106,6 +106,7 @@ impl EngineService for EchoService {
             .chain(std::iter::once(Ok(GenerateOutput::Finished {
                 reason,
                 completion_tokens: end as u32,
+                cached_tokens: None,
             })))
             .collect();
         let (first, every) = (self.config.first_token_delay, self.config.token_delay);
@@ -168,7 +169,8 @@ mod tests {
             out.last(),
             Some(&GenerateOutput::Finished {
                 reason: FinishReason::Length,
-                completion_tokens: 5
+                completion_tokens: 5,
+                cached_tokens: None,
             })
         );
     }
@@ -182,7 +184,8 @@ mod tests {
             out.last(),
             Some(&GenerateOutput::Finished {
                 reason: FinishReason::Stop,
-                completion_tokens: 2
+                completion_tokens: 2,
+                cached_tokens: None,
             })
         );
         assert!(s.generate(request(vec![], 3, vec![])).await.is_err());

@@ -310,6 +310,7 @@ impl EngineService for EncoderService {
                     outputs.push(Ok(GenerateOutput::Finished {
                         reason: FinishReason::Length,
                         completion_tokens: 0,
+                        cached_tokens: None,
                     }));
                     Ok(outputs)
                 }

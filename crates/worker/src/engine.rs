@@ -145,6 +145,7 @@ impl EngineService for StepService {
                                     Ok(GenerateOutput::Finished {
                                         reason,
                                         completion_tokens: sent,
+                                        cached_tokens: None,
                                     }),
                                 ],
                                 State::Done,

@@ -394,32 +394,59 @@ impl EngineService for UpstreamService {
             events: response.bytes_stream().eventsource().boxed(),
             _guard: guard,
             finished: false,
+            pending: None,
         };
         let stream = futures::stream::unfold(state, |mut state| async move {
             if state.finished {
                 return None;
             }
             loop {
-                let Some(event) = state.events.next().await else {
-                    // The upstream closed the stream before saying it finished.
-                    state.finished = true;
-                    return Some((vec![Err(EngineError::Disconnected)], state));
+                let next = match state.pending {
+                    // The answer is complete; its usage may follow in a chunk of its own.
+                    Some(_) => tokio::time::timeout(TRAILING_USAGE_WAIT, state.events.next())
+                        .await
+                        .unwrap_or(None),
+                    None => state.events.next().await,
                 };
-                let event = match event {
-                    Ok(event) => event,
-                    Err(e) => {
+                let event = match next {
+                    Some(Ok(event)) if event.data.trim() != "[DONE]" => event,
+                    // Whatever ends the stream after the finish (its `[DONE]`, the end of
+                    // the connection, a break, silence) leaves the answer complete.
+                    _ if state.pending.is_some() => {
+                        state.finished = true;
+                        return Some((state.pending.take().map(Ok).into_iter().collect(), state));
+                    }
+                    Some(Err(e)) => {
                         state.finished = true;
                         let error =
                             EngineError::Unreachable(format!("the upstream stream broke: {e}"));
                         return Some((vec![Err(error)], state));
                     }
+                    // `[DONE]`, or the connection's end, before the upstream said it finished.
+                    _ => {
+                        state.finished = true;
+                        return Some((vec![Err(EngineError::Disconnected)], state));
+                    }
                 };
-                if event.data.trim() == "[DONE]" {
-                    state.finished = true;
-                    return Some((vec![Err(EngineError::Disconnected)], state));
+                if let Some(finished) = state.pending.as_mut() {
+                    if let Ok(chunk) = serde_json::from_str::<Value>(&event.data)
+                        && let Some(usage) = Usage::of(&chunk)
+                    {
+                        usage.fill(finished);
+                        state.finished = true;
+                        return Some((state.pending.take().map(Ok).into_iter().collect(), state));
+                    }
+                    continue;
                 }
                 match chunk_items(&event.data) {
-                    Ok((items, done)) if !items.is_empty() || done => {
+                    Ok((mut items, true, false)) => {
+                        // vLLM and SGLang send the usage in a chunk after the finish.
+                        state.pending = items.pop();
+                        if !items.is_empty() {
+                            return Some((items.into_iter().map(Ok).collect(), state));
+                        }
+                    }
+                    Ok((items, done, _)) if !items.is_empty() || done => {
                         state.finished = done;
                         return Some((items.into_iter().map(Ok).collect(), state));
                     }
@@ -443,6 +470,51 @@ struct Upstream {
     >,
     _guard: InFlight,
     finished: bool,
+    /// The `Finished` item of an answer whose finishing chunk had no usage, held for the
+    /// usage chunk that follows it.
+    pending: Option<GenerateOutput>,
+}
+
+/// How long a finished answer waits for its trailing usage chunk (which vLLM and SGLang
+/// send at once) before it ends without it.
+const TRAILING_USAGE_WAIT: Duration = Duration::from_secs(1);
+
+/// A chunk's `usage`: completion tokens, and the prompt tokens the upstream served from its
+/// prefix cache (`prompt_tokens_details.cached_tokens`, which vLLM gives with
+/// `--enable-prompt-tokens-details`, SGLang and llama.cpp's server by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Usage {
+    completion_tokens: Option<u32>,
+    cached_tokens: Option<u32>,
+}
+
+impl Usage {
+    fn of(chunk: &Value) -> Option<Usage> {
+        let usage = chunk.get("usage").filter(|u| u.is_object())?;
+        let count = |v: Option<&Value>| {
+            v.and_then(Value::as_u64)
+                .and_then(|c| u32::try_from(c).ok())
+        };
+        Some(Usage {
+            completion_tokens: count(usage.get("completion_tokens")),
+            cached_tokens: count(usage.pointer("/prompt_tokens_details/cached_tokens")),
+        })
+    }
+
+    /// Completes a `Finished` item with what this usage says.
+    fn fill(self, item: &mut GenerateOutput) {
+        if let GenerateOutput::Finished {
+            completion_tokens,
+            cached_tokens,
+            ..
+        } = item
+        {
+            if let Some(c) = self.completion_tokens {
+                *completion_tokens = c;
+            }
+            *cached_tokens = self.cached_tokens.or(*cached_tokens);
+        }
+    }
 }
 
 /// The upstream's error message, from an OpenAI-style error body if it is one.
@@ -460,8 +532,9 @@ fn upstream_message(body: &str) -> String {
     message.unwrap_or_else(|| body.chars().take(500).collect())
 }
 
-/// The items one streamed chunk stands for, and whether the request finished with it.
-fn chunk_items(data: &str) -> Result<(Vec<GenerateOutput>, bool), EngineError> {
+/// The items one streamed chunk stands for, whether the request finished with it, and
+/// whether the chunk had a usage.
+fn chunk_items(data: &str) -> Result<(Vec<GenerateOutput>, bool, bool), EngineError> {
     let chunk: Value = serde_json::from_str(data).map_err(|e| {
         EngineError::Internal(format!("the upstream sent a chunk that is not JSON: {e}"))
     })?;
@@ -472,6 +545,7 @@ fn chunk_items(data: &str) -> Result<(Vec<GenerateOutput>, bool), EngineError> {
         )));
     }
     let mut items = Vec::new();
+    let usage = Usage::of(&chunk);
     let choice = chunk.pointer("/choices/0");
     if let Some(text) = choice.and_then(|c| c.get("text")).and_then(Value::as_str)
         && !text.is_empty()
@@ -479,17 +553,14 @@ fn chunk_items(data: &str) -> Result<(Vec<GenerateOutput>, bool), EngineError> {
         items.push(GenerateOutput::Text {
             text: text.to_owned(),
             tokens: None,
-            cached_tokens: chunk
-                .pointer("/usage/prompt_tokens_details/cached_tokens")
-                .and_then(Value::as_u64)
-                .and_then(|c| u32::try_from(c).ok()),
+            cached_tokens: usage.and_then(|u| u.cached_tokens),
         });
     }
     let finish = choice
         .and_then(|c| c.get("finish_reason"))
         .and_then(Value::as_str);
     match finish {
-        None => Ok((items, false)),
+        None => Ok((items, false, usage.is_some())),
         Some(reason) => {
             let reason = match reason {
                 "length" => FinishReason::Length,
@@ -501,16 +572,16 @@ fn chunk_items(data: &str) -> Result<(Vec<GenerateOutput>, bool), EngineError> {
                     )));
                 }
             };
-            let completion_tokens = chunk
-                .pointer("/usage/completion_tokens")
-                .and_then(Value::as_u64)
-                .and_then(|c| u32::try_from(c).ok())
-                .unwrap_or(0);
-            items.push(GenerateOutput::Finished {
+            let mut finished = GenerateOutput::Finished {
                 reason,
-                completion_tokens,
-            });
-            Ok((items, true))
+                completion_tokens: 0,
+                cached_tokens: None,
+            };
+            if let Some(usage) = usage {
+                usage.fill(&mut finished);
+            }
+            items.push(finished);
+            Ok((items, true, usage.is_some()))
         }
     }
 }
@@ -659,9 +730,10 @@ mod tests {
 
     #[test]
     fn chunks() {
-        let (items, done) =
-            chunk_items(r#"{"choices":[{"text":"Hel","finish_reason":null}]}"#).unwrap();
-        assert!(!done);
+        let (items, done, usage) =
+            chunk_items(r#"{"choices":[{"text":"Hel","finish_reason":null}],"usage":null}"#)
+                .unwrap();
+        assert!(!done && !usage);
         assert_eq!(
             items,
             vec![GenerateOutput::Text {
@@ -670,21 +742,30 @@ mod tests {
                 cached_tokens: None
             }]
         );
-        let (items, done) = chunk_items(
-            r#"{"choices":[{"text":"","finish_reason":"length"}],"usage":{"completion_tokens":5}}"#,
+        let (items, done, usage) = chunk_items(
+            r#"{"choices":[{"text":"","finish_reason":"length"}],"usage":{"completion_tokens":5,
+                "prompt_tokens_details":{"cached_tokens":16}}}"#,
         )
         .unwrap();
-        assert!(done);
+        assert!(done && usage);
         assert_eq!(
             items,
             vec![GenerateOutput::Finished {
                 reason: FinishReason::Length,
-                completion_tokens: 5
+                completion_tokens: 5,
+                cached_tokens: Some(16),
             }]
         );
-        // A usage-only chunk (after the finish) carries nothing.
-        let (items, done) = chunk_items(r#"{"choices":[],"usage":{"prompt_tokens":3}}"#).unwrap();
-        assert!(items.is_empty() && !done);
+        // A finish without usage (vLLM's and SGLang's usage comes in a chunk of its own).
+        let (items, done, usage) =
+            chunk_items(r#"{"choices":[{"text":"!","finish_reason":"stop"}],"usage":null}"#)
+                .unwrap();
+        assert!(done && !usage);
+        assert_eq!(items.len(), 2);
+        // The usage-only chunk after the finish: no item of its own; its usage is read.
+        let (items, done, usage) =
+            chunk_items(r#"{"choices":[],"usage":{"prompt_tokens":3}}"#).unwrap();
+        assert!(items.is_empty() && !done && usage);
         assert!(chunk_items("not json").is_err());
         let err = chunk_items(r#"{"error":{"message":"boom"}}"#).unwrap_err();
         assert!(err.to_string().contains("boom"), "{err}");

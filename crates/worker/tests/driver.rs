@@ -79,7 +79,8 @@ async fn tokens_arrive_on_the_model_clock_and_events_flow() {
         rest[2],
         Ok(switchyard_core::protocol::GenerateOutput::Finished {
             reason: FinishReason::Length,
-            completion_tokens: 3
+            completion_tokens: 3,
+            cached_tokens: None,
         })
     );
     // Decode steps take the decode time (5 blocks of 16384 in use).

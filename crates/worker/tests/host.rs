@@ -85,7 +85,8 @@ async fn a_worker_registers_serves_and_publishes() {
         items[5],
         GenerateOutput::Finished {
             reason: FinishReason::Length,
-            completion_tokens: 5
+            completion_tokens: 5,
+            cached_tokens: None,
         }
     );
 

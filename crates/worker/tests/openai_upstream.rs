@@ -37,6 +37,11 @@ struct Upstream {
     fail: Mutex<Option<(StatusCode, String)>>,
     metrics: Mutex<Option<String>>,
     endless: AtomicBool,
+    /// Finish as vLLM does: the finishing chunk without usage, then a usage-only chunk
+    /// (with this many cached prompt tokens), then `[DONE]`.
+    trailing_usage: Mutex<Option<u64>>,
+    /// Finish without usage, then keep the connection open, saying nothing more.
+    silent_after_finish: AtomicBool,
 }
 
 struct Open(Arc<Upstream>);
@@ -54,20 +59,45 @@ async fn completions(State(up): State<Arc<Upstream>>, Json(body): Json<Value>) -
     }
     let max = body["max_tokens"].as_u64().unwrap();
     let endless = up.endless.load(Ordering::SeqCst);
+    let trailing = *up.trailing_usage.lock();
+    let silent = up.silent_after_finish.load(Ordering::SeqCst);
     up.open.fetch_add(1, Ordering::SeqCst);
     let open = Open(Arc::clone(&up));
     let events = futures::stream::unfold((0u64, open), move |(i, open)| async move {
-        if !endless && i > max {
+        let last = match (trailing, silent) {
+            (Some(_), _) => max + 2,
+            (None, true) => max + 1,
+            (None, false) => max,
+        };
+        if !endless && i > last {
             return None;
         }
         tokio::time::sleep(Duration::from_millis(if endless { 20 } else { 1 })).await;
-        let chunk = if !endless && i == max {
-            json!({"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": max}})
-        } else {
-            json!({"choices": [{"text": format!(" w{i}"), "finish_reason": null}]})
+        let data = match (trailing, silent) {
+            _ if endless || i < max => {
+                json!({"choices": [{"text": format!(" w{i}"), "finish_reason": null}], "usage": null})
+                    .to_string()
+            }
+            (None, false) => json!({"choices": [{"text": "", "finish_reason": "length"}],
+                "usage": {"completion_tokens": max}})
+            .to_string(),
+            _ if i == max => {
+                json!({"choices": [{"text": "", "finish_reason": "length"}], "usage": null})
+                    .to_string()
+            }
+            (Some(cached), _) if i == max + 1 => json!({"choices": [], "usage": {
+                "prompt_tokens": 3, "completion_tokens": max, "total_tokens": 3 + max,
+                "prompt_tokens_details": {"cached_tokens": cached}}})
+            .to_string(),
+            (Some(_), _) => "[DONE]".to_string(),
+            (None, _) => {
+                // Silence, the connection open, until the client hangs up.
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
         };
         Some((
-            Ok::<_, std::convert::Infallible>(Event::default().data(chunk.to_string())),
+            Ok::<_, std::convert::Infallible>(Event::default().data(data)),
             (i + 1, open),
         ))
     });
@@ -152,7 +182,8 @@ async fn streams_text_and_sends_what_the_upstream_needs() {
         items.last().unwrap().as_ref().unwrap(),
         &GenerateOutput::Finished {
             reason: FinishReason::Length,
-            completion_tokens: 3
+            completion_tokens: 3,
+            cached_tokens: None,
         }
     );
     let body = up.bodies.lock()[0].clone();
@@ -175,6 +206,73 @@ async fn streams_text_and_sends_what_the_upstream_needs() {
         .collect::<Vec<_>>()
         .await;
     assert_eq!(up.bodies.lock()[1]["prompt"], json!([1, 2, 3]));
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn usage_after_the_finish_is_read_and_silence_after_it_ends_the_answer() {
+    let up = Arc::new(Upstream::default());
+    let url = serve(Arc::clone(&up)).await;
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let engine = start(&url, PromptFormat::TokenIds, &tracker, &cancel).await;
+    let answer = |engine: &switchyard_worker::RunningEngine| {
+        let service = Arc::clone(&engine.service);
+        async move {
+            let items: Vec<_> = service
+                .generate(request(None))
+                .await
+                .unwrap()
+                .collect()
+                .await;
+            let text: String = items
+                .iter()
+                .filter_map(|i| match i {
+                    Ok(GenerateOutput::Text { text, .. }) => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            (text, items.last().cloned())
+        }
+    };
+
+    // vLLM's and SGLang's order: the finish, then the usage with the cached prompt tokens.
+    *up.trailing_usage.lock() = Some(2);
+    let (text, last) = answer(&engine).await;
+    assert_eq!(text, " w0 w1 w2");
+    assert_eq!(
+        last,
+        Some(Ok(GenerateOutput::Finished {
+            reason: FinishReason::Length,
+            completion_tokens: 3,
+            cached_tokens: Some(2),
+        }))
+    );
+
+    // A finish followed by nothing (the connection left open): complete all the same,
+    // within the wait for a usage chunk, and the connection closed.
+    *up.trailing_usage.lock() = None;
+    up.silent_after_finish.store(true, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let (text, last) = tokio::time::timeout(Duration::from_secs(10), answer(&engine))
+        .await
+        .unwrap();
+    assert_eq!(text, " w0 w1 w2");
+    assert_eq!(
+        last,
+        Some(Ok(GenerateOutput::Finished {
+            reason: FinishReason::Length,
+            completion_tokens: 0,
+            cached_tokens: None,
+        }))
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for _ in 0..100 {
+        if up.open.load(Ordering::SeqCst) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(up.open.load(Ordering::SeqCst), 0);
     cancel.cancel();
 }
 

@@ -673,6 +673,7 @@ impl RequestRun {
             let finished = GenerateOutput::Finished {
                 reason,
                 completion_tokens: 1,
+                cached_tokens: None,
             };
             return futures::stream::iter([Ok(first), Ok(finished)]).boxed();
         }

@@ -159,8 +159,13 @@ impl Streaming {
                         "Cannot tokenize the worker's output: {e}"
                     ))),
                 },
-                Woken::Item(Some(Ok(GenerateOutput::Finished { reason, .. }))) => match reason {
+                Woken::Item(Some(Ok(GenerateOutput::Finished {
+                    reason,
+                    cached_tokens,
+                    ..
+                }))) => match reason {
                     FinishReason::Length | FinishReason::Stop => {
+                        self.learn_cached(cached_tokens);
                         self.run.succeeded(worker);
                         self.complete(reason);
                     }
@@ -401,8 +406,7 @@ impl Streaming {
                 self.run.span.record("ttft_ms", ttft.as_secs_f64() * 1e3);
                 metrics.observe_ttft(ttft);
                 frontend.routing.report_ttft(ttft);
-                self.cached_tokens = Some(cached.unwrap_or(0));
-                metrics.cached_tokens.inc_by(u64::from(cached.unwrap_or(0)));
+                self.learn_cached(cached);
             }
             Some(last) => metrics.observe_itl(now - last),
         }
@@ -434,6 +438,19 @@ impl Streaming {
             }
         }
         self.emit(&text);
+    }
+
+    /// The prompt tokens the engine found in its prefix cache, from the first item that
+    /// says (the first token's, or an OpenAI-compatible upstream's usage at the end).
+    fn learn_cached(&mut self, cached: Option<u32>) {
+        if let (None, Some(cached)) = (self.cached_tokens, cached) {
+            self.cached_tokens = Some(cached);
+            self.run
+                .frontend
+                .metrics
+                .cached_tokens
+                .inc_by(u64::from(cached));
+        }
     }
 
     /// Passes text through the stop strings; a stop ends the response.

@@ -243,6 +243,8 @@ pub struct Streamed {
     /// The text of every chunk, in order.
     pub text: String,
     pub completion_tokens: Option<u64>,
+    /// The last `usage` object sent.
+    pub usage: Option<Value>,
     /// Error events (their `error` objects).
     pub errors: Vec<Value>,
     /// Whether `[DONE]` came last.
@@ -254,6 +256,7 @@ pub fn parse_stream(body: &str) -> Streamed {
     let mut streamed = Streamed {
         text: String::new(),
         completion_tokens: None,
+        usage: None,
         errors: Vec::new(),
         done: false,
     };
@@ -279,6 +282,9 @@ pub fn parse_stream(body: &str) -> Streamed {
         }
         if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
             streamed.completion_tokens = Some(n);
+        }
+        if chunk["usage"].is_object() {
+            streamed.usage = Some(chunk["usage"].clone());
         }
     }
     streamed
