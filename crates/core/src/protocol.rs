@@ -442,7 +442,10 @@ pub enum GenerateOutput {
     Features { items: Vec<MediaInput> },
     /// The end of the stream. `cached_tokens`: the prompt tokens the engine found in its
     /// prefix cache, from an engine that says so only at the end (an OpenAI-compatible
-    /// upstream's trailing usage chunk) rather than on its first item.
+    /// upstream's trailing usage chunk) rather than on its first item. Frames are
+    /// positional MessagePack: a frontend reads a worker's `Finished` without the field
+    /// (as `None`), but a frontend older than the field cannot read one with it, so
+    /// frontends are upgraded before workers.
     Finished {
         reason: FinishReason,
         completion_tokens: u32,

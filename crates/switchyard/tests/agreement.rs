@@ -185,7 +185,7 @@ async fn serve(
                 Outcome {
                     worker: dispatched.worker,
                     completion_tokens: usage.completion_tokens,
-                    cached_tokens: usage.prompt_tokens_details.cached_tokens,
+                    cached_tokens: usage.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
                     e2e: tokio::time::Instant::now() - arrival,
                 }
             })

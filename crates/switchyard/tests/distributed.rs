@@ -162,10 +162,12 @@ async fn an_openai_engines_cached_tokens_reach_the_client() {
         ],
     );
     wait_for_workers(&frontend, 1, Duration::from_secs(30)).await;
+    // More tokens than the 7 cached: a count above the prompt's would be cut to it.
+    const PROMPT: &str = "one two three four five six seven eight nine ten eleven twelve";
     for stream in [false, true] {
         let response = client()
             .post(frontend.url("/v1/completions"))
-            .json(&json!({"model": MODEL, "prompt": "one two three", "max_tokens": 2,
+            .json(&json!({"model": MODEL, "prompt": PROMPT, "max_tokens": 2,
                 "stream": stream, "stream_options": stream.then(|| json!({"include_usage": true}))}))
             .send()
             .await

@@ -162,6 +162,9 @@ async fn a_llama_cpp_server_serves_through_an_openai_worker() {
     );
     let completion_tokens = streamed.completion_tokens.unwrap();
     assert!((1..=24).contains(&completion_tokens), "{text}");
+    // llama-cpp-python's server says nothing of its prefix cache: no count is made up.
+    let usage = streamed.usage.unwrap();
+    assert!(usage.get("prompt_tokens_details").is_none(), "{usage}");
 
     // `top_k` reaches the engine: sampling hot (temperature 1.5) among the likeliest token
     // alone is greedy decoding, whatever the seed.

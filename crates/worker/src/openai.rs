@@ -476,12 +476,13 @@ struct Upstream {
 }
 
 /// How long a finished answer waits for its trailing usage chunk (which vLLM and SGLang
-/// send at once) before it ends without it.
-const TRAILING_USAGE_WAIT: Duration = Duration::from_secs(1);
+/// send right after the finishing one) before it ends without it: well inside the
+/// frontend's stall timeout (a second at least), which runs from the answer's last text.
+const TRAILING_USAGE_WAIT: Duration = Duration::from_millis(250);
 
 /// A chunk's `usage`: completion tokens, and the prompt tokens the upstream served from its
 /// prefix cache (`prompt_tokens_details.cached_tokens`, which vLLM gives with
-/// `--enable-prompt-tokens-details`, SGLang and llama.cpp's server by default).
+/// `--enable-prompt-tokens-details` and SGLang with `--enable-cache-report`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Usage {
     completion_tokens: Option<u32>,

@@ -261,6 +261,8 @@ pub enum ProfileError {
     Shape(#[from] InvalidProfile),
     #[error("nothing to measure: {0}")]
     Empty(&'static str),
+    #[error("stopped before the sweep ended")]
+    Stopped,
 }
 
 /// Runs the sweep; `shutdown` stops it.
@@ -360,7 +362,8 @@ pub async fn measure(
     }
     let mut context = Vec::new();
     let mut failure = None;
-    let points: Vec<(f64, f64)> = prefill.iter().map(|p| (p.isl, p.ttft_ms)).collect();
+    let mut points: Vec<(f64, f64)> = prefill.iter().map(|p| (p.isl, p.ttft_ms)).collect();
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
     let curve = |tokens: f64| interpolate(&points, tokens).max(0.0);
     let mut prefixes = config.context_prefix.clone();
     prefixes.retain(|&p| p > 0);
@@ -373,6 +376,10 @@ pub async fn measure(
             config.context_chunk
         );
         let records = context_bench(config, run, prefix, &shutdown).await?;
+        if shutdown.is_cancelled() {
+            // Stopped (Ctrl-C), as in the sweeps before: no profile.
+            return Err(ProfileError::Stopped);
+        }
         match context_point(&what, records, &curve) {
             Ok(point) => context.push(point),
             Err(e) => {
@@ -990,6 +997,73 @@ mod tests {
         let none = fit_context(&[]);
         assert_eq!(none.prefill_context_ms, 0.0);
         assert!(none.not_measured.is_some());
+    }
+
+    fn record(index: usize, ttft_ms: u64, input: u64, cached: Option<u64>) -> RequestRecord {
+        RequestRecord {
+            index,
+            scheduled: None,
+            start: Duration::ZERO,
+            ttft: Some(Duration::from_millis(ttft_ms)),
+            itl: Vec::new(),
+            latency: Duration::from_millis(ttft_ms),
+            input_tokens: input,
+            output_tokens: 1,
+            usage_reported: true,
+            cached_tokens: cached,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_point_reads_its_records_in_the_order_they_were_sent() {
+        // The prefix (1,024 tokens), then per sample: 512 alone, again (496 of them cached),
+        // 1,024 + 512 (1,024 cached), again (1,520 cached). Sent in this order, recorded in
+        // any.
+        let curve = |tokens: f64| tokens / 10.0;
+        let mut records = vec![record(0, 110, 1_024, Some(0))];
+        for (s, extra) in [(0, 30), (1, 50), (2, 40)] {
+            let i = 1 + 4 * s;
+            records.extend([
+                record(i, 60, 512, Some(0)),
+                record(i + 1, 20, 512, Some(496)),
+                record(i + 2, 70 + extra, 1_536, Some(1_024)),
+                record(i + 3, 25, 1_536, Some(1_520)),
+            ]);
+        }
+        records.reverse();
+        let p = context_point("x", records.clone(), &curve).unwrap();
+        assert_eq!((p.prefix, p.cached, p.chunk), (1_024.0, 1_024.0, 512.0));
+        assert!(p.cached_reported);
+        assert_eq!((p.ttft_ms, p.again_ms), (110.0, 25.0));
+        assert_eq!((p.fresh_ms, p.fresh_again_ms), (60.0, 20.0));
+        // Per sample (70 + extra − 25) − (60 − 20): 35, 55, 45; their median.
+        assert_eq!(p.extra_ms, 45.0);
+        // Cached × computed: 1,024 · 512 − 1,520 · 16 − (0 − 496 · 16).
+        assert_eq!(p.attended, 1_024.0 * 512.0 - 1_520.0 * 16.0 + 496.0 * 16.0);
+        assert_eq!(p.recompute_ms, 1_536.0 / 10.0 - 512.0 / 10.0);
+
+        // A server that gives no cached count: the prefix is taken as cached, and the
+        // product is cached × chunk.
+        let silent: Vec<RequestRecord> = records
+            .into_iter()
+            .map(|r| RequestRecord {
+                cached_tokens: None,
+                ..r
+            })
+            .collect();
+        let p = context_point("x", silent.clone(), &curve).unwrap();
+        assert!(!p.cached_reported);
+        assert_eq!((p.cached, p.chunk), (1_024.0, 512.0));
+        assert_eq!(p.attended, 1_024.0 * 512.0);
+        // A failed request fails the point, naming it.
+        let mut failed = silent;
+        failed[3].error = Some(crate::bench::RequestError::new(
+            crate::bench::ErrorKind::Http(400),
+            "too long",
+        ));
+        let e = context_point("the 1024 point", failed, &curve).unwrap_err();
+        assert!(e.to_string().contains("the 1024 point"), "{e}");
     }
 
     #[test]

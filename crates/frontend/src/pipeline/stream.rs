@@ -441,9 +441,12 @@ impl Streaming {
     }
 
     /// The prompt tokens the engine found in its prefix cache, from the first item that
-    /// says (the first token's, or an OpenAI-compatible upstream's usage at the end).
+    /// says (the first token's, or an OpenAI-compatible upstream's usage at the end: after
+    /// a move to another worker, that worker's count, whose prompt had the tokens generated
+    /// before the move too; never more than the client's prompt).
     fn learn_cached(&mut self, cached: Option<u32>) {
         if let (None, Some(cached)) = (self.cached_tokens, cached) {
+            let cached = cached.min(self.prompt_tokens);
             self.cached_tokens = Some(cached);
             self.run
                 .frontend
@@ -477,7 +480,7 @@ impl Streaming {
         let usage = Usage::new(
             self.prompt_tokens,
             self.run.generated.len() as u32,
-            self.cached_tokens.unwrap_or(0),
+            self.cached_tokens,
         );
         self.out.push_back(Ok(Piece::Finished { reason, usage }));
         self.ended = true;
