@@ -1029,9 +1029,13 @@ async fn a_request_waiting_for_an_encoding_that_fails_tries_itself_and_leaves_no
         while d.frontend.media.outstanding_ms(encoder) <= 0.0 {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        // The second request finds the image being encoded for the first and waits.
+        // The second request finds the image being encoded for the first and waits: no
+        // job of its own goes to the encoder.
         let second = send("What colour is it?");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let jobs = |text: &str| metric_value(text, "switchyard_encoder_jobs_total", None);
+        let before = scrape(&url(&d, "/metrics")).await;
+        assert_eq!(jobs(&before), 1.0, "overlap {overlap}: {before}");
         // The only encoder dies in the middle of the job: the first request's encoding
         // fails, the second is told, tries itself, fails too; both answer from the text.
         inject(&d, encoder, Fault::Crash);
