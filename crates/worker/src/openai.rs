@@ -403,7 +403,7 @@ impl EngineService for UpstreamService {
             loop {
                 let next = match state.pending {
                     // The answer is complete; its usage may follow in a chunk of its own.
-                    Some(_) => tokio::time::timeout(TRAILING_USAGE_WAIT, state.events.next())
+                    Some((_, until)) => tokio::time::timeout_at(until, state.events.next())
                         .await
                         .unwrap_or(None),
                     None => state.events.next().await,
@@ -414,7 +414,8 @@ impl EngineService for UpstreamService {
                     // the connection, a break, silence) leaves the answer complete.
                     _ if state.pending.is_some() => {
                         state.finished = true;
-                        return Some((state.pending.take().map(Ok).into_iter().collect(), state));
+                        let finished = state.pending.take().map(|(f, _)| Ok(f));
+                        return Some((finished.into_iter().collect(), state));
                     }
                     Some(Err(e)) => {
                         state.finished = true;
@@ -428,20 +429,23 @@ impl EngineService for UpstreamService {
                         return Some((vec![Err(EngineError::Disconnected)], state));
                     }
                 };
-                if let Some(finished) = state.pending.as_mut() {
+                if let Some((finished, _)) = state.pending.as_mut() {
                     if let Ok(chunk) = serde_json::from_str::<Value>(&event.data)
                         && let Some(usage) = Usage::of(&chunk)
                     {
                         usage.fill(finished);
                         state.finished = true;
-                        return Some((state.pending.take().map(Ok).into_iter().collect(), state));
+                        let finished = state.pending.take().map(|(f, _)| Ok(f));
+                        return Some((finished.into_iter().collect(), state));
                     }
+                    // Anything else after the finish is passed over, until the wait ends.
                     continue;
                 }
                 match chunk_items(&event.data) {
                     Ok((mut items, true, false)) => {
                         // vLLM and SGLang send the usage in a chunk after the finish.
-                        state.pending = items.pop();
+                        let until = tokio::time::Instant::now() + TRAILING_USAGE_WAIT;
+                        state.pending = items.pop().map(|finished| (finished, until));
                         if !items.is_empty() {
                             return Some((items.into_iter().map(Ok).collect(), state));
                         }
@@ -471,8 +475,8 @@ struct Upstream {
     _guard: InFlight,
     finished: bool,
     /// The `Finished` item of an answer whose finishing chunk had no usage, held for the
-    /// usage chunk that follows it.
-    pending: Option<GenerateOutput>,
+    /// usage chunk that follows it until the instant given (however much else comes).
+    pending: Option<(GenerateOutput, tokio::time::Instant)>,
 }
 
 /// How long a finished answer waits for its trailing usage chunk (which vLLM and SGLang

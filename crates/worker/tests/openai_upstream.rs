@@ -42,6 +42,8 @@ struct Upstream {
     trailing_usage: Mutex<Option<u64>>,
     /// Finish without usage, then keep the connection open, saying nothing more.
     silent_after_finish: AtomicBool,
+    /// Finish without usage, then keep sending chunks with neither text nor usage.
+    chatty_after_finish: AtomicBool,
 }
 
 struct Open(Arc<Upstream>);
@@ -60,12 +62,14 @@ async fn completions(State(up): State<Arc<Upstream>>, Json(body): Json<Value>) -
     let max = body["max_tokens"].as_u64().unwrap();
     let endless = up.endless.load(Ordering::SeqCst);
     let trailing = *up.trailing_usage.lock();
-    let silent = up.silent_after_finish.load(Ordering::SeqCst);
+    let chatty = up.chatty_after_finish.load(Ordering::SeqCst);
+    let silent = up.silent_after_finish.load(Ordering::SeqCst) || chatty;
     up.open.fetch_add(1, Ordering::SeqCst);
     let open = Open(Arc::clone(&up));
     let events = futures::stream::unfold((0u64, open), move |(i, open)| async move {
         let last = match (trailing, silent) {
             (Some(_), _) => max + 2,
+            (None, true) if chatty => u64::MAX,
             (None, true) => max + 1,
             (None, false) => max,
         };
@@ -90,6 +94,10 @@ async fn completions(State(up): State<Arc<Upstream>>, Json(body): Json<Value>) -
                 "prompt_tokens_details": {"cached_tokens": cached}}})
             .to_string(),
             (Some(_), _) => "[DONE]".to_string(),
+            (None, _) if chatty => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                json!({"choices": [], "usage": null}).to_string()
+            }
             (None, _) => {
                 // Silence, the connection open, until the client hangs up.
                 std::future::pending::<()>().await;
@@ -252,26 +260,31 @@ async fn usage_after_the_finish_is_read_and_silence_after_it_ends_the_answer() {
     // within the wait for a usage chunk, and the connection closed.
     *up.trailing_usage.lock() = None;
     up.silent_after_finish.store(true, Ordering::SeqCst);
-    let started = std::time::Instant::now();
-    let (text, last) = tokio::time::timeout(Duration::from_secs(10), answer(&engine))
-        .await
-        .unwrap();
-    assert_eq!(text, " w0 w1 w2");
-    assert_eq!(
-        last,
-        Some(Ok(GenerateOutput::Finished {
-            reason: FinishReason::Length,
-            completion_tokens: 0,
-            cached_tokens: None,
-        }))
-    );
-    // Well inside the frontend's stall timeout (a second at least), which would otherwise
-    // take the finished answer for a stalled one.
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        started.elapsed()
-    );
+    // Then a finish followed by chunks that say nothing (neither text nor usage), on and
+    // on: the wait for the usage is bounded all the same.
+    for chatty in [false, true] {
+        up.chatty_after_finish.store(chatty, Ordering::SeqCst);
+        let started = std::time::Instant::now();
+        let (text, last) = tokio::time::timeout(Duration::from_secs(10), answer(&engine))
+            .await
+            .unwrap();
+        assert_eq!(text, " w0 w1 w2");
+        assert_eq!(
+            last,
+            Some(Ok(GenerateOutput::Finished {
+                reason: FinishReason::Length,
+                completion_tokens: 0,
+                cached_tokens: None,
+            }))
+        );
+        // Well inside the frontend's stall timeout (a second at least), which would
+        // otherwise take the finished answer for a stalled one.
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "chatty {chatty}: {:?}",
+            started.elapsed()
+        );
+    }
     for _ in 0..100 {
         if up.open.load(Ordering::SeqCst) == 0 {
             break;
