@@ -10,17 +10,39 @@ use std::process::Command;
 use serde_json::Value;
 use support::process::Process;
 use switchyard_mocker::PerfModel;
+use switchyard_mocker::perf::Profile;
 
-fn profile(url: &str, out: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["profile", "--url", url, "--model", "switchyard-mock"])
+/// Profiles `server` into `out` (which must succeed) and reads back the profile written.
+fn profile(server: &Process, out: &std::path::Path, extra: &[&str]) -> Profile {
+    let url = format!("http://{}", server.address);
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["profile", "--url", &url, "--model", "switchyard-mock"])
         .args(["--isl", "128,2048", "--samples", "2"])
         .args(["--context", "256,1024", "--concurrency", "1,4"])
         .args(["--output-tokens", "24", "--out", out.to_str().unwrap()])
         .args(["--cached-prefix", "512,2048", "--chunk", "256"])
         .args(extra)
         .output()
-        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    match switchyard_mocker::perf::load(&out.join("profile.json")).unwrap() {
+        PerfModel::Interpolated(p) => p,
+        PerfModel::Polynomial => panic!("not a profile"),
+    }
+}
+
+/// `serve` with one worker and these arguments (and environment).
+fn serve(name: &str, dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Process {
+    let args: Vec<String> = ["serve", "--port", "0", "--workers", "1"]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
+    Process::spawn_with_env(name, &args, env, dir)
 }
 
 /// The cost of attending to cached tokens set in a profile, ms per cached token per chunk
@@ -31,34 +53,14 @@ const CONTEXT_MS: f64 = 1e-4;
 fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
     let dir = tempfile::tempdir().unwrap();
     // Four times slower than the model: its times, not the HTTP overhead, dominate.
-    let args = [
-        "serve",
-        "--port",
-        "0",
-        "--workers",
-        "1",
-        "--speedup-ratio",
-        "0.25",
-    ]
-    .map(str::to_string);
-    let serve = Process::spawn("serve", &args, dir.path());
-    let url = format!("http://{}", serve.address);
+    let slow = serve("serve", dir.path(), &["--speedup-ratio", "0.25"], &[]);
     let out_dir = dir.path().join("profile");
     // The mocker's default cache: 16,384 blocks of 16 tokens.
-    let out = profile(
-        &url,
+    let p = profile(
+        &slow,
         &out_dir,
         &["--ttft-target", "1s", "--kv-capacity-tokens", "262144"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let model = switchyard_mocker::perf::load(&out_dir.join("profile.json")).unwrap();
-    let PerfModel::Interpolated(p) = &model else {
-        panic!("not a profile")
-    };
     assert_eq!(p.prefill_isl.len(), 2);
     assert_eq!(p.decode_context_length.len(), 2);
     assert_eq!(p.decode_active_kv_tokens.len(), 4);
@@ -116,7 +118,7 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
         let svg = std::fs::read_to_string(out_dir.join(plot)).unwrap();
         assert!(svg.starts_with("<svg"), "{plot}");
     }
-    drop(serve);
+    drop(slow);
 
     // The profile drives a mocker: `serve --perf-profile`; with a cost of attending to
     // cached tokens set in it, a profile of that mocker finds the cost again.
@@ -125,29 +127,9 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
     with_context["prefill_context_ms"] = CONTEXT_MS.into();
     let with_context_path = dir.path().join("with-context.json");
     std::fs::write(&with_context_path, with_context.to_string()).unwrap();
-    let args = [
-        "serve",
-        "--port",
-        "0",
-        "--workers",
-        "1",
-        "--perf-profile",
-        with_context_path.to_str().unwrap(),
-    ]
-    .map(str::to_string);
-    let served = Process::spawn("serve-profiled", &args, dir.path());
-    let again = dir.path().join("again");
-    let out = profile(&format!("http://{}", served.address), &again, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let PerfModel::Interpolated(p) =
-        switchyard_mocker::perf::load(&again.join("profile.json")).unwrap()
-    else {
-        panic!("not a profile")
-    };
+    let with_context_arg = ["--perf-profile", with_context_path.to_str().unwrap()];
+    let served = serve("serve-profiled", dir.path(), &with_context_arg, &[]);
+    let p = profile(&served, &dir.path().join("again"), &[]);
     assert!(
         (p.prefill_context_ms - CONTEXT_MS).abs() < 0.25 * CONTEXT_MS,
         "fitted {} for {CONTEXT_MS}",
@@ -156,34 +138,14 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
     drop(served);
 
     // A server without prefix caching: nothing to fit, and the report says why.
-    let args = [
-        "serve",
-        "--port",
-        "0",
-        "--workers",
-        "1",
-        "--perf-profile",
-        with_context_path.to_str().unwrap(),
-    ]
-    .map(str::to_string);
-    let uncached = Process::spawn_with_env(
+    let uncached = serve(
         "serve-uncached",
-        &args,
-        &[("SWITCHYARD_WORKERS__MOCKER__ENABLE_PREFIX_CACHING", "false")],
         dir.path(),
+        &with_context_arg,
+        &[("SWITCHYARD_WORKERS__MOCKER__ENABLE_PREFIX_CACHING", "false")],
     );
     let none = dir.path().join("none");
-    let out = profile(&format!("http://{}", uncached.address), &none, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let PerfModel::Interpolated(p) =
-        switchyard_mocker::perf::load(&none.join("profile.json")).unwrap()
-    else {
-        panic!("not a profile")
-    };
+    let p = profile(&uncached, &none, &[]);
     assert_eq!(p.prefill_context_ms, 0.0);
     let report = std::fs::read_to_string(none.join("report.md")).unwrap();
     assert!(report.contains("no prefix caching"), "{report}");
@@ -191,26 +153,20 @@ fn a_profile_of_the_mocker_recovers_its_timing_and_serve_runs_it() {
 
     // A server refusing the sweep's longest prompt (2,048 + 256 tokens): the profile is
     // still written, without the context cost, and the report names the refusal.
-    let args = ["serve", "--port", "0", "--workers", "1"].map(str::to_string);
-    let short = Process::spawn_with_env(
+    let short = serve(
         "serve-short",
-        &args,
-        &[("SWITCHYARD_FRONTEND__CONTEXT_LENGTH", "2200")],
         dir.path(),
+        &[],
+        &[("SWITCHYARD_FRONTEND__CONTEXT_LENGTH", "2200")],
     );
     let refused = dir.path().join("refused");
-    let out = profile(&format!("http://{}", short.address), &refused, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Written all the same (read back by `profile`).
+    profile(&short, &refused, &[]);
     let report = std::fs::read_to_string(refused.join("report.md")).unwrap();
     assert!(
         report.contains("the sweep failed") && report.contains("maximum context length"),
         "{report}"
     );
-    assert!(refused.join("profile.json").exists());
 
     // Bad input is named.
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))

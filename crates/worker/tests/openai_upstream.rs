@@ -164,6 +164,28 @@ fn request(text: Option<&str>) -> GenerateRequest {
     r
 }
 
+/// The text an engine streams for `request`, and its last item.
+async fn answer(
+    engine: &switchyard_worker::RunningEngine,
+    request: GenerateRequest,
+) -> (String, Option<Result<GenerateOutput, EngineError>>) {
+    let items: Vec<_> = engine
+        .service
+        .generate(request)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    let text = items
+        .iter()
+        .filter_map(|i| match i {
+            Ok(GenerateOutput::Text { text, .. }) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    (text, items.last().cloned())
+}
+
 #[tokio::test]
 async fn streams_text_and_sends_what_the_upstream_needs() {
     let up = Arc::new(Upstream::default());
@@ -171,28 +193,15 @@ async fn streams_text_and_sends_what_the_upstream_needs() {
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
 
     let text = start(&url, PromptFormat::Text, &tracker, &cancel).await;
-    let items: Vec<_> = text
-        .service
-        .generate(request(Some("<|im_start|>hi")))
-        .await
-        .unwrap()
-        .collect()
-        .await;
-    let streamed: String = items
-        .iter()
-        .filter_map(|i| match i {
-            Ok(GenerateOutput::Text { text, .. }) => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let (streamed, last) = answer(&text, request(Some("<|im_start|>hi"))).await;
     assert_eq!(streamed, " w0 w1 w2");
     assert_eq!(
-        items.last().unwrap().as_ref().unwrap(),
-        &GenerateOutput::Finished {
+        last,
+        Some(Ok(GenerateOutput::Finished {
             reason: FinishReason::Length,
             completion_tokens: 3,
             cached_tokens: None,
-        }
+        }))
     );
     let body = up.bodies.lock()[0].clone();
     assert_eq!(body["prompt"], "<|im_start|>hi");
@@ -223,29 +232,10 @@ async fn usage_after_the_finish_is_read_and_silence_after_it_ends_the_answer() {
     let url = serve(Arc::clone(&up)).await;
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
     let engine = start(&url, PromptFormat::TokenIds, &tracker, &cancel).await;
-    let answer = |engine: &switchyard_worker::RunningEngine| {
-        let service = Arc::clone(&engine.service);
-        async move {
-            let items: Vec<_> = service
-                .generate(request(None))
-                .await
-                .unwrap()
-                .collect()
-                .await;
-            let text: String = items
-                .iter()
-                .filter_map(|i| match i {
-                    Ok(GenerateOutput::Text { text, .. }) => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
-            (text, items.last().cloned())
-        }
-    };
 
     // vLLM's and SGLang's order: the finish, then the usage with the cached prompt tokens.
     *up.trailing_usage.lock() = Some(2);
-    let (text, last) = answer(&engine).await;
+    let (text, last) = answer(&engine, request(None)).await;
     assert_eq!(text, " w0 w1 w2");
     assert_eq!(
         last,
@@ -265,9 +255,10 @@ async fn usage_after_the_finish_is_read_and_silence_after_it_ends_the_answer() {
     for chatty in [false, true] {
         up.chatty_after_finish.store(chatty, Ordering::SeqCst);
         let started = std::time::Instant::now();
-        let (text, last) = tokio::time::timeout(Duration::from_secs(10), answer(&engine))
-            .await
-            .unwrap();
+        let (text, last) =
+            tokio::time::timeout(Duration::from_secs(10), answer(&engine, request(None)))
+                .await
+                .unwrap();
         assert_eq!(text, " w0 w1 w2");
         assert_eq!(
             last,

@@ -84,14 +84,12 @@ impl BenchSummary {
         };
         let output: u64 = ok.iter().map(|r| r.output_tokens).sum();
         let input: u64 = ok.iter().map(|r| r.input_tokens).sum();
-        let (cached, cached_of) = ok
-            .iter()
-            .filter_map(|r| r.cached_tokens.map(|c| (c, r.input_tokens)))
-            .fold(None, |sum: Option<(u64, u64)>, (c, of)| {
-                let (c0, of0) = sum.unwrap_or_default();
-                Some((c0 + c, of0 + of))
-            })
-            .unzip();
+        // Over the requests whose usage says what the cache served.
+        let saying: Vec<&&RequestRecord> =
+            ok.iter().filter(|r| r.cached_tokens.is_some()).collect();
+        let cached = (!saying.is_empty())
+            .then(|| saying.iter().filter_map(|r| r.cached_tokens).sum::<u64>());
+        let cached_of: u64 = saying.iter().map(|r| r.input_tokens).sum();
         let goodput = slo.is_set().then(|| {
             let good = ok.iter().filter(|r| meets(r, slo)).count();
             Goodput {
@@ -123,9 +121,13 @@ impl BenchSummary {
             output_tokens: Summary::of(ok.iter().map(|r| r.output_tokens as f64)),
             usage_reported: ok.iter().filter(|r| r.usage_reported).count(),
             cached_tokens: cached,
-            prompt_cache_hit_rate: cached
-                .zip(cached_of)
-                .map(|(c, of)| if of == 0 { 0.0 } else { c as f64 / of as f64 }),
+            prompt_cache_hit_rate: cached.map(|c| {
+                if cached_of == 0 {
+                    0.0
+                } else {
+                    c as f64 / cached_of as f64
+                }
+            }),
             send_lag_ms: Summary::of(
                 records
                     .iter()
