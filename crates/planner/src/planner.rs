@@ -47,6 +47,13 @@ pub struct Tick {
     pub decision: Option<Decision>,
 }
 
+const NO_FLOOR: Demand = Demand {
+    rate: 0.0,
+    isl: 0.0,
+    osl: 0.0,
+    hit_rate: 0.0,
+};
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Pending {
     role: WorkerRole,
@@ -88,8 +95,11 @@ pub struct Planner {
     perf: PerfModel,
     /// SLA mode: the counts wanted by the recent decisions that wanted fewer workers.
     smaller_wanted: Vec<BTreeMap<WorkerRole, u32>>,
-    /// An early decision plans for at least the rate seen so far in its interval.
-    rate_floor: f64,
+    /// An early decision plans for at least the rate, and the prompt and output lengths,
+    /// seen so far in its interval (zeros otherwise): the predictors still hold the
+    /// traffic before the change that set it off, and their mean prompt, from the few
+    /// requests of a quiet interval, can size the cache a burst needs too small.
+    floor: Demand,
     /// Prompt tokens that arrived per pull over the burst history, oldest first.
     arrivals: VecDeque<u64>,
 }
@@ -133,7 +143,7 @@ impl Planner {
             last_requests: 0.0,
             perf,
             smaller_wanted: Vec::new(),
-            rate_floor: 0.0,
+            floor: NO_FLOOR,
             arrivals: VecDeque::new(),
             config,
         })
@@ -196,11 +206,15 @@ impl Planner {
                 history.pop_front();
             }
         }
-        // An early decision plans for at least the rate seen so far in its interval.
-        self.rate_floor = if panic.is_some() {
-            summary.traffic.rate
-        } else {
-            0.0
+        // An early decision plans for at least the traffic seen so far in its interval.
+        self.floor = match &panic {
+            Some(_) if summary.traffic.requests > 0 => Demand {
+                rate: summary.traffic.rate,
+                isl: summary.traffic.isl,
+                osl: summary.traffic.osl,
+                hit_rate: 0.0,
+            },
+            _ => NO_FLOOR,
         };
         let decision = self.decide(now, summary);
         Tick {
@@ -414,9 +428,9 @@ impl Planner {
         // Lengths not learned yet (an early first decision): this interval's.
         let seen = decision.interval.traffic;
         let demand = Demand {
-            rate: (rate / seconds).max(self.rate_floor),
-            isl: self.isl.predict().unwrap_or(seen.isl),
-            osl: self.osl.predict().unwrap_or(seen.osl),
+            rate: (rate / seconds).max(self.floor.rate),
+            isl: self.isl.predict().unwrap_or(seen.isl).max(self.floor.isl),
+            osl: self.osl.predict().unwrap_or(seen.osl).max(self.floor.osl),
             hit_rate: self.last_hit_rate,
         };
         let square_root = sla.staffing_beta > 0.0;

@@ -515,6 +515,42 @@ fn predictors_learn_every_interval_through_early_decisions() {
 }
 
 #[test]
+fn an_early_decision_plans_for_the_prompts_of_its_interval() {
+    // Quiet intervals of short prompts, then a queue behind prompts of `isl` tokens: the
+    // early decision sizes for them, not for the predicted 1,000 of the quiet intervals.
+    let run = |isl: u64| {
+        let mut c = config();
+        c.mode = Mode::Sla;
+        c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+        c.sla.correction = false;
+        c.budget.max_gpus = 1000;
+        let mut fleet = Fleet::new(c, &[(AGG, 2)]);
+        let traffic = |requests: u64, isl: u64| TrafficSample {
+            requests,
+            input_tokens: requests * isl,
+            output_tokens: requests * 100,
+            finished: requests,
+            ..TrafficSample::default()
+        };
+        fleet.traffic = traffic(2, 1000);
+        fleet.interval();
+        fleet.interval();
+        fleet.waiting.insert(AGG, 10);
+        fleet.traffic = traffic(20, isl);
+        let d = fleet.interval();
+        assert!(d.reasons.iter().any(|r| r.starts_with("early decision")));
+        d
+    };
+    let long = run(16_000);
+    let p = long.prediction.unwrap();
+    assert_eq!((p.isl, p.osl), (16_000.0, 100.0), "{p:?}");
+    let short = run(1000);
+    assert_eq!(short.prediction.unwrap().isl, 1000.0);
+    let asked = |d: &Decision| d.actions.iter().map(|a| a.replicas).max().unwrap_or(2);
+    assert!(asked(&long) > asked(&short), "{long:?}\n{short:?}");
+}
+
+#[test]
 fn the_sla_plan_never_falls_below_the_last_interval() {
     let holt = |c: &mut PlannerConfig| {
         c.sla.predictor = switchyard_planner::PredictorConfig::Holt {

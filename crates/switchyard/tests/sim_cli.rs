@@ -134,6 +134,7 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
     let dir = tempfile::tempdir().unwrap();
     let plot = dir.path().join("planner.svg");
     let log = dir.path().join("decisions.jsonl");
+    let requests = dir.path().join("requests.jsonl");
     let config = dir.path().join("planner.toml");
     std::fs::write(
         &config,
@@ -159,6 +160,8 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
         "5s",
         "--decision-log",
         log.to_str().unwrap(),
+        "--requests-out",
+        requests.to_str().unwrap(),
         "--plot",
         plot.to_str().unwrap(),
         "--json",
@@ -210,6 +213,18 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
         .find(|l| l["planner"] == "load planner")
         .unwrap();
     assert_eq!(first_load["at"], 10.0);
+    // Every request of every fleet in the table, labelled with its fleet.
+    let fates: Vec<Value> = std::fs::read_to_string(&requests)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for name in &names {
+        let of_fleet: Vec<&Value> = fates.iter().filter(|f| f["policy"] == *name).collect();
+        assert_eq!(of_fleet.len(), 300, "{name}");
+        assert!(of_fleet.iter().all(|f| f["ttft_ms"].as_f64().is_some()));
+    }
+    assert_eq!(fates.len(), 300 * names.len());
     let svg = std::fs::read_to_string(&plot).unwrap();
     for label in [
         "Workers over time",
@@ -238,6 +253,9 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
     );
     let out = sim(&["--planner", "sla", "--workers", "2,3"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--planner runs one fleet"));
+    let out = sim(&["--workers", "2,3", "--requests-out", "x.jsonl"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--requests-out"));
 }
 
 #[test]

@@ -165,10 +165,11 @@ pub struct SimArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub(super) json: bool,
-    /// Write every request's fate to this file, one JSON object a line (policy, id,
-    /// arrival, time to first token, end to end, worker, outcome; times in ms).
+    /// Write every request's fate to this file, one JSON object a line (policy, or with
+    /// --planner the fleet, planned or fixed; id, arrival, time to first token, end to
+    /// end, worker, outcome; times in ms).
     #[arg(long, value_name = "FILE.jsonl")]
-    requests_out: Option<PathBuf>,
+    pub(super) requests_out: Option<PathBuf>,
     #[command(flatten)]
     pub(super) planning: super::sim_planner::PlanningArgs,
     #[command(flatten)]
@@ -239,6 +240,14 @@ pub fn run(args: SimArgs) -> Result<()> {
         bail!(
             "--plot draws a sweep or a planned run: give several --workers or --speedup values, \
              --sweep, or --planner"
+        );
+    }
+    if args.requests_out.is_some()
+        && args.planning.planner.is_empty()
+        && (sweep || !args.disagg.disagg.is_empty())
+    {
+        bail!(
+            "--requests-out writes the requests of single runs and planned ones, not of a sweep or --disagg"
         );
     }
     if sweep && !(args.faults.is_empty() && args.mtbf.is_none()) {
@@ -431,7 +440,7 @@ pub fn run(args: SimArgs) -> Result<()> {
     );
     let reports = run_policies(&args, &workload, &config, args.json)?;
     if let Some(path) = &args.requests_out {
-        write_requests(path, &reports)?;
+        write_requests(path, reports.iter().map(|r| (r.policy.as_str(), r)))?;
     }
     if args.json {
         let policies = reports.iter().map(|r| (r.policy.as_str(), r)).collect();
@@ -461,16 +470,20 @@ struct RequestLine<'a> {
     outcome: &'a str,
 }
 
-fn write_requests(path: &std::path::Path, reports: &[SimReport]) -> Result<()> {
+/// Writes every request of each run, labelled (a policy, or a planned or fixed fleet).
+pub(super) fn write_requests<'a>(
+    path: &std::path::Path,
+    runs: impl IntoIterator<Item = (&'a str, &'a SimReport)>,
+) -> Result<()> {
     use std::io::Write as _;
     let file =
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut out = std::io::BufWriter::new(file);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    for report in reports {
+    for (label, report) in runs {
         for r in &report.request_records {
             let line = RequestLine {
-                policy: &report.policy,
+                policy: label,
                 id: r.id,
                 arrival_ms: ms(r.arrival),
                 ttft_ms: r.first_token.map(|t| ms(t.saturating_sub(r.arrival))),

@@ -292,6 +292,9 @@ pub fn run(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Resul
     if let Some(path) = &planning.decision_log {
         write_decisions(path, &decisions)?;
     }
+    if let Some(path) = &args.requests_out {
+        super::sim::write_requests(path, rows.iter().map(|r| (r.fleet.as_str(), &r.report)))?;
+    }
     if let Some(path) = &args.plot {
         plot(path, &args.trace, &rows, planner_config.adjustment_interval)?;
     }

@@ -4,10 +4,10 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
 use switchyard_workload::analyze::{Comparison, TraceAnalysis};
-use switchyard_workload::synth::{Sampling, SynthConfig, generate_from_trace};
+use switchyard_workload::synth::{Arrivals, Sampling, SynthConfig, generate_from_trace};
 use switchyard_workload::trace_io::{Trace, write_mooncake};
 use switchyard_workload::units::thousands;
 
@@ -75,6 +75,16 @@ struct GenerateArgs {
     /// learned rate for 10 minutes, five times it for 10, then the learned rate again).
     #[arg(long, value_delimiter = ',', value_name = "AT:MULTIPLIER")]
     rate_profile: Vec<RatePoint>,
+    /// How arrivals are spaced before --burst-duty and --rate-profile: `learned` draws the
+    /// source's gaps (coarse timestamps stay lumps: the Mooncake traces stamp arrivals every
+    /// 3 s, about ten requests a stamp); `poisson` draws gaps at the source's mean rate from
+    /// a gamma distribution of shape --burstiness. The same requests either way.
+    #[arg(long, value_enum, default_value_t = ArrivalsArg::Learned)]
+    arrivals: ArrivalsArg,
+    /// Shape of `--arrivals poisson`'s gaps: 1 is Poisson, below 1 burstier, above 1 more
+    /// regular.
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
     /// Tokens per hash id, of the source and the output.
     #[arg(long, default_value_t = 512)]
     block_size: u32,
@@ -112,6 +122,12 @@ fn analyze(args: AnalyzeArgs) -> Result<()> {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ArrivalsArg {
+    Learned,
+    Poisson,
+}
+
 /// One point of `--rate-profile`.
 #[derive(Debug, Clone, Copy)]
 struct RatePoint {
@@ -136,7 +152,17 @@ impl std::str::FromStr for RatePoint {
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
+    let arrivals = match args.arrivals {
+        ArrivalsArg::Poisson => Arrivals::Gamma {
+            shape: args.burstiness,
+        },
+        ArrivalsArg::Learned if args.burstiness != 1.0 => {
+            bail!("--burstiness shapes `--arrivals poisson`; the learned gaps have their own")
+        }
+        ArrivalsArg::Learned => Arrivals::Learned,
+    };
     let config = SynthConfig {
+        arrivals,
         num_requests: args.num_requests,
         seed: args.seed,
         prefix_len_multiplier: args.prefix_len_multiplier,

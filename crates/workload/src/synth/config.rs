@@ -33,6 +33,8 @@ pub struct SynthConfig {
     /// requests, their arrivals compressed or stretched: `[(600_000, 5), (1_200_000, 1)]`
     /// is a 5× burst from the tenth to the twentieth minute.
     pub rate_profile: Vec<(f64, f64)>,
+    /// How arrivals are spaced before `burst_duty` and `rate_profile` reshape them.
+    pub arrivals: Arrivals,
     /// Tokens per hash id, of the source and of the output.
     pub block_size: u32,
     /// How every learned distribution is drawn from.
@@ -52,10 +54,26 @@ impl Default for SynthConfig {
             burst_period_ms: 60_000.0,
             burst_duty: 1.0,
             rate_profile: Vec::new(),
+            arrivals: Arrivals::Learned,
             block_size: MOONCAKE_BLOCK_SIZE,
             sampling: Sampling::Stratified,
         }
     }
+}
+
+/// How a synthetic trace spaces its arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Arrivals {
+    /// Gaps drawn from the source's gaps. A source whose timestamps are coarse keeps its
+    /// lumps: the Mooncake traces stamp arrivals in steps of 3 s, so about ten requests
+    /// share each stamp.
+    Learned,
+    /// A renewal process at the source's mean rate: gaps drawn from a gamma distribution
+    /// of that mean with this shape (1: Poisson arrivals; below 1 burstier, above 1 more
+    /// regular; vLLM's benchmark calls the shape its burstiness). The requests are those
+    /// the same seed gives with learned gaps: only their times differ.
+    Gamma { shape: f64 },
 }
 
 impl SynthConfig {
@@ -100,6 +118,15 @@ impl SynthConfig {
                 flag: "--burst-duty",
                 requirement: "a share in (0, 1]",
                 value: self.burst_duty.to_string(),
+            });
+        }
+        if let Arrivals::Gamma { shape } = self.arrivals
+            && !(shape.is_finite() && shape > 0.0)
+        {
+            return Err(SynthError::InvalidKnob {
+                flag: "--burstiness",
+                requirement: "a finite number above 0",
+                value: shape.to_string(),
             });
         }
         let at_least_one = [

@@ -2,15 +2,20 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Gamma};
 use switchyard_core::trace::MooncakeRecord;
 
-use super::{SynthConfig, SynthModel};
+use super::{Arrivals, SynthConfig, SynthModel};
 use crate::prefix::{CoreTree, Step};
 use crate::stats::Sampler;
 
 /// Seeds the stream that scales core node lengths apart from the per-request stream, so a
 /// knob that changes lengths does not reshuffle every request.
 const NODE_STREAM: u64 = 0x6e6f_6465_6c65_6e73;
+
+/// Seeds the stream of generated gaps apart from the per-request stream, so that
+/// `Arrivals::Gamma` keeps the requests of `Arrivals::Learned` and moves only their times.
+const GAP_STREAM: u64 = 0x6172_7269_7661_6c73;
 
 /// Hash ids of the core tree's copies, laid out one node after another.
 struct CoreLayout {
@@ -84,11 +89,27 @@ impl SynthModel {
         let count = config.num_requests.unwrap_or(self.source_requests);
         let mut clock_ms = 0.0f64;
         let mut out = Vec::with_capacity(count);
+        let mut renewal = match config.arrivals {
+            Arrivals::Learned => None,
+            Arrivals::Gamma { shape } => {
+                let mean = mean_of(&self.inter_arrival_ms);
+                // A source of one request, or all at one instant, has no rate to keep.
+                (mean > 0.0)
+                    .then(|| Gamma::new(shape, mean / shape).ok())
+                    .flatten()
+                    .map(|gamma| (gamma, StdRng::seed_from_u64(config.seed ^ GAP_STREAM)))
+            }
+        };
 
         for index in 0..count {
             if index > 0 {
-                let gap = gaps.draw(&mut rng).unwrap_or(0);
-                clock_ms += gap as f64 / config.speedup_ratio;
+                // Drawn whatever the arrivals, so the requests stay the same.
+                let learned = gaps.draw(&mut rng).unwrap_or(0) as f64;
+                let gap = match &mut renewal {
+                    Some((gamma, gap_rng)) => gamma.sample(gap_rng),
+                    None => learned,
+                };
+                clock_ms += gap / config.speedup_ratio;
             }
             let copy = rng.random_range(0..copies);
             let samplers = &mut per_copy[copy as usize];
@@ -139,6 +160,16 @@ impl SynthModel {
         }
         out
     }
+}
+
+/// The mean of an empirical distribution of milliseconds (0 when empty).
+fn mean_of(cdf: &crate::stats::Cdf<u64>) -> f64 {
+    let total = cdf.total();
+    if total == 0 {
+        return 0.0;
+    }
+    let sum: f64 = cdf.counts().map(|(ms, n)| ms as f64 * n as f64).sum();
+    sum / total as f64
 }
 
 /// Scales a block count with stochastic rounding (so the mean scales exactly), keeping at
@@ -306,6 +337,79 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("--burst-duty")
+        );
+    }
+
+    #[test]
+    fn gamma_arrivals_keep_the_requests_and_the_rate_and_break_the_lumps() {
+        // Ten requests a stamp, stamps 3 s apart (the Mooncake traces' shape): 300 ms a gap.
+        let rows: Vec<MooncakeRecord> = (0..2_000u64)
+            .map(|i| MooncakeRecord {
+                media: Vec::new(),
+                timestamp: (i / 10) * 3_000,
+                input_length: 16 * (i % 7 + 1),
+                output_length: 4 + i % 5,
+                hash_ids: (0..i % 7 + 1).map(|b| i * 10 + b).collect(),
+            })
+            .collect();
+        let model = SynthModel::learn(&rows, 16).unwrap();
+        let config = |arrivals| SynthConfig {
+            block_size: 16,
+            num_requests: Some(20_000),
+            seed: 5,
+            arrivals,
+            ..SynthConfig::default()
+        };
+        let learned = model.generate(&config(Arrivals::Learned));
+        let stamps = |trace: &[MooncakeRecord]| -> Vec<f64> {
+            trace.iter().map(|r| r.timestamp as f64).collect()
+        };
+        let distinct = |trace: &[MooncakeRecord]| {
+            let mut t: Vec<u64> = trace.iter().map(|r| r.timestamp).collect();
+            t.dedup();
+            t.len()
+        };
+        // (mean gap, coefficient of variation of the gaps)
+        let gap_stats = |t: &[f64]| {
+            let gaps: Vec<f64> = t.windows(2).map(|w| w[1] - w[0]).collect();
+            let n = gaps.len() as f64;
+            let mean = gaps.iter().sum::<f64>() / n;
+            let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n;
+            (mean, var.sqrt() / mean)
+        };
+        assert!(distinct(&learned) < 2_500, "learned gaps keep the lumps");
+        for (shape, cv) in [(1.0, 1.0), (4.0, 0.5), (0.25, 2.0)] {
+            let renewal = model.generate(&config(Arrivals::Gamma { shape }));
+            for (a, b) in learned.iter().zip(&renewal) {
+                assert_eq!(
+                    (&a.hash_ids, a.input_length, a.output_length),
+                    (&b.hash_ids, b.input_length, b.output_length)
+                );
+            }
+            let t = stamps(&renewal);
+            assert!(t.windows(2).all(|w| w[0] <= w[1]));
+            let (mean, got_cv) = gap_stats(&t);
+            assert!(
+                (mean / 300.0 - 1.0).abs() < 0.05,
+                "shape {shape}: mean gap {mean}"
+            );
+            assert!(
+                (got_cv / cv - 1.0).abs() < 0.1,
+                "shape {shape}: cv {got_cv}"
+            );
+            if shape >= 1.0 {
+                assert!(distinct(&renewal) > 19_000, "shape {shape}: lumps left");
+            }
+        }
+        let bad = SynthConfig {
+            arrivals: Arrivals::Gamma { shape: 0.0 },
+            ..SynthConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--burstiness")
         );
     }
 }
