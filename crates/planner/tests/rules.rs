@@ -478,27 +478,40 @@ fn a_deep_queue_brings_the_sla_decision_forward() {
     assert_eq!(at, Duration::from_secs(10));
 }
 
-#[test]
-fn predictors_learn_every_interval_through_early_decisions() {
-    let mut c = config();
-    c.mode = Mode::Sla;
-    c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
-    c.budget.max_gpus = 1000;
-    let mut fleet = Fleet::new(c, &[(AGG, 2)]);
-    let traffic = |requests: u64, isl: u64| TrafficSample {
+/// An interval's traffic: `requests` prompts of `isl` tokens, 100 output tokens each.
+fn prompts_of(requests: u64, isl: u64) -> TrafficSample {
+    TrafficSample {
         requests,
         input_tokens: requests * isl,
         output_tokens: requests * 100,
         finished: requests,
         ..TrafficSample::default()
-    };
-    fleet.traffic = traffic(2, 1000);
+    }
+}
+
+/// An SLA fleet of 2 aggregated workers with a constant predictor, after two intervals of
+/// two 1,000-token prompts each, now with 10 requests waiting per worker (so its next
+/// decisions are early ones).
+fn queued_after_quiet_intervals(tune: impl Fn(&mut PlannerConfig)) -> Fleet {
+    let mut c = config();
+    c.mode = Mode::Sla;
+    c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+    c.budget.max_gpus = 1000;
+    tune(&mut c);
+    let mut fleet = Fleet::new(c, &[(AGG, 2)]);
+    fleet.traffic = prompts_of(2, 1000);
     fleet.interval();
     fleet.interval();
+    fleet.waiting.insert(AGG, 10);
+    fleet
+}
+
+#[test]
+fn predictors_learn_every_interval_through_early_decisions() {
     // A burst of longer prompts behind a deep queue: from now on every decision is an
     // early one, a third of an interval after the last.
-    fleet.waiting.insert(AGG, 10);
-    fleet.traffic = traffic(5, 8000);
+    let mut fleet = queued_after_quiet_intervals(|_| {});
+    fleet.traffic = prompts_of(5, 8000);
     let decisions: Vec<Decision> = (0..8).map(|_| fleet.interval()).collect();
     for d in &decisions {
         assert!(
@@ -519,24 +532,8 @@ fn an_early_decision_plans_for_the_prompts_of_its_interval() {
     // Quiet intervals of short prompts, then a queue behind prompts of `isl` tokens: the
     // early decision sizes for them, not for the predicted 1,000 of the quiet intervals.
     let run = |isl: u64| {
-        let mut c = config();
-        c.mode = Mode::Sla;
-        c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
-        c.sla.correction = false;
-        c.budget.max_gpus = 1000;
-        let mut fleet = Fleet::new(c, &[(AGG, 2)]);
-        let traffic = |requests: u64, isl: u64| TrafficSample {
-            requests,
-            input_tokens: requests * isl,
-            output_tokens: requests * 100,
-            finished: requests,
-            ..TrafficSample::default()
-        };
-        fleet.traffic = traffic(2, 1000);
-        fleet.interval();
-        fleet.interval();
-        fleet.waiting.insert(AGG, 10);
-        fleet.traffic = traffic(20, isl);
+        let mut fleet = queued_after_quiet_intervals(|c| c.sla.correction = false);
+        fleet.traffic = prompts_of(20, isl);
         let d = fleet.interval();
         assert!(d.reasons.iter().any(|r| r.starts_with("early decision")));
         d
