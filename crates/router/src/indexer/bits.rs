@@ -17,16 +17,20 @@ impl Iterator for Ones {
     }
 }
 
-/// A set of free ids that hands out the lowest first, so that nodes allocated one after
-/// another (a chain stored by one event) take consecutive ids wherever the freed ids form a
-/// run, and a chain freed together is reused together. Two levels of bits: one per id, and
-/// one per word of those saying whether it has any set.
+/// A set of free ids: it hands out the lowest, a given one, or the first of the lowest word
+/// of 64 ids that are all free (where a chain of nodes has room to grow into consecutive
+/// ids). Bits per id, and per word of those, one saying whether it has any set and one
+/// whether all are.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LowestFirst {
     words: Vec<u64>,
     summary: Vec<u64>,
+    /// One bit per word of ids: set when all 64 of its ids are free.
+    full: Vec<u64>,
     /// No summary word below this one has a bit set.
     low: usize,
+    /// No `full` word below this one has a bit set.
+    low_full: usize,
     len: usize,
 }
 
@@ -41,12 +45,49 @@ impl LowestFirst {
         if w >= self.words.len() {
             self.words.resize(w + 1, 0);
             self.summary.resize(w / 64 + 1, 0);
+            self.full.resize(w / 64 + 1, 0);
         }
         debug_assert!(self.words[w] & (1 << (id % 64)) == 0, "id {id} freed twice");
         self.words[w] |= 1 << (id % 64);
         self.summary[w / 64] |= 1 << (w % 64);
         self.low = self.low.min(w / 64);
+        if self.words[w] == u64::MAX {
+            self.full[w / 64] |= 1 << (w % 64);
+            self.low_full = self.low_full.min(w / 64);
+        }
         self.len += 1;
+    }
+
+    /// Removes `id` if it is in the set; whether it was.
+    pub(crate) fn remove(&mut self, id: u32) -> bool {
+        let w = id as usize / 64;
+        match self.words.get(w) {
+            Some(word) if word & (1 << (id % 64)) != 0 => {}
+            _ => return false,
+        }
+        self.take(w, id % 64);
+        true
+    }
+
+    /// Removes and returns the first id of the lowest word whose 64 ids are all free, so
+    /// that a chain started there has room to grow into consecutive ids.
+    pub(crate) fn pop_word(&mut self) -> Option<u32> {
+        while self.low_full < self.full.len() && self.full[self.low_full] == 0 {
+            self.low_full += 1;
+        }
+        let f = *self.full.get(self.low_full)?;
+        let w = self.low_full * 64 + f.trailing_zeros() as usize;
+        self.take(w, 0);
+        Some(w as u32 * 64)
+    }
+
+    fn take(&mut self, w: usize, bit: u32) {
+        self.words[w] &= !(1 << bit);
+        self.full[w / 64] &= !(1 << (w % 64));
+        if self.words[w] == 0 {
+            self.summary[w / 64] &= !(1 << (w % 64));
+        }
+        self.len -= 1;
     }
 
     /// Removes and returns the lowest id.
@@ -59,11 +100,7 @@ impl LowestFirst {
         }
         let w = self.low * 64 + self.summary[self.low].trailing_zeros() as usize;
         let bit = self.words[w].trailing_zeros();
-        self.words[w] &= !(1 << bit);
-        if self.words[w] == 0 {
-            self.summary[self.low] &= !(1 << (w % 64));
-        }
-        self.len -= 1;
+        self.take(w, bit);
         Some(w as u32 * 64 + bit)
     }
 }
@@ -81,17 +118,42 @@ mod tests {
         }
 
         #[test]
-        fn lowest_first_matches_an_ordered_set(
-            ops in proptest::collection::vec((any::<bool>(), 0u32..20_000), 0..400)
+        fn free_ids_match_an_ordered_set(
+            ops in proptest::collection::vec((0u8..5, 0u32..3_000), 0..400)
         ) {
             let (mut set, mut model) = (LowestFirst::default(), std::collections::BTreeSet::new());
-            for (insert, id) in ops {
-                if insert {
-                    if model.insert(id) {
-                        set.insert(id);
+            let whole = |model: &std::collections::BTreeSet<u32>| {
+                // The first id of the lowest word whose 64 ids are all in the set.
+                model
+                    .iter()
+                    .copied()
+                    .filter(|id| id % 64 == 0)
+                    .find(|&id| model.range(id..id + 64).count() == 64)
+            };
+            for (op, id) in ops {
+                match op {
+                    0 => {
+                        if model.insert(id) {
+                            set.insert(id);
+                        }
                     }
-                } else {
-                    prop_assert_eq!(set.pop_lowest(), model.pop_first());
+                    // A whole word at once, so that some words are all free.
+                    1 => {
+                        for id in id / 64 * 64..id / 64 * 64 + 64 {
+                            if model.insert(id) {
+                                set.insert(id);
+                            }
+                        }
+                    }
+                    2 => prop_assert_eq!(set.pop_lowest(), model.pop_first()),
+                    3 => prop_assert_eq!(set.remove(id), model.remove(&id)),
+                    _ => {
+                        let expected = whole(&model);
+                        if let Some(first) = expected {
+                            model.remove(&first);
+                        }
+                        prop_assert_eq!(set.pop_word(), expected);
+                    }
                 }
                 prop_assert_eq!(set.len(), model.len());
             }
@@ -99,6 +161,7 @@ mod tests {
                 prop_assert_eq!(set.pop_lowest(), Some(id));
             }
             prop_assert_eq!(set.pop_lowest(), None);
+            prop_assert_eq!(set.pop_word(), None);
         }
     }
 }

@@ -5,8 +5,9 @@
 //! event is laid out contiguously and the match walk reads memory mostly in order. Pages are
 //! never moved or freed while the tree lives: growing the arena allocates a page instead of
 //! copying every node (which on a large index would stall ingestion for tens of
-//! milliseconds), and a reader holding a node id can always read that node. Freed nodes are
-//! recycled lowest id first, so that a chain freed together is reused as a run.
+//! milliseconds), and a reader holding a node id can always read that node. A new chain starts
+//! in a word of 64 free ids and grows into the ids after it, also when a later event extends
+//! it (see [`Tree::take_id`]).
 //!
 //! Every field a reader looks at is an atomic, written by the one writer (the owner of the
 //! [`Tree`], through `&mut`) and read by anyone holding the [`Live`] half. On x86 and ARM
@@ -17,8 +18,8 @@
 //!
 //! A node is one cache line: its key, prefix hash, parent and the bits of the first 320
 //! worker slots; its child link is kept apart, in an array of links by id, which leaves the
-//! line room for those slots. A chain stored by one event gets consecutive ids (freed ids
-//! are reused lowest first, so this holds after evictions too), and a node whose only child
+//! line room for those slots. A chain gets consecutive ids as far as its room allows, and a
+//! node whose only child
 //! is the next id, held by the same workers, has its bit set in the run bitmap (one bit per
 //! id); the match walk takes such a run without intersecting worker bits, and with the
 //! query's sequence hashes without reading the nodes along it (see `walk.rs`). Most nodes
@@ -245,6 +246,10 @@ impl Live {
     }
 }
 
+/// Free ids in partly used words are reused once they are this fraction (1/n) of the ids
+/// handed out: below it, new chains start in words of their own (see [`Tree::take_id`]).
+const FRAGMENTS: usize = 8;
+
 /// The writer's side of the tree: the [`Live`] arena plus what only the writer needs
 /// (free lists, the branching nodes' child maps).
 #[derive(Debug)]
@@ -257,7 +262,7 @@ pub(crate) struct Tree {
     cached: Pages<AtomicU64>,
     /// Ids below this have been handed out (the root is id 0).
     allocated: u32,
-    /// Freed node ids, reused lowest first (see [`LowestFirst`]).
+    /// Free ids below `allocated` (see [`Tree::take_id`]).
     free: LowestFirst,
     /// Child maps of branching nodes.
     branches: Vec<FxHashMap<LocalBlockHash, NodeId>>,
@@ -535,17 +540,7 @@ impl Tree {
         if let Some(id) = self.child(parent, local) {
             return Some(id);
         }
-        let id = match self.free.pop_lowest() {
-            Some(id) => id,
-            None => {
-                let id = self.allocated;
-                self.nodes.ensure(&self.live.nodes, id)?;
-                self.links.ensure(&self.live.links, id)?;
-                self.runs.ensure(&self.live.runs, id / 64)?;
-                self.allocated += 1;
-                id
-            }
-        };
+        let id = self.take_id(parent)?;
         let prefix = child_prefix((parent != ROOT).then(|| self.prefix(parent)), local);
         // Freed nodes were cleared; a reader may still be looking at this one under its
         // old key, which the key written here tells apart.
@@ -556,6 +551,50 @@ impl Tree {
         node.local.store(local.0, Release);
         // Linking publishes the node (release) to readers that reach it.
         self.attach(parent, local, id);
+        Some(id)
+    }
+
+    /// An id for a new child of `parent`. A node that will be its parent's only child takes
+    /// the next id when it is free, so that a chain grows as a run even when an event extends
+    /// one stored earlier (the next turn of a conversation); any other node starts a chain at
+    /// the first id of a word of 64 free ids, leaving the chain room to grow. Partly used
+    /// words are handed out lowest id first only once their free ids are an eighth of the
+    /// arena, which bounds what the room costs; the arena grows by whole words, and only
+    /// below that share.
+    fn take_id(&mut self, parent: NodeId) -> Option<NodeId> {
+        // The arena grows only while few of its ids are free (fewer than a word's, or than
+        // 1/FRAGMENTS of them): to at most 1/(FRAGMENTS - 1) more than the most nodes ever
+        // live, or a word more, and one word.
+        let free = self.free.len();
+        let may_grow = free < 64 || free * FRAGMENTS < self.allocated as usize;
+        if parent != ROOT && self.link(parent) == NO_CHILD {
+            let next = parent + 1;
+            if next == self.allocated && may_grow {
+                return self.fresh();
+            }
+            if self.free.remove(next) {
+                return Some(next);
+            }
+        }
+        if let Some(id) = self.free.pop_word() {
+            return Some(id);
+        }
+        if !may_grow && let Some(id) = self.free.pop_lowest() {
+            return Some(id);
+        }
+        while !self.allocated.is_multiple_of(64) {
+            let id = self.fresh()?;
+            self.free.insert(id);
+        }
+        self.fresh()
+    }
+
+    fn fresh(&mut self) -> Option<NodeId> {
+        let id = self.allocated;
+        self.nodes.ensure(&self.live.nodes, id)?;
+        self.links.ensure(&self.live.links, id)?;
+        self.runs.ensure(&self.live.runs, id / 64)?;
+        self.allocated += 1;
         Some(id)
     }
 
@@ -937,6 +976,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_chain_extended_later_continues_its_run() {
+        let mut tree = Tree::default();
+        let chain = |tree: &mut Tree, parent: NodeId, keys: std::ops::Range<u64>| {
+            let mut ids = Vec::new();
+            let mut node = parent;
+            for k in keys {
+                node = tree.child_or_insert(node, LocalBlockHash(k)).unwrap();
+                ids.push(node);
+            }
+            ids
+        };
+        let first = chain(&mut tree, ROOT, 1..11);
+        let other = chain(&mut tree, ROOT, 100..120);
+        assert!(first.windows(2).all(|w| w[1] == w[0] + 1));
+        assert!(
+            other[0] > first[9] + 1,
+            "a new chain leaves room after the first"
+        );
+        let end = *first.last().unwrap();
+        let more = chain(&mut tree, end, 11..31);
+        assert_eq!(more[0], end + 1, "the extension continues the run");
+        assert!(more.windows(2).all(|w| w[1] == w[0] + 1));
+        // A branch is no extension: it starts a chain of its own.
+        let side = chain(&mut tree, first[4], 200..201);
+        assert_ne!(side[0], first[4] + 1);
+    }
+
     proptest! {
         /// Worker bits, inline and in extension blocks, behave like a set per node, and
         /// freeing a node clears them for its next use.
@@ -975,6 +1042,51 @@ mod tests {
                 for s in [slot, slot ^ 1, slot + 64] {
                     prop_assert_eq!(tree.holds(node, s), set.contains(&s));
                 }
+            }
+        }
+
+        /// Chains stored and evicted at random: the arena never holds more ids than a
+        /// seventh, or a word, above the most nodes ever live, and one word, the room new
+        /// chains are given included.
+        #[test]
+        fn room_for_chains_stays_bounded(
+            ops in proptest::collection::vec((any::<bool>(), 0usize..64, 1u64..200), 1..200)
+        ) {
+            let mut tree = Tree::default();
+            let mut chains: Vec<Vec<NodeId>> = Vec::new();
+            let (mut next_key, mut peak) = (1u64, 0usize);
+            for (store, pick, len) in ops {
+                if store || chains.is_empty() {
+                    // A new chain, or an extension of a stored one's end.
+                    let extend = !chains.is_empty() && pick % 2 == 0;
+                    let mut node = if extend { *chains[pick % chains.len()].last().unwrap() } else { ROOT };
+                    let mut ids = Vec::new();
+                    for _ in 0..len {
+                        node = tree.child_or_insert(node, LocalBlockHash(next_key)).unwrap();
+                        next_key += 1;
+                        tree.hold(node, 0);
+                        ids.push(node);
+                    }
+                    if extend {
+                        let i = pick % chains.len();
+                        chains[i].extend(ids);
+                    } else {
+                        chains.push(ids);
+                    }
+                } else {
+                    // Evict a chain from its tail, as a worker's removals come.
+                    let ids = chains.swap_remove(pick % chains.len());
+                    for &id in ids.iter().rev() {
+                        tree.unhold(id, 0);
+                        tree.prune(id);
+                    }
+                }
+                peak = peak.max(tree.len() + 1);
+                prop_assert_eq!(tree.len(), chains.iter().map(Vec::len).sum::<usize>());
+                prop_assert!(
+                    tree.allocated as usize <= (peak * 8 / 7).max(peak + 64) + 64,
+                    "{} ids for at most {} nodes", tree.allocated, peak
+                );
             }
         }
     }
