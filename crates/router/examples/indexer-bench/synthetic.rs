@@ -183,6 +183,9 @@ fn query(synth: &Synthetic, rng: &mut SmallRng, len: usize) -> Query {
     Query::new(q)
 }
 
+/// Lookup latency by query length. An empty query walks nothing: its time is the answer
+/// alone (every worker's cached count, in key order); one block adds the scores of the
+/// workers holding a popular first block.
 pub fn measure_find_matches(
     indexer: &Indexer,
     synth: &Synthetic,
@@ -191,7 +194,7 @@ pub fn measure_find_matches(
     lookup: Lookup,
 ) -> Vec<QueryLatency> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xf1d);
-    [32usize, 128, 512]
+    [0usize, 1, 32, 128, 512]
         .into_iter()
         .map(|len| {
             let queries: Vec<_> = (0..n).map(|_| query(synth, &mut rng, len)).collect();
