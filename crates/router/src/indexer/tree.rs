@@ -5,9 +5,9 @@
 //! event is laid out contiguously and the match walk reads memory mostly in order. Pages are
 //! never moved or freed while the tree lives: growing the arena allocates a page instead of
 //! copying every node (which on a large index would stall ingestion for tens of
-//! milliseconds), and a reader holding a node id can always read that node. A new chain starts
-//! in a word of 64 free ids and grows into the ids after it, also when a later event extends
-//! it (see [`Tree::take_id`]).
+//! milliseconds), and a reader holding a node id can always read that node. A new chain
+//! starts in a word of 64 free ids and grows into the ids after it, also when a later event
+//! extends it (see [`Tree::take_id`]).
 //!
 //! Every field a reader looks at is an atomic, written by the one writer (the owner of the
 //! [`Tree`], through `&mut`) and read by anyone holding the [`Live`] half. On x86 and ARM
@@ -19,16 +19,15 @@
 //! A node is one cache line: its key, prefix hash, parent and the bits of the first 320
 //! worker slots; its child link is kept apart, in an array of links by id, which leaves the
 //! line room for those slots. A chain gets consecutive ids as far as its room allows, and a
-//! node whose only child
-//! is the next id, held by the same workers, has its bit set in the run bitmap (one bit per
-//! id); the match walk takes such a run without intersecting worker bits, and with the
-//! query's sequence hashes without reading the nodes along it (see `walk.rs`). Most nodes
-//! have zero or one child (the unique tail of a prompt), so the child link is one `u32`: no
-//! child, the one child's id, or a flag saying the node branches. The writer keeps each
-//! branching node's children in a map of its own; once the tree is shared, it also mirrors
-//! those edges into one concurrent map (`papaya`, lock-free reads) for the readers. The
-//! workers holding a node are bits of dense worker slots: 320 inline, more in chained
-//! extension blocks.
+//! node whose only child is the next id, held by the same workers, has its bit set in the
+//! run bitmap (one bit per id); the match walk takes such a run without intersecting worker
+//! bits, and with the query's sequence hashes without reading the nodes along it (see
+//! `walk.rs`). Most nodes have zero or one child (the unique tail of a prompt), so the child
+//! link is one `u32`: no child, the one child's id, or a flag saying the node branches. The
+//! writer keeps each branching node's children in a map of its own; once the tree is shared,
+//! it also mirrors those edges into one concurrent map (`papaya`, lock-free reads) for the
+//! readers. The workers holding a node are bits of dense worker slots: 320 inline, more in
+//! chained extension blocks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
