@@ -22,7 +22,7 @@ impl Iterator for Ones {
 /// ids). Bits per id, and per word of those, one saying whether it has any set and one
 /// whether all are.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct LowestFirst {
+pub(crate) struct FreeIds {
     words: Vec<u64>,
     summary: Vec<u64>,
     /// One bit per word of ids: set when all 64 of its ids are free.
@@ -34,7 +34,7 @@ pub(crate) struct LowestFirst {
     len: usize,
 }
 
-impl LowestFirst {
+impl FreeIds {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -121,7 +121,7 @@ mod tests {
         fn free_ids_match_an_ordered_set(
             ops in proptest::collection::vec((0u8..5, 0u32..3_000), 0..400)
         ) {
-            let (mut set, mut model) = (LowestFirst::default(), std::collections::BTreeSet::new());
+            let (mut set, mut model) = (FreeIds::default(), std::collections::BTreeSet::new());
             let whole = |model: &std::collections::BTreeSet<u32>| {
                 // The first id of the lowest word whose 64 ids are all in the set.
                 model

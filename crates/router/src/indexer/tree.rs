@@ -39,7 +39,7 @@ use switchyard_core::hash::sequence_hash;
 use switchyard_core::{LocalBlockHash, SequenceHash, WorkerKey};
 
 use super::arena::{Arena, Pages};
-use super::bits::{LowestFirst, Ones};
+use super::bits::{FreeIds, Ones};
 
 pub(crate) type NodeId = u32;
 pub(crate) const ROOT: NodeId = 0;
@@ -262,7 +262,7 @@ pub(crate) struct Tree {
     /// Ids below this have been handed out (the root is id 0).
     allocated: u32,
     /// Free ids below `allocated` (see [`Tree::take_id`]).
-    free: LowestFirst,
+    free: FreeIds,
     /// Child maps of branching nodes.
     branches: Vec<FxHashMap<LocalBlockHash, NodeId>>,
     free_branches: Vec<u32>,
@@ -292,7 +292,7 @@ impl Default for Tree {
             ext: Pages::new(),
             cached: Pages::new(),
             allocated: 1,
-            free: LowestFirst::default(),
+            free: FreeIds::default(),
             branches: Vec::new(),
             free_branches: Vec::new(),
             ext_allocated: 0,
