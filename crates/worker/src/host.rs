@@ -205,18 +205,34 @@ impl Worker {
         faults.schedule(&fault_settings.schedule, tracker, &stop);
         let mut instance = instance(worker_id, model, &capabilities, timing);
         instance.role = role;
-        // In-process: register first, so a duplicate id cannot take over the registered
-        // worker's requests. (Until it serves, a frontend gets `Unreachable` and tries
-        // another.) Over the network: listen first, so it is reachable once listed.
+        // Serve first, then register, so a frontend that sees the worker listed can reach
+        // it at once (a canary sent the moment it appeared found nothing serving, and
+        // counted `Unreachable` against a healthy worker). In-process, serving claims the
+        // id only if it is free, so a duplicate id cannot take over the registered worker's
+        // requests; the claim is given back if registration fails. Over the network:
+        // listen first, for the same reason.
         match serving {
             Serving::Local {
                 requests,
                 snapshots,
             } => {
-                let lease = planes.discovery.register(instance.clone()).await?;
-                requests.serve(worker_id, Arc::clone(&service));
+                let duplicate = switchyard_runtime::DiscoveryError::Duplicate(worker_id);
+                if !requests.claim(worker_id, Arc::clone(&service)) {
+                    return Err(duplicate.into());
+                }
                 let state = Arc::clone(&kv_state);
-                snapshots.serve(worker_id, Arc::new(move || state.lock().dump()));
+                if !snapshots.claim(worker_id, Arc::new(move || state.lock().dump())) {
+                    requests.remove(worker_id);
+                    return Err(duplicate.into());
+                }
+                let lease = match planes.discovery.register(instance.clone()).await {
+                    Ok(lease) => lease,
+                    Err(e) => {
+                        requests.remove(worker_id);
+                        snapshots.remove(worker_id);
+                        return Err(e.into());
+                    }
+                };
                 stop_on_error.disarm();
                 Ok(Worker {
                     instance,

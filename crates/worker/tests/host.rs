@@ -12,7 +12,9 @@ use switchyard_mocker::EngineArgs;
 use switchyard_runtime::local::{
     LocalDiscovery, LocalEventPlane, LocalKvSnapshots, LocalRequestPlane,
 };
-use switchyard_runtime::{DiscoveryError, RequestPlane, WorkerEvent};
+use switchyard_runtime::{
+    Discovery, DiscoveryError, Lease, RequestPlane, WorkerEvent, WorkerInstance,
+};
 use switchyard_worker::{
     EchoConfig, EngineConfig, MockerConfig, Serving, Worker, WorkerConfig, WorkerError,
     WorkerPlanes,
@@ -201,4 +203,109 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
     tokio::time::timeout(Duration::from_secs(5), tracker.wait())
         .await
         .expect("every task stops once the workers are gone, without the global token");
+}
+
+/// A discovery that, like a frontend reacting at once, sends a request to every worker the
+/// moment it is listed, and records how each went.
+#[derive(Debug)]
+struct EagerFrontend {
+    inner: LocalDiscovery,
+    requests: LocalRequestPlane,
+    outcomes: parking_lot::Mutex<Vec<Result<(), String>>>,
+}
+
+#[async_trait::async_trait]
+impl Discovery for EagerFrontend {
+    async fn register(&self, instance: WorkerInstance) -> Result<Box<dyn Lease>, DiscoveryError> {
+        let lease = self.inner.register(instance.clone()).await?;
+        let request = GenerateRequest::text(RequestId(9), vec![1, 2, 3], 2);
+        let outcome = match self.requests.generate(&instance, request).await {
+            Ok(stream) => {
+                let items: Vec<_> = stream.collect().await;
+                match items.last() {
+                    Some(Ok(GenerateOutput::Finished { .. })) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        self.outcomes.lock().push(outcome);
+        Ok(lease)
+    }
+
+    fn watch(&self) -> tokio::sync::watch::Receiver<switchyard_runtime::Instances> {
+        self.inner.watch()
+    }
+}
+
+#[tokio::test]
+async fn a_listed_worker_is_served_and_a_refused_one_leaves_nothing_behind() {
+    let requests = LocalRequestPlane::new();
+    let eager = Arc::new(EagerFrontend {
+        inner: LocalDiscovery::new(),
+        requests: requests.clone(),
+        outcomes: Default::default(),
+    });
+    let planes = WorkerPlanes {
+        discovery: eager.clone(),
+        events: Arc::new(LocalEventPlane::new()),
+    };
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let echo = WorkerConfig {
+        model: "m".into(),
+        role: Default::default(),
+        engine: EngineConfig::Echo(EchoConfig::default()),
+        faults: Default::default(),
+    };
+    let serving = || Serving::Local {
+        requests: requests.clone(),
+        snapshots: LocalKvSnapshots::new(),
+    };
+    let worker = Worker::start(
+        WorkerId(1),
+        &echo,
+        &planes,
+        serving(),
+        &tracker,
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
+    // Reachable the moment it was listed: what a frontend's first canary needs.
+    assert_eq!(*eager.outcomes.lock(), vec![Ok(())]);
+    // Id 2 is listed already (another process holds it): the worker is refused, and its
+    // service does not stay behind on the plane.
+    let _other = eager
+        .inner
+        .register(WorkerInstance::new(WorkerId(2), "m"))
+        .await
+        .unwrap();
+    let refused = Worker::start(
+        WorkerId(2),
+        &echo,
+        &planes,
+        serving(),
+        &tracker,
+        cancel.clone(),
+    )
+    .await;
+    assert!(
+        matches!(
+            refused,
+            Err(WorkerError::Discovery(DiscoveryError::Duplicate(WorkerId(
+                2
+            ))))
+        ),
+        "{refused:?}"
+    );
+    let instance = WorkerInstance::new(WorkerId(2), "m");
+    let request = GenerateRequest::text(RequestId(10), vec![1], 1);
+    assert!(matches!(
+        requests.generate(&instance, request).await,
+        Err(switchyard_runtime::EngineError::Unreachable(_))
+    ));
+    drop(worker);
+    cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
 }

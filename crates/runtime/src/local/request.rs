@@ -26,6 +26,18 @@ impl LocalRequestPlane {
         self.services.write().insert(worker, service);
     }
 
+    /// Makes a worker's service reachable unless another service already answers for its
+    /// id (then leaves that one alone and returns false).
+    pub fn claim(&self, worker: WorkerId, service: Arc<dyn EngineService>) -> bool {
+        match self.services.write().entry(worker) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(service);
+                true
+            }
+        }
+    }
+
     pub fn remove(&self, worker: WorkerId) {
         self.services.write().remove(&worker);
     }

@@ -34,8 +34,16 @@ impl LocalKvSnapshots {
         Self::default()
     }
 
-    pub fn serve(&self, worker: WorkerId, dump: DumpFn) {
-        self.workers.write().insert(worker, dump);
+    /// Lends `worker`'s dump unless another already answers for its id (then leaves that
+    /// one alone and returns false).
+    pub fn claim(&self, worker: WorkerId, dump: DumpFn) -> bool {
+        match self.workers.write().entry(worker) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(dump);
+                true
+            }
+        }
     }
 
     pub fn remove(&self, worker: WorkerId) {
