@@ -62,7 +62,8 @@ pub struct LoadConfig {
     pub kv_usage_up: f64,
     /// ... and below which one is removed.
     pub kv_usage_down: f64,
-    /// Mean waiting requests per prefill (or aggregated) worker above which one is added.
+    /// Mean waiting requests per prefill (or aggregated, or decode: `decode_queue`) worker
+    /// above which one is added.
     pub prefill_queue_up: f64,
     /// ... and below which one is removed.
     pub prefill_queue_down: f64,
@@ -71,6 +72,13 @@ pub struct LoadConfig {
     /// No prefill worker is added when the queue's trend falls below the up threshold
     /// within this many adjustment intervals.
     pub prefill_trend_intervals: u32,
+    /// Decode workers vote on the requests waiting for them too (in their engines and in
+    /// front of them), at the prefill-queue thresholds: one is added when either signal
+    /// says so and removed only when both do, as for aggregated workers. With long prompts
+    /// a decode cache is full well below `kv_usage_up` (a 16k-token sequence is 6 % of a
+    /// 16,384-block cache of 16-token blocks), so KV usage alone never adds one while
+    /// requests queue for a place. Off: Dynamo's decode rule, KV usage only.
+    pub decode_queue: bool,
 }
 
 impl Default for LoadConfig {
@@ -82,6 +90,7 @@ impl Default for LoadConfig {
             prefill_queue_down: 0.2,
             decode_grace_intervals: 3,
             prefill_trend_intervals: 3,
+            decode_queue: true,
         }
     }
 }

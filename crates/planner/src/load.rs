@@ -1,5 +1,6 @@
 //! Load-based rules: one vote per role and interval, from KV-cache usage (decode and
-//! aggregated workers) and the prefill queue (prefill and aggregated workers).
+//! aggregated workers) and the queue of waiting requests (prefill and aggregated workers,
+//! and decode workers unless `decode_queue` is off).
 
 use serde::Serialize;
 
@@ -84,12 +85,12 @@ fn slope(values: &[f64]) -> f64 {
     num / den
 }
 
-/// The prefill-queue vote: `history` holds the queue per worker of recent intervals,
-/// oldest first, the current one last.
-pub fn queue_vote(config: &LoadConfig, history: &[f64], workers: u32) -> Verdict {
+/// The queue vote: `history` holds the waiting requests per worker of recent intervals,
+/// oldest first, the current one last; `name` says which queue, for the reasons.
+pub fn queue_vote(config: &LoadConfig, name: &str, history: &[f64], workers: u32) -> Verdict {
     let (up, down) = (config.prefill_queue_up, config.prefill_queue_down);
     let Some(&queue) = history.last() else {
-        return verdict(Vote::Hold, "no queue measured".into());
+        return verdict(Vote::Hold, format!("no {name} measured"));
     };
     if queue > up {
         let ahead = f64::from(config.prefill_trend_intervals);
@@ -98,37 +99,36 @@ pub fn queue_vote(config: &LoadConfig, history: &[f64], workers: u32) -> Verdict
             verdict(
                 Vote::Hold,
                 format!(
-                    "prefill queue {queue:.2} > {up}, but its trend reaches {predicted:.2} within {ahead} intervals"
+                    "{name} {queue:.2} > {up}, but its trend reaches {predicted:.2} within {ahead} intervals"
                 ),
             )
         } else {
-            verdict(Vote::Up, format!("prefill queue {queue:.2} > {up}"))
+            verdict(Vote::Up, format!("{name} {queue:.2} > {up}"))
         }
     } else if queue < down {
         if workers <= 1 {
             verdict(
                 Vote::Hold,
-                format!("prefill queue {queue:.2} < {down}, at one worker"),
+                format!("{name} {queue:.2} < {down}, at one worker"),
             )
         } else if would_oscillate(queue, workers, up) {
             verdict(
                 Vote::Hold,
-                format!(
-                    "prefill queue {queue:.2} < {down}, but fewer workers would queue above {up}"
-                ),
+                format!("{name} {queue:.2} < {down}, but fewer workers would queue above {up}"),
             )
         } else {
-            verdict(Vote::Down, format!("prefill queue {queue:.2} < {down}"))
+            verdict(Vote::Down, format!("{name} {queue:.2} < {down}"))
         }
     } else {
         verdict(
             Vote::Hold,
-            format!("prefill queue {queue:.2} within [{down}, {up}]"),
+            format!("{name} {queue:.2} within [{down}, {up}]"),
         )
     }
 }
 
-/// Aggregated workers prefill and decode: either signal adds one; removing one takes both.
+/// Two signals on one role (aggregated workers prefill and decode; decode workers fill
+/// their cache and queue): either adds one; removing one takes both.
 pub fn combine(kv: Verdict, queue: Verdict) -> Verdict {
     match (kv.vote, queue.vote) {
         (Vote::Up, _) => kv,
@@ -176,22 +176,31 @@ mod tests {
     fn a_falling_queue_trend_holds_off_a_prefill_worker() {
         let c = config();
         // Steady above the threshold: add one.
-        assert_eq!(queue_vote(&c, &[0.9, 0.9, 0.9], 2).vote, Vote::Up);
+        assert_eq!(
+            queue_vote(&c, "prefill queue", &[0.9, 0.9, 0.9], 2).vote,
+            Vote::Up
+        );
         // Rising: add one.
-        assert_eq!(queue_vote(&c, &[0.2, 0.5, 0.8], 2).vote, Vote::Up);
+        assert_eq!(
+            queue_vote(&c, "prefill queue", &[0.2, 0.5, 0.8], 2).vote,
+            Vote::Up
+        );
         // Above, but falling 0.3 per interval: below 0.5 within 3 intervals.
-        let v = queue_vote(&c, &[1.4, 1.1, 0.8], 2);
+        let v = queue_vote(&c, "prefill queue", &[1.4, 1.1, 0.8], 2);
         assert_eq!(v.vote, Vote::Hold);
         assert!(v.reason.contains("trend"), "{}", v.reason);
         // Falling too slowly to get there: add one.
-        assert_eq!(queue_vote(&c, &[1.2, 1.1, 1.0], 2).vote, Vote::Up);
+        assert_eq!(
+            queue_vote(&c, "prefill queue", &[1.2, 1.1, 1.0], 2).vote,
+            Vote::Up
+        );
         // A first interval has no trend.
-        assert_eq!(queue_vote(&c, &[0.8], 2).vote, Vote::Up);
-        assert_eq!(queue_vote(&c, &[0.1], 3).vote, Vote::Down);
-        assert_eq!(queue_vote(&c, &[0.0], 1).vote, Vote::Hold);
+        assert_eq!(queue_vote(&c, "prefill queue", &[0.8], 2).vote, Vote::Up);
+        assert_eq!(queue_vote(&c, "prefill queue", &[0.1], 3).vote, Vote::Down);
+        assert_eq!(queue_vote(&c, "prefill queue", &[0.0], 1).vote, Vote::Hold);
         // 0.19 · 3 / 2 = 0.285: fine; 0.19 at 2 → 0.38, fine; guard needs load near up.
-        assert_eq!(queue_vote(&c, &[0.19], 2).vote, Vote::Down);
-        assert_eq!(queue_vote(&c, &[], 2).vote, Vote::Hold);
+        assert_eq!(queue_vote(&c, "prefill queue", &[0.19], 2).vote, Vote::Down);
+        assert_eq!(queue_vote(&c, "prefill queue", &[], 2).vote, Vote::Hold);
     }
 
     #[test]
@@ -200,12 +209,15 @@ mod tests {
         let down = || kv_vote(&c, 0.1, 4, false);
         let hold = || kv_vote(&c, 0.7, 4, false);
         let up = || kv_vote(&c, 0.95, 4, false);
-        let q_down = || queue_vote(&c, &[0.0], 4);
-        let q_up = || queue_vote(&c, &[2.0], 4);
+        let q_down = || queue_vote(&c, "prefill queue", &[0.0], 4);
+        let q_up = || queue_vote(&c, "prefill queue", &[2.0], 4);
         assert_eq!(combine(down(), q_down()).vote, Vote::Down);
         assert_eq!(combine(down(), q_up()).vote, Vote::Up);
         assert_eq!(combine(up(), q_down()).vote, Vote::Up);
         assert_eq!(combine(hold(), q_down()).vote, Vote::Hold);
-        assert_eq!(combine(down(), queue_vote(&c, &[0.3], 4)).vote, Vote::Hold);
+        assert_eq!(
+            combine(down(), queue_vote(&c, "prefill queue", &[0.3], 4)).vote,
+            Vote::Hold
+        );
     }
 }

@@ -389,13 +389,14 @@ impl Planner {
                 .get(&role)
                 .map(|h| h.iter().copied().collect())
                 .unwrap_or_default();
+            let kv = || load::kv_vote(config, load.kv_usage, n, in_grace);
             let verdict = match role {
-                WorkerRole::Decode => load::kv_vote(config, load.kv_usage, n, in_grace),
-                WorkerRole::Prefill => load::queue_vote(config, &history, n),
-                _ => load::combine(
-                    load::kv_vote(config, load.kv_usage, n, in_grace),
-                    load::queue_vote(config, &history, n),
-                ),
+                WorkerRole::Decode if config.decode_queue => {
+                    load::combine(kv(), load::queue_vote(config, "decode queue", &history, n))
+                }
+                WorkerRole::Decode => kv(),
+                WorkerRole::Prefill => load::queue_vote(config, "prefill queue", &history, n),
+                _ => load::combine(kv(), load::queue_vote(config, "queue", &history, n)),
             };
             let target = match verdict.vote {
                 Vote::Up => n + 1,

@@ -275,6 +275,42 @@ fn a_prefill_queue_grows_the_prefill_pool_unless_its_trend_is_falling() {
     assert!(added.is_some_and(|i| i >= 1), "{added:?}");
 }
 
+#[test]
+fn requests_queued_for_decode_grow_the_decode_pool_even_below_the_kv_threshold() {
+    // Long prompts: the decode caches hold all they can at 0.8 of their blocks, and three
+    // requests per decode worker wait for a place.
+    let mut fleet = Fleet::new(config(), &[(PREFILL, 1), (DECODE, 2)]);
+    fleet.kv.insert(DECODE, 0.8);
+    fleet.waiting.insert(DECODE, 3);
+    let d = fleet.interval();
+    assert_eq!(actions(&d), [(DECODE, 3)]);
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.contains("decode queue 3.00 > 0.5")),
+        "{:?}",
+        d.reasons
+    );
+    // The queue is gone but the caches stay full: held, not removed.
+    fleet.waiting.insert(DECODE, 0);
+    for _ in 0..4 {
+        assert!(fleet.interval().actions.is_empty());
+    }
+    // Idle caches, no queue, past the grace: one removed.
+    fleet.kv.insert(DECODE, 0.2);
+    assert_eq!(actions(&fleet.interval()), [(DECODE, 2)]);
+    // Dynamo's rule (KV usage only) sees none of it.
+    let mut fleet_dynamo = {
+        let mut c = config();
+        c.load.decode_queue = false;
+        Fleet::new(c, &[(PREFILL, 1), (DECODE, 2)])
+    };
+    fleet_dynamo.kv.insert(DECODE, 0.8);
+    fleet_dynamo.waiting.insert(DECODE, 3);
+    let d = fleet_dynamo.interval();
+    assert!(d.actions.is_empty(), "{d:?}");
+}
+
 /// The SLA planner sizes an aggregated fleet for the predicted traffic (at full
 /// utilization, by the throughput model alone, shrinking as soon as it may: `tune`
 /// changes that; bursts have their own tests).
