@@ -123,6 +123,24 @@ async fn a_worker_registers_serves_and_publishes() {
     tracker.wait().await;
 }
 
+/// An echo worker of model "m" (answers with its prompt: easy to tell apart).
+fn echo_config() -> WorkerConfig {
+    WorkerConfig {
+        model: "m".into(),
+        role: Default::default(),
+        engine: EngineConfig::Echo(EchoConfig::default()),
+        faults: Default::default(),
+    }
+}
+
+/// Whether a start was refused because `id` is registered already.
+fn refused_as_duplicate(started: &Result<Worker, WorkerError>, id: u64) -> bool {
+    matches!(
+        started,
+        Err(WorkerError::Discovery(DiscoveryError::Duplicate(WorkerId(i)))) if *i == id
+    )
+}
+
 #[tokio::test]
 async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
     let planes = WorkerPlanes {
@@ -131,12 +149,7 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
     };
     let requests = LocalRequestPlane::new();
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
-    let echo = WorkerConfig {
-        model: "m".into(),
-        role: Default::default(),
-        engine: EngineConfig::Echo(EchoConfig::default()),
-        faults: Default::default(),
-    };
+    let echo = echo_config();
     let mocker = WorkerConfig {
         model: "m".into(),
         role: Default::default(),
@@ -168,15 +181,7 @@ async fn a_duplicate_id_is_refused_without_disturbing_the_registered_worker() {
         cancel.clone(),
     )
     .await;
-    assert!(
-        matches!(
-            second,
-            Err(WorkerError::Discovery(DiscoveryError::Duplicate(WorkerId(
-                1
-            ))))
-        ),
-        "{second:?}"
-    );
+    assert!(refused_as_duplicate(&second, 1), "{second:?}");
     // The echo worker still answers its requests (the mocker's would be other tokens).
     assert!(
         !first.instance.kv_events,
@@ -251,12 +256,7 @@ async fn a_listed_worker_is_served_and_a_refused_one_leaves_nothing_behind() {
         events: Arc::new(LocalEventPlane::new()),
     };
     let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
-    let echo = WorkerConfig {
-        model: "m".into(),
-        role: Default::default(),
-        engine: EngineConfig::Echo(EchoConfig::default()),
-        faults: Default::default(),
-    };
+    let echo = echo_config();
     let serving = || Serving::Local {
         requests: requests.clone(),
         snapshots: LocalKvSnapshots::new(),
@@ -289,15 +289,7 @@ async fn a_listed_worker_is_served_and_a_refused_one_leaves_nothing_behind() {
         cancel.clone(),
     )
     .await;
-    assert!(
-        matches!(
-            refused,
-            Err(WorkerError::Discovery(DiscoveryError::Duplicate(WorkerId(
-                2
-            ))))
-        ),
-        "{refused:?}"
-    );
+    assert!(refused_as_duplicate(&refused, 2), "{refused:?}");
     let instance = WorkerInstance::new(WorkerId(2), "m");
     let request = GenerateRequest::text(RequestId(10), vec![1], 1);
     assert!(matches!(
