@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use switchyard_mocker::{EngineArgs, PerfModel};
 use switchyard_planner::{Mode, PlannerConfig, PredictorConfig};
-use switchyard_router::{PolicyKind, RoutingConfig};
+use switchyard_router::routing::admission::SERVER_BUSY_KV_THRESHOLD;
+use switchyard_router::{AdmissionConfig, PolicyKind, RoutingConfig};
 use switchyard_sim::{
     PlannerSim, PreparedWorkload, SimConfig, SimReport, SlaTargets, TraceRequest, simulate,
 };
@@ -14,18 +15,23 @@ use switchyard_sim::{
 /// 1 request/s for 5 minutes, 8/s for 5 minutes, 1/s for 10 minutes: 2,000-token
 /// prompts, 400-token answers.
 fn bursty() -> PreparedWorkload {
+    step(2000, 400, 8.0)
+}
+
+/// 1 request/s for 5 minutes, `burst` a second for 5 minutes, 1/s for 10 minutes.
+fn step(input_tokens: u32, output_tokens: u32, burst: f64) -> PreparedWorkload {
     let mut trace = Vec::new();
     let mut t = 0.0;
     while t < 1200.0 {
         trace.push(TraceRequest {
             arrival: Duration::from_secs_f64(t),
-            input_tokens: 2000,
-            output_tokens: 400,
+            input_tokens,
+            output_tokens,
             hash_ids: Vec::new(),
             media: Vec::new(),
         });
         t += if (300.0..600.0).contains(&t) {
-            0.125
+            1.0 / burst
         } else {
             1.0
         };
@@ -150,6 +156,52 @@ fn a_planned_fleet_meets_the_targets_a_fixed_small_one_misses() {
     eprintln!("fixed {f:?}\nplanned {p:?}");
     assert!(p.share > f.share + 0.1, "fixed {f:?} planned {p:?}");
     assert!(fixed.planner.is_none());
+}
+
+#[test]
+fn behind_the_servers_admission_a_step_the_planner_lags_is_refused_not_queued() {
+    // A 12× step of 8,000-token prompts: the planner needs a few intervals and cold starts
+    // to catch up.
+    let workload = step(8000, 200, 12.0);
+    let run_with = |admission: AdmissionConfig| {
+        // Engines with room for many requests: a queue inside them goes unseen.
+        let mut planner = planner(Mode::Sla);
+        planner.config.sla.capacity_blocks = 16_384;
+        let mut config = config(1, Some(planner));
+        config.engine.num_gpu_blocks = 16_384;
+        config.routing.admission = admission;
+        run(&config, &workload)
+    };
+    // The routing core's defaults: requests go to engines until their caches are nearly
+    // full, and wait there behind the backlog.
+    let engines_queue = run_with(AdmissionConfig::default());
+    // The servers' rules, with the TTFT target as the wait target: what would wait past
+    // the target is refused at once, and what is admitted starts in time.
+    let frontend_queues = run_with(AdmissionConfig {
+        busy_kv_threshold: SERVER_BUSY_KV_THRESHOLD,
+        wait_target: Some(Duration::from_secs(2)),
+        ..AdmissionConfig::default()
+    });
+    let (a, b) = (engines_queue.sla.unwrap(), frontend_queues.sla.unwrap());
+    eprintln!(
+        "engines queue: {a:?}, TTFT p99 {:.0} ms\nfrontend queues: {b:?}, refused {:?}, TTFT p99 {:.0} ms",
+        engines_queue.ttft_ms.p99, frontend_queues.rejected_by_reason, frontend_queues.ttft_ms.p99,
+    );
+    assert_eq!(engines_queue.rejected, 0);
+    assert!(engines_queue.ttft_ms.p99 > 2000.0);
+    // Nothing lost: what was not refused at once was served, and in time.
+    assert_eq!(
+        frontend_queues.completed + frontend_queues.rejected,
+        frontend_queues.requests
+    );
+    assert!(frontend_queues.rejected > 0);
+    assert_eq!(
+        frontend_queues.rejected_by_reason.get("wait_too_long"),
+        Some(&frontend_queues.rejected)
+    );
+    assert!(frontend_queues.ttft_ms.p99 < 2000.0);
+    // Refusing what would miss anyway keeps more of the rest within the targets.
+    assert!(b.share > a.share, "{a:?} vs {b:?}");
 }
 
 #[test]

@@ -186,9 +186,23 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
         }
         None => assert_eq!(names, ["load planner", "sla planner"]),
     }
+    // Every fleet ran behind the servers' admission, waiting at most the TTFT target.
+    assert_eq!(
+        o["admission"]["busy_kv_threshold"], 0.8,
+        "{}",
+        o["admission"]
+    );
+    assert_eq!(o["admission"]["wait_target"], "3s", "{}", o["admission"]);
     for f in &fleets[fleets.len() - 2..] {
         let r = &f["report"];
-        assert_eq!(r["completed"], 300, "{f}");
+        let refused = r["rejected"].as_u64().unwrap();
+        assert_eq!(r["completed"].as_u64().unwrap() + refused, 300, "{f}");
+        assert_eq!(
+            r["rejected_by_reason"]["wait_too_long"]
+                .as_u64()
+                .unwrap_or(0),
+            refused
+        );
         assert!(f["gpu_hours"].as_f64().unwrap() > 0.0);
         assert!(!r["planner"]["decisions"].as_array().unwrap().is_empty());
     }
@@ -222,7 +236,11 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
     for name in &names {
         let of_fleet: Vec<&Value> = fates.iter().filter(|f| f["policy"] == *name).collect();
         assert_eq!(of_fleet.len(), 300, "{name}");
-        assert!(of_fleet.iter().all(|f| f["ttft_ms"].as_f64().is_some()));
+        assert!(
+            of_fleet
+                .iter()
+                .all(|f| f["ttft_ms"].as_f64().is_some() || f["outcome"] == "wait_too_long")
+        );
     }
     assert_eq!(fates.len(), 300 * names.len());
     let svg = std::fs::read_to_string(&plot).unwrap();
@@ -234,7 +252,30 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
     ] {
         assert!(svg.contains(label), "no {label:?} in the plot");
     }
+    // The flags, given, win: the routing core's own admission.
+    let out = sim(&[
+        "--planner",
+        "sla",
+        "--max-gpus",
+        "4",
+        "--wait-target-secs",
+        "off",
+        "--busy-kv-threshold",
+        "0.95",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let o: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(o["admission"]["busy_kv_threshold"], 0.95);
+    assert!(
+        o["admission"]["wait_target"].is_null(),
+        "{}",
+        o["admission"]
+    );
     // Bad settings are named.
+    let out = sim(&["--wait-target-secs", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a positive number of seconds or `off`"));
     let out = sim(&["--planner", "sla", "--sla-share", "1.5"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sla-share"));

@@ -115,9 +115,10 @@ pub struct SimArgs {
     /// request produces its trace output length.
     #[arg(long, value_delimiter = ',')]
     eos_token_ids: Vec<u32>,
-    /// Admission: a worker is busy when in-flight requests hold this share of its KV blocks.
-    #[arg(long, default_value_t = AdmissionConfig::default().busy_kv_threshold)]
-    busy_kv_threshold: f64,
+    /// Admission: a worker is busy when in-flight requests hold this share of its KV blocks
+    /// [default: 0.95; with --planner the servers' 0.8].
+    #[arg(long)]
+    pub(super) busy_kv_threshold: Option<f64>,
     /// Admission: most requests waiting at once.
     #[arg(long, default_value_t = AdmissionConfig::default().max_queue)]
     max_queue: usize,
@@ -125,9 +126,10 @@ pub struct SimArgs {
     #[arg(long, default_value_t = AdmissionConfig::default().queue_timeout.as_secs_f64())]
     queue_timeout_secs: f64,
     /// Admission: refuse a request predicted to wait longer than this in the queue, in
-    /// seconds (premium: twice); off by default (the servers' default is 5).
-    #[arg(long)]
-    wait_target_secs: Option<f64>,
+    /// seconds (premium: twice), or `off` [default: off; with --planner the TTFT target;
+    /// the servers' default is 5].
+    #[arg(long, value_name = "SECS|off", value_parser = parse_wait_target)]
+    pub(super) wait_target_secs: Option<WaitTarget>,
     /// A worker fault to play, `WORKER:KIND@AT[+FOR]` (kinds: crash, hang, drain; e.g.
     /// `2:crash@90s+30s`: worker 2 crashes 90 s into the run and is back 30 s later).
     /// Repeat for more.
@@ -225,6 +227,27 @@ struct Output<'a> {
     policies: BTreeMap<&'a str, &'a SimReport>,
 }
 
+/// `--wait-target-secs`: a number of seconds, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum WaitTarget {
+    Off,
+    After(Duration),
+}
+
+fn parse_wait_target(s: &str) -> Result<WaitTarget, String> {
+    if s == "off" {
+        return Ok(WaitTarget::Off);
+    }
+    match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 => {
+            Ok(WaitTarget::After(Duration::from_secs_f64(secs)))
+        }
+        _ => Err(format!(
+            "expected a positive number of seconds or `off`, got {s:?}"
+        )),
+    }
+}
+
 pub fn run(args: SimArgs) -> Result<()> {
     if args.workers.is_empty() || args.workers.contains(&0) {
         bail!("--workers must be at least 1");
@@ -268,11 +291,10 @@ pub fn run(args: SimArgs) -> Result<()> {
     if args.trace_block_size == 0 {
         bail!("--trace-block-size must be at least 1");
     }
-    if !(args.busy_kv_threshold > 0.0 && args.busy_kv_threshold <= 1.0) {
-        bail!(
-            "--busy-kv-threshold must be in (0, 1], got {}",
-            args.busy_kv_threshold
-        );
+    if let Some(busy) = args.busy_kv_threshold
+        && !(busy > 0.0 && busy <= 1.0)
+    {
+        bail!("--busy-kv-threshold must be in (0, 1], got {busy}");
     }
     if args.max_queue == 0 {
         bail!("--max-queue must be at least 1");
@@ -282,11 +304,6 @@ pub fn run(args: SimArgs) -> Result<()> {
             "--queue-timeout-secs must be a positive number, got {}",
             args.queue_timeout_secs
         );
-    }
-    if let Some(target) = args.wait_target_secs
-        && !(target.is_finite() && target > 0.0)
-    {
-        bail!("--wait-target-secs must be a positive number of seconds, got {target}");
     }
     if let Some(fault) = args.faults.iter().find(|f| f.worker > args.workers[0]) {
         bail!(
@@ -360,10 +377,15 @@ pub fn run(args: SimArgs) -> Result<()> {
             cache_view: CacheViewMode::Auto,
             approx,
             admission: AdmissionConfig {
-                busy_kv_threshold: args.busy_kv_threshold,
+                busy_kv_threshold: args
+                    .busy_kv_threshold
+                    .unwrap_or(AdmissionConfig::default().busy_kv_threshold),
                 max_queue: args.max_queue,
                 queue_timeout: Duration::from_secs_f64(args.queue_timeout_secs),
-                wait_target: args.wait_target_secs.map(Duration::from_secs_f64),
+                wait_target: match args.wait_target_secs {
+                    Some(WaitTarget::After(target)) => Some(target),
+                    Some(WaitTarget::Off) | None => None,
+                },
                 ..AdmissionConfig::default()
             },
             ..RoutingConfig::default()
