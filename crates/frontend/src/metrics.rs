@@ -93,6 +93,9 @@ pub struct Metrics {
     pub duration: Histogram,
     pub routing_decision: Histogram,
     pub input_tokens: Counter,
+    /// Prompt tokens of every generation request offered for admission, refused ones
+    /// included: the demand a planner sizes for (`input_tokens` counts what was served).
+    pub offered_tokens: Counter,
     pub output_tokens: Counter,
     pub tenant_requests: Family<TenantLabels, Counter>,
     pub tenant_tokens: Family<TenantTokenLabels, Counter>,
@@ -228,6 +231,12 @@ impl Metrics {
         );
         let input_tokens = Counter::default();
         registry.register("input_tokens", "Prompt tokens", input_tokens.clone());
+        let offered_tokens = Counter::default();
+        registry.register(
+            "offered_prompt_tokens",
+            "Prompt tokens of generation requests offered for admission, refused ones included",
+            offered_tokens.clone(),
+        );
         let output_tokens = Counter::default();
         registry.register("output_tokens", "Generated tokens", output_tokens.clone());
         let tenant_requests = Family::<TenantLabels, Counter>::default();
@@ -446,6 +455,7 @@ impl Metrics {
             duration,
             routing_decision,
             input_tokens,
+            offered_tokens,
             output_tokens,
             cached_tokens,
             worker_active_blocks,
@@ -504,7 +514,8 @@ impl Metrics {
     pub fn traffic(&self, queued: u64) -> TrafficCounters {
         TrafficCounters {
             requests: self.generation_requests.load(Relaxed),
-            input_tokens: self.input_tokens.get(),
+            // Per request offered, as `requests` counts them: refusals lower neither.
+            input_tokens: self.offered_tokens.get(),
             cached_tokens: self.cached_tokens.get(),
             output_tokens: self.output_tokens.get(),
             finished: self.finished.load(Relaxed),
@@ -722,7 +733,9 @@ mod tests {
         m.count_request("/v1/chat/completions", 429);
         m.count_request("/v1/models", 200);
         m.count_request("/metrics", 200);
-        m.input_tokens.inc_by(300);
+        // Both requests were offered (200 prompt tokens each); one was served.
+        m.offered_tokens.inc_by(400);
+        m.input_tokens.inc_by(200);
         m.cached_tokens.inc_by(64);
         m.output_tokens.inc_by(12);
         m.observe_ttft(Duration::from_millis(150));
@@ -734,7 +747,7 @@ mod tests {
             t,
             TrafficCounters {
                 requests: 2,
-                input_tokens: 300,
+                input_tokens: 400,
                 cached_tokens: 64,
                 output_tokens: 12,
                 finished: 1,

@@ -42,7 +42,9 @@ pub enum ReplicaEvent {
 pub struct TrafficCounters {
     /// Generation requests received (completions and chat completions, any outcome).
     pub requests: u64,
+    /// Prompt tokens of those requests (refused ones included).
     pub input_tokens: u64,
+    /// Prompt tokens found cached, of the requests served.
     pub cached_tokens: u64,
     pub output_tokens: u64,
     /// Requests finished (answered or failed after admission).

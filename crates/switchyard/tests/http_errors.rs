@@ -690,6 +690,31 @@ async fn overload_refuses_at_once_what_would_wait_past_the_target() {
         *slowest < std::time::Duration::from_secs(10),
         "served after {slowest:?}"
     );
+    // The prompt tokens offered count the refused requests too (what a planner sizes
+    // for); those served, only the served ones. The prompts are about the same length.
+    let metrics = client()
+        .get(url(&d, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let total = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let offered = total("switchyard_offered_prompt_tokens_total");
+    let input = total("switchyard_input_tokens_total");
+    let expected = input * 40.0 / served.len() as f64;
+    assert!(
+        input > 0.0 && (offered - expected).abs() < 0.1 * expected,
+        "offered {offered}, served {input} for {} of 40 requests",
+        served.len()
+    );
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

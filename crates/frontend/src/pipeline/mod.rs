@@ -241,6 +241,9 @@ impl Frontend {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let retry = self.config.admission.retry_after;
         prepared.span.record("request_id", id.0);
+        self.metrics
+            .offered_tokens
+            .inc_by(prepared.prompt.len() as u64);
         let admission = tracing::info_span!(parent: &prepared.span, "admission");
         let ticket = tracing::Instrument::instrument(
             self.routing

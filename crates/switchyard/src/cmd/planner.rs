@@ -627,7 +627,17 @@ fn counters(text: &str) -> Result<Counters> {
             "switchyard_http_requests_total",
             Some(("route", generation)),
         ),
-        input_tokens: sum("switchyard_input_tokens_total", None),
+        // The prompt tokens of every request counted above, refused ones included, as the
+        // simulator counts them; a frontend from before that counter: those served.
+        input_tokens: if scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "switchyard_offered_prompt_tokens_total")
+        {
+            sum("switchyard_offered_prompt_tokens_total", None)
+        } else {
+            sum("switchyard_input_tokens_total", None)
+        },
         cached_tokens: sum("switchyard_cached_tokens_total", None),
         output_tokens: sum("switchyard_output_tokens_total", None),
         finished,
