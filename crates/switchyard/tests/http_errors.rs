@@ -692,23 +692,9 @@ async fn overload_refuses_at_once_what_would_wait_past_the_target() {
     );
     // The prompt tokens offered count the refused requests too (what a planner sizes
     // for); those served, only the served ones. The prompts are about the same length.
-    let metrics = client()
-        .get(url(&d, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let total = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let offered = total("switchyard_offered_prompt_tokens_total");
-    let input = total("switchyard_input_tokens_total");
+    let metrics = scrape(&url(&d, "/metrics")).await;
+    let offered = metric_value(&metrics, "switchyard_offered_prompt_tokens_total", None);
+    let input = metric_value(&metrics, "switchyard_input_tokens_total", None);
     let expected = input * 40.0 / served.len() as f64;
     assert!(
         input > 0.0 && (offered - expected).abs() < 0.1 * expected,
