@@ -135,6 +135,13 @@ pub struct SlaConfig {
     /// Decide at once, not at the interval's end, when this many requests wait per
     /// worker at a pull (a burst the interval's average would show too late); 0: never.
     pub panic_queue: f64,
+    /// Decide at once, too, when the workers that generate hold this share of their KV
+    /// cache on average at a pull; 0: never. Behind the servers' admission (a worker busy
+    /// at 80 % of its blocks, requests that would wait past a target refused) queues stay
+    /// short, so a step in traffic shows in the caches before it shows in a queue
+    /// (measured at 0.75 in docs/benchmarks.md: it fires at each step, and buys as much
+    /// attainment as it costs GPU-hours, so it is off by default).
+    pub panic_kv_usage: f64,
     /// Size for bursts of arrivals when above 0. Prompts arriving together (within a
     /// TTFT target of one another) are prefilled within the target only by workers free
     /// to do it, so aggregated workers are the decode need plus the workers whose prefill
@@ -143,6 +150,12 @@ pub struct SlaConfig {
     /// prefill within a TTFT target. Aggregated and prefill workers are then sized by
     /// their bursts instead of `target_utilization` (which still sizes decode pools).
     pub burst_overflow: f64,
+    /// With burst sizing, an aggregated fleet is also at least the workers that prefill
+    /// and decode the predicted traffic on one engine each within the ITL target at this
+    /// utilization. Sized at 1, a fleet of a dozen or more workers, where the bursts are
+    /// small beside the load, runs at the edge where a little more traffic fills the
+    /// caches, lengthens every request and collapses into a queue.
+    pub time_sharing_utilization: f64,
     /// How far back the arrivals the burst sizing reads go.
     #[serde(with = "humantime_serde")]
     pub burst_history: Duration,
@@ -163,7 +176,9 @@ impl Default for SlaConfig {
             scale_down_intervals: 3,
             lookahead_intervals: 2,
             panic_queue: 4.0,
+            panic_kv_usage: 0.0,
             burst_overflow: 0.08,
+            time_sharing_utilization: 0.85,
             burst_history: Duration::from_secs(300),
         }
     }
@@ -304,6 +319,12 @@ impl PlannerConfig {
                 format!("{} is not a share in [0, 1)", self.sla.burst_overflow),
             ));
         }
+        if !(self.sla.panic_kv_usage >= 0.0 && self.sla.panic_kv_usage <= 1.0) {
+            return Err(invalid(
+                "sla.panic_kv_usage",
+                format!("{} is not a share in [0, 1]", self.sla.panic_kv_usage),
+            ));
+        }
         if self.sla.burst_overflow > 0.0 && self.sla.burst_history < self.metric_interval {
             return Err(invalid(
                 "sla.burst_history",
@@ -313,6 +334,10 @@ impl PlannerConfig {
         for (key, value) in [
             ("sla.max_kv_usage", self.sla.max_kv_usage),
             ("sla.target_utilization", self.sla.target_utilization),
+            (
+                "sla.time_sharing_utilization",
+                self.sla.time_sharing_utilization,
+            ),
         ] {
             if !(value > 0.0 && value <= 1.0) {
                 return Err(invalid(key, format!("{value} is not a share in (0, 1]")));
@@ -406,6 +431,16 @@ mod tests {
         assert_eq!(config.validate().unwrap_err().key, "sla.burst_history");
         config.sla.burst_overflow = 0.0;
         config.validate().unwrap();
+
+        let mut config = PlannerConfig::default();
+        config.sla.time_sharing_utilization = 0.0;
+        assert_eq!(
+            config.validate().unwrap_err().key,
+            "sla.time_sharing_utilization"
+        );
+        config.sla.time_sharing_utilization = 0.85;
+        config.sla.panic_kv_usage = 1.5;
+        assert_eq!(config.validate().unwrap_err().key, "sla.panic_kv_usage");
 
         let unknown = serde_json::from_value::<PlannerConfig>(
             serde_json::json!({"load": {"kv_usage_upp": 0.8}}),

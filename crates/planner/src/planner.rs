@@ -223,11 +223,13 @@ impl Planner {
         }
     }
 
-    /// SLA mode: a queue this deep at a pull is not left for the end of the interval.
+    /// SLA mode: a queue this deep, or caches this full, at a pull are not left for the
+    /// end of the interval.
     fn panic(&self, now: Duration, observation: &Observation) -> Option<String> {
         let threshold = self.config.sla.panic_queue;
+        let kv_threshold = self.config.sla.panic_kv_usage;
         if self.config.mode != Mode::Sla
-            || threshold <= 0.0
+            || (threshold <= 0.0 && kv_threshold <= 0.0)
             || !self.pending.is_empty()
             // A third of an interval at least: a rate over a few seconds of a bursty trace
             // says little.
@@ -245,8 +247,26 @@ impl Planner {
         }
         let waiting =
             planned.iter().map(|w| f64::from(w.waiting)).sum::<f64>() / planned.len() as f64;
-        (waiting >= threshold).then(|| {
-            format!("early decision: {waiting:.1} requests waiting per worker (≥ {threshold})")
+        if threshold > 0.0 && waiting >= threshold {
+            return Some(format!(
+                "early decision: {waiting:.1} requests waiting per worker (≥ {threshold})"
+            ));
+        }
+        let generating: Vec<f64> = planned
+            .iter()
+            .filter(|w| w.role.serves_generation())
+            .map(|w| w.kv_usage.clamp(0.0, 1.0))
+            .collect();
+        if kv_threshold <= 0.0 || generating.is_empty() {
+            return None;
+        }
+        let usage = generating.iter().sum::<f64>() / generating.len() as f64;
+        (usage >= kv_threshold).then(|| {
+            format!(
+                "early decision: {:.0} % of the KV cache in use (≥ {:.0} %)",
+                usage * 100.0,
+                kv_threshold * 100.0
+            )
         })
     }
 
@@ -492,6 +512,15 @@ impl Planner {
         let ttft = sla.ttft_target.as_secs_f64() * 1000.0;
         let itl = sla.itl_target.as_secs_f64() * 1000.0;
         let mut need = sla::need(&model, &sized, ttft, itl, &correction);
+        if bursts && sla.time_sharing_utilization < 1.0 {
+            // Room on the time-sharing need too (the bursts' room sits beside the decode
+            // need, and a large fleet's bursts are small beside its load).
+            let busier = Demand {
+                rate: sized.rate / sla.time_sharing_utilization,
+                ..sized
+            };
+            need.aggregated = sla::need(&model, &busier, ttft, itl, &correction).aggregated;
+        }
         // No traffic coming, no bursts to keep room for.
         if bursts && demand.rate > 0.0 {
             need.burst = self.burst_workers(&need.capacity, demand.hit_rate);

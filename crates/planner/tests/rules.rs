@@ -514,6 +514,73 @@ fn a_deep_queue_brings_the_sla_decision_forward() {
     assert_eq!(at, Duration::from_secs(10));
 }
 
+#[test]
+fn full_caches_bring_the_sla_decision_forward_when_nothing_queues() {
+    // Behind the servers' admission nothing queues: the caches fill instead.
+    let run = |panic_kv_usage: f64, kv: f64| {
+        let mut c = config();
+        c.mode = Mode::Sla;
+        c.sla.panic_kv_usage = panic_kv_usage;
+        c.budget.max_gpus = 100;
+        let mut fleet = Fleet::new(c, &[(AGG, 2)]);
+        fleet.kv.insert(AGG, kv);
+        fleet.traffic = prompts_of(20, 4000);
+        let d = fleet.interval();
+        (fleet.now, d)
+    };
+    let (at, d) = run(0.75, 0.8);
+    assert_eq!(at, Duration::from_secs(4), "{d:?}");
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| r.contains("early decision: 80 % of the KV cache in use (≥ 75 %)")),
+        "{:?}",
+        d.reasons
+    );
+    // Planned for the rate seen so far, as an early decision on a queue is.
+    assert!((d.prediction.unwrap().rate - 20.0).abs() < 1e-9, "{d:?}");
+    assert!(d.actions[0].replicas > 2);
+    // Caches below the threshold, or the trigger off: the decision waits for the interval.
+    assert_eq!(run(0.75, 0.7).0, Duration::from_secs(10));
+    assert_eq!(run(0.0, 0.8).0, Duration::from_secs(10));
+}
+
+#[test]
+fn aggregated_fleets_keep_room_on_the_time_sharing_need() {
+    // Long prompts and long answers arriving evenly: the time-sharing need (each engine
+    // prefilling and decoding within the ITL target) sizes the fleet, not the bursts.
+    let run = |requests_per_pull: u64, utilization: f64| {
+        let mut c = config();
+        c.mode = Mode::Sla;
+        c.sla.predictor = switchyard_planner::PredictorConfig::Constant;
+        c.sla.correction = false;
+        c.sla.ttft_target = Duration::from_secs(2);
+        c.sla.time_sharing_utilization = utilization;
+        c.budget.max_gpus = 1000;
+        let mut fleet = Fleet::new(c, &[(AGG, 1)]);
+        fleet.traffic = TrafficSample {
+            output_tokens: requests_per_pull * 1000,
+            ..prompts_of(requests_per_pull, 8000)
+        };
+        let last = (0..4).map(|_| fleet.interval()).last().unwrap();
+        (last.need.unwrap(), fleet.asked(AGG))
+    };
+    let (at_one, asked_at_one) = run(17, 1.0);
+    let (roomy, asked) = run(17, 0.85);
+    // 17 requests a second at 0.85 are the workers of 20 a second at full utilization.
+    let (busier, _) = run(20, 1.0);
+    assert_eq!(roomy.aggregated, busier.aggregated, "{roomy:?} {busier:?}");
+    assert!(roomy.aggregated > at_one.aggregated, "{roomy:?} {at_one:?}");
+    assert!(
+        at_one.aggregated > (at_one.decode + at_one.burst).ceil(),
+        "{at_one:?}"
+    );
+    assert_eq!(f64::from(asked), roomy.aggregated);
+    assert!(asked > asked_at_one);
+    // The decode need and the bursts' room do not change with it.
+    assert_eq!((roomy.decode, roomy.burst), (at_one.decode, at_one.burst));
+}
+
 /// An interval's traffic: `requests` prompts of `isl` tokens, 100 output tokens each.
 fn prompts_of(requests: u64, isl: u64) -> TrafficSample {
     TrafficSample {
