@@ -178,7 +178,7 @@ impl Default for SlaConfig {
             panic_queue: 4.0,
             panic_kv_usage: 0.0,
             burst_overflow: 0.08,
-            time_sharing_utilization: 0.85,
+            time_sharing_utilization: 0.82,
             burst_history: Duration::from_secs(300),
         }
     }
