@@ -438,7 +438,7 @@ mod tests {
             config.validate().unwrap_err().key,
             "sla.time_sharing_utilization"
         );
-        config.sla.time_sharing_utilization = 0.85;
+        config.sla.time_sharing_utilization = SlaConfig::default().time_sharing_utilization;
         config.sla.panic_kv_usage = 1.5;
         assert_eq!(config.validate().unwrap_err().key, "sla.panic_kv_usage");
 
