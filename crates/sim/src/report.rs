@@ -134,7 +134,12 @@ pub struct SimReport {
     /// Completed requests that ended on an end-of-sequence token before their length.
     pub stopped_early: u64,
     pub ttft_ms: Distribution,
+    /// Every gap between two tokens of a request: long answers weigh the most.
     pub itl_ms: Distribution,
+    /// Time per output token after the first, one value a completed request of two tokens
+    /// or more: (last token − first token) / (tokens − 1). `bench` reports it as TPOT;
+    /// aiperf and genai-perf report the same figure as inter-token latency.
+    pub tpot_ms: Distribution,
     pub e2e_ms: Distribution,
     pub throughput: Throughput,
     /// Share of prompt tokens served from the engines' prefix caches.

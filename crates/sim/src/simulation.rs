@@ -235,6 +235,7 @@ struct Fleet<'a> {
     requests: Vec<RequestState>,
     ttft: LatencyRecorder,
     itl: LatencyRecorder,
+    tpot: LatencyRecorder,
     e2e: LatencyRecorder,
     per_worker_requests: Vec<u64>,
     per_worker_prefill: Vec<u64>,
@@ -354,6 +355,7 @@ impl<'a> Fleet<'a> {
             requests: vec![RequestState::default(); workload.requests.len()],
             ttft: LatencyRecorder::default(),
             itl: LatencyRecorder::default(),
+            tpot: LatencyRecorder::default(),
             e2e: LatencyRecorder::default(),
             per_worker_requests: vec![0; n],
             per_worker_prefill: vec![0; n],
@@ -1329,6 +1331,10 @@ impl<'a> Fleet<'a> {
             if let Some(reason) = finish {
                 let arrival = self.workload.requests[index].arrival;
                 self.e2e.record(micros(now - arrival));
+                if let Some(first) = state.first_token.filter(|_| state.output_tokens > 1) {
+                    self.tpot
+                        .record(micros((now - first) / (state.output_tokens - 1)));
+                }
                 if state.moves > 0 {
                     self.moved_e2e.record(micros(now - arrival));
                     self.failures.completed_after_move += 1;
@@ -1433,6 +1439,7 @@ impl<'a> Fleet<'a> {
             r.media = Some(media);
         }
         r.itl_ms = self.itl.distribution();
+        r.tpot_ms = self.tpot.distribution();
         r.e2e_ms = self.e2e.distribution();
         r.throughput = Throughput {
             requests_per_sec: r.completed as f64 / span,

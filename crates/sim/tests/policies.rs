@@ -115,6 +115,49 @@ fn runs_are_deterministic_and_account_for_every_token() {
     assert_eq!(rr1.load_spread, rr2.load_spread);
 }
 
+/// Inter-token latency two ways: over every gap between tokens, and one mean a request
+/// (TPOT, aiperf's inter-token latency), which must agree with the requests' own first and
+/// last tokens.
+#[test]
+fn time_per_output_token_is_each_requests_mean_gap() {
+    let trace = slice(300);
+    let workload = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
+    let cfg = SimConfig {
+        record_requests: true,
+        ..config(4)
+    };
+    let r = simulate(&cfg, &workload, PolicyKind::Kv, &mut |_| {}).unwrap();
+    let mut gaps: Vec<f64> = r
+        .request_records
+        .iter()
+        .filter(|q| q.output_tokens > 1 && q.outcome == "length")
+        .map(|q| {
+            let span = q.finished.unwrap() - q.first_token.unwrap();
+            span.as_secs_f64() * 1e3 / f64::from(q.output_tokens - 1)
+        })
+        .collect();
+    assert!(
+        gaps.len() > 250,
+        "{} requests of two tokens or more",
+        gaps.len()
+    );
+    gaps.sort_by(f64::total_cmp);
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    let p90 = gaps[(gaps.len() * 9).div_ceil(10) - 1];
+    let close = |a: f64, b: f64| (a - b).abs() <= 0.01 * b + 0.002;
+    let d = r.tpot_ms;
+    assert!(close(d.mean, mean), "{} against {mean}", d.mean);
+    assert!(close(d.p90, p90), "{} against {p90}", d.p90);
+    // Every gap weighs the same in `itl_ms`: a long answer counts once per token there,
+    // once here; the two means differ on a trace of mixed lengths.
+    assert!(
+        (r.itl_ms.mean - d.mean).abs() > 0.01 * d.mean,
+        "{} and {}",
+        r.itl_ms.mean,
+        d.mean
+    );
+}
+
 #[test]
 fn mismatched_block_sizes_and_empty_fleets_are_errors() {
     let workload = PreparedWorkload::prepare(&slice(3), 512, 32, 1.0);

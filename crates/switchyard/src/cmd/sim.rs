@@ -794,7 +794,7 @@ fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8}",
+        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8}",
         "policy",
         "ttft mean",
         "ttft p50",
@@ -802,6 +802,7 @@ fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
         "ttft p99",
         "itl mean",
         "itl p99",
+        "tpot p99",
         "e2e mean",
         "e2e p99",
         "hit rate",
@@ -813,7 +814,7 @@ fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
     for r in reports {
         let _ = writeln!(
             out,
-            "{:<14} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>10.1} {:>10.1} {:>7.1}% {:>7.3} {:>8} {:>8} {:>8.2}",
+            "{:<14} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>9.2} {:>10.1} {:>10.1} {:>7.1}% {:>7.3} {:>8} {:>8} {:>8.2}",
             r.policy,
             r.ttft_ms.mean,
             r.ttft_ms.p50,
@@ -821,6 +822,7 @@ fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
             r.ttft_ms.p99,
             r.itl_ms.mean,
             r.itl_ms.p99,
+            r.tpot_ms.p99,
             r.e2e_ms.mean,
             r.e2e_ms.p99,
             r.cache_hit_rate * 100.0,
