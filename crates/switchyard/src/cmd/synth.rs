@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use switchyard_workload::analyze::{Comparison, TraceAnalysis};
-use switchyard_workload::synth::{Arrivals, Sampling, SynthConfig, generate_from_trace};
+use switchyard_workload::synth::{Arrivals, RateShape, Sampling, SynthConfig, generate_from_trace};
 use switchyard_workload::trace_io::{Trace, write_mooncake};
 use switchyard_workload::units::thousands;
 
@@ -75,6 +75,11 @@ struct GenerateArgs {
     /// learned rate for 10 minutes, five times it for 10, then the learned rate again).
     #[arg(long, value_delimiter = ',', value_name = "AT:MULTIPLIER")]
     rate_profile: Vec<RatePoint>,
+    /// How --rate-profile moves between its points: `steps` holds each multiplier until
+    /// the next point; `linear` ramps from each point to the next (from 1× at 0), so
+    /// `5m:1,20m:5,25m:5,40m:1` rises to 5× over 15 minutes and falls back over 15.
+    #[arg(long, value_enum, default_value_t = RateShapeArg::Steps)]
+    rate_shape: RateShapeArg,
     /// How arrivals are spaced before --burst-duty and --rate-profile: `learned` draws the
     /// source's gaps (coarse timestamps stay lumps: the Mooncake traces stamp arrivals every
     /// 3 s, about ten requests a stamp); `poisson` draws gaps at the source's mean rate from
@@ -123,6 +128,12 @@ fn analyze(args: AnalyzeArgs) -> Result<()> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RateShapeArg {
+    Steps,
+    Linear,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ArrivalsArg {
     Learned,
     Poisson,
@@ -161,6 +172,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
         }
         ArrivalsArg::Learned => Arrivals::Learned,
     };
+    if args.rate_shape == RateShapeArg::Linear && args.rate_profile.is_empty() {
+        bail!("--rate-shape linear shapes --rate-profile's ramps; give a --rate-profile");
+    }
     let config = SynthConfig {
         arrivals,
         num_requests: args.num_requests,
@@ -177,6 +191,10 @@ fn generate(args: GenerateArgs) -> Result<()> {
             .iter()
             .map(|p| (p.at.as_secs_f64() * 1e3, p.multiplier))
             .collect(),
+        rate_shape: match args.rate_shape {
+            RateShapeArg::Steps => RateShape::Steps,
+            RateShapeArg::Linear => RateShape::Linear,
+        },
         block_size: args.block_size,
         sampling: if args.independent_sampling {
             Sampling::Independent

@@ -33,12 +33,27 @@ pub struct SynthConfig {
     /// requests, their arrivals compressed or stretched: `[(600_000, 5), (1_200_000, 1)]`
     /// is a 5× burst from the tenth to the twentieth minute.
     pub rate_profile: Vec<(f64, f64)>,
+    /// How the rate moves from one point of `rate_profile` to the next.
+    pub rate_shape: RateShape,
     /// How arrivals are spaced before `burst_duty` and `rate_profile` reshape them.
     pub arrivals: Arrivals,
     /// Tokens per hash id, of the source and of the output.
     pub block_size: u32,
     /// How every learned distribution is drawn from.
     pub sampling: Sampling,
+}
+
+/// How a rate profile moves between its points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateShape {
+    /// Each multiplier holds from its point to the next.
+    #[default]
+    Steps,
+    /// The multiplier changes linearly from each point to the next (from 1 at time 0 to
+    /// the first point), and holds after the last: `[(300_000, 1), (1_200_000, 5)]` is
+    /// five minutes at the learned rate, then a ramp to five times it over fifteen.
+    Linear,
 }
 
 impl Default for SynthConfig {
@@ -54,6 +69,7 @@ impl Default for SynthConfig {
             burst_period_ms: 60_000.0,
             burst_duty: 1.0,
             rate_profile: Vec::new(),
+            rate_shape: RateShape::Steps,
             arrivals: Arrivals::Learned,
             block_size: MOONCAKE_BLOCK_SIZE,
             sampling: Sampling::Stratified,

@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Gamma};
 use switchyard_core::trace::MooncakeRecord;
 
-use super::{Arrivals, SynthConfig, SynthModel};
+use super::{Arrivals, RateShape, SynthConfig, SynthModel};
 use crate::prefix::{CoreTree, Step};
 use crate::stats::Sampler;
 
@@ -152,7 +152,12 @@ impl SynthModel {
             let source_osl = outputs.draw(&mut rng).unwrap_or(0);
             out.push(MooncakeRecord {
                 media: Vec::new(),
-                timestamp: warp(burst(clock_ms, config), &config.rate_profile).round() as u64,
+                timestamp: warp(
+                    burst(clock_ms, config),
+                    &config.rate_profile,
+                    config.rate_shape,
+                )
+                .round() as u64,
                 input_length,
                 output_length: scale_tokens(source_osl, config.osl_multiplier),
                 hash_ids,
@@ -207,14 +212,27 @@ fn burst(ms: f64, config: &SynthConfig) -> f64 {
 }
 
 /// The arrival time `ms` of a trace at the learned rate, moved so that the rate follows
-/// `profile` (see [`SynthConfig::rate_profile`]): the output time τ at which the
+/// `profile` (see [`SynthConfig::rate_profile`]) in `shape`: the output time τ at which the
 /// multiplier's integral reaches `ms`.
-fn warp(ms: f64, profile: &[(f64, f64)]) -> f64 {
+fn warp(ms: f64, profile: &[(f64, f64)], shape: RateShape) -> f64 {
     let (mut start, mut multiplier, mut left) = (0.0, 1.0, ms);
     for &(at, next) in profile {
-        let covered = (at - start) * multiplier;
+        let width = at - start;
+        let (covered, slope) = match shape {
+            RateShape::Steps => (width * multiplier, 0.0),
+            RateShape::Linear if width > 0.0 => (
+                width * (multiplier + next) / 2.0,
+                (next - multiplier) / width,
+            ),
+            RateShape::Linear => (0.0, 0.0),
+        };
         if left <= covered {
-            break;
+            // Within the segment the integral is m·x + slope·x²/2; solved for x in the
+            // form that stays exact as the slope goes to 0.
+            let root = (multiplier * multiplier + 2.0 * slope * left)
+                .max(0.0)
+                .sqrt();
+            return start + 2.0 * left / (multiplier + root);
         }
         left -= covered;
         start = at;
@@ -231,23 +249,56 @@ mod tests {
     fn a_rate_profile_compresses_arrivals_where_the_rate_is_higher() {
         // Learned rate 1/s. From 10 s, 5×; from 20 s, back to 1×.
         let profile = [(10_000.0, 5.0), (20_000.0, 1.0)];
-        assert_eq!(warp(5_000.0, &profile), 5_000.0);
+        assert_eq!(warp(5_000.0, &profile, RateShape::Steps), 5_000.0);
         // 10 s in: the burst starts; 50 source seconds fit in its 10 s.
-        assert_eq!(warp(10_000.0, &profile), 10_000.0);
-        assert_eq!(warp(35_000.0, &profile), 15_000.0);
-        assert_eq!(warp(60_000.0, &profile), 20_000.0);
-        assert_eq!(warp(70_000.0, &profile), 30_000.0);
-        assert_eq!(warp(1_234.0, &[]), 1_234.0);
+        assert_eq!(warp(10_000.0, &profile, RateShape::Steps), 10_000.0);
+        assert_eq!(warp(35_000.0, &profile, RateShape::Steps), 15_000.0);
+        assert_eq!(warp(60_000.0, &profile, RateShape::Steps), 20_000.0);
+        assert_eq!(warp(70_000.0, &profile, RateShape::Steps), 30_000.0);
+        assert_eq!(warp(1_234.0, &[], RateShape::Steps), 1_234.0);
         // Arrivals per second in each phase: 1, 5, 1.
         let per_phase = |lo: f64, hi: f64| {
             (0..100_000)
-                .map(|i| warp(f64::from(i), &profile))
+                .map(|i| warp(f64::from(i), &profile, RateShape::Steps))
                 .filter(|t| (lo..hi).contains(t))
                 .count()
         };
         assert_eq!(per_phase(0.0, 10_000.0), 10_000);
         assert_eq!(per_phase(10_000.0, 20_000.0), 50_000);
         assert_eq!(per_phase(20_000.0, 30_000.0), 10_000);
+    }
+
+    #[test]
+    fn a_linear_rate_profile_ramps_between_its_points() {
+        // From 1× at 0 to 3× at 10 s (20 source seconds), then 3× on.
+        let profile = [(10_000.0, 3.0)];
+        let at = |ms: f64| warp(ms, &profile, RateShape::Linear);
+        // m(t) = 1 + 0.2 t (seconds): t + 0.1 t² = 5 at t = −5 + √75.
+        assert!((at(5_000.0) - (75f64.sqrt() - 5.0) * 1e3).abs() < 1e-6);
+        assert!((at(20_000.0) - 10_000.0).abs() < 1e-6);
+        assert!((at(26_000.0) - 12_000.0).abs() < 1e-6);
+        // Flat segments are steps; a zero-width segment jumps.
+        let flat = [(5_000.0, 1.0), (5_000.0, 2.0), (10_000.0, 2.0)];
+        for ms in [0.0, 2_500.0, 5_000.0, 9_000.0, 15_000.0, 40_000.0] {
+            let steps = warp(ms, &flat, RateShape::Steps);
+            assert!(
+                (warp(ms, &flat, RateShape::Linear) - steps).abs() < 1e-6,
+                "{ms}"
+            );
+        }
+        // Arrivals per second along the ramp follow the multiplier at its middle, and
+        // never run backwards.
+        let times: Vec<f64> = (0..30_000).map(|i| at(f64::from(i))).collect();
+        assert!(times.windows(2).all(|w| w[0] < w[1]));
+        for second in 0..10 {
+            let (lo, hi) = (f64::from(second) * 1e3, f64::from(second + 1) * 1e3);
+            let n = times.iter().filter(|t| (lo..hi).contains(*t)).count() as f64;
+            let expected = 1_000.0 * (1.0 + 0.2 * (f64::from(second) + 0.5));
+            assert!(
+                (n - expected).abs() <= 1.0,
+                "second {second}: {n} against {expected}"
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ mod media;
 mod model;
 
 pub use crate::stats::Sampling;
-pub use config::{Arrivals, SynthConfig};
+pub use config::{Arrivals, RateShape, SynthConfig};
 pub use media::MediaMix;
 pub use model::SynthModel;
 
