@@ -67,10 +67,23 @@ def main(base_url: str, model: str) -> None:
     except openai.NotFoundError as e:
         check(e.status_code == 404, f"status {e.status_code}")
     try:
-        client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2)
-        raise AssertionError("n=2 accepted")
+        client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=129)
+        raise AssertionError("n=129 accepted")
     except openai.BadRequestError as e:
         check(e.status_code == 400, f"status {e.status_code}")
+
+    # Several choices, as the SDK reads them, streamed and not.
+    several = client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2, seed=5)
+    check([c.index for c in several.choices] == [0, 1], f"choices {several.choices}")
+    check(several.choices[0].message.content != several.choices[1].message.content,
+          f"two seeded choices alike: {several.choices}")
+    parts = {}
+    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2, seed=5,
+                                                stream=True):
+        for choice in chunk.choices:
+            parts[choice.index] = parts.get(choice.index, "") + (choice.delta.content or "")
+    check([parts.get(i) for i in (0, 1)] == [c.message.content for c in several.choices],
+          f"streamed choices {parts}")
 
     print("openai e2e: all checks passed")
 

@@ -14,7 +14,12 @@ use crate::preprocess::{ChatMessage, PreprocessError};
 pub struct Mode {
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate (OpenAI's `n`), each an engine request of its own.
+    pub choices: u32,
 }
+
+/// The most choices one request may ask for (OpenAI's limit on `n`).
+pub const MAX_CHOICES: u32 = 128;
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -141,10 +146,12 @@ pub fn completion(
                 format!("`best_of` must be between `n` ({n}) and 20, got {best_of}"),
             ));
         }
-        if best_of > 1 {
+        // Choosing the best of more than `n` ranks them by log probability, which no
+        // engine here reports.
+        if best_of > n {
             return Err(ApiError::invalid_param(
                 "best_of",
-                format!("only best_of=1 is supported, got {best_of}"),
+                format!("only best_of equal to `n` ({n}) is supported, got {best_of}"),
             ));
         }
     }
@@ -337,6 +344,7 @@ fn common(
         include_usage: params
             .stream_options
             .is_some_and(|o| o.include_usage == Some(true)),
+        choices: params.n.unwrap_or(1),
     };
     let prepared = Prepared {
         prompt: prompt_in,
@@ -379,13 +387,13 @@ fn common(
 fn check_unsupported(params: &CommonParams) -> Result<(), ApiError> {
     use serde_json::Value;
     let unsupported = |param: &str, message: String| Err(ApiError::invalid_param(param, message));
-    if let Some(n) = params.n {
-        if !(1..=128).contains(&n) {
-            return unsupported("n", format!("`n` must be between 1 and 128, got {n}"));
-        }
-        if n != 1 {
-            return unsupported("n", format!("only n=1 is supported, got {n}"));
-        }
+    if let Some(n) = params.n
+        && !(1..=MAX_CHOICES).contains(&n)
+    {
+        return unsupported(
+            "n",
+            format!("`n` must be between 1 and {MAX_CHOICES}, got {n}"),
+        );
     }
     match &params.logprobs {
         None | Some(Value::Null | Value::Bool(false)) => {}

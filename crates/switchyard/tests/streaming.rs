@@ -168,6 +168,152 @@ async fn completions_streamed_and_not_with_token_prompts_and_stops() {
         .unwrap();
 }
 
+/// The texts of a streamed response's choices, by index, with each choice's finish reasons
+/// and its opening role deltas.
+fn streamed_choices(chunks: &[Value], field: &str) -> Vec<(String, Vec<String>, usize)> {
+    let mut choices: Vec<(String, Vec<String>, usize)> = Vec::new();
+    for chunk in chunks {
+        for choice in chunk["choices"].as_array().unwrap() {
+            let index = choice["index"].as_u64().unwrap() as usize;
+            if choices.len() <= index {
+                choices.resize(index + 1, (String::new(), Vec::new(), 0));
+            }
+            let text = if field == "delta" {
+                if choice["delta"]["role"] == "assistant" {
+                    choices[index].2 += 1;
+                }
+                choice["delta"]["content"].as_str()
+            } else {
+                choice["text"].as_str()
+            };
+            choices[index].0.push_str(text.unwrap_or_default());
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                choices[index].1.push(reason.to_string());
+            }
+        }
+    }
+    choices
+}
+
+#[tokio::test]
+async fn n_choices_are_seeded_apart_and_counted_together() {
+    let d = start(&[
+        ("WORKERS__COUNT", "2"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "50"),
+    ])
+    .await;
+    let body = |n: u32, seed: u64| {
+        let mut body = chat(MODEL, "Name three things found in a rail yard.", 6);
+        body["n"] = json!(n);
+        body["seed"] = json!(seed);
+        body["ignore_eos"] = json!(true);
+        body
+    };
+    let (s, _, three) = post(&d, "/v1/chat/completions", &body(3, 7)).await;
+    assert_eq!(s, 200, "{three}");
+    let choices = three["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{three}");
+    let texts: Vec<&str> = choices
+        .iter()
+        .zip(0..)
+        .map(|(c, i)| {
+            assert_eq!(c["index"], i, "{three}");
+            assert_eq!(c["finish_reason"], "length", "{three}");
+            c["message"]["content"].as_str().unwrap()
+        })
+        .collect();
+    assert!(
+        texts[0] != texts[1] && texts[1] != texts[2] && texts[0] != texts[2],
+        "seeded choices differ: {texts:?}"
+    );
+    // Choice i is the request alone with seed + i; the prompt counts once, every choice's
+    // completion counts.
+    for i in 0..3u64 {
+        let (_, _, one) = post(&d, "/v1/chat/completions", &body(1, 7 + i)).await;
+        assert_eq!(one["choices"].as_array().unwrap().len(), 1, "{one}");
+        assert_eq!(one["choices"][0]["message"]["content"], texts[i as usize]);
+        assert_eq!(
+            one["usage"]["prompt_tokens"],
+            three["usage"]["prompt_tokens"]
+        );
+    }
+    assert_eq!(three["usage"]["completion_tokens"], 18, "{three}");
+    assert_eq!(
+        three["usage"]["total_tokens"].as_u64().unwrap(),
+        three["usage"]["prompt_tokens"].as_u64().unwrap() + 18
+    );
+
+    // Streamed: each choice opens with its role, ends once, and the usage of all comes
+    // once at the end, before [DONE].
+    let mut streamed = body(3, 7);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (s, events) = sse(&d, "/v1/chat/completions", &streamed).await;
+    assert_eq!(s, 200);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let usage: Vec<&Value> = chunks.iter().filter(|c| !c["usage"].is_null()).collect();
+    assert_eq!(usage.len(), 1, "{chunks:?}");
+    for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(
+            chunks.last().unwrap()["usage"][field],
+            three["usage"][field]
+        );
+    }
+    assert_eq!(chunks.last().unwrap()["choices"], json!([]));
+    let by_index = streamed_choices(&chunks, "delta");
+    assert_eq!(by_index.len(), 3);
+    for (i, (text, reasons, roles)) in by_index.iter().enumerate() {
+        assert_eq!(text, texts[i], "choice {i}");
+        assert_eq!(reasons, &["length"], "choice {i}");
+        assert_eq!(*roles, 1, "choice {i}");
+    }
+
+    // Text completions: the same, streamed and not.
+    let completion = json!({"model": MODEL, "prompt": "Rail yards", "max_tokens": 4,
+        "n": 2, "seed": 3, "ignore_eos": true});
+    let (s, _, b) = post(&d, "/v1/completions", &completion).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["choices"].as_array().unwrap().len(), 2, "{b}");
+    assert_ne!(b["choices"][0]["text"], b["choices"][1]["text"], "{b}");
+    assert_eq!(b["usage"]["completion_tokens"], 8, "{b}");
+    let mut stream = completion.clone();
+    stream["stream"] = json!(true);
+    let (_, events) = sse(&d, "/v1/completions", &stream).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let by_index = streamed_choices(&chunks, "text");
+    assert_eq!(by_index.len(), 2);
+    for (i, (text, reasons, _)) in by_index.iter().enumerate() {
+        assert_eq!(
+            text,
+            b["choices"][i]["text"].as_str().unwrap(),
+            "choice {i}"
+        );
+        assert_eq!(reasons, &["length"], "choice {i}");
+    }
+    // `best_of` equal to `n` is the same request; above it needs a ranking.
+    let mut best_of = completion.clone();
+    best_of["best_of"] = json!(2);
+    let (s, _, same) = post(&d, "/v1/completions", &best_of).await;
+    assert_eq!(s, 200, "{same}");
+    assert_eq!(same["choices"], b["choices"]);
+    best_of["best_of"] = json!(3);
+    let (s, _, refused) = post(&d, "/v1/completions", &best_of).await;
+    assert_eq!(s, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "best_of", "{refused}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn routing_overrides_apply_per_request() {
     let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "3")]).await;

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use switchyard_core::WorkerKey;
 use tracing::Instrument;
@@ -74,14 +75,20 @@ fn request_span(route: &'static str) -> tracing::Span {
     )
 }
 
-/// Applies the API key's tier, token budget and tenant to a converted request.
-fn apply_grant(grant: Option<&Grant>, prepared: &mut Prepared) -> Result<(), ApiError> {
+/// Applies the API key's tier, token budget and tenant to a converted request of
+/// `choices` choices (the prompt is charged once, the completion once a choice).
+fn apply_grant(
+    grant: Option<&Grant>,
+    prepared: &mut Prepared,
+    choices: u32,
+) -> Result<(), ApiError> {
     let Some(Grant(key)) = grant else {
         return Ok(());
     };
     prepared.priority = Some(key.priority(prepared.priority));
-    let tokens = (prepared.prompt.len() as u64 + u64::from(prepared.max_tokens))
-        .min(u64::from(u32::MAX)) as u32;
+    let tokens = (prepared.prompt.len() as u64
+        + u64::from(prepared.max_tokens) * u64::from(choices.max(1)))
+    .min(u64::from(u32::MAX)) as u32;
     key.charge_tokens(tokens)?;
     prepared.tenant = Some(Arc::clone(&key.tenant));
     Ok(())
@@ -133,8 +140,8 @@ pub async fn chat(
         prepared.hold = Some(ready.hold);
         let (warning, pending) = (ready.warning, ready.pending);
         prepared.span = tracing::Span::current();
-        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
-        let dispatched = frontend.generate(prepared).await?;
+        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared, mode.choices)?;
+        let dispatched = dispatch(&frontend, prepared, mode.choices).await?;
         Ok::<_, ApiError>((
             format!("chatcmpl-{:016x}", dispatched.id.0),
             dispatched,
@@ -152,23 +159,27 @@ pub async fn chat(
     let text_only = frontend.media.on_encoder_failure().0 == OnEncoderFailure::TextOnly;
     let worker = dispatched.worker;
     let response = if mode.stream {
-        chat_stream(frontend, id, dispatched.generation, mode).into_response()
+        chat_stream(frontend, id, dispatched.generations, mode).into_response()
     } else {
-        match collect(dispatched.generation).await {
-            Ok((text, reason, usage)) => Json(ChatCompletion {
+        match collect_all(dispatched.generations).await {
+            Ok((answers, usage)) => Json(ChatCompletion {
                 id,
                 object: "chat.completion",
                 created: unix_now(),
                 model: frontend.config.model.clone(),
-                choices: vec![ChatChoice {
-                    index: 0,
-                    message: ChatMessageOut {
-                        role: "assistant",
-                        content: text,
-                    },
-                    finish_reason: Some(reason),
-                    logprobs: None,
-                }],
+                choices: answers
+                    .into_iter()
+                    .zip(0..)
+                    .map(|((text, reason), index)| ChatChoice {
+                        index,
+                        message: ChatMessageOut {
+                            role: "assistant",
+                            content: text,
+                        },
+                        finish_reason: Some(reason),
+                        logprobs: None,
+                    })
+                    .collect(),
                 usage,
             })
             .into_response(),
@@ -227,8 +238,8 @@ pub async fn completion(
         )
         .await?;
         prepared.span = tracing::Span::current();
-        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared)?;
-        let dispatched = frontend.generate(prepared).await?;
+        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared, mode.choices)?;
+        let dispatched = dispatch(&frontend, prepared, mode.choices).await?;
         Ok::<_, ApiError>((format!("cmpl-{:016x}", dispatched.id.0), dispatched, mode))
     }
     .instrument(span)
@@ -239,23 +250,27 @@ pub async fn completion(
     };
     let worker = dispatched.worker;
     let response = if mode.stream {
-        completion_stream(frontend, id, dispatched.generation, mode).into_response()
+        completion_stream(frontend, id, dispatched.generations, mode).into_response()
     } else {
-        match collect(dispatched.generation).await {
-            Ok((text, reason, usage)) => {
+        match collect_all(dispatched.generations).await {
+            Ok((answers, usage)) => {
                 let model = frontend.config.model.clone();
-                let choice = CompletionChoice {
-                    index: 0,
-                    text,
-                    finish_reason: Some(reason),
-                    logprobs: None,
-                };
+                let choices = answers
+                    .into_iter()
+                    .zip(0..)
+                    .map(|((text, reason), index)| CompletionChoice {
+                        index,
+                        text,
+                        finish_reason: Some(reason),
+                        logprobs: None,
+                    })
+                    .collect();
                 Json(Completion {
                     id: &id,
                     object: "text_completion",
                     created: unix_now(),
                     model: &model,
-                    choices: vec![choice],
+                    choices,
                     usage: Some(usage),
                 })
                 .into_response()
@@ -278,6 +293,71 @@ async fn collect(mut generation: Generation) -> Result<(String, &'static str, Us
     Err(ApiError::internal("The response ended early."))
 }
 
+/// Every choice's whole answer (text, finish reason), in order, and their usage together.
+async fn collect_all(
+    generations: Vec<Generation>,
+) -> Result<(Vec<(String, &'static str)>, Usage), ApiError> {
+    let answers = futures::future::try_join_all(generations.into_iter().map(collect)).await?;
+    let usage = combined(answers.iter().map(|(_, _, usage)| *usage));
+    let answers = answers
+        .into_iter()
+        .map(|(text, reason, _)| (text, reason))
+        .collect();
+    Ok((answers, usage))
+}
+
+/// The usage of a request's choices together: its prompt once (with what the first choice
+/// found cached of it), every choice's completion.
+fn combined(usages: impl IntoIterator<Item = Usage>) -> Usage {
+    let mut usages = usages.into_iter();
+    let Some(first) = usages.next() else {
+        return Usage::new(0, 0, None);
+    };
+    let completion = usages.fold(first.completion_tokens, |sum, u| {
+        sum.saturating_add(u.completion_tokens)
+    });
+    Usage::new(
+        first.prompt_tokens,
+        completion,
+        first
+            .prompt_tokens_details
+            .as_ref()
+            .map(|details| details.cached_tokens),
+    )
+}
+
+/// A request's choices on their way: the first's id and worker, every choice's stream.
+struct Choices {
+    id: switchyard_core::RequestId,
+    worker: WorkerKey,
+    generations: Vec<Generation>,
+}
+
+/// Dispatches a request's `choices` (OpenAI's `n`): the first where the router sends it,
+/// the others to the same worker, where its prompt's KV is being computed (as an engine
+/// serving `n` samples keeps them together), unless that worker cannot take them. Each is
+/// admitted as a request of its own; one refused refuses the whole request, and the
+/// choices already dispatched are cancelled as their streams drop.
+async fn dispatch(
+    frontend: &Arc<Frontend>,
+    prepared: Prepared,
+    choices: u32,
+) -> Result<Choices, ApiError> {
+    let others: Vec<Prepared> = (1..choices).map(|i| prepared.choice(i)).collect();
+    let first = frontend.generate(prepared).await?;
+    let mut generations = Vec::with_capacity(others.len() + 1);
+    generations.push(first.generation);
+    for mut choice in others {
+        choice.overrides.worker = Some(first.worker.worker_id);
+        generations.push(frontend.generate(choice).await?.generation);
+    }
+    Ok(Choices {
+        id: first.id,
+        worker: first.worker,
+        generations,
+    })
+}
+
 fn json_event<T: serde::Serialize>(value: &T) -> Event {
     match serde_json::to_string(value) {
         Ok(json) => Event::default().data(json),
@@ -285,137 +365,215 @@ fn json_event<T: serde::Serialize>(value: &T) -> Event {
     }
 }
 
-/// SSE around a generation: an opening event, one per piece, the end (with usage when
-/// asked), then `[DONE]`.
+/// SSE around a request's generations (its choices): the opening events, one per piece,
+/// each choice's end, then, once every choice has ended, their usage together (when asked)
+/// and `[DONE]`.
 ///
 /// A failure midway (a stream no worker could continue) is sent as an event whose data is
 /// an OpenAI error object (`{"error": {"message", "type", "code", ...}}`, code never null)
-/// and the stream closes there, without `[DONE]`: `[DONE]` means the answer is complete,
-/// and a client that waits for it must not take a truncated answer for a whole one. The
-/// OpenAI SDKs raise an `APIError` on such an event.
-fn sse(
-    generation: Generation,
-    first: Option<Event>,
-    piece: impl Fn(Piece) -> Vec<Event> + Send + 'static,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let failed_seen = Arc::clone(&failed);
-    let body = futures::stream::iter(first)
-        .chain(generation.flat_map(move |item| {
-            let events = match item {
-                Ok(p) => piece(p),
-                Err(e) => {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    vec![Event::default().data(e.body())]
+/// and the stream closes there, without `[DONE]`, the other choices cancelled: `[DONE]`
+/// means the answer is complete, and a client that waits for it must not take a truncated
+/// answer for a whole one. The OpenAI SDKs raise an `APIError` on such an event.
+fn sse<P, U>(
+    generations: Vec<Generation>,
+    opening: Vec<Event>,
+    piece: P,
+    usage: Option<U>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
+where
+    P: Fn(u32, Piece) -> Vec<Event> + Send + 'static,
+    U: Fn(Usage) -> Event + Send + 'static,
+{
+    let open = generations.len();
+    let merged = futures::stream::select_all(
+        generations
+            .into_iter()
+            .zip(0u32..)
+            .map(|(generation, index)| generation.map(move |item| (index, item)).boxed()),
+    );
+    let merge = Merge {
+        merged,
+        open,
+        ended: false,
+        usages: vec![None; open],
+        piece,
+        usage,
+    };
+    let body = futures::stream::unfold(merge, |mut merge| async move {
+        if merge.ended {
+            return None;
+        }
+        let item = merge.merged.next().await;
+        let events = merge.step(item);
+        Some((futures::stream::iter(events), merge))
+    })
+    .flatten();
+    Sse::new(futures::stream::iter(opening).chain(body).map(Ok))
+}
+
+/// The choices of a streamed response, merged as their pieces come.
+struct Merge<P, U> {
+    merged: futures::stream::SelectAll<BoxStream<'static, (u32, Result<Piece, ApiError>)>>,
+    /// Choices not ended yet.
+    open: usize,
+    /// The response is over (every choice ended, or one failed).
+    ended: bool,
+    usages: Vec<Option<Usage>>,
+    piece: P,
+    usage: Option<U>,
+}
+
+impl<P, U> Merge<P, U>
+where
+    P: Fn(u32, Piece) -> Vec<Event>,
+    U: Fn(Usage) -> Event,
+{
+    /// The events for one choice's item.
+    fn step(&mut self, item: Option<(u32, Result<Piece, ApiError>)>) -> Vec<Event> {
+        match item {
+            Some((index, Ok(Piece::Finished { reason, usage }))) => {
+                if let Some(slot) = self.usages.get_mut(index as usize) {
+                    *slot = Some(usage);
                 }
-            };
-            futures::stream::iter(events)
-        }))
-        .chain(
-            futures::stream::once(async move {
-                (!failed_seen.load(std::sync::atomic::Ordering::Relaxed))
-                    .then(|| Event::default().data("[DONE]"))
-            })
-            .filter_map(futures::future::ready),
-        )
-        .map(Ok);
-    Sse::new(body)
+                let mut events = (self.piece)(index, Piece::Finished { reason, usage });
+                self.open = self.open.saturating_sub(1);
+                if self.open == 0 {
+                    if let Some(usage) = &self.usage {
+                        events.push(usage(combined(self.usages.iter().flatten().copied())));
+                    }
+                    events.push(Event::default().data("[DONE]"));
+                    self.ended = true;
+                }
+                events
+            }
+            Some((index, Ok(piece))) => (self.piece)(index, piece),
+            Some((_, Err(e))) => {
+                self.ended = true;
+                vec![Event::default().data(e.body())]
+            }
+            // Every stream ends with `Finished` or an error: one that stops short is not a
+            // whole answer.
+            None => {
+                self.ended = true;
+                vec![Event::default().data(ApiError::internal("The response ended early.").body())]
+            }
+        }
+    }
 }
 
 fn chat_stream(
     frontend: Arc<Frontend>,
     id: String,
-    generation: Generation,
+    generations: Vec<Generation>,
     mode: Mode,
 ) -> Response {
     let created = unix_now();
     let model = frontend.config.model.clone();
-    let chunk = move |delta: Option<ChatDelta>,
-                      finish_reason: Option<&'static str>,
-                      usage: Option<Usage>| {
-        let choices = delta
-            .map(|delta| ChatChunkChoice {
-                index: 0,
-                delta,
-                finish_reason,
-                logprobs: None,
+    let chunk = Arc::new(
+        move |choice: Option<(u32, ChatDelta)>,
+              finish_reason: Option<&'static str>,
+              usage: Option<Usage>| {
+            let choices = choice
+                .map(|(index, delta)| ChatChunkChoice {
+                    index,
+                    delta,
+                    finish_reason,
+                    logprobs: None,
+                })
+                .into_iter()
+                .collect();
+            json_event(&ChatCompletionChunk {
+                id: &id,
+                object: "chat.completion.chunk",
+                created,
+                model: &model,
+                choices,
+                usage,
             })
-            .into_iter()
-            .collect();
-        json_event(&ChatCompletionChunk {
-            id: &id,
-            object: "chat.completion.chunk",
-            created,
-            model: &model,
-            choices,
-            usage,
-        })
-    };
-    let opening = chunk(
-        Some(ChatDelta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-        }),
-        None,
-        None,
+        },
     );
-    sse(generation, Some(opening), move |piece| match piece {
-        Piece::Text(text) => vec![chunk(
-            Some(ChatDelta {
-                role: None,
-                content: Some(text),
-            }),
-            None,
-            None,
-        )],
-        Piece::Finished { reason, usage } => {
-            let mut events = vec![chunk(Some(ChatDelta::default()), Some(reason), None)];
-            if mode.include_usage {
-                events.push(chunk(None, None, Some(usage)));
+    let opening = (0..generations.len() as u32)
+        .map(|index| {
+            let delta = ChatDelta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+            };
+            chunk(Some((index, delta)), None, None)
+        })
+        .collect();
+    let usage_chunk = Arc::clone(&chunk);
+    let usage = mode
+        .include_usage
+        .then_some(move |usage| usage_chunk(None, None, Some(usage)));
+    sse(
+        generations,
+        opening,
+        move |index, piece| match piece {
+            Piece::Text(text) => {
+                let delta = ChatDelta {
+                    role: None,
+                    content: Some(text),
+                };
+                vec![chunk(Some((index, delta)), None, None)]
             }
-            events
-        }
-    })
+            Piece::Finished { reason, .. } => {
+                vec![chunk(
+                    Some((index, ChatDelta::default())),
+                    Some(reason),
+                    None,
+                )]
+            }
+        },
+        usage,
+    )
     .into_response()
 }
 
 fn completion_stream(
     frontend: Arc<Frontend>,
     id: String,
-    generation: Generation,
+    generations: Vec<Generation>,
     mode: Mode,
 ) -> Response {
     let created = unix_now();
     let model = frontend.config.model.clone();
-    let chunk = move |text: String, finish_reason: Option<&'static str>, usage: Option<Usage>| {
-        let choices = if usage.is_some() {
-            vec![]
-        } else {
-            vec![CompletionChoice {
-                index: 0,
-                text,
-                finish_reason,
-                logprobs: None,
-            }]
-        };
-        json_event(&Completion {
-            id: &id,
-            object: "text_completion",
-            created,
-            model: &model,
-            choices,
-            usage,
-        })
-    };
-    sse(generation, None, move |piece| match piece {
-        Piece::Text(text) => vec![chunk(text, None, None)],
-        Piece::Finished { reason, usage } => {
-            let mut events = vec![chunk(String::new(), Some(reason), None)];
-            if mode.include_usage {
-                events.push(chunk(String::new(), None, Some(usage)));
+    let chunk = Arc::new(
+        move |choice: Option<(u32, String)>,
+              finish_reason: Option<&'static str>,
+              usage: Option<Usage>| {
+            let choices = choice
+                .map(|(index, text)| CompletionChoice {
+                    index,
+                    text,
+                    finish_reason,
+                    logprobs: None,
+                })
+                .into_iter()
+                .collect();
+            json_event(&Completion {
+                id: &id,
+                object: "text_completion",
+                created,
+                model: &model,
+                choices,
+                usage,
+            })
+        },
+    );
+    let usage_chunk = Arc::clone(&chunk);
+    let usage = mode
+        .include_usage
+        .then_some(move |usage| usage_chunk(None, None, Some(usage)));
+    sse(
+        generations,
+        Vec::new(),
+        move |index, piece| match piece {
+            Piece::Text(text) => vec![chunk(Some((index, text)), None, None)],
+            Piece::Finished { reason, .. } => {
+                vec![chunk(Some((index, String::new())), Some(reason), None)]
             }
-            events
-        }
-    })
+        },
+        usage,
+    )
     .into_response()
 }

@@ -107,6 +107,30 @@ impl Prepared {
             hold: None,
         }
     }
+
+    /// Choice `index` of a request asking for several (OpenAI's `n`): the same request, with
+    /// the seed moved on by `index` (as vLLM seeds its samples) so that seeded choices differ
+    /// and still repeat from one identical request to the next, traced under a `choice`
+    /// span of the request's.
+    pub fn choice(&self, index: u32) -> Self {
+        let mut sampling = self.sampling.clone();
+        sampling.seed = sampling
+            .seed
+            .map(|seed| seed.wrapping_add(u64::from(index)));
+        Prepared {
+            prompt: self.prompt.clone(),
+            max_tokens: self.max_tokens,
+            sampling,
+            stop: self.stop.clone(),
+            priority: self.priority,
+            overrides: self.overrides,
+            tenant: self.tenant.clone(),
+            span: tracing::info_span!(parent: &self.span, "choice", index),
+            media: self.media.clone(),
+            features: self.features.clone(),
+            hold: self.hold.clone(),
+        }
+    }
 }
 
 /// A piece of a response.
