@@ -315,6 +315,39 @@ async fn n_choices_are_seeded_apart_and_counted_together() {
 }
 
 #[tokio::test]
+async fn a_requests_choices_share_the_first_choices_worker() {
+    use futures::StreamExt;
+    let d = start(&[("WORKERS__COUNT", "3")]).await;
+    // Round-robin would send three requests to three workers; the choices stay together.
+    let mut body = chat(MODEL, "Describe a hump yard.", 2000);
+    body["n"] = json!(3);
+    body["stream"] = json!(true);
+    body["switchyard"] = json!({"routing": {"policy": "round-robin"}});
+    let response = client()
+        .post(url(&d, "/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let mut stream = response.bytes_stream();
+    let _ = stream.next().await;
+    let mut requests: Vec<u32> = d
+        .frontend
+        .routing
+        .loads()
+        .iter()
+        .map(|(_, load, _)| load.requests)
+        .collect();
+    requests.sort_unstable();
+    assert_eq!(requests, [0, 0, 3]);
+    drop(stream);
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn routing_overrides_apply_per_request() {
     let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "3")]).await;
     for _ in 0..6 {
