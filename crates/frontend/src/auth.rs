@@ -204,7 +204,7 @@ impl KeyState {
             )),
             Err(_) => Err(ApiError::invalid(format!(
                 "This request may use {tokens} tokens, more than this API key's limit of \
-                 {per_minute} tokens per minute; lower `max_tokens` or shorten the prompt."
+                 {per_minute} tokens per minute; lower `max_tokens` or `n`, or shorten the prompt."
             ))),
         }
     }

@@ -378,6 +378,7 @@ fn common(
         media: None,
         features: Default::default(),
         hold: None,
+        choice: 0,
     };
     Ok((prepared, mode))
 }

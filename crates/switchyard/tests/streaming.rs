@@ -348,6 +348,35 @@ async fn a_requests_choices_share_the_first_choices_worker() {
 }
 
 #[tokio::test]
+async fn more_choices_than_the_fleet_runs_at_once_are_all_answered() {
+    // One worker running two sequences at a time: the fleet is busy once two choices run,
+    // and the later choices must not queue behind their own request's earlier ones.
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("WORKERS__MOCKER__MAX_NUM_SEQS", "2"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "50"),
+        ("FRONTEND__ADMISSION__QUEUE_TIMEOUT", "3s"),
+    ])
+    .await;
+    let mut body = chat(MODEL, "List the tracks of a classification yard.", 8);
+    body["n"] = json!(5);
+    body["ignore_eos"] = json!(true);
+    let started = std::time::Instant::now();
+    let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["choices"].as_array().unwrap().len(), 5, "{b}");
+    assert_eq!(b["usage"]["completion_tokens"], 40, "{b}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn routing_overrides_apply_per_request() {
     let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "3")]).await;
     for _ in 0..6 {

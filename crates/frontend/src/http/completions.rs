@@ -334,10 +334,10 @@ struct Choices {
 }
 
 /// Dispatches a request's `choices` (OpenAI's `n`): the first where the router sends it,
-/// the others to the same worker, where its prompt's KV is being computed (as an engine
-/// serving `n` samples keeps them together), unless that worker cannot take them. Each is
-/// admitted as a request of its own; one refused refuses the whole request, and the
-/// choices already dispatched are cancelled as their streams drop.
+/// through admission for all of them; then the others at once, to the same worker, where
+/// its prompt's KV is being computed (as an engine serving `n` samples keeps them
+/// together), unless that worker cannot take them. One that fails fails the whole
+/// request, and the choices already dispatched are cancelled as their streams drop.
 async fn dispatch(
     frontend: &Arc<Frontend>,
     prepared: Prepared,
@@ -345,12 +345,14 @@ async fn dispatch(
 ) -> Result<Choices, ApiError> {
     let others: Vec<Prepared> = (1..choices).map(|i| prepared.choice(i)).collect();
     let first = frontend.generate(prepared).await?;
-    let mut generations = Vec::with_capacity(others.len() + 1);
-    generations.push(first.generation);
-    for mut choice in others {
+    let others = futures::future::try_join_all(others.into_iter().map(|mut choice| {
         choice.overrides.worker = Some(first.worker.worker_id);
-        generations.push(frontend.generate(choice).await?.generation);
-    }
+        frontend.generate(choice)
+    }))
+    .await?;
+    let generations = std::iter::once(first.generation)
+        .chain(others.into_iter().map(|d| d.generation))
+        .collect();
     Ok(Choices {
         id: first.id,
         worker: first.worker,
@@ -428,28 +430,31 @@ where
     P: Fn(u32, Piece) -> Vec<Event>,
     U: Fn(Usage) -> Event,
 {
-    /// The events for one choice's item.
+    /// The events for one choice's item, or for the end of them all.
     fn step(&mut self, item: Option<(u32, Result<Piece, ApiError>)>) -> Vec<Event> {
         match item {
             Some((index, Ok(Piece::Finished { reason, usage }))) => {
                 if let Some(slot) = self.usages.get_mut(index as usize) {
                     *slot = Some(usage);
                 }
-                let mut events = (self.piece)(index, Piece::Finished { reason, usage });
                 self.open = self.open.saturating_sub(1);
-                if self.open == 0 {
-                    if let Some(usage) = &self.usage {
-                        events.push(usage(combined(self.usages.iter().flatten().copied())));
-                    }
-                    events.push(Event::default().data("[DONE]"));
-                    self.ended = true;
-                }
-                events
+                (self.piece)(index, Piece::Finished { reason, usage })
             }
             Some((index, Ok(piece))) => (self.piece)(index, piece),
             Some((_, Err(e))) => {
                 self.ended = true;
                 vec![Event::default().data(e.body())]
+            }
+            // Every stream has ended (each after its `Finished`, so its request is done
+            // with on its worker and in the metrics): the usage of all, then `[DONE]`.
+            None if self.open == 0 => {
+                self.ended = true;
+                let mut events = Vec::new();
+                if let Some(usage) = &self.usage {
+                    events.push(usage(combined(self.usages.iter().flatten().copied())));
+                }
+                events.push(Event::default().data("[DONE]"));
+                events
             }
             // Every stream ends with `Finished` or an error: one that stops short is not a
             // whole answer.

@@ -88,6 +88,10 @@ pub struct Prepared {
     /// Its media items held in the feature store, staged as they go to its workers and
     /// let go when its response ends.
     pub hold: Option<encode::SharedHold>,
+    /// Which of its request's choices (OpenAI's `n`) this is: 0 for the first, admitted
+    /// for all of them; the others skip admission, so that a request never waits for room
+    /// its own earlier choices hold, and their prompt is not counted again for the tenant.
+    pub choice: u32,
 }
 
 impl Prepared {
@@ -105,6 +109,7 @@ impl Prepared {
             media: None,
             features: encode::MediaFeatures::default(),
             hold: None,
+            choice: 0,
         }
     }
 
@@ -125,10 +130,19 @@ impl Prepared {
             priority: self.priority,
             overrides: self.overrides,
             tenant: self.tenant.clone(),
-            span: tracing::info_span!(parent: &self.span, "choice", index),
+            span: tracing::info_span!(
+                parent: &self.span,
+                "choice",
+                index,
+                request_id = tracing::field::Empty,
+                prompt_tokens = tracing::field::Empty,
+                ttft_ms = tracing::field::Empty,
+                completion_tokens = tracing::field::Empty,
+            ),
             media: self.media.clone(),
             features: self.features.clone(),
             hold: self.hold.clone(),
+            choice: index,
         }
     }
 }
@@ -268,20 +282,26 @@ impl Frontend {
         self.metrics
             .offered_tokens
             .inc_by(prepared.prompt.len() as u64);
-        let admission = tracing::info_span!(parent: &prepared.span, "admission");
-        let ticket = tracing::Instrument::instrument(
-            self.routing
-                .admit(id, prepared.priority.unwrap_or_default()),
-            admission,
-        )
-        .await
-        .map_err(|(rejection, hint)| {
-            self.metrics.count_rejection(rejection);
-            refused(rejection, hint.map_or(retry, |wait| wait.max(retry)))
-        })?;
-        self.metrics
-            .queue_time
-            .observe(arrived.elapsed().as_secs_f64());
+        // A request's later choices go in under its first's admission.
+        let ticket = if prepared.choice == 0 {
+            let admission = tracing::info_span!(parent: &prepared.span, "admission");
+            let ticket = tracing::Instrument::instrument(
+                self.routing
+                    .admit(id, prepared.priority.unwrap_or_default()),
+                admission,
+            )
+            .await
+            .map_err(|(rejection, hint)| {
+                self.metrics.count_rejection(rejection);
+                refused(rejection, hint.map_or(retry, |wait| wait.max(retry)))
+            })?;
+            self.metrics
+                .queue_time
+                .observe(arrived.elapsed().as_secs_f64());
+            Some(ticket)
+        } else {
+            None
+        };
         {
             let m = &self.config.migration;
             let cap = m.budget_max.max(self.metrics.in_flight.get() as f64);
@@ -294,7 +314,7 @@ impl Frontend {
         let attempt = run.dispatch().await?;
         drop(ticket);
         self.metrics.input_tokens.inc_by(u64::from(prompt_tokens));
-        if let Some(tenant) = &prepared.tenant {
+        if let Some(tenant) = prepared.tenant.as_ref().filter(|_| prepared.choice == 0) {
             self.metrics
                 .count_tenant_tokens(tenant, "prompt", u64::from(prompt_tokens));
         }
