@@ -592,3 +592,68 @@ async fn streams_with_no_worker_left_wait_for_one_and_arrive_whole() {
     assert_eq!(status_of(&d, worker).await, "healthy");
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
+
+/// A request's choices, streamed: each choice's text by index, and what the stream ended
+/// with.
+async fn choices_through(
+    d: &Deployment,
+    body: &Value,
+    during: impl FnOnce(),
+) -> (Vec<String>, Streamed) {
+    let open = open_stream(&url(d, "/v1/completions"), body).await;
+    during();
+    let text = open.finish().await;
+    let texts = streamed_choices(&sse_chunks(&text), "text")
+        .into_iter()
+        .map(|(text, _, _)| text)
+        .collect();
+    (texts, parse_stream(&text))
+}
+
+/// A request's choices run together on one worker. When it crashes each moves on its own
+/// and the stream still arrives whole, every choice as in a fault-free run; where no move
+/// is allowed, the one stream ends with one coded error event and no `[DONE]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_choices_move_off_a_crashed_worker_or_end_its_stream_with_one_error() {
+    let mut body = seeded_completion(MODEL, &prompt(7), 7, 150);
+    body["n"] = json!(3);
+    let fleet = [
+        ("WORKERS__COUNT", "2"),
+        ("WORKERS__MOCKER__SPEEDUP_RATIO", "2"),
+    ];
+    let d = start(&fleet).await;
+    let (reference, r) = choices_through(&d, &body, || {}).await;
+    assert!(r.errors.is_empty() && r.done, "{r:?}");
+    assert_eq!(reference.len(), 3);
+    assert!(reference[0] != reference[1] && reference[1] != reference[2]);
+    let (got, s) = choices_through(&d, &body, || inject(&d, busiest(&d), Fault::Crash)).await;
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    assert!(s.done, "no [DONE]");
+    assert_eq!(s.completion_tokens, Some(450));
+    assert_eq!(
+        got, reference,
+        "the moved choices differ from the fault-free run"
+    );
+    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(
+        metric_value(&text, "switchyard_migrations_total", Some("disconnected")) >= 3.0,
+        "every choice moved: {text}"
+    );
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+
+    let mut env = fleet.to_vec();
+    env.push(("FRONTEND__MIGRATION__MAX_MIGRATIONS", "0"));
+    let d = start(&env).await;
+    let (got, s) = choices_through(&d, &body, || inject(&d, busiest(&d), Fault::Crash)).await;
+    assert!(!s.done, "a stream cut short ended with [DONE]");
+    assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
+    assert_eq!(s.errors[0]["code"], "stream_interrupted", "{:?}", s.errors);
+    assert!(s.usage.is_none(), "usage after an error: {:?}", s.usage);
+    for (choice, whole) in got.iter().zip(&reference) {
+        assert!(
+            whole.starts_with(choice.as_str()),
+            "{choice:?} is not a prefix of {whole:?}"
+        );
+    }
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}

@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use support::*;
 
@@ -168,33 +170,6 @@ async fn completions_streamed_and_not_with_token_prompts_and_stops() {
         .unwrap();
 }
 
-/// The texts of a streamed response's choices, by index, with each choice's finish reasons
-/// and its opening role deltas.
-fn streamed_choices(chunks: &[Value], field: &str) -> Vec<(String, Vec<String>, usize)> {
-    let mut choices: Vec<(String, Vec<String>, usize)> = Vec::new();
-    for chunk in chunks {
-        for choice in chunk["choices"].as_array().unwrap() {
-            let index = choice["index"].as_u64().unwrap() as usize;
-            if choices.len() <= index {
-                choices.resize(index + 1, (String::new(), Vec::new(), 0));
-            }
-            let text = if field == "delta" {
-                if choice["delta"]["role"] == "assistant" {
-                    choices[index].2 += 1;
-                }
-                choice["delta"]["content"].as_str()
-            } else {
-                choice["text"].as_str()
-            };
-            choices[index].0.push_str(text.unwrap_or_default());
-            if let Some(reason) = choice["finish_reason"].as_str() {
-                choices[index].1.push(reason.to_string());
-            }
-        }
-    }
-    choices
-}
-
 #[tokio::test]
 async fn n_choices_are_seeded_apart_and_counted_together() {
     let d = start(&[
@@ -341,7 +316,27 @@ async fn a_requests_choices_share_the_first_choices_worker() {
         .collect();
     requests.sort_unstable();
     assert_eq!(requests, [0, 0, 3]);
+    // The client goes away: every choice is cancelled on the worker, long before its
+    // 2,000 tokens would have ended.
     drop(stream);
+    support::cluster::eventually(Duration::from_secs(3), "the choices cancelled", || async {
+        // The router's count and the engines' own reports of what they run.
+        let loads: Vec<(u32, Option<u32>)> = d
+            .frontend
+            .routing
+            .loads()
+            .iter()
+            .map(|(_, load, engine)| (load.requests, engine.map(|e| e.running + e.waiting)))
+            .collect();
+        match loads
+            .iter()
+            .all(|&(ours, theirs)| ours == 0 && theirs == Some(0))
+        {
+            true => Ok(()),
+            false => Err(format!("in flight: {loads:?}")),
+        }
+    })
+    .await;
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

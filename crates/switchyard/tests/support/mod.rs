@@ -290,6 +290,43 @@ pub fn parse_stream(body: &str) -> Streamed {
     streamed
 }
 
+/// The texts of a streamed response's choices, by index, with each choice's finish reasons
+/// and its opening role deltas.
+pub fn streamed_choices(chunks: &[Value], field: &str) -> Vec<(String, Vec<String>, usize)> {
+    let mut choices: Vec<(String, Vec<String>, usize)> = Vec::new();
+    for chunk in chunks {
+        for choice in chunk["choices"].as_array().unwrap() {
+            let index = choice["index"].as_u64().unwrap() as usize;
+            if choices.len() <= index {
+                choices.resize(index + 1, (String::new(), Vec::new(), 0));
+            }
+            let text = if field == "delta" {
+                if choice["delta"]["role"] == "assistant" {
+                    choices[index].2 += 1;
+                }
+                choice["delta"]["content"].as_str()
+            } else {
+                choice["text"].as_str()
+            };
+            choices[index].0.push_str(text.unwrap_or_default());
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                choices[index].1.push(reason.to_string());
+            }
+        }
+    }
+    choices
+}
+
+/// The chunks of an SSE body (`[DONE]` and error events left out).
+pub fn sse_chunks(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str::<Value>(data).expect("JSON event"))
+        .filter(|chunk| chunk.get("error").is_none())
+        .collect()
+}
+
 /// A streamed completion request with a fixed seed (its tokens depend on nothing else on
 /// the mocker), usage in the last chunk, and no stop at end-of-sequence.
 pub fn seeded_completion(model: &str, prompt: &str, seed: u64, max_tokens: u32) -> Value {
