@@ -328,12 +328,13 @@ async fn a_requests_choices_share_the_first_choices_worker() {
             .iter()
             .map(|(_, load, engine)| (load.requests, engine.map(|e| e.running + e.waiting)))
             .collect();
-        match loads
+        if loads
             .iter()
             .all(|&(ours, theirs)| ours == 0 && theirs == Some(0))
         {
-            true => Ok(()),
-            false => Err(format!("in flight: {loads:?}")),
+            Ok(())
+        } else {
+            Err(format!("in flight: {loads:?}"))
         }
     })
     .await;
