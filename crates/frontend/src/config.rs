@@ -198,6 +198,13 @@ pub struct RouterSettings {
     /// Weight of the request's own decoding (its `max_tokens` × the worker's step time
     /// with it) in the latency policy's cost; 0: not counted.
     pub output_weight: f64,
+    /// Weight of the delay a request's prefill adds to the first token of the prefill
+    /// queued before it, in the latency policy's cost.
+    pub queue_delay_weight: f64,
+    /// Cost per millisecond by which a worker's decode step with the request would exceed
+    /// (1 + decode_tail_margin) × the workers' mean step, in the latency policy's cost.
+    pub decode_tail_weight: f64,
+    pub decode_tail_margin: f64,
     /// Softmax temperature of the kv policy; 0 picks the cheapest worker.
     pub temperature: f64,
     /// Requests active longer than this are presumed lost and freed.
@@ -219,6 +226,9 @@ impl Default for RouterSettings {
             overlap_weight: 1.0,
             itl_weight: LatencyPolicyConfig::default().itl_weight,
             output_weight: LatencyPolicyConfig::default().output_weight,
+            queue_delay_weight: LatencyPolicyConfig::default().queue_delay_weight,
+            decode_tail_weight: LatencyPolicyConfig::default().decode_tail_weight,
+            decode_tail_margin: LatencyPolicyConfig::default().decode_tail_margin,
             temperature: 0.0,
             request_ttl: Duration::from_secs(600),
             seed: 0,
@@ -242,6 +252,9 @@ impl FrontendConfig {
                 latency: LatencyPolicyConfig {
                     itl_weight: r.itl_weight,
                     output_weight: r.output_weight,
+                    queue_delay_weight: r.queue_delay_weight,
+                    decode_tail_weight: r.decode_tail_weight,
+                    decode_tail_margin: r.decode_tail_margin,
                     temperature: r.temperature,
                 },
                 request_ttl: r.request_ttl,

@@ -210,6 +210,16 @@ pub struct LatencyPolicyConfig {
     /// Weight of the request's own decoding (its output tokens, from `max_tokens`, times
     /// the worker's step time with it) against its time to first token; 0: not counted.
     pub output_weight: f64,
+    /// Weight of the delay the request's prefill adds to the first token of the prefill
+    /// queued before it on the worker: its tokens fill the budget of the queue's last
+    /// step, which then takes longer.
+    pub queue_delay_weight: f64,
+    /// Milliseconds of cost per millisecond by which the worker's decode step with the
+    /// request would exceed (1 + `decode_tail_margin`) × the candidates' mean decode step
+    /// now: keeps requests off the workers whose decode batches make the fleet's slowest
+    /// inter-token gaps, and changes nothing elsewhere.
+    pub decode_tail_weight: f64,
+    pub decode_tail_margin: f64,
     /// 0 picks the fastest worker; above 0 samples from a softmax over normalised costs.
     pub temperature: f64,
 }
@@ -219,6 +229,9 @@ impl Default for LatencyPolicyConfig {
         LatencyPolicyConfig {
             itl_weight: 0.1,
             output_weight: 0.0,
+            queue_delay_weight: 0.5,
+            decode_tail_weight: 100.0,
+            decode_tail_margin: 0.2,
             temperature: 0.0,
         }
     }
@@ -298,9 +311,12 @@ const MEMORY_LIMIT: f64 = 0.9;
 /// predicted TTFT = the steps that compute the prefill already queued on the worker and
 /// then this request's uncached tokens, in chunks of the worker's step budget, each step
 /// also decoding the worker's running requests, less the time the worker has already spent
-/// on its queue; cost = predicted TTFT + itl_weight × the
-/// delay those steps add to the running decodes. A worker whose in-flight requests would hold
-/// more than 90 % of its KV blocks with this one is chosen only when every worker is as full.
+/// on its queue; cost = predicted TTFT + itl_weight × the delay those steps add to the
+/// running decodes + queue_delay_weight × the delay they add to the first token of the
+/// prefill queued before this one + decode_tail_weight × how far the worker's decode step
+/// with the request would exceed (1 + decode_tail_margin) × the candidates' mean decode step.
+/// A worker whose in-flight requests would hold more than 90 % of its KV blocks with this one
+/// is chosen only when every worker is as full.
 #[derive(Debug, Clone, Default)]
 pub struct LatencyPolicy {
     pub config: LatencyPolicyConfig,
@@ -355,6 +371,17 @@ impl LatencyPolicy {
         let added = own_ms;
         let weight = self.config.itl_weight;
         let mut cost = ttft + weight * added * f64::from(decoding);
+        // A queue not yet done ends in a step this request's tokens join (the engine fills
+        // each step's budget in order), so that step, and the first token of the request
+        // finishing in it, comes later by the time the added tokens take.
+        let under_way = elapsed > 0.0 && queue_time <= elapsed;
+        let budget = u64::from(timing.max_batched_tokens.max(1));
+        let rest = queued % budget;
+        if self.config.queue_delay_weight > 0.0 && rest > 0 && !under_way {
+            let joined = (rest + own).min(budget);
+            let delay = timing.perf.prefill_ms(joined as u32) - timing.perf.prefill_ms(rest as u32);
+            cost += self.config.queue_delay_weight * delay;
+        }
         if let Some(output) = s
             .overrides
             .max_tokens
@@ -380,6 +407,36 @@ impl LatencyPolicy {
     }
 }
 
+impl LatencyPolicy {
+    /// Adds to each candidate's cost decode_tail_weight × how far its decode step with the
+    /// request would exceed (1 + decode_tail_margin) × the candidates' mean decode step now.
+    fn add_decode_tail(&self, s: &Selection<'_>, costs: &mut [f64]) {
+        let weight = self.config.decode_tail_weight;
+        if weight <= 0.0 || s.candidates.len() < 2 {
+            return;
+        }
+        let fallback = WorkerTiming::default();
+        let block_size = u64::from(s.block_size.max(1));
+        let step = |c: &Candidate, requests: u32, blocks: u64| {
+            s.timings
+                .get(usize::from(c.timing))
+                .unwrap_or(&fallback)
+                .decode_step_ms(requests, blocks * block_size, blocks)
+        };
+        let mean = s
+            .candidates
+            .iter()
+            .map(|c| step(c, c.active_requests.max(1), c.active_blocks))
+            .sum::<f64>()
+            / s.candidates.len() as f64;
+        let limit = (1.0 + self.config.decode_tail_margin) * mean;
+        for (cost, c) in costs.iter_mut().zip(s.candidates) {
+            let with = step(c, c.active_requests + 1, c.active_blocks + c.new_blocks);
+            *cost += weight * (with - limit).max(0.0);
+        }
+    }
+}
+
 impl Policy for LatencyPolicy {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Latency
@@ -389,7 +446,8 @@ impl Policy for LatencyPolicy {
         if s.candidates.is_empty() {
             return None;
         }
-        let costs: Vec<f64> = s.candidates.iter().map(|c| self.predict(s, c).1).collect();
+        let mut costs: Vec<f64> = s.candidates.iter().map(|c| self.predict(s, c).1).collect();
+        self.add_decode_tail(s, &mut costs);
         choose(s, &costs, self.config.temperature, rng)
     }
 }
@@ -1007,6 +1065,7 @@ mod tests {
                 config: LatencyPolicyConfig {
                     itl_weight: 0.0,
                     output_weight,
+                    decode_tail_weight: 0.0,
                     ..LatencyPolicyConfig::default()
                 },
             };
@@ -1019,6 +1078,117 @@ mod tests {
         assert_eq!(choose(0.05, Some(4)), 0);
         // Without max_tokens the term is not counted.
         assert_eq!(choose(0.05, None), 0);
+    }
+
+    /// The latency policy's choice among `candidates` and their costs, with `config`.
+    fn latency_costs(
+        config: LatencyPolicyConfig,
+        candidates: &[Candidate],
+        isl: u64,
+    ) -> (usize, Vec<f64>) {
+        let timings = [WorkerTiming::default()];
+        let overrides = RoutingOverrides::default();
+        let s = Selection {
+            isl_tokens: isl,
+            block_size: 16,
+            candidates,
+            overrides: &overrides,
+            timings: &timings,
+        };
+        let mut policy = LatencyPolicy { config };
+        let costs = candidates.iter().map(|c| policy.predict(&s, c).1).collect();
+        let chosen = policy.select(&s, &mut SmallRng::seed_from_u64(1)).unwrap();
+        (chosen, costs)
+    }
+
+    #[test]
+    fn latency_counts_the_delay_a_request_adds_to_the_prefill_queued_before_it() {
+        let m = PerfModel::Polynomial;
+        // A: idle, 1,504 tokens to compute. B: 496 tokens just queued, then 896 of this
+        // request's own, sooner by its own time to first token (one step of 1,392 tokens).
+        let a = Candidate {
+            overlap_blocks: 56,
+            ..cand(1)
+        };
+        let b = Candidate {
+            overlap_blocks: 94,
+            prefill_tokens: 496,
+            active_requests: 1,
+            ..cand(2)
+        };
+        let without = LatencyPolicyConfig {
+            queue_delay_weight: 0.0,
+            ..LatencyPolicyConfig::default()
+        };
+        let (chosen, costs) = latency_costs(without, &[a, b], 2_400);
+        assert_eq!(chosen, 1);
+        assert!((costs[1] - m.prefill_ms(1_392)).abs() < 1e-9);
+        // But its 896 tokens join the queued request's step, whose first token then comes
+        // later by the time they take.
+        let config = LatencyPolicyConfig::default();
+        let (chosen, with) = latency_costs(config, &[a, b], 2_400);
+        assert_eq!(chosen, 0);
+        let delay = m.prefill_ms(1_392) - m.prefill_ms(496);
+        assert!((with[1] - costs[1] - config.queue_delay_weight * delay).abs() < 1e-9);
+        assert!((with[0] - costs[0]).abs() < 1e-9, "nothing queued on A");
+        // A queue whose last step is full, or one already done, is not delayed.
+        for queue in [
+            Candidate {
+                prefill_tokens: 8_192,
+                ..b
+            },
+            Candidate {
+                prefill_elapsed_ms: 1_000.0,
+                ..b
+            },
+        ] {
+            let (_, without) = latency_costs(
+                LatencyPolicyConfig {
+                    queue_delay_weight: 0.0,
+                    ..config
+                },
+                &[queue],
+                2_400,
+            );
+            let (_, with) = latency_costs(config, &[queue], 2_400);
+            assert!((with[0] - without[0]).abs() < 1e-9, "{queue:?}");
+        }
+    }
+
+    #[test]
+    fn latency_keeps_requests_off_a_worker_whose_decode_step_would_lead_the_fleet() {
+        // A holds most of the prompt and is the soonest to a first token, but decodes on
+        // 3,000 of its 16,384 blocks while B and C are idle.
+        let a = Candidate {
+            overlap_blocks: 150,
+            active_blocks: 3_000,
+            new_blocks: 50,
+            active_requests: 1,
+            ..cand(1)
+        };
+        let idle = |i| Candidate {
+            new_blocks: 200,
+            ..cand(i)
+        };
+        let without = LatencyPolicyConfig {
+            decode_tail_weight: 0.0,
+            ..LatencyPolicyConfig::default()
+        };
+        let candidates = [a, idle(2), idle(3)];
+        assert_eq!(latency_costs(without, &candidates, 3_200).0, 0);
+        let (chosen, _) = latency_costs(LatencyPolicyConfig::default(), &candidates, 3_200);
+        assert_ne!(chosen, 0, "A's step would be well above the fleet's");
+        // Where every worker decodes as much, A's step is the fleet's: the cache wins.
+        let busy = |i| Candidate {
+            active_blocks: 3_000,
+            active_requests: 1,
+            ..idle(i)
+        };
+        let candidates = [a, busy(2), busy(3)];
+        assert_eq!(
+            latency_costs(LatencyPolicyConfig::default(), &candidates, 3_200).0,
+            0
+        );
     }
 
     #[test]

@@ -68,6 +68,16 @@ pub struct SimArgs {
     /// step time with it) against its time to first token (0: not counted).
     #[arg(long, default_value_t = LatencyPolicyConfig::default().output_weight)]
     output_weight: f64,
+    /// `latency`: weight of the delay a request's prefill adds to the first token of the
+    /// prefill queued before it on the worker.
+    #[arg(long, default_value_t = LatencyPolicyConfig::default().queue_delay_weight)]
+    queue_delay_weight: f64,
+    /// `latency`: cost per millisecond by which a worker's decode step with the request
+    /// would exceed (1 + --decode-tail-margin) × the workers' mean step (0: off).
+    #[arg(long, default_value_t = LatencyPolicyConfig::default().decode_tail_weight)]
+    decode_tail_weight: f64,
+    #[arg(long, default_value_t = LatencyPolicyConfig::default().decode_tail_margin)]
+    decode_tail_margin: f64,
     /// The router's view of the caches: the engines' KV events (as `serve` sees its
     /// workers), blocks assumed cached when routed (approx), or natural: approx for
     /// cache-aware (as SGLang's router, which has no events, is deployed), events for the
@@ -370,6 +380,9 @@ pub fn run(args: SimArgs) -> Result<()> {
                 latency: LatencyPolicyConfig {
                     itl_weight: args.itl_weight,
                     output_weight: args.output_weight,
+                    queue_delay_weight: args.queue_delay_weight,
+                    decode_tail_weight: args.decode_tail_weight,
+                    decode_tail_margin: args.decode_tail_margin,
                     temperature: args.temperature,
                 },
                 ..RouterConfig::default()
