@@ -4,13 +4,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_router::indexer::approx::ApproxConfig;
-use switchyard_router::policy::KvPolicyConfig;
+pub use switchyard_router::MigrationConfig;
 use switchyard_router::routing::degradation::DegradationConfig;
 use switchyard_router::routing::health::HealthConfig;
-use switchyard_router::{
-    AdmissionConfig, CacheViewMode, LatencyPolicyConfig, PolicyKind, RouterConfig, RoutingConfig,
-};
+use switchyard_router::{AdmissionConfig, RouterConfig, RoutingConfig};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -40,10 +37,12 @@ pub struct FrontendConfig {
     pub max_prompt_tokens: Option<u32>,
     /// Largest `max_tokens` accepted (none: what the context leaves).
     pub max_output_tokens: Option<u32>,
-    pub router: RouterSettings,
+    /// Policies and their knobs, the seed, cache views.
+    pub router: RouterConfig,
     pub admission: AdmissionConfig,
     pub health: HealthConfig,
     pub degradation: DegradationConfig,
+    /// Retries before the first token and moves of streams in flight.
     pub migration: MigrationConfig,
     /// When a request for a decode worker is prefilled on a prefill worker.
     pub disagg: switchyard_router::DisaggConfig,
@@ -111,50 +110,6 @@ impl Default for ConnectionConfig {
     }
 }
 
-/// Retries before the first token and migration of streams in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MigrationConfig {
-    /// Workers a request may move to after the one it started on (0: none).
-    pub max_migrations: u32,
-    /// Workers tried for a request before it fails, counting the first.
-    pub max_dispatch_attempts: u32,
-    /// Longest wait for a worker to accept a request (a worker that never answers is
-    /// unreachable).
-    #[serde(with = "humantime_serde")]
-    pub dispatch_timeout: Duration,
-    /// Wait before retrying a request that produced nothing yet, growing by
-    /// `backoff_factor` per retry up to `backoff_max`, spread by `backoff_jitter`.
-    #[serde(with = "humantime_serde")]
-    pub backoff_initial: Duration,
-    #[serde(with = "humantime_serde")]
-    pub backoff_max: Duration,
-    pub backoff_factor: f64,
-    pub backoff_jitter: f64,
-    /// The fleet-wide budget, a token bucket: each admitted request adds this many moves
-    /// to it (the sustained share of requests that may move)…
-    pub budget_ratio: f64,
-    /// …up to this many, or the number of requests in flight if more (so one failure,
-    /// however large, can move everything it caught once); it starts here.
-    pub budget_max: f64,
-}
-
-impl Default for MigrationConfig {
-    fn default() -> Self {
-        MigrationConfig {
-            max_migrations: 3,
-            max_dispatch_attempts: 3,
-            dispatch_timeout: Duration::from_secs(3),
-            backoff_initial: Duration::from_millis(50),
-            backoff_max: Duration::from_secs(2),
-            backoff_factor: 1.5,
-            backoff_jitter: 0.2,
-            budget_ratio: 0.5,
-            budget_max: 100.0,
-        }
-    }
-}
-
 impl Default for FrontendConfig {
     fn default() -> Self {
         FrontendConfig {
@@ -171,12 +126,8 @@ impl Default for FrontendConfig {
             auth: crate::auth::AuthConfig::default(),
             max_prompt_tokens: None,
             max_output_tokens: None,
-            router: RouterSettings::default(),
-            admission: AdmissionConfig {
-                wait_target: Some(switchyard_router::routing::admission::DEFAULT_WAIT_TARGET),
-                busy_kv_threshold: switchyard_router::routing::admission::SERVER_BUSY_KV_THRESHOLD,
-                ..AdmissionConfig::default()
-            },
+            router: RouterConfig::default(),
+            admission: AdmissionConfig::default(),
             health: HealthConfig::default(),
             degradation: DegradationConfig::default(),
             migration: MigrationConfig::default(),
@@ -186,90 +137,16 @@ impl Default for FrontendConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RouterSettings {
-    pub policy: PolicyKind,
-    /// Weight of prefill work against decode load in the kv policy's cost.
-    pub overlap_weight: f64,
-    /// Weight of the delay a request's prefill adds to running decodes in the latency
-    /// policy's cost.
-    pub itl_weight: f64,
-    /// Weight of the request's own decoding (its `max_tokens` × the worker's step time
-    /// with it) in the latency policy's cost; 0: not counted.
-    pub output_weight: f64,
-    /// Weight of the delay a request's prefill adds to the first token of the prefill
-    /// queued before it, in the latency policy's cost.
-    pub queue_delay_weight: f64,
-    /// Cost per millisecond by which a worker's decode step with the request would exceed
-    /// (1 + decode_tail_margin) × the workers' mean step, in the latency policy's cost.
-    pub decode_tail_weight: f64,
-    pub decode_tail_margin: f64,
-    /// Softmax temperature of the kv policy; 0 picks the cheapest worker.
-    pub temperature: f64,
-    /// Requests active longer than this are presumed lost and freed.
-    #[serde(with = "humantime_serde")]
-    pub request_ttl: Duration,
-    pub seed: u64,
-    /// `auto`: each worker seen through its KV events if it publishes them, else through
-    /// what was routed to it; `approximate`: every worker through what was routed to it.
-    pub cache_view: CacheViewMode,
-    /// How long the approximate view assumes a routed block stays cached.
-    #[serde(with = "humantime_serde")]
-    pub approx_ttl: Duration,
-}
-
-impl Default for RouterSettings {
-    fn default() -> Self {
-        RouterSettings {
-            policy: PolicyKind::Latency,
-            overlap_weight: 1.0,
-            itl_weight: LatencyPolicyConfig::default().itl_weight,
-            output_weight: LatencyPolicyConfig::default().output_weight,
-            queue_delay_weight: LatencyPolicyConfig::default().queue_delay_weight,
-            decode_tail_weight: LatencyPolicyConfig::default().decode_tail_weight,
-            decode_tail_margin: LatencyPolicyConfig::default().decode_tail_margin,
-            temperature: 0.0,
-            request_ttl: Duration::from_secs(600),
-            seed: 0,
-            cache_view: CacheViewMode::Auto,
-            approx_ttl: ApproxConfig::default().ttl,
-        }
-    }
-}
-
 impl FrontendConfig {
-    /// The routing core's settings.
+    /// The routing core's settings: the sections it reads, as they are.
     pub fn routing(&self) -> RoutingConfig {
-        let r = &self.router;
         RoutingConfig {
-            router: RouterConfig {
-                policy: r.policy,
-                kv: KvPolicyConfig {
-                    overlap_weight: r.overlap_weight,
-                    temperature: r.temperature,
-                },
-                latency: LatencyPolicyConfig {
-                    itl_weight: r.itl_weight,
-                    output_weight: r.output_weight,
-                    queue_delay_weight: r.queue_delay_weight,
-                    decode_tail_weight: r.decode_tail_weight,
-                    decode_tail_margin: r.decode_tail_margin,
-                    temperature: r.temperature,
-                },
-                request_ttl: r.request_ttl,
-                seed: r.seed,
-                ..RouterConfig::default()
-            },
-            cache_view: r.cache_view,
-            approx: ApproxConfig {
-                ttl: r.approx_ttl,
-                ..ApproxConfig::default()
-            },
+            router: self.router,
             admission: self.admission,
             health: self.health,
             degradation: self.degradation,
             disagg: self.disagg,
+            migration: self.migration,
         }
     }
 }
@@ -321,59 +198,9 @@ impl FrontendConfig {
                 self.max_body_bytes
             ));
         }
-        let r = &self.router;
-        if !(r.overlap_weight.is_finite() && r.overlap_weight >= 0.0) {
-            return Err(format!(
-                "frontend.router.overlap_weight must be a non-negative number, got {}",
-                r.overlap_weight
-            ));
-        }
-        if !(r.temperature.is_finite() && r.temperature >= 0.0) {
-            return Err(format!(
-                "frontend.router.temperature must be a non-negative number, got {}",
-                r.temperature
-            ));
-        }
-        let a = &self.admission;
-        if !(a.busy_kv_threshold > 0.0 && a.busy_kv_threshold <= 1.0) {
-            return Err(format!(
-                "frontend.admission.busy_kv_threshold must be in (0, 1], got {}",
-                a.busy_kv_threshold
-            ));
-        }
-        if !(a.busy_prefill_share.is_finite() && a.busy_prefill_share > 0.0) {
-            return Err(format!(
-                "frontend.admission.busy_prefill_share must be a number above 0, got {}",
-                a.busy_prefill_share
-            ));
-        }
-        if a.max_queue == 0 {
-            return Err("frontend.admission.max_queue must be at least 1".into());
-        }
-        if r.approx_ttl.is_zero() {
-            return Err("frontend.router.approx_ttl must be longer than zero".into());
-        }
-        self.health
+        self.routing()
             .validate()
             .map_err(|e| format!("frontend.{e}"))?;
-        let m = &self.migration;
-        if m.max_dispatch_attempts == 0 {
-            return Err("frontend.migration.max_dispatch_attempts must be at least 1".into());
-        }
-        if !(m.backoff_factor >= 1.0 && (0.0..1.0).contains(&m.backoff_jitter)) {
-            return Err(
-                "frontend.migration.backoff_factor must be at least 1 and backoff_jitter in [0, 1)"
-                    .into(),
-            );
-        }
-        if !(m.budget_ratio >= 0.0 && m.budget_max >= 0.0) {
-            return Err(
-                "frontend.migration.budget_ratio and budget_max must not be negative".into(),
-            );
-        }
-        if m.dispatch_timeout.is_zero() {
-            return Err("frontend.migration.dispatch_timeout must be longer than zero".into());
-        }
         Ok(())
     }
 }

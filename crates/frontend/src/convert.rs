@@ -371,9 +371,7 @@ fn common(
             policy: routing.policy,
             overlap_weight: routing.overlap_weight,
             temperature: routing.temperature,
-            worker: None,
-            media_pending: false,
-            max_tokens: None,
+            ..RoutingOverrides::default()
         },
         media: None,
         features: Default::default(),

@@ -72,6 +72,10 @@ pub struct MultimodalConfig {
     /// the prompt up to its first media position (and other requests) meanwhile, and goes
     /// on once told the media are ready. Off: the request is routed once they are.
     pub overlap: bool,
+    /// Joint routing: a request whose media a worker already holds (as KV) goes there
+    /// without encoding them when that worker is predicted to give its first token
+    /// soonest. Off: media are always encoded.
+    pub joint_routing: bool,
     /// Encoded features kept across requests (memory budgets, and what happens after
     /// prefill).
     pub feature_store: crate::features::FeatureStoreConfig,
@@ -124,6 +128,7 @@ impl Default for MultimodalConfig {
             encode_timeout: Duration::from_secs(30),
             on_encoder_failure: OnEncoderFailure::Fail,
             overlap: true,
+            joint_routing: true,
             feature_store: crate::features::FeatureStoreConfig::default(),
         }
     }

@@ -377,7 +377,7 @@ impl Metrics {
         let disagg_prefills = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "disagg_prefills",
-            "Requests for decode workers by where their prompt was computed: remote (a prefill worker), local_short (the uncached part was short), local_saturated (the prefill pool was full), local_unavailable (no prefill worker could take it), failed (the prefill worker failed it)",
+            "Requests for decode workers by where their prompt was computed: remote (a prefill worker), local_short (the uncached part was short), local_saturated (the prefill pool was full), local_unavailable (no prefill worker could take it), local_media (its media were not encoded and only the decode worker holds them), failed (the prefill worker failed it)",
             disagg_prefills.clone(),
         );
         let disagg_handoff = Histogram::new(exponential(0.0005, 1.25, 43));

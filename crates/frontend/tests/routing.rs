@@ -319,3 +319,71 @@ fn a_worker_restarted_under_its_id_starts_afresh() {
     routing.apply_event(stored(1, 1, &(200..232).collect::<Vec<_>>(), 16));
     assert_eq!(routing.indexer().read(|i| i.block_count()), 2);
 }
+
+/// A prompt of `len` tokens with one image at `offset..offset + length`.
+fn with_image(len: u32, offset: u32, length: u32) -> Prompt {
+    Prompt {
+        media: vec![switchyard_core::MediaSpan {
+            modality: switchyard_core::Modality::Image,
+            media_hash: 42,
+            offset,
+            length,
+        }],
+        ..prompt(&(1000..1000 + len).collect::<Vec<_>>())
+    }
+}
+
+/// The worker's KV event storing every full block of `prompt` (its media folded in).
+fn stored_prompt(worker: u64, prompt: &Prompt, block_size: u32) -> WorkerEvent {
+    let blocks = switchyard_core::blocks_for(prompt, block_size).unwrap();
+    let blocks = blocks
+        .sequence_hashes()
+        .iter()
+        .zip(blocks.local_hashes())
+        .map(|(&seq_hash, &local_hash)| StoredBlock {
+            seq_hash,
+            local_hash,
+        })
+        .collect();
+    WorkerEvent::Kv(vec![KvEvent {
+        worker_id: WorkerId(worker),
+        dp_rank: 0,
+        event_id: 1,
+        tier: StorageTier::Device,
+        data: KvEventData::Stored {
+            parent: None,
+            blocks,
+        },
+    }])
+}
+
+#[test]
+fn a_cache_stands_in_for_encoding_only_for_media_in_blocks_it_reuses() {
+    // Worker 1 holds every full block of the prompt, its image included. With encoding
+    // predicted to take long, joint routing sends the request there unencoded: but only
+    // when the image lies in blocks an engine reuses. The last one, holding the prompt's
+    // last token, is computed whatever is cached (and a partial block is never cached), so
+    // an image reaching into it needs its embeddings (the server once counted it held).
+    let encode = Duration::from_secs(10);
+    for (len, offset, length, held) in [
+        // 104 tokens: six full blocks, the last token in the seventh, partial.
+        (104, 80, 16, true),
+        (104, 86, 10, true),
+        (104, 90, 12, false),
+        // 96 tokens, exactly six blocks: the sixth holds the last token.
+        (96, 64, 16, true),
+        (96, 80, 16, false),
+    ] {
+        let routing = service();
+        routing.sync_workers(&set(&[worker(1, 16, 8), worker(2, 16, 8)]));
+        let prompt = with_image(len, offset, length);
+        routing.apply_event(stored_prompt(1, &prompt, 16));
+        let holder = routing.sooner_holder(&prompt, encode);
+        assert_eq!(
+            holder,
+            held.then_some(WorkerId(1)),
+            "{len} tokens, image at {offset}..{}",
+            offset + length
+        );
+    }
+}

@@ -109,6 +109,22 @@ pub enum Rejected {
     NoChunking { needed: u64, budget: u32 },
 }
 
+impl Rejected {
+    /// The engine error a worker answers with: an invalid request for any engine, or one
+    /// another engine (with a larger cache, other settings) may take.
+    pub fn engine_error(&self) -> switchyard_core::protocol::EngineError {
+        use switchyard_core::protocol::EngineError;
+        match self {
+            Rejected::EmptyPrompt | Rejected::NoOutput | Rejected::Duplicate(_) => {
+                EngineError::Invalid(self.to_string())
+            }
+            Rejected::BlockSize { .. }
+            | Rejected::TooLarge { .. }
+            | Rejected::NoChunking { .. } => EngineError::Unsupported(self.to_string()),
+        }
+    }
+}
+
 /// What a step did.
 #[derive(Debug, Default)]
 pub struct StepOutput {

@@ -7,30 +7,45 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use serde::{Deserialize, Serialize};
 use switchyard_core::{RequestId, SequenceHash, WorkerKey};
 use thiserror::Error;
 
 use crate::active::{ActiveError, ActiveSequences, WorkerLoad};
 use crate::indexer::OverlapScores;
+use crate::indexer::approx::ApproxConfig;
 use crate::policy::{
     self, CacheAwareConfig, Candidate, KvPolicyConfig, LatencyPolicyConfig, Policy, PolicyKind,
     RoutingOverrides, Selection, WorkerTiming,
 };
+use crate::routing::registry::CacheViewMode;
 
-/// Router settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Router settings: `[frontend.router]` in a configuration file.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
-    /// Tokens per KV block; must match the engines'.
+    /// Tokens per KV block prompts are cut into until a worker announces its own (every
+    /// worker of a model shares one): set by the workers, not configured.
+    #[serde(skip)]
     pub block_size: u32,
     /// The policy used when a request does not name one.
     pub policy: PolicyKind,
-    pub kv: KvPolicyConfig,
-    pub latency: LatencyPolicyConfig,
-    pub cache_aware: CacheAwareConfig,
-    /// Requests active longer than this are presumed lost and freed.
-    pub request_ttl: Duration,
     /// Seed of the random choices (ties, sampling, random policies).
     pub seed: u64,
+    /// Requests active longer than this are presumed lost and freed.
+    #[serde(with = "humantime_serde")]
+    pub request_ttl: Duration,
+    /// `auto`: each worker seen through its KV events if it publishes them, else through
+    /// what was routed to it; `approximate`: every worker through what was routed to it.
+    pub cache_view: CacheViewMode,
+    /// The view of workers seen through what was routed to them.
+    pub approx: ApproxConfig,
+    /// The `kv` policy's settings.
+    pub kv: KvPolicyConfig,
+    /// The `latency` policy's settings.
+    pub latency: LatencyPolicyConfig,
+    /// The `cache-aware` policy's settings.
+    pub cache_aware: CacheAwareConfig,
 }
 
 impl Default for RouterConfig {
@@ -38,12 +53,42 @@ impl Default for RouterConfig {
         RouterConfig {
             block_size: 16,
             policy: PolicyKind::Latency,
+            seed: 0,
+            request_ttl: Duration::from_secs(600),
+            cache_view: CacheViewMode::Auto,
+            approx: ApproxConfig::default(),
             kv: KvPolicyConfig::default(),
             latency: LatencyPolicyConfig::default(),
             cache_aware: CacheAwareConfig::default(),
-            request_ttl: Duration::from_secs(600),
-            seed: 0,
         }
+    }
+}
+
+impl RouterConfig {
+    /// Checks values serde cannot; names the key under `[frontend.router]`.
+    pub fn validate(&self) -> Result<(), crate::InvalidConfig> {
+        self.kv.validate()?;
+        self.latency.validate()?;
+        self.cache_aware.validate()?;
+        if self.request_ttl.is_zero() {
+            return Err(crate::InvalidConfig::new(
+                "router.request_ttl",
+                "must be longer than zero",
+            ));
+        }
+        if self.approx.ttl.is_zero() {
+            return Err(crate::InvalidConfig::new(
+                "router.approx.ttl",
+                "must be longer than zero",
+            ));
+        }
+        if self.approx.max_blocks_per_worker == 0 {
+            return Err(crate::InvalidConfig::new(
+                "router.approx.max_blocks_per_worker",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -101,8 +146,8 @@ impl Router {
 
     pub fn new(config: RouterConfig) -> Self {
         let policies = PolicyKind::ALL
-            .into_iter()
-            .map(|k| policy::build(k, config.kv, config.latency, config.cache_aware))
+            .iter()
+            .map(|&k| policy::build(k, &config))
             .collect();
         Router {
             config,

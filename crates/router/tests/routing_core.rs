@@ -228,10 +228,9 @@ fn each_worker_is_seen_through_its_own_cache_view() {
         core.finish(RequestId(id));
     }
     // Forcing the approximate view for everyone (a router without events).
-    let mut blind = RoutingCore::new(RoutingConfig {
-        cache_view: CacheViewMode::Approximate,
-        ..*core.config()
-    });
+    let mut config = *core.config();
+    config.router.cache_view = CacheViewMode::Approximate;
+    let mut blind = RoutingCore::new(config);
     blind.add_worker(spec(1)).unwrap();
     assert!(!blind.accepts_events(WorkerId(1)));
 }

@@ -67,6 +67,9 @@ pub struct DisaggReport {
     pub local_saturated: u64,
     /// Prefilled on the decode worker: no prefill worker could take it (failed, excluded).
     pub local_unavailable: u64,
+    /// Prefilled on the decode worker: its media were not encoded, and only that worker
+    /// holds them.
+    pub local_media: u64,
     /// KV moved from prefill to decode workers.
     pub transferred_bytes: u64,
     /// Prompt tokens the decode workers already held (not moved).

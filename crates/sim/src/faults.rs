@@ -255,8 +255,6 @@ pub struct FaultConfig {
     /// How long the frontend takes to notice a crash (the chaos test measures this on
     /// real processes: 3-20 ms at the median, under 70 ms at worst).
     pub crash_detection: Duration,
-    /// Times one request may be moved before it fails.
-    pub max_migrations: u32,
     /// The link KV can move over; none: a moved request always computes its KV again.
     pub link: Option<Link>,
     pub kv_bytes_per_token: u64,
@@ -269,7 +267,6 @@ impl Default for FaultConfig {
             mtbf: None,
             repair: Duration::from_secs(60),
             crash_detection: Duration::from_millis(20),
-            max_migrations: 3,
             link: None,
             kv_bytes_per_token: ModelShape::LLAMA_3_8B.kv_bytes_per_token(),
         }

@@ -129,8 +129,10 @@ pub struct SimReport {
     pub rejected_by_reason: BTreeMap<&'static str, u64>,
     /// Requests that waited in the admission queue.
     pub queued: u64,
-    /// Requests no worker could take.
+    /// Requests whose life gave up (no worker could take them, out of tries or moves).
     pub failed: u64,
+    /// Those by why they gave up (see `switchyard_router::GiveUp::name`).
+    pub failed_by_reason: BTreeMap<&'static str, u64>,
     /// Completed requests that ended on an end-of-sequence token before their length.
     pub stopped_early: u64,
     pub ttft_ms: Distribution,

@@ -37,6 +37,7 @@ fn config(prefill: Option<u32>, link: &str, disagg: DisaggConfig) -> SimConfig {
         perf: vec![PerfModel::Polynomial],
         routing: RoutingConfig {
             disagg,
+            admission: switchyard_router::AdmissionConfig::queue_only(),
             ..RoutingConfig::default()
         },
         event_delay: Duration::ZERO,

@@ -32,7 +32,10 @@ fn config(faults: FaultConfig) -> SimConfig {
         workers: 6,
         engine: EngineArgs::default(),
         perf: vec![PerfModel::Polynomial],
-        routing: RoutingConfig::default(),
+        routing: RoutingConfig {
+            admission: switchyard_router::AdmissionConfig::queue_only(),
+            ..RoutingConfig::default()
+        },
         event_delay: Duration::ZERO,
         eos_token_ids: Vec::new(),
         seed: 3,
@@ -54,7 +57,11 @@ fn faults(schedule: &[&str], link: Option<&str>) -> FaultConfig {
 }
 
 fn run(workload: &PreparedWorkload, faults: FaultConfig) -> (SimReport, FailureReport) {
-    let report = simulate(&config(faults), workload, PolicyKind::Kv, &mut |_| {}).unwrap();
+    run_with(workload, config(faults))
+}
+
+fn run_with(workload: &PreparedWorkload, config: SimConfig) -> (SimReport, FailureReport) {
+    let report = simulate(&config, workload, PolicyKind::Kv, &mut |_| {}).unwrap();
     let failures = report.failures.clone().unwrap();
     (report, failures)
 }
@@ -171,13 +178,9 @@ fn the_cheaper_of_transfer_and_reprefill_is_taken() {
 #[test]
 fn requests_out_of_moves_fail_and_everything_is_accounted_for() {
     let w = workload(600, 1.0);
-    let (report, f) = run(
-        &w,
-        FaultConfig {
-            max_migrations: 0,
-            ..faults(&["2:crash@20s+10s"], None)
-        },
-    );
+    let mut no_moves = config(faults(&["2:crash@20s+10s"], None));
+    no_moves.routing.migration.max_migrations = 0;
+    let (report, f) = run_with(&w, no_moves);
     assert!(f.interrupted > 0);
     assert_eq!(f.failed, f.interrupted, "{f:#?}");
     assert_eq!(report.failed, f.failed);
@@ -221,4 +224,55 @@ fn an_mtbf_draws_failures_deterministically() {
     let (again, g) = run(&w, mtbf);
     assert_eq!(f, g);
     assert_eq!(report.request_records, again.request_records);
+}
+
+#[test]
+fn dispatch_attempts_follow_the_configured_limit_and_refusals_open_the_breaker() {
+    // Worker 2 crashes and the frontend would not notice for ten minutes; round-robin
+    // keeps sending it requests, which it refuses (counted against it) until its breaker
+    // opens after `failure_threshold` refusals and its streams move at once.
+    let w = workload(600, 1.0);
+    let run_attempts = |attempts: u32| {
+        let mut c = config(FaultConfig {
+            crash_detection: Duration::from_secs(600),
+            ..faults(&["2:crash@20s"], None)
+        });
+        c.routing.migration.max_dispatch_attempts = attempts;
+        let report = simulate(&c, &w, PolicyKind::RoundRobin, &mut |_| {}).unwrap();
+        let failures = report.failures.clone().unwrap();
+        (report, failures)
+    };
+    let (one, f) = run_attempts(1);
+    let threshold = u64::from(RoutingConfig::default().health.failure_threshold);
+    assert_eq!(
+        one.failed_by_reason.get("exhausted"),
+        Some(&threshold),
+        "{:?}",
+        one.failed_by_reason
+    );
+    // Found by its refusals, not after ten minutes: the moved streams waited seconds.
+    assert!(f.interrupted > 0 && f.stall_ms.p99 < 60_000.0, "{f:#?}");
+    let (three, _) = run_attempts(3);
+    assert_eq!(three.failed, 0, "{:?}", three.failed_by_reason);
+    assert_eq!(three.completed, three.requests);
+}
+
+#[test]
+fn the_fleet_wide_migration_budget_bounds_the_moves_of_one_failure() {
+    // Three times the trace's rate: the crash catches many streams.
+    let w = workload(600, 3.0);
+    let mut c = config(faults(&["2:crash@20s"], None));
+    c.routing.migration.budget_max = 2.0;
+    c.routing.migration.budget_ratio = 0.0;
+    let (report, f) = run_with(&w, c);
+    assert!(f.interrupted > 2, "{f:#?}");
+    assert_eq!(f.migrations + f.restarted, 2, "{f:#?}");
+    assert_eq!(
+        report.failed_by_reason.get("move_budget").copied(),
+        Some(f.interrupted - 2)
+    );
+    // The default budget moves them all.
+    let (all, g) = run(&w, faults(&["2:crash@20s"], None));
+    assert_eq!(all.failed, 0);
+    assert_eq!(g.migrations + g.restarted, g.interrupted);
 }

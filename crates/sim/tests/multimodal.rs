@@ -45,7 +45,10 @@ fn config(encoders: Option<(usize, EncoderPolicy, bool)>) -> SimConfig {
         workers: 4,
         engine: EngineArgs::default(),
         perf: vec![PerfModel::Polynomial],
-        routing: RoutingConfig::default(),
+        routing: RoutingConfig {
+            admission: switchyard_router::AdmissionConfig::queue_only(),
+            ..RoutingConfig::default()
+        },
         event_delay: Duration::ZERO,
         eos_token_ids: Vec::new(),
         seed: 1,
@@ -264,4 +267,121 @@ fn a_video_sent_ahead_of_its_encoding_gains_without_delaying_the_text_requests()
         sequential[0]
     );
     assert!(median_and_max(&at_once[1..]).1 > 1.05 * median_and_max(&sequential[1..]).1);
+}
+
+/// A fleet of 2 prefill and 4 decode workers, its KV moved over InfiniBand.
+fn disaggregated(mut config: SimConfig) -> SimConfig {
+    config.workers = 6;
+    config.disagg = Some(switchyard_sim::DisaggSim {
+        prefill: 2,
+        link: "ib".parse().unwrap(),
+        kv_bytes_per_token: 131_072,
+    });
+    config
+}
+
+#[test]
+fn joint_routing_works_in_a_disaggregated_fleet_prefilling_on_the_holder() {
+    // The servers pin a request to the decode worker holding its media; the simulator
+    // once skipped joint routing in such fleets. Pinned, the request is prefilled on that
+    // worker: no prefill worker has its media.
+    let w = workload(600, "image=0.6", 5, 1.0);
+    let joint = run(
+        &disaggregated(config(Some((1, EncoderPolicy::Soonest, true)))),
+        &w,
+    );
+    assert_eq!(
+        joint.completed, 600,
+        "{:?} {:?}",
+        joint.rejected_by_reason, joint.failed_by_reason
+    );
+    let (media, disagg) = (joint.media.unwrap(), joint.disagg.unwrap());
+    assert!(
+        media.skipped > 20,
+        "{} of {} skipped",
+        media.skipped,
+        media.requests
+    );
+    assert!(
+        disagg.local_media > 0 && disagg.local_media <= media.skipped,
+        "{disagg:?}"
+    );
+}
+
+#[test]
+fn overlap_sends_requests_ahead_of_their_media_in_a_disaggregated_fleet_too() {
+    // As the servers do: a request prefilled on its decode worker goes ahead of its media;
+    // one with a remote prefill waits for them. Every prefill local here (a high
+    // threshold), so, as in an aggregated fleet, a video's text is prefilled while it is
+    // encoded (the simulator once turned overlap off in disaggregated fleets).
+    let w = workload(300, "video=1,offset=4096", 100_000, 0.5);
+    let with = |overlap: bool, local_prefill_tokens: u64| {
+        let mut c = disaggregated(config(Some((1, EncoderPolicy::Soonest, false))));
+        if let Some(e) = &mut c.encoders {
+            e.overlap = overlap;
+        }
+        c.routing.disagg.local_prefill_tokens = local_prefill_tokens;
+        run(&c, &w)
+    };
+    let video = |r: &SimReport| r.media.as_ref().unwrap().ttft_ms_by_class["video"];
+    let (ahead, after) = (with(true, 1_000_000), with(false, 1_000_000));
+    assert!(ahead.completed > 50, "{}", ahead.completed);
+    assert_eq!(ahead.completed, after.completed);
+    assert!(
+        video(&ahead).p50 < 0.95 * video(&after).p50,
+        "overlapped {:?}, sequential {:?}",
+        video(&ahead),
+        video(&after)
+    );
+    // With remote prefills, overlap changes nothing: they wait for the media.
+    let (a, b) = (with(true, 0), with(false, 0));
+    assert_eq!(a.ttft_ms, b.ttft_ms);
+}
+
+#[test]
+fn media_ending_in_the_last_block_are_encoded_not_served_from_a_cache() {
+    // A worker computes the prompt's last block (its last token) whatever it holds: media
+    // reaching into it need their embeddings, so joint routing leaves them alone. Media
+    // at the very end of the prompt (a mix placed after the first 512 tokens, prompts of
+    // about 512 + the image): never skipped.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/mooncake_conversation_head3000.jsonl"
+    ))
+    .unwrap();
+    let mut records: Vec<MooncakeRecord> = text
+        .lines()
+        .take(200)
+        .map(|l| MooncakeRecord::parse(l).unwrap())
+        .collect();
+    for r in &mut records {
+        // The same 512-token block of text, then one of three images: the image ends the
+        // prompt (its last block holds the last token), and recurs behind the same text.
+        r.input_length = 512;
+        r.hash_ids = vec![1];
+    }
+    let mix = MediaMix {
+        pool: 3,
+        ..("image=1".parse::<MediaMix>().unwrap())
+    };
+    mix.apply(&mut records, 1, 512);
+    let trace: Vec<TraceRequest> = records.iter().map(TraceRequest::from_mooncake).collect();
+    let w = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
+    assert!(
+        w.requests.iter().filter(|r| !r.media.is_empty()).all(|r| r
+            .media
+            .iter()
+            .map(|m| m.end())
+            .max()
+            == Some(r.prompt.total_tokens() as u64)),
+        "every image ends its prompt"
+    );
+    let joint = run(&config(Some((1, EncoderPolicy::Soonest, true))), &w);
+    assert_eq!(joint.completed, 200);
+    assert!(
+        joint.cache_hit_rate > 0.5,
+        "the images recur: {}",
+        joint.cache_hit_rate
+    );
+    assert_eq!(joint.media.unwrap().skipped, 0);
 }

@@ -49,7 +49,10 @@ fn config(workers: u32, planner: Option<PlannerSim>) -> SimConfig {
             ..EngineArgs::default()
         },
         perf: vec![PerfModel::Polynomial],
-        routing: RoutingConfig::default(),
+        routing: RoutingConfig {
+            admission: switchyard_router::AdmissionConfig::queue_only(),
+            ..RoutingConfig::default()
+        },
         event_delay: Duration::ZERO,
         eos_token_ids: Vec::new(),
         seed: 3,
@@ -174,13 +177,13 @@ fn behind_the_servers_admission_a_step_the_planner_lags_is_refused_not_queued() 
     };
     // The routing core's defaults: requests go to engines until their caches are nearly
     // full, and wait there behind the backlog.
-    let engines_queue = run_with(AdmissionConfig::default());
+    let engines_queue = run_with(AdmissionConfig::queue_only());
     // The servers' rules, with the TTFT target as the wait target: what would wait past
     // the target is refused at once, and what is admitted starts in time.
     let frontend_queues = run_with(AdmissionConfig {
         busy_kv_threshold: SERVER_BUSY_KV_THRESHOLD,
         wait_target: Some(Duration::from_secs(2)),
-        ..AdmissionConfig::default()
+        ..AdmissionConfig::queue_only()
     });
     let (a, b) = (engines_queue.sla.unwrap(), frontend_queues.sla.unwrap());
     eprintln!(

@@ -28,7 +28,10 @@ fn config(workers: u32) -> SimConfig {
         workers,
         engine: EngineArgs::default(),
         perf: vec![PerfModel::Polynomial],
-        routing: RoutingConfig::default(),
+        routing: RoutingConfig {
+            admission: switchyard_router::AdmissionConfig::queue_only(),
+            ..RoutingConfig::default()
+        },
         event_delay: Duration::ZERO,
         eos_token_ids: Vec::new(),
         seed: 1,
@@ -177,7 +180,11 @@ fn the_approximate_view_routes_without_events() {
     let workload = PreparedWorkload::prepare(&trace, 512, 16, 1.0);
     let cfg = SimConfig {
         routing: RoutingConfig {
-            cache_view: CacheViewMode::Approximate,
+            router: switchyard_router::RouterConfig {
+                cache_view: CacheViewMode::Approximate,
+                ..Default::default()
+            },
+            admission: switchyard_router::AdmissionConfig::queue_only(),
             ..RoutingConfig::default()
         },
         ..config(4)
@@ -213,7 +220,7 @@ fn overload_queues_sheds_and_times_out_like_the_servers() {
             admission: AdmissionConfig {
                 queue_timeout: Duration::from_secs(5),
                 max_queue: 64,
-                ..AdmissionConfig::default()
+                ..AdmissionConfig::queue_only()
             },
             ..RoutingConfig::default()
         },
@@ -301,7 +308,7 @@ fn engines_advanced_on_their_own_give_the_same_run_as_global_order() {
             routing: RoutingConfig {
                 admission: AdmissionConfig {
                     queue_timeout: Duration::from_secs(20),
-                    ..AdmissionConfig::default()
+                    ..AdmissionConfig::queue_only()
                 },
                 ..RoutingConfig::default()
             },

@@ -429,6 +429,12 @@ fn env_table(env: &BTreeMap<String, String>) -> (toml::Table, Vec<(Vec<String>, 
     (table, typed)
 }
 
+/// A value as the environment and `--set` give it: a TOML value when it parses as one
+/// (`9000`, `true`, `0.5`, `["a", "b"]`), else the string it is (`127.0.0.1`, `250ms`).
+pub fn parse_value(text: &str) -> toml::Value {
+    scalar(text)
+}
+
 fn scalar(text: &str) -> toml::Value {
     match toml::from_str::<toml::Table>(&format!("v = {text}")) {
         Ok(mut t) => t

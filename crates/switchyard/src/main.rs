@@ -56,7 +56,7 @@ fn main() -> ExitCode {
             cmd::distributed::run_frontend(args, &std::env::vars().collect())
         }
         Command::Worker(args) => cmd::distributed::run_worker(args, &std::env::vars().collect()),
-        Command::Sim(args) => cmd::sim::run(*args),
+        Command::Sim(args) => cmd::sim::run(*args, &std::env::vars().collect()),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Planner(args) => cmd::planner::run(args, &std::env::vars().collect()),

@@ -717,11 +717,17 @@ async fn joint_routing_skips_encoding_media_whose_kv_a_worker_holds() {
         ),
     ])
     .await;
-    let body = with_image(
+    let mut body = with_image(
         "Describe this picture in one short sentence, please:",
         &data_url(&png(200, 150, 21)),
         None,
     );
+    // Text after the image: it lies in blocks the worker reuses (an image reaching into
+    // the prompt's last block needs its embeddings wherever it goes).
+    body["messages"][0]["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "text", "text": "Answer in plain words, with no list, no heading and no emphasis at all, in the language of the question."}));
     let timed = || {
         let body = body.clone();
         let d = &d;

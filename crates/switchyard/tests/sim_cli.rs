@@ -258,7 +258,7 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
         "sla",
         "--max-gpus",
         "4",
-        "--wait-target-secs",
+        "--wait-target",
         "off",
         "--busy-kv-threshold",
         "0.95",
@@ -267,15 +267,22 @@ fn planners_are_compared_with_the_smallest_fixed_fleet_logged_and_plotted() {
     assert!(out.status.success());
     let o: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(o["admission"]["busy_kv_threshold"], 0.95);
-    assert!(
-        o["admission"]["wait_target"].is_null(),
-        "{}",
-        o["admission"]
-    );
-    // Bad settings are named.
-    let out = sim(&["--wait-target-secs", "0"]);
+    assert_eq!(o["admission"]["wait_target"], "off", "{}", o["admission"]);
+    // Bad settings are named, with their key.
+    let out = sim(&["--wait-target", "0s"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("a positive number of seconds or `off`"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("frontend.admission.wait_target must be longer than zero"),
+        "{stderr}"
+    );
+    let out = sim(&["--wait-target", "soon"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("frontend.admission.wait_target") && stderr.contains("\"off\""),
+        "{stderr}"
+    );
     let out = sim(&["--planner", "sla", "--sla-share", "1.5"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sla-share"));
@@ -396,4 +403,85 @@ fn disaggregated_splits_are_compared_with_the_aggregated_fleet_of_their_size() {
     let out = sim(&["--disagg", "1:1,2:2", "--planner", "load"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("one P:D split"));
+}
+
+/// The example deployment's configuration file, as `serve --config` reads it.
+const PRODUCTION: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/config/production.toml"
+);
+
+#[test]
+fn a_serve_configuration_replays_in_the_simulator_as_it_is() {
+    let served = switchyard::config::load(
+        Some(std::path::Path::new(PRODUCTION)),
+        &Default::default(),
+        toml::Table::new(),
+    )
+    .unwrap();
+    let out = sim(&["--config", PRODUCTION, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Every routing setting is the file's, as `serve` would run it, and so is the fleet.
+    assert_eq!(
+        o["routing"],
+        serde_json::to_value(served.frontend.routing()).unwrap()
+    );
+    assert_eq!(o["routing"]["router"]["latency"]["itl_weight"], 0.2);
+    assert_eq!(o["routing"]["admission"]["wait_target"], "3s");
+    assert_eq!(o["routing"]["migration"]["max_migrations"], 2);
+    assert_eq!(o["workers"], 6);
+    assert_eq!(o["engine"]["block_size"], 32);
+    assert_eq!(o["engine"]["num_gpu_blocks"], 8192);
+    // One policy: the deployment's.
+    let policies: Vec<&String> = o["policies"].as_object().unwrap().keys().collect();
+    assert_eq!(policies, ["latency"]);
+    // Keys and flags override the file; durations are durations.
+    let out = sim(&[
+        "--config",
+        PRODUCTION,
+        "--set",
+        "frontend.router.latency.itl_weight=0.5",
+        "--queue-timeout",
+        "45s",
+        "--workers",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(o["routing"]["router"]["latency"]["itl_weight"], 0.5);
+    assert_eq!(o["routing"]["router"]["latency"]["queue_delay_weight"], 0.4);
+    assert_eq!(o["routing"]["admission"]["queue_timeout"], "45s");
+    assert_eq!(o["workers"], 3);
+    // A bad value is named by its key, by the one loader.
+    for (set, key) in [
+        (
+            "frontend.router.latency.itl_weight=-1",
+            "frontend.router.latency.itl_weight",
+        ),
+        (
+            "frontend.router.latency.itl_weigth=1",
+            "unknown field `itl_weigth`",
+        ),
+        (
+            "frontend.migration.max_dispatch_attempts=0",
+            "frontend.migration.max_dispatch_attempts",
+        ),
+    ] {
+        let out = sim(&["--config", PRODUCTION, "--set", set]);
+        assert!(!out.status.success(), "{set}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(key), "{set}: {stderr}");
+    }
+    let out = sim(&["--set", "frontend.router.seed"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected KEY=VALUE"));
 }

@@ -122,15 +122,7 @@ impl SteppedMocker {
 
 /// How a mocker refusal reads on the request plane.
 fn engine_error(rejected: Rejected) -> EngineError {
-    match rejected {
-        Rejected::EmptyPrompt | Rejected::NoOutput | Rejected::Duplicate(_) => {
-            EngineError::Invalid(rejected.to_string())
-        }
-        // Another worker, with a larger cache or other settings, may take it.
-        Rejected::BlockSize { .. } | Rejected::TooLarge { .. } | Rejected::NoChunking { .. } => {
-            EngineError::Unsupported(rejected.to_string())
-        }
-    }
+    rejected.engine_error()
 }
 
 impl StepEngine for SteppedMocker {

@@ -134,6 +134,7 @@ pub async fn chat(
         .await?;
         // Media not encoded because a worker holds their KV go to that worker.
         prepared.overrides.worker = ready.worker;
+        prepared.overrides.held_media = ready.worker.is_some();
         prepared.media = ready.pending.clone();
         prepared.features = ready.features.clone();
         // The media's features stay held until the response ends.

@@ -6,24 +6,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rand::Rng;
 use switchyard_core::protocol::{
     EngineError, FinishReason, GenerateOutput, GenerateRequest, KvHandle, MediaInput, Phase,
     Prompt, Resume, SamplingParams,
 };
-use switchyard_core::{RequestId, Token, WorkerId, WorkerKey};
-use switchyard_router::routing::health::Failure;
-use switchyard_router::{LocalReason, Rejection, RoutingOverrides};
+use switchyard_core::{RequestId, Token, WorkerKey};
+use switchyard_router::flow::{self, NoWorker, RequestLife, TryFailure};
+use switchyard_router::{LocalReason, RoutingOverrides};
 use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::encode::{MediaStatus, resize_media};
-use super::{Frontend, Prepared, counted};
+use super::{Frontend, PipelineShell, Prepared, given_up};
 use crate::features::StagingRefused;
 use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
-use crate::routing::{Progress, RouteFailure};
+use crate::routing::{Progress, RouteFailure, Routed};
 
 /// One worker's stream of a request.
 pub(super) struct Attempt {
@@ -43,33 +42,6 @@ pub(super) struct Attempt {
     pub(super) prompt_version: u32,
 }
 
-/// Why a request leaves a worker.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Leave {
-    /// A failure of the worker's, to count against it.
-    Failed(Failure),
-    /// A failure already counted.
-    Counted(Failure),
-    /// The worker was found unhealthy (by another request or a canary).
-    Outage,
-    /// The worker gave the request up (it is stopping).
-    Cancelled,
-    /// The KV the worker was to decode from is gone (its prefill worker failed): the
-    /// request is prefilled again; the worker itself is not to blame.
-    KvLost,
-}
-
-impl Leave {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Leave::Failed(f) | Leave::Counted(f) => f.name(),
-            Leave::Outage => "outage",
-            Leave::Cancelled => "cancelled",
-            Leave::KvLost => "kv_lost",
-        }
-    }
-}
-
 /// What a request needs across its attempts.
 pub(super) struct RequestRun {
     pub(super) frontend: Arc<Frontend>,
@@ -81,10 +53,8 @@ pub(super) struct RequestRun {
     pub(super) arrived: Instant,
     /// Output tokens delivered so far: a move resumes after them.
     pub(super) generated: Vec<Token>,
-    /// Workers that failed this request: not tried again.
-    pub(super) failed: Vec<WorkerId>,
-    /// Moves to another worker after the first dispatch (before or after its first token).
-    pub(super) moves: u32,
+    /// Its life's decisions and counts: tries, exclusions, moves.
+    pub(super) life: RequestLife,
     /// Frees the request's router slot and counts it out, however it ends.
     guard: Option<InFlight>,
     tenant: Option<Arc<str>>,
@@ -129,7 +99,6 @@ impl RequestRun {
         arrived: Instant,
     ) -> Self {
         RequestRun {
-            frontend,
             id,
             prompt: prepared.prompt.clone(),
             max_tokens: prepared.max_tokens,
@@ -137,8 +106,12 @@ impl RequestRun {
             overrides: prepared.overrides,
             arrived,
             generated: Vec::new(),
-            failed: Vec::new(),
-            moves: 0,
+            life: RequestLife::new(
+                id,
+                &frontend.config.routing(),
+                prepared.max_tokens,
+                prepared.sampling.stop_token_ids.clone(),
+            ),
             guard: None,
             tenant: prepared.tenant.clone(),
             span: prepared.span.clone(),
@@ -146,6 +119,7 @@ impl RequestRun {
             features: prepared.features.clone(),
             hold: prepared.hold.clone(),
             prompt_version: 0,
+            frontend,
         }
     }
 
@@ -159,21 +133,6 @@ impl RequestRun {
         let mut prompt = self.prompt.clone();
         prompt.token_ids.extend_from_slice(&self.generated);
         prompt
-    }
-
-    /// The wait before the `retry`-th retry of a request that produced nothing yet.
-    fn backoff(&self, retry: u32) -> Duration {
-        let m = &self.frontend.config.migration;
-        let base = m
-            .backoff_initial
-            .mul_f64(m.backoff_factor.powi(retry.saturating_sub(1) as i32))
-            .min(m.backoff_max);
-        let jitter = if m.backoff_jitter > 0.0 {
-            rand::rng().random_range(-m.backoff_jitter..=m.backoff_jitter)
-        } else {
-            0.0
-        };
-        base.mul_f64(1.0 + jitter)
     }
 
     /// Where its media stand, if it went ahead of them: `Some(true)` while they are being
@@ -274,25 +233,16 @@ impl RequestRun {
     }
 
     /// Routes and sends the request (resumed after what was generated, if anything),
-    /// trying other workers when one cannot take it.
+    /// trying other workers when one cannot take it (what to try, and when to stop, is its
+    /// life's to decide: see [`switchyard_router::flow`]).
     pub(super) async fn dispatch(&mut self) -> Result<Attempt, ApiError> {
         let frontend = Arc::clone(&self.frontend);
         let config = frontend.config.migration;
-        let retry_after = frontend.config.admission.retry_after;
         let mut tries = 0u32;
-        let mut found_unhealthy = 0u32;
-        // While every worker tried said it cannot serve this request (too large for its
-        // cache, a feature it lacks): what the last one said.
-        let mut unservable: Option<String> = None;
-        let give_up = |unservable: &Option<String>, otherwise: ApiError| match unservable {
-            Some(message) => {
-                ApiError::unservable(format!("No worker can serve this request: {message}"))
-            }
-            None => otherwise,
-        };
+        let mut backoff: Option<Duration> = None;
         loop {
-            if tries > 0 && self.generated.is_empty() && unservable.is_none() {
-                tokio::time::sleep(self.backoff(tries)).await;
+            if let Some(wait) = backoff.take() {
+                tokio::time::sleep(wait).await;
             }
             tries += 1;
             // Media that go with the request take staging memory first (media still
@@ -303,68 +253,12 @@ impl RequestRun {
             }
             let overrides = RoutingOverrides {
                 media_pending: pending,
-                max_tokens: Some(self.max_tokens.saturating_sub(self.generated.len() as u32)),
+                max_tokens: Some(self.life.tokens_left()),
                 ..self.overrides
             };
             let prompt = self.current_prompt();
             let sent_version = self.prompt_version;
-            let route_span = tracing::info_span!(parent: &self.span, "route", attempt = tries);
-            let waiting_since = std::time::Instant::now();
-            let mut waiting = false;
-            let (routed, decided) = loop {
-                let changed = frontend.routing.fleet_changed();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                let decided = std::time::Instant::now();
-                let routed = route_span.in_scope(|| {
-                    let routing = &frontend.routing;
-                    match routing.route(self.id, &prompt, overrides, &self.failed) {
-                        // Every worker left is one this request failed on: one of them that
-                        // is healthy again takes it rather than losing its work.
-                        Err(RouteFailure::NoWorkers)
-                            if !self.failed.is_empty() && unservable.is_none() =>
-                        {
-                            routing.route(self.id, &prompt, overrides, &[])
-                        }
-                        routed => routed,
-                    }
-                });
-                // A request under way (it was on a worker that failed) waits for a worker to
-                // join or recover, as long as a queued request would, looking again at every
-                // change of the fleet (and twice a second, for breakers that half-open).
-                let left = frontend
-                    .config
-                    .admission
-                    .queue_timeout
-                    .saturating_sub(waiting_since.elapsed());
-                match routed {
-                    Err(RouteFailure::NoWorkers)
-                        if !self.failed.is_empty() && unservable.is_none() && !left.is_zero() =>
-                    {
-                        if !waiting {
-                            waiting = true;
-                            tracing::info!(request = %self.id, "no worker can take the request now: waiting for one");
-                        }
-                        let _ = tokio::time::timeout(left.min(NO_WORKER_POLL), changed).await;
-                    }
-                    routed => break (routed, decided),
-                }
-            };
-            let routed = routed.map_err(|e| match e {
-                RouteFailure::NoWorkers if self.failed.is_empty() => {
-                    ApiError::unavailable(Rejection::NoWorkers.message(), retry_after)
-                }
-                RouteFailure::NoWorkers => give_up(
-                    &unservable,
-                    ApiError::unavailable("No other worker can take the request now.", retry_after),
-                ),
-                RouteFailure::InvalidPrompt(message) => ApiError::invalid(message),
-                RouteFailure::Internal(message) => ApiError::internal(message),
-            })?;
-            frontend
-                .metrics
-                .routing_decision
-                .observe(decided.elapsed().as_secs_f64());
+            let routed = self.route(&prompt, overrides, tries).await?;
             // From here on the request holds a router slot, released by the guard.
             if self.guard.is_none() {
                 self.guard = Some(InFlight::new(Arc::clone(&frontend), self.id, self.arrived));
@@ -377,9 +271,11 @@ impl RequestRun {
                 Some(LocalReason::Unavailable) => {
                     frontend.metrics.count_prefill("local_unavailable")
                 }
+                Some(LocalReason::HeldMedia) => frontend.metrics.count_prefill("local_media"),
                 None => {}
             }
-            if routed.prefill.is_some() && self.media_pending()? == Some(true) {
+            let pending = self.media_pending()? == Some(true);
+            if flow::media::waits_for_media(routed.prefill.is_some(), pending) {
                 // A prefill worker hands over a finished prompt: its media come first (the
                 // pair is chosen again once they are, its prompt may have changed).
                 frontend.routing.finish(self.id);
@@ -390,9 +286,9 @@ impl RequestRun {
                 let done = self
                     .remote_prefill(prefill_instance, prefill.worker, &prompt, generated)
                     .await;
-                frontend.routing.prefill_finished(self.id);
                 match done {
                     Ok((first_token, mut kv, cached_tokens)) => {
+                        self.life.prefill_handed_over(&mut PipelineShell(&frontend));
                         frontend.metrics.count_prefill("remote");
                         frontend.metrics.count_dispatch(prefill.worker, true);
                         frontend.metrics.count_dispatch(worker, true);
@@ -404,6 +300,7 @@ impl RequestRun {
                             prompt,
                             (first_token, kv, cached_tokens),
                         );
+                        self.life.under_way();
                         return Ok(Attempt {
                             worker,
                             stream,
@@ -414,29 +311,13 @@ impl RequestRun {
                             prompt_version: self.prompt_version,
                         });
                     }
-                    Err((EngineError::Invalid(message), _)) => {
-                        frontend.routing.finish(self.id);
-                        return Err(ApiError::invalid(format!(
-                            "The engine refused the request: {message}"
-                        )));
-                    }
-                    Err((error, failure)) => {
-                        // The prefill worker failed it: counted against that worker, which
-                        // is not tried again; the pair is chosen afresh.
-                        frontend.routing.finish(self.id);
+                    Err(failure) => {
+                        // The prefill worker failed it: that worker is left out, and the
+                        // pair is chosen afresh.
                         frontend.metrics.count_prefill("failed");
                         frontend.metrics.count_dispatch(prefill.worker, false);
-                        tracing::warn!(worker = %prefill.worker.worker_id, %error, "the prefill worker failed the request");
-                        if let Some(failure) = failure {
-                            frontend.report_failure(prefill.worker.worker_id, failure);
-                        }
-                        self.failed.push(prefill.worker.worker_id);
-                        if tries >= config.max_dispatch_attempts {
-                            return Err(ApiError::unavailable(
-                                format!("No worker could take the request: {error}"),
-                                retry_after,
-                            ));
-                        }
+                        tracing::warn!(worker = %prefill.worker.worker_id, ?failure, "the prefill worker failed the request");
+                        backoff = self.try_failed(prefill.worker, failure)?;
                         continue;
                     }
                 }
@@ -463,7 +344,7 @@ impl RequestRun {
             };
             if self.prompt_version != sent_version {
                 // Its media changed (encoded smaller, or dropped) since it was routed:
-                // routed again.
+                // routed again (not a failed try).
                 frontend.routing.finish(self.id);
                 continue;
             }
@@ -481,7 +362,7 @@ impl RequestRun {
             let request = GenerateRequest {
                 id: self.id,
                 prompt,
-                max_tokens: self.max_tokens.saturating_sub(generated).max(1),
+                max_tokens: self.life.tokens_left().max(1),
                 sampling: self.sampling.clone(),
                 dp_rank: worker.dp_rank,
                 resume: (generated > 0).then_some(Resume { generated }),
@@ -505,20 +386,23 @@ impl RequestRun {
                         frontend.requests.generate(&routed.instance, request),
                         dispatch_span,
                     ),
-                ) => sent.map_err(Some),
+                ) => match sent {
+                    Ok(Ok(stream)) => Ok(stream),
+                    Ok(Err(error)) => Err(TryFailure::Refused(error)),
+                    // Nothing answered in time: gone, or too busy to take a request.
+                    Err(_) => Err(TryFailure::TimedOut(config.dispatch_timeout)),
+                },
                 // The worker was found unhealthy meanwhile: do not wait on it (whoever
                 // found it counted the failure).
-                Ok(()) = outage.changed() => {
-                    found_unhealthy += 1;
-                    Err(None)
-                }
+                Ok(()) = outage.changed() => Err(TryFailure::FoundUnhealthy),
             };
-            let (error, failure) = match sent {
-                Ok(Ok(stream)) => {
+            match sent {
+                Ok(stream) => {
                     frontend.metrics.count_dispatch(worker, true);
                     if let Some((tokens, from)) = gate {
                         frontend.routing.media_pending(self.id, tokens, from);
                     }
+                    self.life.under_way();
                     return Ok(Attempt {
                         worker,
                         stream,
@@ -529,52 +413,97 @@ impl RequestRun {
                         prompt_version: sent_version,
                     });
                 }
-                Ok(Err(EngineError::Invalid(message))) => {
-                    frontend.routing.finish(self.id);
-                    return Err(ApiError::invalid(format!(
-                        "The engine refused the request: {message}"
-                    )));
+                Err(failure) => {
+                    frontend.metrics.count_dispatch(worker, false);
+                    tracing::warn!(worker = %worker.worker_id, ?failure, "cannot dispatch to the worker");
+                    backoff = self.try_failed(worker, failure)?;
                 }
-                Ok(Err(error)) => counted(error),
-                // Nothing answered in time: gone, or too busy to take a request.
-                Err(Some(_)) => (
-                    EngineError::Unreachable(format!(
-                        "no answer within {:?}",
-                        config.dispatch_timeout
-                    )),
-                    Some(Failure::Timeout),
-                ),
-                Err(None) => (
-                    EngineError::Unreachable("the worker was found unhealthy".into()),
-                    None,
-                ),
-            };
-            frontend.routing.finish(self.id);
-            frontend.metrics.count_dispatch(worker, false);
-            tracing::warn!(worker = %worker.worker_id, %error, "cannot dispatch to the worker");
-            if let Some(failure) = failure {
-                frontend.report_failure(worker.worker_id, failure);
             }
-            unservable = match (&error, tries) {
-                (EngineError::Unsupported(message), 1) => Some(message.clone()),
-                (EngineError::Unsupported(message), _) if unservable.is_some() => {
-                    Some(message.clone())
+        }
+    }
+
+    /// A try on `worker` failed: what its life says follows (a backoff before the next
+    /// try, or the error it gives up with).
+    fn try_failed(
+        &mut self,
+        worker: WorkerKey,
+        failure: TryFailure,
+    ) -> Result<Option<Duration>, ApiError> {
+        let frontend = Arc::clone(&self.frontend);
+        let mut shell = PipelineShell(&frontend);
+        self.life
+            .try_failed(worker.worker_id, failure, &mut shell)
+            .map_err(|give_up| {
+                given_up(
+                    give_up,
+                    frontend.config.admission.retry_after,
+                    &frontend.metrics,
+                )
+            })
+    }
+
+    /// Picks a worker (or a pair) for the request, away from those that failed it. When
+    /// none can take it, a request under way waits for one to join or recover, looking
+    /// again at every change of the fleet (and twice a second, for breakers that
+    /// half-open), as long as its life allows.
+    async fn route(
+        &mut self,
+        prompt: &Prompt,
+        overrides: RoutingOverrides,
+        attempt: u32,
+    ) -> Result<Routed, ApiError> {
+        let frontend = Arc::clone(&self.frontend);
+        let route_span = tracing::info_span!(parent: &self.span, "route", attempt);
+        let mut waiting = false;
+        loop {
+            let changed = frontend.routing.fleet_changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let decided = std::time::Instant::now();
+            let mut unexcluded = false;
+            let until = loop {
+                let exclude = if unexcluded {
+                    &[][..]
+                } else {
+                    self.life.exclusions()
+                };
+                let routed = route_span
+                    .in_scope(|| frontend.routing.route(self.id, prompt, overrides, exclude));
+                match routed {
+                    Ok(routed) => {
+                        self.life.routed();
+                        frontend
+                            .metrics
+                            .routing_decision
+                            .observe(decided.elapsed().as_secs_f64());
+                        return Ok(routed);
+                    }
+                    Err(RouteFailure::InvalidPrompt(message)) => {
+                        return Err(ApiError::invalid(message));
+                    }
+                    Err(RouteFailure::Internal(message)) => {
+                        return Err(ApiError::internal(message));
+                    }
+                    Err(RouteFailure::NoWorkers) => {}
                 }
-                _ => None,
+                match self.life.no_worker(unexcluded, self.arrived.elapsed()) {
+                    NoWorker::RouteUnexcluded => unexcluded = true,
+                    NoWorker::Wait { until } => break until,
+                    NoWorker::GiveUp(give_up) => {
+                        return Err(given_up(
+                            give_up,
+                            frontend.config.admission.retry_after,
+                            &frontend.metrics,
+                        ));
+                    }
+                }
             };
-            self.failed.push(worker.worker_id);
-            // A worker found unhealthy by others while this request was on its way (in a
-            // fleet losing workers) says nothing about this request: it is not tried again,
-            // but the attempt does not count; running out of workers ends the tries.
-            if tries.saturating_sub(found_unhealthy) >= config.max_dispatch_attempts {
-                return Err(give_up(
-                    &unservable,
-                    ApiError::unavailable(
-                        format!("No worker could take the request: {error}"),
-                        retry_after,
-                    ),
-                ));
+            if !waiting {
+                waiting = true;
+                tracing::info!(request = %self.id, "no worker can take the request now: waiting for one");
             }
+            let left = until.saturating_sub(self.arrived.elapsed());
+            let _ = tokio::time::timeout(left.min(NO_WORKER_POLL), changed).await;
         }
     }
 
@@ -587,7 +516,7 @@ impl RequestRun {
         worker: WorkerKey,
         prompt: &Prompt,
         generated: u32,
-    ) -> Result<(Token, KvHandle, u32), (EngineError, Option<Failure>)> {
+    ) -> Result<(Token, KvHandle, u32), TryFailure> {
         let frontend = &self.frontend;
         let request = GenerateRequest {
             id: self.id,
@@ -632,18 +561,12 @@ impl RequestRun {
             done = tokio::time::timeout(limit, tracing::Instrument::instrument(work, span)) => {
                 match done {
                     Ok(Ok(done)) => Ok(done),
-                    Ok(Err(error)) => Err(counted(error)),
-                    Err(_) => Err((
-                        EngineError::Unreachable(format!("no prefill within {limit:?}")),
-                        Some(Failure::Timeout),
-                    )),
+                    Ok(Err(error)) => Err(TryFailure::Refused(error)),
+                    Err(_) => Err(TryFailure::TimedOut(limit)),
                 }
             }
             // Whoever found it counted the failure.
-            Ok(()) = outage.changed() => Err((
-                EngineError::Unreachable("the prefill worker was found unhealthy".into()),
-                None,
-            )),
+            Ok(()) = outage.changed() => Err(TryFailure::FoundUnhealthy),
         }
     }
 
@@ -717,53 +640,6 @@ impl RequestRun {
         futures::stream::once(futures::future::ready(Ok(first)))
             .chain(rest)
             .boxed()
-    }
-
-    /// Gives the request up on `worker` and counts the move (or refuses it: the request's
-    /// own limit, or the fleet's budget). The caller dispatches again.
-    pub(super) fn leave(&mut self, worker: WorkerKey, why: Leave) -> Result<(), ApiError> {
-        let frontend = &self.frontend;
-        frontend.routing.finish(self.id);
-        if let Leave::Failed(failure) = why {
-            frontend.report_failure(worker.worker_id, failure);
-        }
-        if !matches!(why, Leave::KvLost) {
-            self.failed.push(worker.worker_id);
-        }
-        if self.moves >= frontend.config.migration.max_migrations {
-            frontend.metrics.count_migration("limit");
-            return Err(ApiError::interrupted(format!(
-                "The request failed on {} workers; it cannot be moved again.",
-                self.moves + 1
-            )));
-        }
-        if !frontend.spend_migration() {
-            frontend.metrics.count_migration("budget");
-            return Err(ApiError::interrupted(
-                "Too many requests are being moved between workers; this one cannot be.",
-            ));
-        }
-        self.moves += 1;
-        frontend.metrics.count_migration(why.name());
-        Ok(())
-    }
-
-    /// How the request ended if its tokens say it did: its last token is one it stops
-    /// after, or it has all it may have.
-    pub(super) fn ended_by_tokens(&self) -> Option<FinishReason> {
-        let last = *self.generated.last()?;
-        if self.sampling.stop_token_ids.contains(&last) {
-            Some(FinishReason::Stop)
-        } else if self.generated.len() >= self.max_tokens as usize {
-            Some(FinishReason::Length)
-        } else {
-            None
-        }
-    }
-
-    /// The request completed on `worker`.
-    pub(super) fn succeeded(&self, worker: WorkerKey) {
-        self.frontend.routing.report_success(worker.worker_id);
     }
 }
 

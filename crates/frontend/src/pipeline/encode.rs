@@ -502,6 +502,9 @@ impl Frontend {
         if groups.is_empty() {
             return Plan::Nothing;
         }
+        if !self.config.multimodal.joint_routing {
+            return Plan::Encode(groups);
+        }
         // The soonest the media could reach a worker: per group, the first encoder's queue
         // and the group's batches; the last group to finish, and the embeddings' transfer.
         let ready_ms = groups

@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use parking_lot::Mutex;
-use switchyard_core::protocol::{EngineError, Prompt, SamplingParams};
+use switchyard_core::protocol::{Prompt, SamplingParams};
 use switchyard_core::{Priority, RequestId, Token, WorkerKey};
+use switchyard_router::flow::{GiveUp, Shell};
 use switchyard_router::routing::health::Failure;
 use switchyard_router::{Rejection, RoutingOverrides};
 use switchyard_runtime::RequestPlane;
@@ -55,8 +55,6 @@ pub struct Frontend {
     pub requests: Arc<dyn RequestPlane>,
     pub metrics: Metrics,
     next_id: AtomicU64,
-    /// Migrations the fleet may still spend (see `MigrationConfig`).
-    migration_budget: Mutex<f64>,
     /// API keys; empty: the API is open.
     pub keys: KeyTable,
     /// Media in requests: fetched, decoded and prepared off the async threads.
@@ -173,33 +171,93 @@ impl std::fmt::Debug for Dispatched {
     }
 }
 
-/// How an error from a worker counts against it, if at all: back-pressure and invalid
-/// requests never do.
-pub(crate) fn failure_of(error: &EngineError) -> Option<Failure> {
-    match error {
-        EngineError::Unreachable(_) => Some(Failure::Unreachable),
-        EngineError::Disconnected => Some(Failure::Disconnected),
-        EngineError::Internal(_) => Some(Failure::ServerError),
-        EngineError::Stopping
-        | EngineError::Overloaded(_)
-        | EngineError::Unsupported(_)
-        | EngineError::KvLost(_)
-        | EngineError::OutOfMemory(_)
-        | EngineError::Invalid(_) => None,
-    }
-}
-
-/// A worker's error with how it counts against the worker ([`failure_of`]).
-pub(crate) fn counted(error: EngineError) -> (EngineError, Option<Failure>) {
-    let failure = failure_of(&error);
-    (error, failure)
-}
+/// How an error from a worker counts against it, if at all (see
+/// [`switchyard_router::flow::failure_of`]).
+pub(crate) use switchyard_router::flow::failure_of;
 
 /// The API error an admission refusal becomes.
 fn refused(rejection: Rejection, retry_after: std::time::Duration) -> ApiError {
     match rejection.status() {
         429 => ApiError::overloaded(rejection.message(), retry_after),
         _ => ApiError::unavailable(rejection.message(), retry_after),
+    }
+}
+
+/// The API error a request's life that gave up becomes.
+pub(crate) fn given_up(
+    give_up: GiveUp,
+    retry_after: std::time::Duration,
+    metrics: &Metrics,
+) -> ApiError {
+    match give_up {
+        GiveUp::NoWorkers => ApiError::unavailable(Rejection::NoWorkers.message(), retry_after),
+        GiveUp::NoOtherWorker => {
+            ApiError::unavailable("No other worker can take the request now.", retry_after)
+        }
+        GiveUp::Unservable(message) => {
+            ApiError::unservable(format!("No worker can serve this request: {message}"))
+        }
+        GiveUp::Exhausted(error) => ApiError::unavailable(
+            format!("No worker could take the request: {error}"),
+            retry_after,
+        ),
+        GiveUp::Invalid(message) => {
+            ApiError::invalid(format!("The engine refused the request: {message}"))
+        }
+        GiveUp::Refused(error) => {
+            ApiError::interrupted(format!("The worker refused to go on: {error}"))
+        }
+        GiveUp::MoveLimit { workers } => {
+            metrics.count_migration("limit");
+            ApiError::interrupted(format!(
+                "The request failed on {workers} workers; it cannot be moved again."
+            ))
+        }
+        GiveUp::MoveBudget => {
+            metrics.count_migration("budget");
+            ApiError::interrupted(
+                "Too many requests are being moved between workers; this one cannot be.",
+            )
+        }
+    }
+}
+
+/// The pipeline as a request's life sees it ([`switchyard_router::flow::Shell`]): the
+/// routing service's records (and what it tells other frontends), the workers' health
+/// with the metrics, the fleet's migration budget.
+pub(crate) struct PipelineShell<'a>(pub(crate) &'a Frontend);
+
+impl Shell for PipelineShell<'_> {
+    fn release(&mut self, id: RequestId) {
+        self.0.routing.finish(id);
+    }
+
+    fn prefill_released(&mut self, id: RequestId) {
+        self.0.routing.prefill_finished(id);
+    }
+
+    fn prefill_done(&mut self, id: RequestId) {
+        self.0.routing.prefill_done(id);
+    }
+
+    fn count_failure(&mut self, worker: switchyard_core::WorkerId, failure: Failure) {
+        self.0.report_failure(worker, failure);
+    }
+
+    fn count_success(&mut self, worker: switchyard_core::WorkerId) {
+        self.0.routing.report_success(worker);
+    }
+
+    fn credit_migration(&mut self) {
+        self.0.routing.credit_migration();
+    }
+
+    fn spend_migration(&mut self) -> bool {
+        self.0.routing.spend_migration()
+    }
+
+    fn unit_random(&mut self) -> f64 {
+        rand::random::<f64>()
     }
 }
 
@@ -210,7 +268,6 @@ impl Frontend {
         routing: Arc<RoutingService>,
         requests: Arc<dyn RequestPlane>,
     ) -> Self {
-        let budget = config.migration.budget_max;
         let metrics = Metrics::new(routing.model());
         let media = crate::media::MediaStage::new(config.multimodal.clone());
         let features =
@@ -226,7 +283,6 @@ impl Frontend {
             // Ids only need to be unique per engine; a random start keeps several frontends
             // sharing workers apart.
             next_id: AtomicU64::new(rand::random::<u64>() >> 1),
-            migration_budget: Mutex::new(budget),
             keys: KeyTable::default(),
         }
     }
@@ -247,29 +303,6 @@ impl Frontend {
     pub fn report_failure(&self, worker: switchyard_core::WorkerId, failure: Failure) {
         self.metrics.count_failure(worker, failure.name());
         self.routing.report_failure(worker, failure);
-    }
-
-    /// A stream on `worker` got no token for `waited` (see
-    /// [`RoutingService::report_stall`]).
-    pub fn report_stall(
-        &self,
-        worker: switchyard_core::WorkerId,
-        waited: std::time::Duration,
-    ) -> Failure {
-        let failure = self.routing.report_stall(worker, waited);
-        self.metrics.count_failure(worker, failure.name());
-        failure
-    }
-
-    /// Takes one migration from the fleet-wide budget, if any is left.
-    fn spend_migration(&self) -> bool {
-        let mut budget = self.migration_budget.lock();
-        if *budget >= 1.0 {
-            *budget -= 1.0;
-            true
-        } else {
-            false
-        }
     }
 
     /// Admits, routes and dispatches a request.
@@ -302,15 +335,10 @@ impl Frontend {
         } else {
             None
         };
-        {
-            let m = &self.config.migration;
-            let cap = m.budget_max.max(self.metrics.in_flight.get() as f64);
-            let mut budget = self.migration_budget.lock();
-            *budget = (*budget + m.budget_ratio).min(cap);
-        }
         let prompt_tokens = prepared.prompt.len() as u32;
         prepared.span.record("prompt_tokens", prompt_tokens);
         let mut run = RequestRun::new(Arc::clone(self), id, &prepared, arrived);
+        run.life.start(&mut PipelineShell(self));
         let attempt = run.dispatch().await?;
         drop(ticket);
         self.metrics.input_tokens.inc_by(u64::from(prompt_tokens));

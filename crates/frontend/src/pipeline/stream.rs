@@ -11,12 +11,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput};
-use switchyard_core::{Token, WorkerId};
+use switchyard_core::{Token, WorkerId, WorkerKey};
 use switchyard_router::routing::health::Failure;
 use tokio::time::{Instant, Sleep};
 
-use super::dispatch::{Attempt, Leave, RequestRun};
-use super::{Piece, failure_of};
+use switchyard_router::flow::{Leave, Leaving, RequestLife, stall};
+
+use super::dispatch::{Attempt, RequestRun};
+use super::{Piece, PipelineShell, given_up};
 use crate::openai::ApiError;
 use crate::openai::response::Usage;
 use crate::preprocess::IncrementalDecoder;
@@ -43,8 +45,7 @@ pub(super) struct Streaming {
     /// Whether the current worker's outage signal can still fire (it closes when the
     /// worker leaves: a worker that drains finishes its streams).
     outage_open: bool,
-    /// Tokens from the current attempt, and the outputs that carried them.
-    attempt_tokens: u32,
+    /// Outputs that carried the current attempt's tokens.
     attempt_items: u32,
     stall: Duration,
     deadline: Pin<Box<Sleep>>,
@@ -77,7 +78,6 @@ impl Streaming {
             run,
             attempt: None,
             outage_open: true,
-            attempt_tokens: 0,
             attempt_items: 0,
             stall: first_token,
             deadline: Box::pin(tokio::time::sleep(first_token)),
@@ -109,17 +109,15 @@ impl Streaming {
         // slow engine with prompts queued is not a hung one. The extension is at most the
         // timeout again, so a wrong model cannot hide a hang for long.
         let routing = &self.run.frontend.routing;
-        let timeout = routing.first_token_timeout();
-        let timeout = timeout
-            + routing
-                .queued_prefill_time(attempt.worker.worker_id)
-                .min(timeout);
+        let timeout = stall::first_token_wait(
+            routing.first_token_timeout(),
+            routing.queued_prefill_time(attempt.worker.worker_id),
+        );
         self.deadline.as_mut().reset(Instant::now() + timeout);
         self.stall = timeout;
         self.handoff = attempt.handoff;
         self.attempt = Some(attempt);
         self.outage_open = true;
-        self.attempt_tokens = 0;
         self.attempt_items = 0;
     }
 
@@ -166,7 +164,7 @@ impl Streaming {
                 }))) => match reason {
                     FinishReason::Length | FinishReason::Stop => {
                         self.learn_cached(cached_tokens);
-                        self.run.succeeded(worker);
+                        self.succeeded(worker.worker_id);
                         self.complete(reason);
                     }
                     // The engine gave the request up (it is stopping): a truncated answer
@@ -178,15 +176,11 @@ impl Streaming {
                 ))) => self.fail(ApiError::internal(
                     "The worker answered with output this frontend does not expect.",
                 )),
-                // The KV it was to decode from is gone: prefilled again (here or elsewhere).
-                Woken::Item(Some(Err(EngineError::KvLost(_)))) => self.move_on(Leave::KvLost),
-                Woken::Item(Some(Err(error))) if !error.retry_elsewhere() => self.fail(
-                    ApiError::interrupted(format!("The worker refused to go on: {error}")),
-                ),
-                Woken::Item(Some(Err(error))) => match failure_of(&error) {
-                    Some(failure) => self.move_on(Leave::Failed(failure)),
-                    None => self.move_on(Leave::Cancelled),
-                },
+                Woken::Item(Some(Err(error))) => {
+                    self.leave(worker, why_of(&error), |life, w, shell| {
+                        life.stream_error(w, &error, shell)
+                    })
+                }
                 // The stream ended without finishing: the worker was lost.
                 Woken::Item(None) => self.move_on(Leave::Failed(Failure::Disconnected)),
                 Woken::Stalled => {
@@ -194,11 +188,13 @@ impl Streaming {
                         continue;
                     }
                     let waited = match self.last_token {
-                        Some(last) if self.attempt_tokens > 0 => last.elapsed(),
+                        Some(last) if self.run.life.attempt_tokens() > 0 => last.elapsed(),
                         _ => self.stall,
                     };
-                    let failure = self.run.frontend.report_stall(worker.worker_id, waited);
-                    self.move_on(Leave::Counted(failure));
+                    let idle = self.run.frontend.routing.progress(worker.worker_id).idle();
+                    self.leave(worker, "stalled", |life, w, shell| {
+                        life.stalled(w, waited, idle, shell)
+                    });
                 }
                 // Already counted against the worker by whoever found it unhealthy.
                 Woken::Outage => self.move_on(Leave::Outage),
@@ -304,20 +300,25 @@ impl Streaming {
     /// worker, holds its decodes back), waits as long as it is predicted to take, up to the
     /// first-token timeout since the last token. Returns whether the wait goes on.
     fn wait_for_queue(&mut self, worker: WorkerId) -> bool {
-        let Some(last) = self.last_token.filter(|_| self.attempt_tokens > 0) else {
+        let Some(last) = self
+            .last_token
+            .filter(|_| self.run.life.attempt_tokens() > 0)
+        else {
             return false;
         };
         let routing = &self.run.frontend.routing;
-        let cap = routing.first_token_timeout();
-        let waited = last.elapsed();
-        let busy = routing.queued_prefill_time(worker);
-        if busy.is_zero() || waited >= cap {
-            return false;
+        let extra = stall::extra_wait(
+            last.elapsed(),
+            routing.queued_prefill_time(worker),
+            routing.first_token_timeout(),
+        );
+        match extra {
+            Some(wait) => {
+                self.deadline.as_mut().reset(Instant::now() + wait);
+                true
+            }
+            None => false,
         }
-        self.deadline
-            .as_mut()
-            .reset(Instant::now() + busy.min(cap - waited));
-        true
     }
 
     /// The generation ended (`Length` or `Stop`): the rest of the text goes out, then the
@@ -336,41 +337,70 @@ impl Streaming {
         }
     }
 
-    /// Leaves the current worker; the next round dispatches elsewhere (or the request fails
-    /// if it may not move again). A request whose tokens all arrived (the worker was lost
-    /// between its last token and its `Finished`) is complete instead: moved, it would be
-    /// asked for a token past its end.
+    /// Leaves the current worker for `why`; the next round dispatches elsewhere.
     fn move_on(&mut self, why: Leave) {
-        let Some(attempt) = self.attempt.take() else {
+        let Some(worker) = self.attempt.as_ref().map(|a| a.worker) else {
             return;
         };
+        self.leave(worker, why.name(), |life, w, shell| {
+            life.left(w, why, shell)
+        });
+    }
+
+    /// Leaves the current worker as its life decides (`decide`, for a reason named `why`):
+    /// the request moves on (the next round dispatches elsewhere), or fails if it may not
+    /// move again. A request whose tokens all arrived (the worker was lost between its
+    /// last token and its `Finished`) is complete instead: moved, it would be asked for a
+    /// token past its end.
+    fn leave(
+        &mut self,
+        worker: WorkerKey,
+        why: &'static str,
+        decide: impl FnOnce(&mut RequestLife, WorkerId, &mut PipelineShell<'_>) -> Leaving,
+    ) {
         // Dropping its stream cancels the request on that worker, if it is still there.
-        let worker = attempt.worker;
-        drop(attempt);
-        if let Some(reason) = self.run.ended_by_tokens() {
-            if let Leave::Failed(failure) = why {
-                self.run.frontend.report_failure(worker.worker_id, failure);
-            }
-            tracing::info!(
-                request = %self.run.id,
-                worker = %worker.worker_id,
-                why = why.name(),
-                "the worker was lost after the request's last token: it is complete"
-            );
-            self.complete(reason);
-            return;
-        }
-        tracing::warn!(
-            request = %self.run.id,
-            worker = %worker.worker_id,
-            why = why.name(),
-            delivered = self.run.generated.len(),
-            "moving a request to another worker"
+        self.attempt = None;
+        let frontend = std::sync::Arc::clone(&self.run.frontend);
+        let leaving = decide(
+            &mut self.run.life,
+            worker.worker_id,
+            &mut PipelineShell(&frontend),
         );
-        match self.run.leave(worker, why) {
-            Ok(()) => self.moved_at = Some(Instant::now()),
-            Err(e) => self.fail(e),
+        match leaving {
+            Leaving::Complete(reason) => {
+                tracing::info!(
+                    request = %self.run.id,
+                    worker = %worker.worker_id,
+                    why,
+                    "the worker was lost after the request's last token: it is complete"
+                );
+                self.complete(reason);
+            }
+            Leaving::Move => {
+                tracing::warn!(
+                    request = %self.run.id,
+                    worker = %worker.worker_id,
+                    why,
+                    delivered = self.run.generated.len(),
+                    "moving a request to another worker"
+                );
+                frontend.metrics.count_migration(why);
+                self.moved_at = Some(Instant::now());
+            }
+            Leaving::GiveUp(give_up) => self.fail(given_up(
+                give_up,
+                frontend.config.admission.retry_after,
+                &frontend.metrics,
+            )),
         }
+    }
+
+    /// The request completed on `worker`.
+    fn succeeded(&mut self, worker: WorkerId) {
+        let frontend = std::sync::Arc::clone(&self.run.frontend);
+        self.run
+            .life
+            .finished(worker, &mut PipelineShell(&frontend));
     }
 
     /// New output: its tokens, and its text when the engine sent text (else it is decoded
@@ -384,9 +414,8 @@ impl Streaming {
         };
         let worker = attempt.worker;
         attempt.progress.mark(now);
-        if self.attempt_tokens == 0 {
+        if self.run.life.tokens(tokens, &mut PipelineShell(&frontend)) {
             // This worker has computed the (possibly resumed) prompt, media included.
-            frontend.routing.prefill_done(self.run.id);
             self.run.media_prefilled();
             if let Some(moved) = self.moved_at.take() {
                 metrics
@@ -413,7 +442,6 @@ impl Streaming {
         if self.attempt_items.is_multiple_of(SAMPLE_EVERY) {
             self.stall = frontend.routing.stall_timeout(worker.worker_id);
         }
-        self.attempt_tokens += tokens.len() as u32;
         self.attempt_items += 1;
         if std::mem::take(&mut self.handoff) {
             // The decode worker pulls the KV before its first token: a first token's wait.
@@ -462,8 +490,8 @@ impl Streaming {
             StopCheck::Emit(out) => self.push_text(out),
             StopCheck::Stopped(out) => {
                 self.push_text(out);
-                if let Some(attempt) = &self.attempt {
-                    self.run.succeeded(attempt.worker);
+                if let Some(worker) = self.attempt.as_ref().map(|a| a.worker) {
+                    self.succeeded(worker.worker_id);
                 }
                 self.finish("stop");
             }
@@ -494,4 +522,9 @@ impl Streaming {
         self.ended = true;
         self.attempt = None;
     }
+}
+
+/// The name of the reason a stream's error makes the request leave its worker.
+fn why_of(error: &EngineError) -> &'static str {
+    Leave::of_error(error).map_or("refused", Leave::name)
 }

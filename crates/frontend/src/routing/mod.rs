@@ -194,26 +194,6 @@ impl RoutingService {
             .clone()
     }
 
-    /// A stream on `worker` got no token for `waited`: the worker hangs if it produced
-    /// nothing on any stream for most of that time, else that stream is stalled. Returns
-    /// the failure counted.
-    ///
-    /// Half the wait, not all of it: when a worker freezes, its streams' last tokens arrive
-    /// a few milliseconds apart, so every stream but the last would otherwise find another
-    /// stream's token inside its own wait and count a stall, and enough stalls take the
-    /// worker out before the last stream reports the hang. A live worker's other streams
-    /// get tokens every decode step, far inside half a stall timeout (a second at least).
-    pub fn report_stall(&self, worker: WorkerId, waited: Duration) -> Failure {
-        let idle = self.progress(worker).idle();
-        let failure = if idle >= waited / 2 {
-            Failure::Hung
-        } else {
-            Failure::Stalled
-        };
-        self.report_failure(worker, failure);
-        failure
-    }
-
     /// A failure of `worker`'s own making. If it became unhealthy, its streams are told.
     pub fn report_failure(&self, worker: WorkerId, failure: Failure) {
         let now = self.now();
@@ -454,16 +434,9 @@ impl RoutingService {
     pub fn sooner_holder(&self, prompt: &Prompt, encode: Duration) -> Option<WorkerId> {
         let end = prompt.media.iter().map(|m| m.end()).max()?;
         let block_size = self.block_size();
+        let needed =
+            switchyard_router::flow::media::held_blocks(end, prompt.len() as u64, block_size)?;
         let blocks = blocks_for(prompt, block_size).ok()?;
-        // Every block the media overlaps; a media item ending in the prompt's last,
-        // partial block (never cached) counts as held with the full blocks before it: the
-        // few positions left are computed with the rest of that block.
-        let needed = end
-            .div_ceil(u64::from(block_size.max(1)))
-            .min(blocks.full_blocks() as u64);
-        if needed == 0 {
-            return None;
-        }
         let overlaps = self.indexer.find_matches_blocks(&blocks);
         let now = self.now();
         let mut core = self.core.lock();
@@ -476,7 +449,7 @@ impl RoutingService {
             overrides: RoutingOverrides::default(),
             exclude: &[],
         };
-        match core.joint_media_choice(&query, &overlaps, needed as u32, encode, now)? {
+        match core.joint_media_choice(&query, &overlaps, needed, encode, now)? {
             (holder, false) => Some(holder),
             (_, true) => None,
         }
@@ -635,6 +608,16 @@ impl RoutingService {
             }
         }
         self.pump();
+    }
+
+    /// A request started: the fleet-wide budget of moves grows.
+    pub fn credit_migration(&self) {
+        self.core.lock().credit_migration();
+    }
+
+    /// Takes one move from the fleet-wide budget, if one is left.
+    pub fn spend_migration(&self) -> bool {
+        self.core.lock().spend_migration()
     }
 
     /// Whether every worker is at or above its busy threshold.

@@ -20,10 +20,12 @@ use switchyard_core::{
 
 use super::{Indexer, IndexerConfig, OverlapScores};
 
-/// Approximate-mode settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Approximate-mode settings (`[frontend.router.approx]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ApproxConfig {
     /// How long a routed block is assumed to stay cached.
+    #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// The most blocks assumed cached per worker.
     pub max_blocks_per_worker: usize,

@@ -31,6 +31,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{Priority, RequestId};
 
+use crate::settings::InvalidConfig;
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionConfig {
@@ -47,8 +49,8 @@ pub struct AdmissionConfig {
     pub retry_after: Duration,
     /// Refuse a request that would queue longer than this (premium: twice this), by the
     /// queue ahead of it and the measured release rate; none: only the queue length counts.
-    /// The frontend's default is 5 s ([`DEFAULT_WAIT_TARGET`]).
-    #[serde(with = "humantime_serde")]
+    /// `"off"` in a configuration file turns it off.
+    #[serde(with = "crate::settings::duration_or_off")]
     pub wait_target: Option<Duration>,
     /// With a wait target, a worker is also busy once the prefill queued on it (by its
     /// timing model) would hold a new request's first token longer than this share of the
@@ -59,15 +61,62 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     fn default() -> Self {
         AdmissionConfig {
-            busy_kv_threshold: 0.95,
+            busy_kv_threshold: SERVER_BUSY_KV_THRESHOLD,
             max_queue: 1024,
             queue_timeout: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
-            // Off in the routing core's defaults (the simulator replays traces without it,
-            // as the engines' own benchmarks do); the servers turn it on.
-            wait_target: None,
+            wait_target: Some(DEFAULT_WAIT_TARGET),
             busy_prefill_share: 0.5,
         }
+    }
+}
+
+impl AdmissionConfig {
+    /// Admission that shapes nothing until the fleet is full: requests go to the engines
+    /// until their caches are nearly full (95 %), with no wait target, so a queue forms
+    /// here only when every worker is full (the way engines' own benchmarks replay a
+    /// trace). In a configuration file: `busy_kv_threshold = 0.95`, `wait_target = "off"`.
+    pub fn queue_only() -> Self {
+        AdmissionConfig {
+            busy_kv_threshold: 0.95,
+            wait_target: None,
+            ..AdmissionConfig::default()
+        }
+    }
+
+    /// Checks the ranges serde cannot.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if !(self.busy_kv_threshold > 0.0 && self.busy_kv_threshold <= 1.0) {
+            return Err(InvalidConfig::new(
+                "admission.busy_kv_threshold",
+                format!("must be in (0, 1], got {}", self.busy_kv_threshold),
+            ));
+        }
+        if !(self.busy_prefill_share.is_finite() && self.busy_prefill_share > 0.0) {
+            return Err(InvalidConfig::new(
+                "admission.busy_prefill_share",
+                format!("must be a number above 0, got {}", self.busy_prefill_share),
+            ));
+        }
+        if self.max_queue == 0 {
+            return Err(InvalidConfig::new(
+                "admission.max_queue",
+                "must be at least 1",
+            ));
+        }
+        if self.queue_timeout.is_zero() {
+            return Err(InvalidConfig::new(
+                "admission.queue_timeout",
+                "must be longer than zero",
+            ));
+        }
+        if self.wait_target.is_some_and(|t| t.is_zero()) {
+            return Err(InvalidConfig::new(
+                "admission.wait_target",
+                "must be longer than zero, or \"off\"",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -25,6 +25,7 @@ use switchyard_core::{Priority, WorkerId};
 
 use super::admission::Rejection;
 use super::registry::WorkerSpec;
+use crate::InvalidConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -61,6 +62,25 @@ impl Default for DegradationConfig {
             replacement_window: Duration::from_secs(30),
             escalation_hold: Duration::from_secs(2),
         }
+    }
+}
+
+impl DegradationConfig {
+    /// Checks the ranges serde cannot.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if !(self.ttft_alpha > 0.0 && self.ttft_alpha <= 1.0) {
+            return Err(InvalidConfig::new(
+                "degradation.ttft_alpha",
+                format!("must be in (0, 1], got {}", self.ttft_alpha),
+            ));
+        }
+        if self.ttft_target.is_zero() {
+            return Err(InvalidConfig::new(
+                "degradation.ttft_target",
+                "must be longer than zero",
+            ));
+        }
+        Ok(())
     }
 }
 

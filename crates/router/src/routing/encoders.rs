@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use switchyard_core::Modality;
 use switchyard_core::perf::interpolate;
 
+use crate::InvalidConfig;
+
 /// Time to encode, per modality, in milliseconds. Defaults: a ViT-L/14 at 336 px for
 /// images (576 tokens; one image 4.8 ms, 32 in one batch 29.7 ms), video at 1.6 ms per
 /// frame (30 frames ≈ 48 ms), Whisper at 85 ms per 30 s window of 1,500 tokens.
@@ -104,8 +106,9 @@ impl EncoderCost {
         item.tokens.div_ceil(per.max(1)).max(1)
     }
 
-    /// Checks the settings, naming the first that cannot work.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the settings, naming the first that cannot work (keys relative to the
+    /// cost's own table).
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         if self.image_batch_ms.is_empty()
             || self.image_batch_ms.windows(2).any(|w| w[1].0 <= w[0].0)
             || self
@@ -113,10 +116,10 @@ impl EncoderCost {
                 .iter()
                 .any(|&(n, ms)| !n.is_finite() || n < 1.0 || !ms.is_finite() || ms < 0.0)
         {
-            return Err(
-                "image_batch_ms must be (batch, ms) points with batches increasing from 1 and finite, non-negative times"
-                    .into(),
-            );
+            return Err(InvalidConfig::new(
+                "image_batch_ms",
+                "must be (batch, ms) points with batches increasing from 1 and finite, non-negative times",
+            ));
         }
         for (name, value) in [
             ("video_frame_ms", self.video_frame_ms),
@@ -124,15 +127,21 @@ impl EncoderCost {
             ("link_gbps", self.link_gbps),
         ] {
             if !value.is_finite() || value < 0.0 {
-                return Err(format!("{name} must be a finite, non-negative time"));
+                return Err(InvalidConfig::new(
+                    name,
+                    "must be a finite, non-negative number",
+                ));
             }
         }
-        if self.max_batch == 0
-            || self.image_tokens == 0
-            || self.video_frame_tokens == 0
-            || self.audio_window_tokens == 0
-        {
-            return Err("max_batch and the tokens per unit must be at least 1".into());
+        for (name, value) in [
+            ("max_batch", u64::from(self.max_batch)),
+            ("image_tokens", u64::from(self.image_tokens)),
+            ("video_frame_tokens", u64::from(self.video_frame_tokens)),
+            ("audio_window_tokens", u64::from(self.audio_window_tokens)),
+        ] {
+            if value == 0 {
+                return Err(InvalidConfig::new(name, "must be at least 1"));
+            }
         }
         Ok(())
     }

@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_core::Token;
 
 use super::registry::HealthState;
+use crate::InvalidConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -105,44 +106,61 @@ impl Default for HealthConfig {
 
 impl HealthConfig {
     /// Checks values serde cannot; names the key.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.failure_threshold == 0 || self.success_threshold == 0 {
-            return Err(
-                "health.failure_threshold and health.success_threshold must be at least 1".into(),
-            );
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if self.failure_threshold == 0 {
+            return Err(InvalidConfig::new(
+                "health.failure_threshold",
+                "must be at least 1",
+            ));
+        }
+        if self.success_threshold == 0 {
+            return Err(InvalidConfig::new(
+                "health.success_threshold",
+                "must be at least 1",
+            ));
         }
         if !(self.suspicious_weight > 0.0 && self.suspicious_weight <= 1.0) {
-            return Err(format!(
-                "health.suspicious_weight must be in (0, 1], got {}",
-                self.suspicious_weight
+            return Err(InvalidConfig::new(
+                "health.suspicious_weight",
+                format!("must be in (0, 1], got {}", self.suspicious_weight),
             ));
         }
         if !(0.0..1.0).contains(&self.recovery_jitter) {
-            return Err(format!(
-                "health.recovery_jitter must be in [0, 1), got {}",
-                self.recovery_jitter
+            return Err(InvalidConfig::new(
+                "health.recovery_jitter",
+                format!("must be in [0, 1), got {}", self.recovery_jitter),
             ));
         }
         if !(self.latency_alpha > 0.0 && self.latency_alpha <= 1.0) {
-            return Err(format!(
-                "health.latency_alpha must be in (0, 1], got {}",
-                self.latency_alpha
+            return Err(InvalidConfig::new(
+                "health.latency_alpha",
+                format!("must be in (0, 1], got {}", self.latency_alpha),
             ));
         }
-        if !(self.latency_spike_factor > 1.0 && self.stall_factor >= 1.0) {
-            return Err(
-                "health.latency_spike_factor must be above 1 and health.stall_factor at least 1"
-                    .into(),
-            );
+        if self.latency_spike_factor.is_nan() || self.latency_spike_factor <= 1.0 {
+            return Err(InvalidConfig::new(
+                "health.latency_spike_factor",
+                format!("must be above 1, got {}", self.latency_spike_factor),
+            ));
         }
+        InvalidConfig::check_at_least("health.stall_factor", self.stall_factor, 1.0)?;
         if !(0.0..=1.0).contains(&self.max_unhealthy_fraction) {
-            return Err(format!(
-                "health.max_unhealthy_fraction must be in [0, 1], got {}",
-                self.max_unhealthy_fraction
+            return Err(InvalidConfig::new(
+                "health.max_unhealthy_fraction",
+                format!("must be in [0, 1], got {}", self.max_unhealthy_fraction),
             ));
         }
         if self.canary_max_tokens == 0 {
-            return Err("health.canary_max_tokens must be at least 1".into());
+            return Err(InvalidConfig::new(
+                "health.canary_max_tokens",
+                "must be at least 1",
+            ));
+        }
+        if self.first_token_timeout.is_zero() {
+            return Err(InvalidConfig::new(
+                "health.first_token_timeout",
+                "must be longer than zero",
+            ));
         }
         Ok(())
     }

@@ -11,6 +11,8 @@ use switchyard_planner::config::GpusPerEngine;
 use switchyard_planner::{Decision, Observation, Planner, TrafficSample, WorkerSample};
 
 use super::{Event, Fleet, SimConfig, SimError, Slot, StepOutput, worker_key};
+use switchyard_router::flow::Leave;
+
 use crate::faults::FaultKind;
 use crate::scaling::{PlannerReport, PlannerSim};
 
@@ -243,9 +245,10 @@ impl Fleet<'_> {
         let caught = self.unregister(slot);
         self.slots[slot] = Slot::Retired;
         let now = self.now;
+        let worker = worker_key(slot as u32).worker_id;
         for id in caught {
             let index = self.prefill_ids.remove(&id).unwrap_or(id.0 as u32);
-            self.move_request(index, FaultKind::Drain, now);
+            self.move_request(index, worker, Leave::Cancelled, FaultKind::Drain, now);
         }
     }
 

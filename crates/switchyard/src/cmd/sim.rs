@@ -1,26 +1,25 @@
 //! `switchyard sim`: replay a trace through the router and a simulated fleet.
+//!
+//! The fleet and its routing come from the same configuration tree `serve` reads
+//! (`--config FILE`, then `SWITCHYARD_*` variables, then `--set KEY=VALUE` and the flags
+//! below): a production configuration replays as it is. What only a simulation has (the
+//! trace, its speed, faults to play, sweeps) comes from flags.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use switchyard_mocker::{EngineArgs, PerfModel, PreemptionMode};
-use switchyard_router::indexer::approx::ApproxConfig;
-use switchyard_router::policy::KvPolicyConfig;
-use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
-use switchyard_router::{
-    AdmissionConfig, CacheViewMode, LatencyPolicyConfig, PolicyKind, RouterConfig, RoutingConfig,
-};
+use switchyard_router::{CacheViewMode, PolicyKind};
 use switchyard_sim::{
-    FaultConfig, Link, ModelShape, PreparedWorkload, ScheduledFault, SimConfig, SimReport,
-    TraceRequest, simulate,
+    ModelShape, PreparedWorkload, ScheduledFault, SimConfig, SimReport, TraceRequest, simulate,
 };
 use switchyard_workload::trace_io::Trace;
+
+use super::flags::Overlay;
+use super::sim_output::{plot, progress_bar, sweep_table, table, write_requests, write_stdout};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TraceFormat {
@@ -48,98 +47,90 @@ pub struct SimArgs {
     /// Replay only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
-    /// Engines in the fleet (comma separated: a sweep over fleet sizes).
-    #[arg(long, value_delimiter = ',', default_value = "4")]
-    pub(super) workers: Vec<u32>,
-    /// Policies to compare, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "latency,kv,round-robin")]
-    pub(super) policy: Vec<PolicyKind>,
-    /// Weight of prefill against decode load in the kv policy.
-    #[arg(long, default_value_t = 1.0)]
-    overlap_weight: f64,
-    /// Softmax temperature of the kv policy (0: always the cheapest worker).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f64,
-    /// Weight of the delay a request's prefill adds to running decodes in the latency
-    /// policy.
-    #[arg(long, default_value_t = LatencyPolicyConfig::default().itl_weight)]
-    itl_weight: f64,
-    /// `latency`: weight of the request's own decoding (its output tokens × the worker's
-    /// step time with it) against its time to first token (0: not counted).
-    #[arg(long, default_value_t = LatencyPolicyConfig::default().output_weight)]
-    output_weight: f64,
-    /// `latency`: weight of the delay a request's prefill adds to the first token of the
-    /// prefill queued before it on the worker.
-    #[arg(long, default_value_t = LatencyPolicyConfig::default().queue_delay_weight)]
-    queue_delay_weight: f64,
-    /// `latency`: cost per millisecond by which a worker's decode step with the request
-    /// would exceed (1 + --decode-tail-margin) × the workers' mean step (0: off).
-    #[arg(long, default_value_t = LatencyPolicyConfig::default().decode_tail_weight)]
-    decode_tail_weight: f64,
-    #[arg(long, default_value_t = LatencyPolicyConfig::default().decode_tail_margin)]
-    decode_tail_margin: f64,
+    /// The deployment's configuration file, as `serve` and `frontend` read it: the fleet
+    /// from `[workers]` (count, prefill split, the mocker's engine and timing), the routing
+    /// from `[frontend]`, the planner from `[planner]`.
+    #[arg(long, value_name = "FILE.toml")]
+    pub(super) config: Option<PathBuf>,
+    /// Sets one configuration key over the file and the environment, `KEY=VALUE` with a
+    /// TOML value (`frontend.router.latency.itl_weight=0.2`,
+    /// `frontend.admission.wait_target="off"`); repeat for more.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Engines in the fleet (comma separated: a sweep over fleet sizes) [default:
+    /// workers.count].
+    #[arg(long, value_delimiter = ',')]
+    workers: Vec<u32>,
+    /// Policies to compare, comma separated [default: frontend.router.policy with
+    /// --config, else latency,kv,round-robin].
+    #[arg(long, value_delimiter = ',')]
+    policy: Vec<PolicyKind>,
     /// The router's view of the caches: the engines' KV events (as `serve` sees its
     /// workers), blocks assumed cached when routed (approx), or natural: approx for
     /// cache-aware (as SGLang's router, which has no events, is deployed), events for the
-    /// others.
-    #[arg(long, value_enum, default_value_t = ViewArg::Events)]
-    cache_view: ViewArg,
-    /// How long the approximate view assumes a routed block stays cached, in seconds.
-    #[arg(long, default_value_t = 120.0)]
-    approx_ttl_secs: f64,
-    /// Delay before KV events reach the indexer, in milliseconds.
-    #[arg(long, default_value_t = 0.0)]
-    event_delay_ms: f64,
-    #[arg(long, default_value_t = 16_384)]
-    pub(super) num_gpu_blocks: u32,
-    #[arg(long, default_value_t = 16)]
-    pub(super) block_size: u32,
-    #[arg(long, default_value_t = 256)]
-    max_num_seqs: u32,
-    #[arg(long, default_value_t = 8_192)]
-    max_num_batched_tokens: u32,
+    /// others [default: frontend.router.cache_view].
+    #[arg(long, value_enum)]
+    cache_view: Option<ViewArg>,
+    /// Delay before KV events reach the indexer.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    event_delay: Duration,
+    /// workers.mocker.num_gpu_blocks.
+    #[arg(long)]
+    num_gpu_blocks: Option<u32>,
+    /// workers.mocker.block_size.
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// workers.mocker.max_num_seqs.
+    #[arg(long)]
+    max_num_seqs: Option<u32>,
+    /// workers.mocker.max_num_batched_tokens.
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    /// workers.mocker.enable_prefix_caching = false.
     #[arg(long)]
     no_prefix_caching: bool,
+    /// workers.mocker.enable_chunked_prefill = false.
     #[arg(long)]
     no_chunked_prefill: bool,
-    /// Media positions whose encoded features an engine's staging memory holds at once
-    /// (0: no limit; default: 4 GiB of 8 KiB-a-token embeddings)
-    #[arg(long, default_value_t = switchyard_mocker::DEFAULT_STAGING_TOKENS)]
-    staging_tokens: u64,
-    /// With --overlap-media: a request whose media become ready resumes at once, ahead of
-    /// the requests that arrived while it waited (default: behind them)
+    /// workers.mocker.staging_tokens: media positions whose encoded features an engine's
+    /// staging memory holds at once (0: no limit).
+    #[arg(long)]
+    staging_tokens: Option<u64>,
+    /// workers.mocker.defer_ready_media = false: a request whose media become ready
+    /// resumes at once, ahead of the requests that arrived while it waited.
     #[arg(long)]
     no_defer_ready_media: bool,
-    /// Which running request to preempt when KV blocks run out.
-    #[arg(long, value_enum, default_value_t = Preemption::Lifo)]
-    preemption: Preemption,
+    /// workers.mocker.preemption_mode: which running request to preempt when KV blocks
+    /// run out.
+    #[arg(long, value_enum)]
+    preemption: Option<Preemption>,
     /// Timing profile (JSON or NPZ) instead of the polynomial model; several, comma
     /// separated, make a heterogeneous fleet (worker i runs the (i mod n)-th; `polynomial`
-    /// names the default model).
+    /// names the default model) [default: workers.mocker.perf_profile].
     #[arg(long, value_delimiter = ',')]
     perf_profile: Vec<PathBuf>,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// The engines' seed (workers.mocker.seed) and the router's (frontend.router.seed).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Token ids that end a generation early (the servers pass the tokenizer's
-    /// end-of-sequence tokens; the built-in tokenizer's is 257). None by default: every
-    /// request produces its trace output length.
+    /// end-of-sequence tokens; the `bytes` built-in tokenizer's is 257). None by default:
+    /// every request produces its trace output length.
     #[arg(long, value_delimiter = ',')]
     eos_token_ids: Vec<u32>,
-    /// Admission: a worker is busy when in-flight requests hold this share of its KV blocks
-    /// [default: 0.95; with --planner the servers' 0.8].
+    /// frontend.admission.busy_kv_threshold: a worker is busy when in-flight requests hold
+    /// this share of its KV blocks.
     #[arg(long)]
     pub(super) busy_kv_threshold: Option<f64>,
-    /// Admission: most requests waiting at once.
-    #[arg(long, default_value_t = AdmissionConfig::default().max_queue)]
-    max_queue: usize,
-    /// Admission: longest a request waits in the queue, in seconds.
-    #[arg(long, default_value_t = AdmissionConfig::default().queue_timeout.as_secs_f64())]
-    queue_timeout_secs: f64,
-    /// Admission: refuse a request predicted to wait longer than this in the queue, in
-    /// seconds (premium: twice), or `off` [default: off; with --planner the TTFT target;
-    /// the servers' default is 5].
-    #[arg(long, value_name = "SECS|off", value_parser = parse_wait_target)]
-    pub(super) wait_target_secs: Option<WaitTarget>,
+    /// frontend.admission.max_queue.
+    #[arg(long)]
+    max_queue: Option<usize>,
+    /// frontend.admission.queue_timeout.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    queue_timeout: Option<Duration>,
+    /// frontend.admission.wait_target: refuse a request predicted to wait longer than this
+    /// in the queue (premium: twice), or `off` [with --planner: the TTFT target].
+    #[arg(long, value_name = "DURATION|off")]
+    pub(super) wait_target: Option<String>,
     /// A worker fault to play, `WORKER:KIND@AT[+FOR]` (kinds: crash, hang, drain; e.g.
     /// `2:crash@90s+30s`: worker 2 crashes 90 s into the run and is back 30 s later).
     /// Repeat for more.
@@ -152,20 +143,17 @@ pub struct SimArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     repair: Duration,
     /// How long the frontend takes to notice a crash.
-    #[arg(long, default_value_t = FaultConfig::default().crash_detection.as_secs_f64() * 1e3)]
-    crash_detection_ms: f64,
-    /// Times one request may be moved off failed workers before it fails.
-    #[arg(long, default_value_t = FaultConfig::default().max_migrations)]
-    max_migrations: u32,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20ms")]
+    crash_detection: Duration,
     /// The link a moved request's KV may take when the failed worker's memory is still
     /// readable (hang, drain): nvlink (900 GB/s), pcie5 (28 GB/s), ib (50 GB/s) or GB/s;
     /// the cheaper of that and computing the KV again is taken. None: always computed.
     #[arg(long)]
-    kv_link: Option<Link>,
+    kv_link: Option<switchyard_sim::Link>,
     /// The model's KV shape, for the bytes a token's KV takes: llama-3-8b, llama-3-70b or
-    /// LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES.
-    #[arg(long, default_value = "llama-3-8b")]
-    pub(super) model_shape: ModelShape,
+    /// LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES [default: workers.mocker.kv_transfer's].
+    #[arg(long)]
+    model_shape: Option<ModelShape>,
     /// One row per policy × fleet size × load level (implied by several --workers or
     /// --speedup values).
     #[arg(long)]
@@ -194,21 +182,22 @@ pub struct SimArgs {
     /// Distinct media items per modality the mix draws from (fewer recur more).
     #[arg(long, default_value_t = 100_000)]
     media_pool: u64,
-    /// Encoder workers for the media (0: media costs no encoding time).
-    #[arg(long, default_value_t = 0)]
-    encoders: usize,
-    /// How an item's encoder is chosen: soonest (the one that would finish it first) or
-    /// round-robin.
-    #[arg(long, value_enum, default_value_t = EncoderPolicyArg::Soonest)]
-    encoder_policy: EncoderPolicyArg,
-    /// Joint routing: a request whose media a worker holds in its cache skips the encoders
-    /// and goes to such a worker.
+    /// frontend.multimodal.encoders: encoder workers for the media (0: media costs no
+    /// encoding time).
     #[arg(long)]
-    joint_media: bool,
-    /// Overlap: a request with media goes to its LLM worker at once, which prefills the
-    /// text before the media while the encoders run.
-    #[arg(long)]
-    overlap_media: bool,
+    encoders: Option<usize>,
+    /// frontend.multimodal.encoder_policy: soonest (the one that would finish it first)
+    /// or round_robin.
+    #[arg(long, value_enum)]
+    encoder_policy: Option<EncoderPolicyArg>,
+    /// frontend.multimodal.joint_routing: a request whose media a worker holds in its
+    /// cache skips the encoders and goes to such a worker when it is sooner.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    joint_media: Option<bool>,
+    /// frontend.multimodal.overlap: a request with media goes to its LLM worker at once,
+    /// which prefills the text before the media while the encoders run.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    overlap_media: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -218,7 +207,7 @@ enum EncoderPolicyArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ViewArg {
+pub(super) enum ViewArg {
     Events,
     Approx,
     Natural,
@@ -234,32 +223,151 @@ enum Preemption {
 struct Output<'a> {
     trace: String,
     workers: u32,
+    /// What the fleet ran with: the routing core's settings (as the configuration gave
+    /// them; the policy is each report's) and the engines'.
+    routing: &'a switchyard_router::RoutingConfig,
+    engine: &'a switchyard_mocker::EngineArgs,
     policies: BTreeMap<&'a str, &'a SimReport>,
 }
 
-/// `--wait-target-secs`: a number of seconds, or `off`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum WaitTarget {
-    Off,
-    After(Duration),
+/// What the configuration tree and the flags settle for a run: the simulator's settings
+/// (the first fleet size), the fleet sizes and policies to run, the tree itself.
+#[derive(Debug, Clone)]
+pub(super) struct Plan {
+    pub(super) base: SimConfig,
+    pub(super) workers: Vec<u32>,
+    pub(super) policies: Vec<PolicyKind>,
+    pub(super) config: switchyard::config::Config,
 }
 
-fn parse_wait_target(s: &str) -> Result<WaitTarget, String> {
-    if s == "off" {
-        return Ok(WaitTarget::Off);
-    }
-    match s.parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs > 0.0 => {
-            Ok(WaitTarget::After(Duration::from_secs_f64(secs)))
+impl SimArgs {
+    /// The flags that stand for configuration keys, as an overlay over the file and the
+    /// environment (so the one loader checks them and names their keys).
+    fn overlay(&self) -> Result<Overlay> {
+        let mut o = Overlay::default();
+        for set in &self.set {
+            let Some((key, value)) = set.split_once('=') else {
+                bail!("--set {set}: expected KEY=VALUE, e.g. frontend.router.seed=3");
+            };
+            let path: Vec<&str> = key.trim().split('.').collect();
+            if path.iter().any(|p| p.is_empty()) {
+                bail!("--set {set}: the key must be dotted names, e.g. frontend.router.seed");
+            }
+            o.set(&path, switchyard::config::parse_value(value.trim()));
         }
-        _ => Err(format!(
-            "expected a positive number of seconds or `off`, got {s:?}"
-        )),
+        let mocker = ["workers", "mocker"];
+        let key = |name: &'static str| [mocker[0], mocker[1], name];
+        o.set_some(&key("num_gpu_blocks"), self.num_gpu_blocks.map(i64::from));
+        o.set_some(&key("block_size"), self.block_size.map(i64::from));
+        o.set_some(&key("max_num_seqs"), self.max_num_seqs.map(i64::from));
+        o.set_some(
+            &key("max_num_batched_tokens"),
+            self.max_num_batched_tokens.map(i64::from),
+        );
+        if self.no_prefix_caching {
+            o.set(&key("enable_prefix_caching"), false);
+        }
+        if self.no_chunked_prefill {
+            o.set(&key("enable_chunked_prefill"), false);
+        }
+        if let Some(tokens) = self.staging_tokens {
+            o.set(&key("staging_tokens"), i64::try_from(tokens)?);
+        }
+        if self.no_defer_ready_media {
+            o.set(&key("defer_ready_media"), false);
+        }
+        o.set_some(
+            &key("preemption_mode"),
+            self.preemption.map(|p| match p {
+                Preemption::Lifo => "lifo",
+                Preemption::Fifo => "fifo",
+            }),
+        );
+        if let Some(seed) = self.seed {
+            let seed = i64::try_from(seed)?;
+            o.set(&key("seed"), seed);
+            o.set(&["frontend", "router", "seed"], seed);
+        }
+        o.set_some(
+            &["workers", "count"],
+            self.workers.first().map(|&w| i64::from(w)),
+        );
+        let admission = |name| ["frontend", "admission", name];
+        o.set_some(&admission("busy_kv_threshold"), self.busy_kv_threshold);
+        if let Some(queue) = self.max_queue {
+            o.set(&admission("max_queue"), i64::try_from(queue)?);
+        }
+        o.set_some(
+            &admission("queue_timeout"),
+            self.queue_timeout
+                .map(|t| humantime::format_duration(t).to_string()),
+        );
+        o.set_some(&admission("wait_target"), self.wait_target.clone());
+        let multimodal = |name| ["frontend", "multimodal", name];
+        if let Some(encoders) = self.encoders {
+            o.set(&multimodal("encoders"), i64::try_from(encoders)?);
+        }
+        o.set_some(
+            &multimodal("encoder_policy"),
+            self.encoder_policy.map(|p| match p {
+                EncoderPolicyArg::Soonest => "soonest",
+                EncoderPolicyArg::RoundRobin => "round_robin",
+            }),
+        );
+        o.set_some(&multimodal("joint_routing"), self.joint_media);
+        o.set_some(&multimodal("overlap"), self.overlap_media);
+        Ok(o)
+    }
+
+    /// The configuration tree (file, environment, overlay) and what the run takes from it.
+    pub(super) fn plan(&self, env: &BTreeMap<String, String>) -> Result<Plan> {
+        let config = switchyard::config::load(self.config.as_deref(), env, self.overlay()?.0)?;
+        let base = super::sim_config::sim_config(&config, self)?;
+        let workers = if self.workers.is_empty() {
+            vec![config.workers.count]
+        } else {
+            self.workers.clone()
+        };
+        let policies = match (&self.policy[..], &self.config) {
+            ([], Some(_)) => vec![config.frontend.router.policy],
+            ([], None) => vec![PolicyKind::Latency, PolicyKind::Kv, PolicyKind::RoundRobin],
+            (given, _) => given.to_vec(),
+        };
+        Ok(Plan {
+            base,
+            workers,
+            policies,
+            config,
+        })
+    }
+
+    pub(super) fn faults(&self) -> (&[ScheduledFault], Option<Duration>, Duration, Duration) {
+        (&self.faults, self.mtbf, self.repair, self.crash_detection)
+    }
+
+    pub(super) fn kv_link(&self) -> Option<switchyard_sim::Link> {
+        self.kv_link
+    }
+
+    pub(super) fn model_shape(&self) -> Option<ModelShape> {
+        self.model_shape
+    }
+
+    pub(super) fn perf_profiles(&self) -> &[PathBuf] {
+        &self.perf_profile
+    }
+
+    pub(super) fn event_delay(&self) -> Duration {
+        self.event_delay
+    }
+
+    pub(super) fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
     }
 }
 
-pub fn run(args: SimArgs) -> Result<()> {
-    if args.workers.is_empty() || args.workers.contains(&0) {
+pub fn run(args: SimArgs, env: &BTreeMap<String, String>) -> Result<()> {
+    if args.workers.contains(&0) {
         bail!("--workers must be at least 1");
     }
     if let Some(bad) = args.speedup.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
@@ -286,154 +394,24 @@ pub fn run(args: SimArgs) -> Result<()> {
     if sweep && !(args.faults.is_empty() && args.mtbf.is_none()) {
         bail!("faults are played in single runs, not in a sweep");
     }
-    if !(args.event_delay_ms.is_finite() && args.event_delay_ms >= 0.0) {
-        bail!(
-            "--event-delay-ms must be a non-negative number, got {}",
-            args.event_delay_ms
-        );
-    }
-    if !(args.approx_ttl_secs.is_finite() && args.approx_ttl_secs > 0.0) {
-        bail!(
-            "--approx-ttl-secs must be a positive number, got {}",
-            args.approx_ttl_secs
-        );
-    }
     if args.trace_block_size == 0 {
         bail!("--trace-block-size must be at least 1");
-    }
-    if let Some(busy) = args.busy_kv_threshold
-        && !(busy > 0.0 && busy <= 1.0)
-    {
-        bail!("--busy-kv-threshold must be in (0, 1], got {busy}");
-    }
-    if args.max_queue == 0 {
-        bail!("--max-queue must be at least 1");
-    }
-    if !(args.queue_timeout_secs.is_finite() && args.queue_timeout_secs > 0.0) {
-        bail!(
-            "--queue-timeout-secs must be a positive number, got {}",
-            args.queue_timeout_secs
-        );
-    }
-    if let Some(fault) = args.faults.iter().find(|f| f.worker > args.workers[0]) {
-        bail!(
-            "--fault {fault}: there are only {} workers (numbered from 1)",
-            args.workers[0]
-        );
     }
     if args.mtbf.is_some_and(|m| m.is_zero()) {
         bail!("--mtbf must be longer than zero");
     }
-    if !(args.crash_detection_ms.is_finite() && args.crash_detection_ms >= 0.0) {
+    let plan = args.plan(env)?;
+    if let Some(fault) = args.faults.iter().find(|f| f.worker > plan.workers[0]) {
         bail!(
-            "--crash-detection-ms must be a non-negative number, got {}",
-            args.crash_detection_ms
+            "--fault {fault}: there are only {} workers (numbered from 1)",
+            plan.workers[0]
         );
     }
-    let engine = EngineArgs {
-        num_gpu_blocks: args.num_gpu_blocks,
-        block_size: args.block_size,
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        enable_prefix_caching: !args.no_prefix_caching,
-        enable_chunked_prefill: !args.no_chunked_prefill,
-        preemption_mode: match args.preemption {
-            Preemption::Lifo => PreemptionMode::Lifo,
-            Preemption::Fifo => PreemptionMode::Fifo,
-        },
-        speedup_ratio: 1.0,
-        staging_tokens: args.staging_tokens,
-        defer_ready_media: !args.no_defer_ready_media,
-    };
-    engine.validate().context("invalid engine arguments")?;
-    let mut perf = Vec::new();
-    for path in &args.perf_profile {
-        perf.push(if path.as_os_str() == "polynomial" {
-            PerfModel::Polynomial
-        } else {
-            switchyard_mocker::perf::load(path)?
-        });
-    }
-    if perf.is_empty() {
-        perf.push(PerfModel::Polynomial);
-    }
-
-    let mut requests = read_trace(&args)?;
+    let mut requests = read_trace(&args, plan.base.seed)?;
     if let Some(limit) = args.limit {
         requests.truncate(limit);
     }
-    let approx = ApproxConfig {
-        ttl: Duration::from_secs_f64(args.approx_ttl_secs),
-        max_blocks_per_worker: args.num_gpu_blocks as usize,
-    };
-    let config = SimConfig {
-        encoders: None,
-        workers: args.workers[0],
-        engine,
-        perf,
-        routing: RoutingConfig {
-            router: RouterConfig {
-                kv: KvPolicyConfig {
-                    overlap_weight: args.overlap_weight,
-                    temperature: args.temperature,
-                },
-                latency: LatencyPolicyConfig {
-                    itl_weight: args.itl_weight,
-                    output_weight: args.output_weight,
-                    queue_delay_weight: args.queue_delay_weight,
-                    decode_tail_weight: args.decode_tail_weight,
-                    decode_tail_margin: args.decode_tail_margin,
-                    temperature: args.temperature,
-                },
-                ..RouterConfig::default()
-            },
-            cache_view: CacheViewMode::Auto,
-            approx,
-            admission: AdmissionConfig {
-                busy_kv_threshold: args
-                    .busy_kv_threshold
-                    .unwrap_or(AdmissionConfig::default().busy_kv_threshold),
-                max_queue: args.max_queue,
-                queue_timeout: Duration::from_secs_f64(args.queue_timeout_secs),
-                wait_target: match args.wait_target_secs {
-                    Some(WaitTarget::After(target)) => Some(target),
-                    Some(WaitTarget::Off) | None => None,
-                },
-                ..AdmissionConfig::default()
-            },
-            ..RoutingConfig::default()
-        },
-        event_delay: Duration::from_secs_f64(args.event_delay_ms / 1e3),
-        eos_token_ids: args.eos_token_ids.clone(),
-        seed: args.seed,
-        record_requests: args.requests_out.is_some(),
-        lazy_engines: true,
-        faults: FaultConfig {
-            schedule: args.faults.clone(),
-            mtbf: args.mtbf,
-            repair: args.repair,
-            crash_detection: Duration::from_secs_f64(args.crash_detection_ms / 1e3),
-            max_migrations: args.max_migrations,
-            link: args.kv_link,
-            kv_bytes_per_token: args.model_shape.kv_bytes_per_token(),
-        },
-        planner: None,
-        sla_targets: None,
-        disagg: None,
-    };
-    let config = SimConfig {
-        encoders: (args.encoders > 0).then(|| switchyard_sim::EncoderSim {
-            count: args.encoders,
-            cost: EncoderCost::default(),
-            policy: match args.encoder_policy {
-                EncoderPolicyArg::Soonest => EncoderPolicy::Soonest,
-                EncoderPolicyArg::RoundRobin => EncoderPolicy::RoundRobin,
-            },
-            joint: args.joint_media,
-            overlap: args.overlap_media,
-        }),
-        ..config
-    };
+    let block_size = plan.base.engine.block_size;
 
     if !args.disagg.disagg.is_empty() && !args.planning.planner.is_empty() {
         // A planned disaggregated fleet, starting from the split.
@@ -443,37 +421,37 @@ pub fn run(args: SimArgs) -> Result<()> {
         if sweep {
             bail!("--planner runs one fleet at one load: give one --speedup");
         }
-        let config = super::sim_disagg::with_split(&args, config, split)?;
-        return super::sim_planner::run(&args, &requests, &config);
+        let config = super::sim_disagg::with_split(&args, &plan, plan.base.clone(), split)?;
+        return super::sim_planner::run(&args, &plan, &requests, &config);
     }
     if !args.disagg.disagg.is_empty() {
-        if sweep || args.workers.len() > 1 {
+        if sweep || plan.workers.len() > 1 {
             bail!("--disagg sets the fleet sizes itself: give one --speedup and no --sweep");
         }
         let workload = PreparedWorkload::prepare(
             &requests,
             args.trace_block_size,
-            args.block_size,
+            block_size,
             args.speedup[0],
         );
-        return super::sim_disagg::run(&args, &workload, &config);
+        return super::sim_disagg::run(&args, &plan, &workload);
     }
     if !args.planning.planner.is_empty() {
         if sweep {
             bail!("--planner runs one fleet at one load: give one --workers and one --speedup");
         }
-        return super::sim_planner::run(&args, &requests, &config);
+        return super::sim_planner::run(&args, &plan, &requests, &plan.base);
     }
     if sweep {
-        return run_sweep(&args, &requests, &config);
+        return run_sweep(&args, &plan, &requests);
     }
     let workload = PreparedWorkload::prepare(
         &requests,
         args.trace_block_size,
-        args.block_size,
+        block_size,
         args.speedup[0],
     );
-    let reports = run_policies(&args, &workload, &config, args.json)?;
+    let reports = run_policies(&args, &plan.policies, &workload, &plan.base, args.json)?;
     if let Some(path) = &args.requests_out {
         write_requests(path, reports.iter().map(|r| (r.policy.as_str(), r)))?;
     }
@@ -481,82 +459,42 @@ pub fn run(args: SimArgs) -> Result<()> {
         let policies = reports.iter().map(|r| (r.policy.as_str(), r)).collect();
         let out = Output {
             trace: args.trace.display().to_string(),
-            workers: config.workers,
+            workers: plan.base.workers,
+            routing: &plan.base.routing,
+            engine: &plan.base.engine,
             policies,
         };
         write_stdout(&format!("{}\n", serde_json::to_string_pretty(&out)?))?;
     } else {
-        write_stdout(&table(&args, workload.requests.len(), &reports))?;
+        write_stdout(&table(
+            &args,
+            &plan.workers,
+            workload.requests.len(),
+            &reports,
+        ))?;
     }
     Ok(())
 }
 
-/// One request's fate, as `--requests-out` writes it.
-#[derive(Serialize)]
-struct RequestLine<'a> {
-    policy: &'a str,
-    id: u64,
-    arrival_ms: f64,
-    ttft_ms: Option<f64>,
-    e2e_ms: Option<f64>,
-    worker: Option<u64>,
-    output_tokens: u32,
-    cached_tokens: u32,
-    outcome: &'a str,
-}
-
-/// Writes every request of each run, labelled (a policy, or a planned or fixed fleet).
-pub(super) fn write_requests<'a>(
-    path: &std::path::Path,
-    runs: impl IntoIterator<Item = (&'a str, &'a SimReport)>,
-) -> Result<()> {
-    use std::io::Write as _;
-    let file =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    for (label, report) in runs {
-        for r in &report.request_records {
-            let line = RequestLine {
-                policy: label,
-                id: r.id,
-                arrival_ms: ms(r.arrival),
-                ttft_ms: r.first_token.map(|t| ms(t.saturating_sub(r.arrival))),
-                e2e_ms: r.finished.map(|t| ms(t.saturating_sub(r.arrival))),
-                worker: r.worker.map(|w| w.worker_id.0),
-                output_tokens: r.output_tokens,
-                cached_tokens: r.cached_tokens,
-                outcome: r.outcome,
-            };
-            serde_json::to_writer(&mut out, &line)?;
-            out.write_all(b"\n")?;
-        }
-    }
-    out.flush()
-        .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// Runs every policy of `args` on the workload.
+/// Runs every policy on the workload.
 fn run_policies(
     args: &SimArgs,
+    policies: &[PolicyKind],
     workload: &PreparedWorkload,
     config: &SimConfig,
     quiet: bool,
 ) -> Result<Vec<SimReport>> {
     let mut reports = Vec::new();
-    for &policy in &args.policy {
+    for &policy in policies {
         let bar = progress_bar(workload.requests.len() as u64, policy, quiet);
-        let cache_view = cache_view_for(args, policy);
         let mut config = config.clone();
-        config.routing.cache_view = cache_view;
+        config.routing.router.cache_view =
+            cache_view_for(args, policy, config.routing.router.cache_view);
         let started = Instant::now();
         let mut report = simulate(&config, workload, policy, &mut |done| {
             bar.set_position(done)
         })?;
-        report.cache_view = match cache_view {
-            CacheViewMode::Auto => "events",
-            CacheViewMode::Approximate => "approx",
-        };
+        report.cache_view = view_name(config.routing.router.cache_view);
         report.wall_seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
         reports.push(report);
@@ -564,31 +502,46 @@ fn run_policies(
     Ok(reports)
 }
 
-/// The router's view of the caches for `policy` under `--cache-view`.
-pub(super) fn cache_view_for(args: &SimArgs, policy: PolicyKind) -> CacheViewMode {
+/// The router's view of the caches for `policy` under `--cache-view` (none: the
+/// configuration's, `configured`).
+pub(super) fn cache_view_for(
+    args: &SimArgs,
+    policy: PolicyKind,
+    configured: CacheViewMode,
+) -> CacheViewMode {
     match args.cache_view {
-        ViewArg::Natural if policy == PolicyKind::CacheAware => CacheViewMode::Approximate,
-        ViewArg::Natural | ViewArg::Events => CacheViewMode::Auto,
-        ViewArg::Approx => CacheViewMode::Approximate,
+        None => configured,
+        Some(ViewArg::Natural) if policy == PolicyKind::CacheAware => CacheViewMode::Approximate,
+        Some(ViewArg::Natural | ViewArg::Events) => CacheViewMode::Auto,
+        Some(ViewArg::Approx) => CacheViewMode::Approximate,
+    }
+}
+
+/// A cache view's name in reports.
+pub(super) fn view_name(view: CacheViewMode) -> &'static str {
+    match view {
+        CacheViewMode::Auto => "events",
+        CacheViewMode::Approximate => "approx",
     }
 }
 
 /// One point of a sweep.
 #[derive(Serialize)]
-struct SweepPoint {
-    workers: u32,
-    speedup: f64,
+pub(super) struct SweepPoint {
+    pub(super) workers: u32,
+    pub(super) speedup: f64,
     /// Arrivals per second per worker.
-    offered_per_worker: f64,
-    report: SimReport,
+    pub(super) offered_per_worker: f64,
+    pub(super) report: SimReport,
 }
 
 /// Every policy on every fleet size at every load level: a table (or JSON) and a plot.
-fn run_sweep(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Result<()> {
+fn run_sweep(args: &SimArgs, plan: &Plan, requests: &[TraceRequest]) -> Result<()> {
     let mut points = Vec::new();
+    let block_size = plan.base.engine.block_size;
     for &speedup in &args.speedup {
         let workload =
-            PreparedWorkload::prepare(requests, args.trace_block_size, args.block_size, speedup);
+            PreparedWorkload::prepare(requests, args.trace_block_size, block_size, speedup);
         let span = match (workload.requests.first(), workload.requests.last()) {
             (Some(first), Some(last)) => (last.arrival - first.arrival).as_secs_f64(),
             _ => 0.0,
@@ -598,12 +551,12 @@ fn run_sweep(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Res
         } else {
             0.0
         };
-        for &workers in &args.workers {
+        for &workers in &plan.workers {
             let config = SimConfig {
                 workers,
-                ..base.clone()
+                ..plan.base.clone()
             };
-            for report in run_policies(args, &workload, &config, args.json)? {
+            for report in run_policies(args, &plan.policies, &workload, &config, args.json)? {
                 points.push(SweepPoint {
                     workers,
                     speedup,
@@ -623,110 +576,7 @@ fn run_sweep(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Res
     }
 }
 
-fn sweep_table(trace: &std::path::Path, points: &[SweepPoint]) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(out, "sweep of {}", trace.display());
-    let _ = writeln!(
-        out,
-        "{:<14} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>7}",
-        "policy",
-        "workers",
-        "speedup",
-        "req/s/w",
-        "ttft mean",
-        "ttft p90",
-        "ttft p99",
-        "itl p99",
-        "e2e mean",
-        "hit rate",
-        "refused",
-        "wall s"
-    );
-    for p in points {
-        let r = &p.report;
-        let _ = writeln!(
-            out,
-            "{:<14} {:>7} {:>7} {:>9.3} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>9.1} {:>7.1}% {:>8} {:>7.2}",
-            r.policy,
-            p.workers,
-            p.speedup,
-            p.offered_per_worker,
-            r.ttft_ms.mean,
-            r.ttft_ms.p90,
-            r.ttft_ms.p99,
-            r.itl_ms.p99,
-            r.e2e_ms.mean,
-            r.cache_hit_rate * 100.0,
-            r.rejected + r.failed,
-            r.wall_seconds
-        );
-    }
-    out
-}
-
-/// TTFT p90 against offered load, a line per policy and fleet size.
-fn plot(path: &std::path::Path, trace: &std::path::Path, points: &[SweepPoint]) -> Result<()> {
-    use plotters::prelude::*;
-
-    switchyard_workload::bench::register_font();
-    let mut series: BTreeMap<(String, u32), Vec<(f64, f64)>> = BTreeMap::new();
-    for p in points {
-        series
-            .entry((p.report.policy.clone(), p.workers))
-            .or_default()
-            .push((p.offered_per_worker, p.report.ttft_ms.p90));
-    }
-    let x_max = points
-        .iter()
-        .map(|p| p.offered_per_worker)
-        .fold(0.0, f64::max)
-        * 1.05;
-    let y_max = points
-        .iter()
-        .map(|p| p.report.ttft_ms.p90)
-        .fold(0.0, f64::max)
-        * 1.1;
-    let draw = || -> Result<(), Box<dyn std::error::Error>> {
-        let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let name = trace.file_name().map_or_else(
-            || trace.display().to_string(),
-            |n| n.to_string_lossy().into(),
-        );
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("TTFT p90 against load: {name}"), ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d(0.0..x_max.max(1e-3), 0.0..y_max.max(1.0))?;
-        chart
-            .configure_mesh()
-            .x_desc("offered load, requests/s per worker")
-            .y_desc("TTFT p90, ms")
-            .draw()?;
-        for (i, ((policy, workers), mut line)) in series.into_iter().enumerate() {
-            line.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let color = Palette99::pick(i).to_rgba();
-            chart
-                .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
-                .label(format!("{policy}, {workers} workers"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart.draw_series(line.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
-}
-
-fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
+fn read_trace(args: &SimArgs, seed: u64) -> Result<Vec<TraceRequest>> {
     let format = args.format.unwrap_or_else(|| {
         if args
             .trace
@@ -746,7 +596,7 @@ fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
                     pool: args.media_pool,
                     ..mix.clone()
                 };
-                mix.apply(&mut records, args.seed, args.trace_block_size);
+                mix.apply(&mut records, seed, args.trace_block_size);
             }
             Ok(records.iter().map(TraceRequest::from_mooncake).collect())
         }
@@ -766,144 +616,4 @@ fn read_trace(args: &SimArgs) -> Result<Vec<TraceRequest>> {
             })
             .collect()),
     }
-}
-
-fn progress_bar(len: u64, policy: PolicyKind, quiet: bool) -> ProgressBar {
-    if quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len);
-    let style =
-        ProgressStyle::with_template("{prefix:>14} [{bar:40}] {pos}/{len} requests ({elapsed})")
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar.set_prefix(policy.name());
-    bar
-}
-
-/// Writes the output; a reader that went away (`| head`) is not an error.
-pub(super) fn write_stdout(text: &str) -> Result<()> {
-    use std::io::Write;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
-}
-
-fn table(args: &SimArgs, requests: usize, reports: &[SimReport]) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{} requests from {} on {} workers",
-        requests,
-        args.trace.display(),
-        args.workers
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let _ = writeln!(
-        out,
-        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>10} {:>10} {:>8} {:>7} {:>8} {:>8} {:>8}",
-        "policy",
-        "ttft mean",
-        "ttft p50",
-        "ttft p90",
-        "ttft p99",
-        "itl mean",
-        "itl p99",
-        "tpot p99",
-        "e2e mean",
-        "e2e p99",
-        "hit rate",
-        "req cv",
-        "preempt",
-        "refused",
-        "wall s"
-    );
-    for r in reports {
-        let _ = writeln!(
-            out,
-            "{:<14} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>9.2} {:>10.1} {:>10.1} {:>7.1}% {:>7.3} {:>8} {:>8} {:>8.2}",
-            r.policy,
-            r.ttft_ms.mean,
-            r.ttft_ms.p50,
-            r.ttft_ms.p90,
-            r.ttft_ms.p99,
-            r.itl_ms.mean,
-            r.itl_ms.p99,
-            r.tpot_ms.p99,
-            r.e2e_ms.mean,
-            r.e2e_ms.p99,
-            r.cache_hit_rate * 100.0,
-            r.load_spread.requests_cv,
-            r.preemptions,
-            r.rejected + r.failed,
-            r.wall_seconds
-        );
-    }
-    if let Some(r) = reports.first() {
-        let _ = writeln!(
-            out,
-            "(ms; {:.0} simulated seconds; {:.2} req/s, {:.0} output tok/s for {})",
-            r.simulated_seconds,
-            r.throughput.requests_per_sec,
-            r.throughput.output_tokens_per_sec,
-            r.policy
-        );
-    }
-    for r in reports {
-        let Some(m) = &r.media else {
-            continue;
-        };
-        let classes = m
-            .ttft_ms_by_class
-            .iter()
-            .map(|(class, d)| format!("{class} {:.0}/{:.0}", d.p50, d.p99))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let _ = writeln!(
-            out,
-            "{}: {} requests with media ({} items), {} routed to a worker holding theirs; {} \
-             encoders {:.1} % busy, encoded p50 {:.0} ms p99 {:.0} ms after admission; TTFT \
-             p50/p99 ms by class: {classes}",
-            r.policy,
-            m.requests,
-            m.items,
-            m.skipped,
-            m.encoders,
-            m.encoder_utilisation * 100.0,
-            m.encode_wait_ms.p50,
-            m.encode_wait_ms.p99,
-        );
-    }
-    for r in reports {
-        let Some(f) = &r.failures else {
-            continue;
-        };
-        let _ = writeln!(
-            out,
-            "{}: {} faults, {} requests caught ({} restarted, {} moved mid-stream: {} by KV \
-             transfer, {} by re-prefill), {} failed, {} completed after a move; stall p50 {:.0} \
-             ms p99 {:.0} ms; e2e mean {:.0} ms moved vs {:.0} ms untouched; {:.0} worker-s down",
-            r.policy,
-            f.faults,
-            f.interrupted,
-            f.restarted,
-            f.migrations,
-            f.by_transfer,
-            f.by_reprefill,
-            f.failed,
-            f.completed_after_move,
-            f.stall_ms.p50,
-            f.stall_ms.p99,
-            f.moved_e2e_ms.mean,
-            f.untouched_e2e_ms.mean,
-            f.worker_seconds_down
-        );
-    }
-    out
 }

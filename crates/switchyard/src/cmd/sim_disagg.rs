@@ -6,28 +6,21 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use clap::Args;
 use serde::Serialize;
-use switchyard_router::DisaggConfig;
 use switchyard_sim::{DisaggSim, Link, PreparedWorkload, SimConfig, SimReport, Split, simulate};
 
-use super::sim::{SimArgs, cache_view_for};
+use super::sim::{Plan, SimArgs, cache_view_for, view_name};
 
 #[derive(Debug, Args)]
 pub struct DisaggArgs {
     /// Run disaggregated fleets of P prefill and D decode workers (comma separated, e.g.
     /// `2:6,4:4`), each compared with the aggregated fleet of P+D workers; the first
-    /// --policy routes.
+    /// policy routes (a configuration's `workers.prefill` runs one such fleet on its own).
     #[arg(long, value_delimiter = ',', value_name = "P:D")]
     pub disagg: Vec<Split>,
-    /// The link KV moves over from prefill to decode workers: nvlink, pcie5, ib or GB/s.
-    #[arg(long, default_value = "ib")]
-    disagg_link: Link,
-    /// Uncached prompt tokens up to which a decode worker prefills a request itself.
-    #[arg(long, default_value_t = DisaggConfig::default().local_prefill_tokens)]
-    local_prefill_tokens: u64,
-    /// Prompt tokens queued on the chosen prefill worker from which the prefill pool
-    /// counts as saturated (and the decode worker prefills itself).
-    #[arg(long, default_value_t = DisaggConfig::default().max_prefill_queue_tokens)]
-    max_prefill_queue_tokens: u64,
+    /// The link KV moves over from prefill to decode workers: nvlink, pcie5, ib or GB/s
+    /// [default: workers.mocker.kv_transfer's].
+    #[arg(long)]
+    disagg_link: Option<Link>,
 }
 
 #[derive(Serialize)]
@@ -43,41 +36,43 @@ struct Output<'a> {
     fleets: &'a [Row],
 }
 
-/// `base` as a disaggregated fleet of `split` (its link, model shape and thresholds from
-/// the flags).
-pub(super) fn with_split(args: &SimArgs, base: SimConfig, split: Split) -> Result<SimConfig> {
-    let d = &args.disagg;
-    if d.max_prefill_queue_tokens == 0 {
-        bail!("--max-prefill-queue-tokens must be at least 1");
-    }
+/// `base` as a disaggregated fleet of `split` (its link from `--disagg-link`, else the
+/// one `base` has from the configuration).
+pub(super) fn with_split(
+    args: &SimArgs,
+    plan: &Plan,
+    base: SimConfig,
+    split: Split,
+) -> Result<SimConfig> {
     let Some(workers) = split.prefill.checked_add(split.decode) else {
         bail!("--disagg {split}: too many workers");
     };
-    let mut config = SimConfig {
+    let link = match (args.disagg.disagg_link, &base.disagg) {
+        (Some(link), _) => link,
+        (None, Some(d)) => d.link,
+        (None, None) => super::sim_config::kv_link(&plan.config),
+    };
+    let kv_bytes_per_token = base.faults.kv_bytes_per_token;
+    Ok(SimConfig {
         workers,
         disagg: Some(DisaggSim {
             prefill: split.prefill,
-            link: d.disagg_link,
-            kv_bytes_per_token: args.model_shape.kv_bytes_per_token(),
+            link,
+            kv_bytes_per_token,
         }),
         ..base
-    };
-    config.routing.disagg = DisaggConfig {
-        local_prefill_tokens: d.local_prefill_tokens,
-        max_prefill_queue_tokens: d.max_prefill_queue_tokens,
-    };
-    Ok(config)
+    })
 }
 
-pub(super) fn run(args: &SimArgs, workload: &PreparedWorkload, base: &SimConfig) -> Result<()> {
-    let Some(&policy) = args.policy.first() else {
+pub(super) fn run(args: &SimArgs, plan: &Plan, workload: &PreparedWorkload) -> Result<()> {
+    let Some(&policy) = plan.policies.first() else {
         bail!("--policy needs a value");
     };
-    let mut base = base.clone();
-    base.routing.cache_view = cache_view_for(args, policy);
+    let mut base = plan.base.clone();
+    base.routing.router.cache_view = cache_view_for(args, policy, base.routing.router.cache_view);
     let mut rows: Vec<Row> = Vec::new();
     for &split in &args.disagg.disagg {
-        let config = with_split(args, base.clone(), split)?;
+        let config = with_split(args, plan, base.clone(), split)?;
         let aggregated = format!("aggregated {}", config.workers);
         if !rows.iter().any(|r| r.fleet == aggregated) {
             let plain = SimConfig {
@@ -105,9 +100,19 @@ pub(super) fn run(args: &SimArgs, workload: &PreparedWorkload, base: &SimConfig)
             })?
         )
     } else {
-        table(args, workload.requests.len(), policy.name(), &rows)
+        let link = with_split(args, plan, base.clone(), args.disagg.disagg[0])?
+            .disagg
+            .map_or(super::sim_config::kv_link(&plan.config), |d| d.link);
+        table(
+            args,
+            &base,
+            link,
+            workload.requests.len(),
+            policy.name(),
+            &rows,
+        )
     };
-    super::sim::write_stdout(&text)
+    super::sim_output::write_stdout(&text)
 }
 
 fn run_one(
@@ -122,23 +127,27 @@ fn run_one(
     }
     let started = Instant::now();
     let mut report = simulate(config, workload, policy, &mut |_| {})?;
-    report.cache_view = match config.routing.cache_view {
-        switchyard_router::CacheViewMode::Auto => "events",
-        switchyard_router::CacheViewMode::Approximate => "approx",
-    };
+    report.cache_view = view_name(config.routing.router.cache_view);
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
 
-fn table(args: &SimArgs, requests: usize, policy: &str, rows: &[Row]) -> String {
+fn table(
+    args: &SimArgs,
+    base: &SimConfig,
+    link: Link,
+    requests: usize,
+    policy: &str,
+    rows: &[Row],
+) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "{requests} requests from {} (policy {policy}, KV link {:.0} GB/s, {} bytes/token)",
         args.trace.display(),
-        args.disagg.disagg_link.bandwidth / 1e9,
-        args.model_shape.kv_bytes_per_token()
+        link.bandwidth / 1e9,
+        base.faults.kv_bytes_per_token
     );
     let _ = writeln!(
         s,

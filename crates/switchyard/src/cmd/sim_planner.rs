@@ -10,10 +10,9 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use switchyard_planner::{Mode, PlannerConfig, PredictorConfig, evaluate};
 use switchyard_router::AdmissionConfig;
-use switchyard_router::routing::admission::SERVER_BUSY_KV_THRESHOLD;
 use switchyard_sim::{PlannerSim, PreparedWorkload, SimConfig, SimReport, SlaTargets, simulate};
 
-use super::sim::{SimArgs, cache_view_for};
+use super::sim::{Plan, SimArgs, cache_view_for};
 use switchyard_core::WorkerRole;
 use switchyard_sim::TraceRequest;
 
@@ -25,7 +24,7 @@ pub struct PlanningArgs {
     #[arg(long, value_delimiter = ',', value_enum)]
     pub planner: Vec<PlannerArg>,
     /// Planner settings from a TOML file (the keys of the config tree's `[planner]`
-    /// table); the flags below override it.
+    /// table), over the configuration's `[planner]`; the flags below override it.
     #[arg(long, value_name = "FILE.toml")]
     planner_config: Option<PathBuf>,
     /// Time to first token to hold [default: 500ms].
@@ -75,7 +74,7 @@ enum PredictorArg {
 impl PlanningArgs {
     /// The planner settings: the file's (or the defaults), the flags over them, and the
     /// engines' cache shape from the fleet's flags.
-    fn config(&self, sim: &SimArgs) -> Result<PlannerConfig> {
+    fn config(&self, plan: &Plan) -> Result<PlannerConfig> {
         let mut config = match &self.planner_config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -83,7 +82,7 @@ impl PlanningArgs {
                 toml::from_str(&text)
                     .with_context(|| format!("{}: invalid planner settings", path.display()))?
             }
-            None => PlannerConfig::default(),
+            None => plan.config.planner.clone(),
         };
         if let Some(t) = self.ttft_target {
             config.sla.ttft_target = t;
@@ -112,8 +111,8 @@ impl PlanningArgs {
                 config.sla.predictor = chosen;
             }
         }
-        config.sla.capacity_blocks = u64::from(sim.num_gpu_blocks);
-        config.sla.block_size = sim.block_size;
+        config.sla.capacity_blocks = u64::from(plan.base.engine.num_gpu_blocks);
+        config.sla.block_size = plan.base.engine.block_size;
         config.validate()?;
         Ok(config)
     }
@@ -148,12 +147,17 @@ struct PredictorRow {
     isl: switchyard_planner::ForecastError,
 }
 
-pub fn run(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Result<()> {
+pub(super) fn run(
+    args: &SimArgs,
+    plan: &Plan,
+    requests: &[TraceRequest],
+    base: &SimConfig,
+) -> Result<()> {
     let planning = &args.planning;
     if !(planning.sla_share > 0.0 && planning.sla_share <= 1.0) {
         bail!("--sla-share must be in (0, 1], got {}", planning.sla_share);
     }
-    let planner_config = planning.config(args)?;
+    let planner_config = planning.config(plan)?;
     let targets = SlaTargets {
         ttft: planner_config.sla.ttft_target,
         itl: planner_config.sla.itl_target,
@@ -161,29 +165,28 @@ pub fn run(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Resul
     let workload = PreparedWorkload::prepare(
         requests,
         args.trace_block_size,
-        args.block_size,
+        plan.base.engine.block_size,
         args.speedup[0],
     );
-    let policy = args.policy[0];
+    let policy = plan.policies[0];
     let mut base = base.clone();
-    // A disaggregated fleet's size comes with its split.
-    if base.disagg.is_none() {
-        base.workers = args.workers[0];
-    }
-    base.routing.cache_view = cache_view_for(args, policy);
+    base.routing.router.cache_view = cache_view_for(args, policy, base.routing.router.cache_view);
     base.sla_targets = Some(targets);
     // A planned fleet is served as the servers serve: a worker is busy at their KV
     // threshold, and a request whose wait in the frontend's queue would pass the TTFT
     // target is refused at once (it would miss the target anyway) instead of queued
     // inside an engine. Without it, a fleet the planner has not caught up with yet queues
     // everything in its engines, and the backlog outlives the burst: every request behind
-    // it misses too (docs/benchmarks.md, "Admission in planned runs"). The flags, given,
-    // win.
+    // it misses too (docs/benchmarks.md, "Admission in planned runs"). A wait target
+    // given (`--wait-target`, or a configuration file's) wins.
     let admission = &mut base.routing.admission;
-    if args.busy_kv_threshold.is_none() {
-        admission.busy_kv_threshold = SERVER_BUSY_KV_THRESHOLD;
-    }
-    if args.wait_target_secs.is_none() {
+    let configured_target = args.wait_target.is_some()
+        || plan.config.frontend.admission.wait_target
+            != switchyard::config::Config::default()
+                .frontend
+                .admission
+                .wait_target;
+    if !configured_target {
         admission.wait_target = Some(targets.ttft);
     }
     let run_one = |config: &SimConfig, what: &str| -> Result<SimReport> {
@@ -311,7 +314,10 @@ pub fn run(args: &SimArgs, requests: &[TraceRequest], base: &SimConfig) -> Resul
         write_decisions(path, &decisions)?;
     }
     if let Some(path) = &args.requests_out {
-        super::sim::write_requests(path, rows.iter().map(|r| (r.fleet.as_str(), &r.report)))?;
+        super::sim_output::write_requests(
+            path,
+            rows.iter().map(|r| (r.fleet.as_str(), &r.report)),
+        )?;
     }
     if let Some(path) = &args.plot {
         plot(path, &args.trace, &rows, planner_config.adjustment_interval)?;

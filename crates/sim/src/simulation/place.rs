@@ -1,0 +1,426 @@
+//! A request's placement: from admission to its engine, through the routing core, each
+//! try's outcome told to its life ([`RequestLife`]), which decides what follows (another
+//! worker, a backoff, a wait for one, giving up).
+
+use std::time::Duration;
+
+use rand::Rng;
+use rand::rngs::SmallRng;
+use switchyard_core::protocol::EngineError;
+use switchyard_core::{MediaSpan, RequestId, Token, TokenBlocks, WorkerId};
+use switchyard_mocker::MockRequest;
+use switchyard_mocker::tokens::{TokenRules, token_at};
+use switchyard_router::flow::{self, GiveUp, NoWorker, Shell, TryFailure};
+use switchyard_router::routing::encoders::MediaWork;
+use switchyard_router::routing::health::{Failure, HealthChange};
+use switchyard_router::{
+    HealthState, LocalReason, PairDecision, RequestLife, RouteQuery, RoutingCore, RoutingOverrides,
+};
+
+use super::{Event, Fleet, Outcome, Slot, slot_of};
+use crate::faults::FaultKind;
+
+/// The fleet as a request's life sees it: the routing core's records and health, the
+/// migration budget, the backoffs' jitter; workers its failures take out are noted.
+pub(super) struct SimShell<'a> {
+    pub(super) core: &'a mut RoutingCore,
+    pub(super) rng: &'a mut SmallRng,
+    pub(super) outages: &'a mut Vec<WorkerId>,
+    pub(super) now: Duration,
+}
+
+impl Shell for SimShell<'_> {
+    fn release(&mut self, id: RequestId) {
+        self.core.finish(id);
+        self.core.prefill_finished(id);
+    }
+
+    fn prefill_released(&mut self, id: RequestId) {
+        self.core.prefill_finished(id);
+    }
+
+    fn prefill_done(&mut self, id: RequestId) {
+        self.core.prefill_done(id, self.now);
+    }
+
+    fn count_failure(&mut self, worker: WorkerId, failure: Failure) {
+        if let Some(HealthChange {
+            to: HealthState::Unhealthy,
+            ..
+        }) = self.core.observe_failure(worker, failure, self.now)
+        {
+            self.outages.push(worker);
+        }
+    }
+
+    fn count_success(&mut self, worker: WorkerId) {
+        self.core.observe_success(worker, self.now);
+    }
+
+    fn credit_migration(&mut self) {
+        self.core.credit_migration();
+    }
+
+    fn spend_migration(&mut self) -> bool {
+        self.core.spend_migration()
+    }
+
+    fn unit_random(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+}
+
+impl Fleet<'_> {
+    /// Runs `f` on request `index`'s life, with the fleet as its shell, now.
+    pub(super) fn with_life<R>(
+        &mut self,
+        index: u32,
+        f: impl FnOnce(&mut RequestLife, &mut SimShell<'_>) -> R,
+    ) -> R {
+        self.with_life_at(index, self.now, f)
+    }
+
+    /// [`Self::with_life`] at `now` (an engine advanced on its own is ahead of the
+    /// fleet's clock).
+    pub(super) fn with_life_at<R>(
+        &mut self,
+        index: u32,
+        now: Duration,
+        f: impl FnOnce(&mut RequestLife, &mut SimShell<'_>) -> R,
+    ) -> R {
+        let mut shell = SimShell {
+            core: &mut self.core,
+            rng: &mut self.rng,
+            outages: &mut self.outages,
+            now,
+        };
+        f(&mut self.lives[index as usize], &mut shell)
+    }
+
+    /// Starts an admitted request: to the encoders first if it has media (unless, with
+    /// joint routing, a worker holding its media already is predicted to be sooner), and
+    /// to its worker (at once, with overlap; once encoded, without).
+    pub(super) fn dispatch(&mut self, index: u32) {
+        self.with_life(index, |life, shell| life.start(shell));
+        let request = &self.workload.requests[index as usize];
+        if !request.media.is_empty() {
+            self.media.requests += 1;
+            self.media.items += request.media.len() as u64;
+        }
+        if self.encoders.is_some() && !request.media.is_empty() {
+            let joint = self.config.encoders.as_ref().is_some_and(|e| e.joint);
+            if joint && let Some(holder) = self.worth_skipping(index) {
+                self.media.skipped += 1;
+                self.requests[index as usize].holder = Some(holder);
+                self.place_again(index);
+                return;
+            }
+            let Some(pool) = &mut self.encoders else {
+                return;
+            };
+            let mut started = Vec::new();
+            for span in &request.media {
+                let work = MediaWork {
+                    owner: u64::from(index),
+                    modality: span.modality,
+                    tokens: span.length,
+                };
+                if let Some(s) = pool.submit(work, self.now).1 {
+                    started.push(s);
+                }
+            }
+            self.requests[index as usize].encoding = request.media.len() as u32;
+            self.requests[index as usize].encoding_since = self.now;
+            for s in started {
+                self.schedule(s.ends, Event::EncodeDone(s.encoder as u32));
+            }
+            if self.overlaps() {
+                self.place_again(index);
+            }
+            return;
+        }
+        self.place_again(index);
+    }
+
+    /// The request's prompt as its next worker must see it (the original, then the tokens
+    /// streamed so far), its tokens left, and how many were streamed.
+    pub(super) fn resumed(&self, index: u32) -> (TokenBlocks, u32, u32) {
+        let request = &self.workload.requests[index as usize];
+        let generated = self.requests[index as usize].output_tokens;
+        let mut prompt = request.prompt.clone();
+        if generated > 0 {
+            let prompt_tokens = prompt.total_tokens() as u32;
+            let seed = self.config.seed;
+            let streamed: Vec<Token> = (0..generated)
+                .map(|i| token_at(seed, u64::from(index), prompt_tokens + i))
+                .collect();
+            prompt.extend(&streamed);
+        }
+        (prompt, request.output_tokens - generated, generated)
+    }
+
+    /// Places the request from where it stands (as it came, or after what it streamed).
+    pub(super) fn place_again(&mut self, index: u32) {
+        let (prompt, left, generated) = self.resumed(index);
+        self.place(index, prompt, left, generated, 0);
+    }
+
+    /// What its engine is handed.
+    pub(super) fn mock_for(
+        &self,
+        index: u32,
+        prompt: TokenBlocks,
+        max_output_tokens: u32,
+        generated: u32,
+    ) -> MockRequest {
+        let id = RequestId(u64::from(index));
+        MockRequest {
+            id,
+            prompt,
+            max_output_tokens,
+            generated,
+            stream_key: id.0,
+            stop_token_ids: self.config.eos_token_ids.clone(),
+            rules: TokenRules::default(),
+            earlier_output: Vec::new(),
+            imported_tokens: 0,
+            media_gate: self.media_gate(index),
+            media: MediaSpan::extent(&self.workload.requests[index as usize].media),
+        }
+    }
+
+    /// Routes a request (new, or moved with `generated` tokens streamed and `kv_tokens`
+    /// tokens of KV readable on the worker it leaves) and hands it to an engine, trying
+    /// others as its life decides when one cannot take it.
+    pub(super) fn place(
+        &mut self,
+        index: u32,
+        prompt: TokenBlocks,
+        max_output_tokens: u32,
+        generated: u32,
+        kv_tokens: u32,
+    ) {
+        let id = RequestId(u64::from(index));
+        let mut mock = self.mock_for(index, prompt, max_output_tokens, generated);
+        let holder = self.requests[index as usize].holder;
+        let mut unexcluded = false;
+        loop {
+            let exclude: Vec<WorkerId> = if unexcluded {
+                Vec::new()
+            } else {
+                self.lives[index as usize].exclusions().to_vec()
+            };
+            let overlaps = self.indexer.find_matches_blocks(&mock.prompt);
+            let query = RouteQuery {
+                id,
+                blocks: &mock.prompt,
+                overrides: RoutingOverrides {
+                    media_pending: mock.media_gate.is_some(),
+                    max_tokens: Some(mock.max_output_tokens),
+                    worker: holder,
+                    held_media: holder.is_some(),
+                    ..RoutingOverrides::default()
+                },
+                exclude: &exclude,
+            };
+            let Ok((
+                PairDecision {
+                    decode: decision,
+                    prefill,
+                },
+                local,
+            )) = self.core.route_pair(&query, &overlaps, self.now)
+            else {
+                match self.lives[index as usize].no_worker(unexcluded, self.now) {
+                    NoWorker::RouteUnexcluded => {
+                        unexcluded = true;
+                        continue;
+                    }
+                    NoWorker::Wait { until } => return self.wait_for_worker(index, until),
+                    NoWorker::GiveUp(give_up) => return self.give_up(index, &give_up),
+                }
+            };
+            self.lives[index as usize].routed();
+            unexcluded = false;
+            match local {
+                Some(LocalReason::Short) => self.disagg.local_short += 1,
+                Some(LocalReason::Saturated) => self.disagg.local_saturated += 1,
+                Some(LocalReason::Unavailable) => self.disagg.local_unavailable += 1,
+                Some(LocalReason::HeldMedia) => self.disagg.local_media += 1,
+                None => {}
+            }
+            if flow::media::waits_for_media(prefill.is_some(), mock.media_gate.is_some()) {
+                // A prefill worker hands over a finished prompt: routed again once its
+                // media are encoded.
+                self.core.finish(id);
+                self.core.prefill_finished(id);
+                self.requests[index as usize].route_when_encoded = true;
+                return;
+            }
+            if let Some(prefill) = prefill {
+                match self.start_remote_prefill(index, &mock, decision.worker, prefill.worker) {
+                    Ok(()) => return,
+                    Err((worker, failure)) => {
+                        if self.try_failed(index, worker, failure) {
+                            continue;
+                        }
+                        return;
+                    }
+                }
+            }
+            let slot = slot_of(decision.worker);
+            match self.slots[slot] {
+                // A crashed worker refuses the connection.
+                Slot::Failed {
+                    kind: FaultKind::Crash,
+                    ..
+                } => {
+                    let refused =
+                        TryFailure::Refused(EngineError::Unreachable("the worker crashed".into()));
+                    if self.try_failed(index, decision.worker.worker_id, refused) {
+                        continue;
+                    }
+                    return;
+                }
+                // A hung worker takes it and does nothing: it moves when the hang is found.
+                Slot::Failed { .. } => {
+                    self.requests[index as usize].worker = Some(decision.worker);
+                    self.per_worker_requests[slot] += 1;
+                    self.lives[index as usize].under_way();
+                    return;
+                }
+                // Neither is registered with the core, which cannot route to them.
+                Slot::Starting | Slot::Retired => {
+                    unreachable!("routed to a worker the core does not know")
+                }
+                Slot::Up | Slot::Draining => {}
+            }
+            if kv_tokens > 0
+                && let Some(link) = self.config.faults.link
+            {
+                // Re-prefill what the target lacks, or send the KV over: the cheaper.
+                let bytes = u64::from(kv_tokens) * self.config.faults.kv_bytes_per_token;
+                let transfer = link.transfer_time(bytes);
+                let recompute = Duration::from_secs_f64(
+                    self.config
+                        .perf_of(slot)
+                        .prefill_ms(decision.prefill_tokens.min(u64::from(u32::MAX)) as u32)
+                        / 1e3,
+                );
+                if transfer < recompute {
+                    self.failures.by_transfer += 1;
+                    self.failures.transferred_bytes += bytes;
+                    mock.imported_tokens = kv_tokens;
+                    let moves = self.requests[index as usize].moves;
+                    self.requests[index as usize].worker = Some(decision.worker);
+                    self.per_worker_requests[slot] += 1;
+                    self.lives[index as usize].under_way();
+                    self.transfers.insert(index, (moves, slot, mock));
+                    self.schedule(self.now + transfer, Event::TransferDone(index, moves));
+                    return;
+                }
+            }
+            if generated > 0 {
+                self.failures.by_reprefill += 1;
+                self.failures.recomputed_tokens += decision.prefill_tokens;
+            }
+            let gate = mock
+                .media_gate
+                .map(|g| (mock.prompt.total_tokens() as u64, u64::from(g)));
+            match self.engines[slot].add_request(mock) {
+                Ok(()) => {
+                    if let Some((tokens, from)) = gate {
+                        self.core.media_pending(id, tokens, from);
+                    }
+                    let state = &mut self.requests[index as usize];
+                    state.placed_at = self.now;
+                    state.worker = Some(decision.worker);
+                    self.per_worker_requests[slot] += 1;
+                    self.lives[index as usize].under_way();
+                    if self.step_end[slot].is_none() {
+                        self.start_step(slot, self.now);
+                    }
+                    return;
+                }
+                Err(rejected) => {
+                    let refused = TryFailure::Refused(rejected.engine_error());
+                    if !self.try_failed(index, decision.worker.worker_id, refused) {
+                        return;
+                    }
+                    let (prompt, left, generated) = self.resumed(index);
+                    mock = self.mock_for(index, prompt, left, generated);
+                }
+            }
+        }
+    }
+
+    /// A try of request `index` on `worker` failed: its life decides. Returns whether to
+    /// try again at once (else it waits out a backoff, or gave up).
+    pub(super) fn try_failed(&mut self, index: u32, worker: WorkerId, failure: TryFailure) -> bool {
+        match self.with_life(index, |life, shell| life.try_failed(worker, failure, shell)) {
+            Ok(None) => true,
+            Ok(Some(backoff)) => {
+                self.schedule(self.now + backoff, Event::Retry(index));
+                false
+            }
+            Err(give_up) => {
+                self.give_up(index, &give_up);
+                false
+            }
+        }
+    }
+
+    /// A backoff is over.
+    pub(super) fn retry(&mut self, index: u32) {
+        if self.requests[index as usize].outcome == Outcome::Pending {
+            self.place_again(index);
+        }
+    }
+
+    /// No worker can take the request now: it waits for one to join or recover.
+    fn wait_for_worker(&mut self, index: u32, until: Duration) {
+        let state = &mut self.requests[index as usize];
+        if !state.waiting_for_worker {
+            state.waiting_for_worker = true;
+            self.waiting.push(index);
+            self.schedule(until, Event::WaitOver(index));
+        }
+    }
+
+    /// Requests waiting for a worker look again (one joined or came back).
+    pub(super) fn workers_changed(&mut self) {
+        for index in std::mem::take(&mut self.waiting) {
+            self.requests[index as usize].waiting_for_worker = false;
+            if self.requests[index as usize].outcome == Outcome::Pending {
+                self.place_again(index);
+            }
+        }
+    }
+
+    /// A request waited for a worker as long as it may: one last look.
+    pub(super) fn wait_over(&mut self, index: u32) {
+        if !self.requests[index as usize].waiting_for_worker {
+            return;
+        }
+        self.requests[index as usize].waiting_for_worker = false;
+        self.waiting.retain(|&i| i != index);
+        if self.requests[index as usize].outcome == Outcome::Pending {
+            self.place_again(index);
+        }
+    }
+
+    /// Its life gave up.
+    pub(super) fn give_up(&mut self, index: u32, give_up: &GiveUp) {
+        let state = &mut self.requests[index as usize];
+        state.outcome = Outcome::Failed(give_up.name());
+        if state.caught {
+            self.failures.failed += 1;
+        }
+        self.report.failed += 1;
+        *self
+            .report
+            .failed_by_reason
+            .entry(give_up.name())
+            .or_insert(0) += 1;
+    }
+}
