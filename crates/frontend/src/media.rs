@@ -16,7 +16,7 @@ use switchyard_multimodal::{
     prepare_video, reduced_hash,
 };
 
-use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
+use switchyard_router::routing::encoders::{EncoderCost, EncoderLedger, EncoderPolicy};
 
 use crate::openai::ApiError;
 use crate::openai::request::{ChatCompletionRequest, MessageContent};
@@ -145,7 +145,7 @@ pub struct MediaStage {
     mel: Arc<LogMel>,
     /// The encoder workers' estimated outstanding work, in milliseconds, and the next in
     /// turn: how the request's encoder is chosen.
-    encoder_load: parking_lot::Mutex<(usize, std::collections::HashMap<WorkerId, f64>)>,
+    encoder_load: parking_lot::Mutex<EncoderLedger<WorkerId>>,
 }
 
 /// One prepared media item, in the order of the request's parts.
@@ -190,7 +190,7 @@ impl MediaStage {
             )),
             config,
             client,
-            encoder_load: parking_lot::Mutex::new((0, std::collections::HashMap::new())),
+            encoder_load: parking_lot::Mutex::new(EncoderLedger::default()),
         }
     }
 
@@ -355,42 +355,23 @@ impl MediaStage {
     }
 
     /// Orders the encoder workers by `encoder_policy`: in turn, or the least estimated
-    /// outstanding work first.
+    /// outstanding work first (see [`EncoderLedger`]).
     pub(crate) fn order_encoders(&self, encoders: &mut [switchyard_runtime::WorkerInstance]) {
-        let mut load = self.encoder_load.lock();
-        match self.config.encoder_policy {
-            EncoderPolicy::RoundRobin => {
-                encoders.sort_by_key(|e| e.worker_id);
-                let n = encoders.len().max(1);
-                encoders.rotate_left(load.0 % n);
-                load.0 = load.0.wrapping_add(1);
-            }
-            EncoderPolicy::Soonest => {
-                let outstanding = |e: &switchyard_runtime::WorkerInstance| {
-                    load.1.get(&e.worker_id).copied().unwrap_or(0.0)
-                };
-                encoders.sort_by(|a, b| {
-                    outstanding(a)
-                        .total_cmp(&outstanding(b))
-                        .then(a.worker_id.cmp(&b.worker_id))
-                });
-            }
-        }
+        let mut ids: Vec<WorkerId> = encoders.iter().map(|e| e.worker_id).collect();
+        self.encoder_load
+            .lock()
+            .order(self.config.encoder_policy, &mut ids);
+        encoders.sort_by_key(|e| ids.iter().position(|&id| id == e.worker_id));
     }
 
     /// The estimated work outstanding on `encoder`, in milliseconds.
     pub fn outstanding_ms(&self, encoder: WorkerId) -> f64 {
-        self.encoder_load
-            .lock()
-            .1
-            .get(&encoder)
-            .copied()
-            .unwrap_or(0.0)
+        self.encoder_load.lock().outstanding_ms(encoder)
     }
 
     /// Counts `ms` of estimated work on `encoder` until the guard is dropped.
     pub(crate) fn charge(&self, encoder: WorkerId, ms: f64) -> Charge<'_> {
-        *self.encoder_load.lock().1.entry(encoder).or_insert(0.0) += ms;
+        self.encoder_load.lock().charge(encoder, ms);
         Charge {
             stage: self,
             encoder,
@@ -521,10 +502,10 @@ pub(crate) struct Charge<'a> {
 
 impl Drop for Charge<'_> {
     fn drop(&mut self) {
-        let mut load = self.stage.encoder_load.lock();
-        if let Some(v) = load.1.get_mut(&self.encoder) {
-            *v = (*v - self.ms).max(0.0);
-        }
+        self.stage
+            .encoder_load
+            .lock()
+            .discharge(self.encoder, self.ms);
     }
 }
 

@@ -183,6 +183,8 @@ pub struct MediaReport {
     pub items: u64,
     /// Requests routed straight to a worker holding their media (joint routing).
     pub skipped: u64,
+    /// Items found in the feature store (encoded for an earlier request, or being encoded).
+    pub cached: u64,
     pub encoders: u32,
     /// Share of the run the encoders spent encoding.
     pub encoder_utilisation: f64,

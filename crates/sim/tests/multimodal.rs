@@ -41,6 +41,8 @@ fn config(encoders: Option<(usize, EncoderPolicy, bool)>) -> SimConfig {
             policy,
             joint,
             overlap: false,
+            store_bytes: 16 << 30,
+            after_prefill: Default::default(),
         }),
         workers: 4,
         engine: EngineArgs::default(),
@@ -232,6 +234,8 @@ fn a_video_sent_ahead_of_its_encoding_gains_without_delaying_the_text_requests()
             policy: EncoderPolicy::Soonest,
             joint: false,
             overlap,
+            store_bytes: 16 << 30,
+            after_prefill: Default::default(),
         }),
         ..config(None)
     };

@@ -1,4 +1,12 @@
-//! The wiring behind the `switchyard` command: the configuration tree and deployments.
+//! The wiring behind the `switchyard` command.
+//!
+//! - [`config`]: the one configuration tree and its loader (file, environment, flags).
+//! - [`deploy`]: deployments from it: `serve`'s in one process, a distributed frontend
+//!   and its workers.
+//! - [`replay`]: the simulator's settings from the same tree, so a deployment replays as
+//!   it is.
+//! - `kubernetes` (feature `kubernetes`): the planner's connector to a cluster.
+//! - `otel` (feature `otel`): request spans exported over OTLP.
 
 pub mod config;
 pub mod deploy;
@@ -6,3 +14,4 @@ pub mod deploy;
 pub mod kubernetes;
 #[cfg(feature = "otel")]
 pub mod otel;
+pub mod replay;

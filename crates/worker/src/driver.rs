@@ -19,10 +19,10 @@
 //! event publisher slows the engine down rather than losing events or growing memory.
 //! Each request's token stream holds at most its `max_tokens` items.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use rustc_hash::FxHashMap;
 use switchyard_core::protocol::{EngineError, GenerateRequest, TokenOutput};
 use switchyard_core::{KvEvent, LoadSnapshot, RequestId, SequenceHash};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -202,7 +202,9 @@ impl Default for DriverReport {
 /// The state both pacings share: the engine, the open streams, the step's outputs.
 struct Core<E> {
     engine: E,
-    streams: FxHashMap<RequestId, mpsc::UnboundedSender<TokenOutput>>,
+    /// In request order: when the engine stops, its streams end in the order their
+    /// requests came (each frontend then meets them in that order, as the simulator does).
+    streams: BTreeMap<RequestId, mpsc::UnboundedSender<TokenOutput>>,
     tokens: Vec<TokenOutput>,
     events: Vec<KvEvent>,
     report: DriverReport,
@@ -212,7 +214,7 @@ impl<E: StepEngine> Core<E> {
     fn new(engine: E) -> Self {
         Core {
             engine,
-            streams: FxHashMap::default(),
+            streams: BTreeMap::new(),
             tokens: Vec::new(),
             events: Vec::new(),
             report: DriverReport::default(),
@@ -309,10 +311,15 @@ async fn run_timed<E: StepEngine>(
     // When the next step starts on the model's schedule: where the last one ended, or when
     // work arrived at an idle engine.
     let mut next_start = epoch;
+    // Commands that came during a step, for after it.
+    let mut deferred: VecDeque<Command> = VecDeque::new();
+    let mut inbox_open = true;
     loop {
         // Take everything queued; wait for a command only when there is nothing to do.
         loop {
-            let command = if core.engine.has_work() {
+            let command = if let Some(command) = deferred.pop_front() {
+                command
+            } else if core.engine.has_work() {
                 match inbox.try_recv() {
                     Ok(command) => command,
                     Err(_) => break,
@@ -340,9 +347,24 @@ async fn run_timed<E: StepEngine>(
         let deadline = started + duration;
         next_start = deadline;
         if !duration.is_zero() {
-            tokio::select! {
-                () = cancel.cancelled() => return core.report,
-                () = tokio::time::sleep_until(deadline) => {}
+            let step = tokio::time::sleep_until(deadline);
+            tokio::pin!(step);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return core.report,
+                    () = &mut step => break,
+                    command = inbox.recv(), if inbox_open => match command {
+                        // What the cache holds is answered during a step: a decode worker
+                        // pulling KV from this one reads it without waiting for this
+                        // engine's step (the copy is one-sided, as over RDMA).
+                        Some(Command::Held(blocks, reply)) => {
+                            let _ = reply.send(core.engine.held_prefix(&blocks));
+                        }
+                        Some(other) => deferred.push_back(other),
+                        None => inbox_open = false,
+                    },
+                }
             }
         }
         let lag = tokio::time::Instant::now().saturating_duration_since(deadline);

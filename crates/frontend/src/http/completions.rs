@@ -132,13 +132,7 @@ pub async fn chat(
             tracing::info_span!("encode"),
         )
         .await?;
-        // Media not encoded because a worker holds their KV go to that worker.
-        prepared.overrides.worker = ready.worker;
-        prepared.overrides.held_media = ready.worker.is_some();
-        prepared.media = ready.pending.clone();
-        prepared.features = ready.features.clone();
-        // The media's features stay held until the response ends.
-        prepared.hold = Some(ready.hold);
+        prepared.add_media(&ready);
         let (warning, pending) = (ready.warning, ready.pending);
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared, mode.choices)?;
@@ -288,7 +282,7 @@ async fn collect(mut generation: Generation) -> Result<(String, &'static str, Us
     while let Some(piece) = generation.next().await {
         match piece? {
             Piece::Text(t) => text.push_str(&t),
-            Piece::Finished { reason, usage } => return Ok((text, reason, usage)),
+            Piece::Finished { reason, usage, .. } => return Ok((text, reason, usage)),
         }
     }
     Err(ApiError::internal("The response ended early."))
@@ -434,12 +428,26 @@ where
     /// The events for one choice's item, or for the end of them all.
     fn step(&mut self, item: Option<(u32, Result<Piece, ApiError>)>) -> Vec<Event> {
         match item {
-            Some((index, Ok(Piece::Finished { reason, usage }))) => {
+            Some((
+                index,
+                Ok(Piece::Finished {
+                    reason,
+                    usage,
+                    worker,
+                }),
+            )) => {
                 if let Some(slot) = self.usages.get_mut(index as usize) {
                     *slot = Some(usage);
                 }
                 self.open = self.open.saturating_sub(1);
-                (self.piece)(index, Piece::Finished { reason, usage })
+                (self.piece)(
+                    index,
+                    Piece::Finished {
+                        reason,
+                        usage,
+                        worker,
+                    },
+                )
             }
             Some((index, Ok(piece))) => (self.piece)(index, piece),
             Some((_, Err(e))) => {

@@ -7,14 +7,13 @@
 //! its load or state, and they are too small to matter to either.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
+use switchyard_core::Token;
 use switchyard_core::protocol::{
     EngineError, FinishReason, GenerateOutput, GenerateRequest, SamplingParams,
 };
-use switchyard_core::{RequestId, Token};
 use switchyard_router::routing::health::Failure;
 use switchyard_runtime::WorkerInstance;
 use tokio::time::Instant;
@@ -104,11 +103,7 @@ async fn ask(frontend: &Frontend, instance: &WorkerInstance) -> Answer {
             stop_token_ids: frontend.preprocessor.eos_token_ids().to_vec(),
             ..SamplingParams::default()
         },
-        ..GenerateRequest::text(
-            RequestId(frontend.next_id.fetch_add(1, Ordering::Relaxed)),
-            prompt,
-            health.canary_max_tokens,
-        )
+        ..GenerateRequest::text(frontend.side_id(), prompt, health.canary_max_tokens)
     };
     let started = Instant::now();
     let run = async {

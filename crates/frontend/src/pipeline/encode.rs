@@ -8,15 +8,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_core::protocol::{
     EngineError, GenerateOutput, GenerateRequest, MediaInput, Phase, Prompt,
 };
-use switchyard_core::{MediaSpan, RequestId, WorkerId};
-use switchyard_router::routing::encoders::MediaWork;
+use switchyard_core::{MediaSpan, WorkerId};
+use switchyard_router::routing::encoders::{MediaWork, job_estimate_ms};
 use switchyard_runtime::WorkerInstance;
 use tokio::sync::watch;
 
@@ -535,17 +534,14 @@ impl Frontend {
             .into_iter()
             .map(|(mut takers, members)| {
                 self.media.order_encoders(&mut takers);
-                let estimate_ms = members
-                    .iter()
-                    .map(|i| {
-                        let work = MediaWork {
-                            owner: 0,
-                            modality: i.modality,
-                            tokens: i.tokens,
-                        };
-                        cost.batch_time(&[work]).as_secs_f64() * 1e3
-                    })
-                    .sum();
+                let estimate_ms = job_estimate_ms(
+                    &cost,
+                    members.iter().map(|i| MediaWork {
+                        owner: 0,
+                        modality: i.modality,
+                        tokens: i.tokens,
+                    }),
+                );
                 Group {
                     takers,
                     members: members.into_iter().cloned().collect(),
@@ -695,11 +691,7 @@ impl Frontend {
             phase: Phase::Encode,
             prompt: job,
             media_inputs: inputs.unwrap_or_default(),
-            ..GenerateRequest::text(
-                RequestId(self.next_id.fetch_add(1, Ordering::Relaxed)),
-                Vec::new(),
-                0,
-            )
+            ..GenerateRequest::text(self.side_id(), Vec::new(), 0)
         };
         let mut failure = GroupFailure {
             message: String::from("no encoder worker answered"),

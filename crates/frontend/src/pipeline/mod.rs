@@ -55,6 +55,9 @@ pub struct Frontend {
     pub requests: Arc<dyn RequestPlane>,
     pub metrics: Metrics,
     next_id: AtomicU64,
+    /// Ids of the work that is not a client's request (media encodes, canaries), apart
+    /// from theirs (bit 62 set), so that requests are numbered in the order they come.
+    side_ids: AtomicU64,
     /// API keys; empty: the API is open.
     pub keys: KeyTable,
     /// Media in requests: fetched, decoded and prepared off the async threads.
@@ -111,6 +114,18 @@ impl Prepared {
         }
     }
 
+    /// Takes its media as the encode stage left them
+    /// ([`Frontend::encode_or_fall_back`]): media not encoded because a worker holds their
+    /// KV go to that worker; media still being encoded follow the request; their features
+    /// stay held until the response ends.
+    pub fn add_media(&mut self, ready: &encode::MediaReady) {
+        self.overrides.worker = ready.worker;
+        self.overrides.held_media = ready.worker.is_some();
+        self.media = ready.pending.clone();
+        self.features = ready.features.clone();
+        self.hold = Some(ready.hold.clone());
+    }
+
     /// Choice `index` of a request asking for several (OpenAI's `n`): the same request, with
     /// the seed moved on by `index` (as vLLM seeds its samples) so that seeded choices differ
     /// and still repeat from one identical request to the next, traced under a `choice`
@@ -149,7 +164,12 @@ impl Prepared {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     Text(String),
-    Finished { reason: &'static str, usage: Usage },
+    Finished {
+        reason: &'static str,
+        usage: Usage,
+        /// The worker it ended on (the last one, after moves).
+        worker: Option<WorkerKey>,
+    },
 }
 
 /// A response stream. It always ends with `Finished` or an error.
@@ -282,7 +302,8 @@ impl Frontend {
             metrics,
             // Ids only need to be unique per engine; a random start keeps several frontends
             // sharing workers apart.
-            next_id: AtomicU64::new(rand::random::<u64>() >> 1),
+            next_id: AtomicU64::new(rand::random::<u64>() >> 2),
+            side_ids: AtomicU64::new((1 << 62) | (rand::random::<u64>() >> 2)),
             keys: KeyTable::default(),
         }
     }
@@ -291,6 +312,11 @@ impl Frontend {
     pub fn with_keys(mut self, keys: KeyTable) -> Self {
         self.keys = keys;
         self
+    }
+
+    /// An id for work that is not a client's request (media encodes, canaries).
+    pub(crate) fn side_id(&self) -> RequestId {
+        RequestId(self.side_ids.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Numbers the next requests from `next` on, in arrival order (for runs that must be

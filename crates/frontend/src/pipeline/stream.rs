@@ -63,6 +63,8 @@ pub(super) struct Streaming {
     /// The attempt's first token came from a remote prefill and its second, from the
     /// decode worker, is still to come (after the KV transfer).
     handoff: bool,
+    /// The worker of the latest attempt.
+    last_worker: Option<WorkerKey>,
 }
 
 impl Streaming {
@@ -91,6 +93,7 @@ impl Streaming {
             out: VecDeque::new(),
             ended: false,
             handoff: false,
+            last_worker: None,
         };
         streaming.start(attempt);
         streaming
@@ -116,6 +119,7 @@ impl Streaming {
         self.deadline.as_mut().reset(Instant::now() + timeout);
         self.stall = timeout;
         self.handoff = attempt.handoff;
+        self.last_worker = Some(attempt.worker);
         self.attempt = Some(attempt);
         self.outage_open = true;
         self.attempt_items = 0;
@@ -510,7 +514,12 @@ impl Streaming {
             self.run.generated.len() as u32,
             self.cached_tokens,
         );
-        self.out.push_back(Ok(Piece::Finished { reason, usage }));
+        let worker = self.last_worker;
+        self.out.push_back(Ok(Piece::Finished {
+            reason,
+            usage,
+            worker,
+        }));
         self.ended = true;
         // Dropping the engine stream cancels the request on the worker (a stop string).
         self.attempt = None;

@@ -147,6 +147,73 @@ impl EncoderCost {
     }
 }
 
+/// What a frontend knows of its encoder workers' work: the estimated milliseconds of the
+/// jobs it sent each and has not heard back from, and whose turn it is. The frontend and
+/// the simulator keep it alike, so a joint routing decision is made from what a frontend
+/// can know (not from the simulator's view of the encoders' queues).
+#[derive(Debug, Clone)]
+pub struct EncoderLedger<K: Ord + Copy> {
+    turn: usize,
+    outstanding: std::collections::BTreeMap<K, f64>,
+}
+
+impl<K: Ord + Copy> Default for EncoderLedger<K> {
+    fn default() -> Self {
+        EncoderLedger {
+            turn: 0,
+            outstanding: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord + Copy> EncoderLedger<K> {
+    /// Orders `encoders` by `policy`: in turn (a turn per call), or the least outstanding
+    /// work first (ties by key).
+    pub fn order(&mut self, policy: EncoderPolicy, encoders: &mut [K]) {
+        encoders.sort_unstable();
+        match policy {
+            EncoderPolicy::RoundRobin => {
+                let n = encoders.len().max(1);
+                encoders.rotate_left(self.turn % n);
+                self.turn = self.turn.wrapping_add(1);
+            }
+            EncoderPolicy::Soonest => {
+                encoders.sort_by(|a, b| {
+                    self.outstanding_ms(*a)
+                        .total_cmp(&self.outstanding_ms(*b))
+                        .then(a.cmp(b))
+                });
+            }
+        }
+    }
+
+    /// The estimated work outstanding on `encoder`, in milliseconds.
+    pub fn outstanding_ms(&self, encoder: K) -> f64 {
+        self.outstanding.get(&encoder).copied().unwrap_or(0.0)
+    }
+
+    /// A job of an estimated `ms` went to `encoder`.
+    pub fn charge(&mut self, encoder: K, ms: f64) {
+        *self.outstanding.entry(encoder).or_insert(0.0) += ms;
+    }
+
+    /// The job of `ms` on `encoder` is answered.
+    pub fn discharge(&mut self, encoder: K, ms: f64) {
+        if let Some(v) = self.outstanding.get_mut(&encoder) {
+            *v = (*v - ms).max(0.0);
+        }
+    }
+}
+
+/// The estimated time of a job of `items` on an idle encoder, in milliseconds: each item
+/// on its own (how they batch with other requests' is not known when it is sent).
+pub fn job_estimate_ms(cost: &EncoderCost, items: impl IntoIterator<Item = MediaWork>) -> f64 {
+    items
+        .into_iter()
+        .map(|work| cost.batch_time(&[work]).as_secs_f64() * 1e3)
+        .sum()
+}
+
 /// One media item to encode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MediaWork {
@@ -254,6 +321,14 @@ impl EncoderPool {
         self.encoders[encoder].queue.push_back(item);
         let started = self.start(encoder, now);
         (encoder, started)
+    }
+
+    /// Queues `item` on `encoder` (chosen by the caller); returns the batch it starts now,
+    /// if it was idle.
+    pub fn submit_to(&mut self, encoder: usize, item: MediaWork, now: Duration) -> Option<Started> {
+        let encoder = encoder.min(self.encoders.len().saturating_sub(1));
+        self.encoders[encoder].queue.push_back(item);
+        self.start(encoder, now)
     }
 
     /// The batch `encoder` finished at `now`: its items, and the next batch it starts.

@@ -96,7 +96,8 @@ impl Fleet<'_> {
             * block_size;
         let held = held.min(prompt_tokens);
         let bytes = u64::from(prompt_tokens - held) * disagg.kv_bytes_per_token;
-        let transfer = disagg.link.transfer_time(bytes);
+        // In the engines' time, as a worker times its pull (model time over the speedup).
+        let transfer = self.engine_time(disagg.link.transfer_time(bytes));
         self.disagg.transferred_bytes += bytes;
         self.disagg.reused_tokens += u64::from(held);
         self.transfer_time.record(micros(transfer));

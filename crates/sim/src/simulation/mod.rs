@@ -45,7 +45,8 @@ use switchyard_core::{
 };
 use switchyard_mocker::config::InvalidArgs;
 use switchyard_mocker::{EngineArgs, MockEngine, MockRequest, PerfModel, StepOutput};
-use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy, EncoderPool};
+use switchyard_multimodal::store::AfterPrefill;
+use switchyard_router::routing::encoders::{EncoderCost, EncoderPolicy};
 use switchyard_router::{
     Admission, Indexer, IndexerConfig, PolicyKind, Rejection, RequestLife, RoutingConfig,
     RoutingCore, WorkerSpec, WorkerTiming,
@@ -118,6 +119,11 @@ pub struct EncoderSim {
     /// it), then the rest once every item is encoded (a remote prefill waits for them).
     /// Off: the worker gets it encoded.
     pub overlap: bool,
+    /// The frontend's feature store: encoded items are kept (up to this many bytes) while
+    /// a request holds them, and after as `after_prefill` says; an item held needs no
+    /// encoding, one being encoded for another request is waited for.
+    pub store_bytes: u64,
+    pub after_prefill: AfterPrefill,
 }
 
 impl SimConfig {
@@ -287,7 +293,8 @@ struct Fleet<'a> {
     prefill_ids: HashMap<RequestId, u32>,
     disagg: DisaggReport,
     transfer_time: LatencyRecorder,
-    encoders: Option<EncoderPool>,
+    /// The encoders and the frontend's feature store and ledger, with encoders.
+    media_life: Option<media::MediaLife>,
     media: MediaReport,
     /// Time to first token by request class (text, image, video, audio: the costliest
     /// modality it carries), kept only when the workload has media.
@@ -410,10 +417,7 @@ impl<'a> Fleet<'a> {
             prefill_ids: HashMap::new(),
             disagg: DisaggReport::default(),
             transfer_time: LatencyRecorder::default(),
-            encoders: config
-                .encoders
-                .as_ref()
-                .map(|e| EncoderPool::new(e.count, e.cost.clone(), e.policy)),
+            media_life: config.encoders.as_ref().map(media::MediaLife::new),
             media: MediaReport::default(),
             ttft_by_class: BTreeMap::new(),
             has_media: workload.requests.iter().any(|r| !r.media.is_empty()),

@@ -29,7 +29,7 @@ impl Fleet<'_> {
                 .iter()
                 .map(|(class, rec)| (*class, rec.distribution()))
                 .collect();
-            if let Some(pool) = &self.encoders {
+            if let Some(pool) = self.media_life.as_ref().map(|m| m.pool()) {
                 let busy: Duration = pool.busy().iter().sum();
                 media.encoders = pool.len() as u32;
                 media.encoder_utilisation =

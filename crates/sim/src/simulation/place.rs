@@ -11,12 +11,12 @@ use switchyard_core::{MediaSpan, RequestId, Token, TokenBlocks, WorkerId};
 use switchyard_mocker::MockRequest;
 use switchyard_mocker::tokens::{TokenRules, token_at};
 use switchyard_router::flow::{self, GiveUp, NoWorker, Shell, TryFailure};
-use switchyard_router::routing::encoders::MediaWork;
 use switchyard_router::routing::health::{Failure, HealthChange};
 use switchyard_router::{
     HealthState, LocalReason, PairDecision, RequestLife, RouteQuery, RoutingCore, RoutingOverrides,
 };
 
+use super::media::Media;
 use super::{Event, Fleet, Outcome, Slot, slot_of};
 use crate::faults::FaultKind;
 
@@ -107,37 +107,17 @@ impl Fleet<'_> {
             self.media.requests += 1;
             self.media.items += request.media.len() as u64;
         }
-        if self.encoders.is_some() && !request.media.is_empty() {
-            let joint = self.config.encoders.as_ref().is_some_and(|e| e.joint);
-            if joint && let Some(holder) = self.worth_skipping(index) {
+        if request.media.is_empty() {
+            return self.place_again(index);
+        }
+        match self.meet_encoders(index) {
+            Media::Ready => {}
+            Media::Held(holder) => {
                 self.media.skipped += 1;
                 self.requests[index as usize].holder = Some(holder);
-                self.place_again(index);
-                return;
             }
-            let Some(pool) = &mut self.encoders else {
-                return;
-            };
-            let mut started = Vec::new();
-            for span in &request.media {
-                let work = MediaWork {
-                    owner: u64::from(index),
-                    modality: span.modality,
-                    tokens: span.length,
-                };
-                if let Some(s) = pool.submit(work, self.now).1 {
-                    started.push(s);
-                }
-            }
-            self.requests[index as usize].encoding = request.media.len() as u32;
-            self.requests[index as usize].encoding_since = self.now;
-            for s in started {
-                self.schedule(s.ends, Event::EncodeDone(s.encoder as u32));
-            }
-            if self.overlaps() {
-                self.place_again(index);
-            }
-            return;
+            Media::Encoding if !self.overlaps() => return,
+            Media::Encoding => {}
         }
         self.place_again(index);
     }
@@ -300,13 +280,13 @@ impl Fleet<'_> {
             {
                 // Re-prefill what the target lacks, or send the KV over: the cheaper.
                 let bytes = u64::from(kv_tokens) * self.config.faults.kv_bytes_per_token;
-                let transfer = link.transfer_time(bytes);
-                let recompute = Duration::from_secs_f64(
+                let transfer = self.engine_time(link.transfer_time(bytes));
+                let recompute = self.engine_time(Duration::from_secs_f64(
                     self.config
                         .perf_of(slot)
                         .prefill_ms(decision.prefill_tokens.min(u64::from(u32::MAX)) as u32)
                         / 1e3,
-                );
+                ));
                 if transfer < recompute {
                     self.failures.by_transfer += 1;
                     self.failures.transferred_bytes += bytes;
@@ -370,6 +350,12 @@ impl Fleet<'_> {
         }
     }
 
+    /// Model time as the engines run it (over their speedup ratio).
+    pub(super) fn engine_time(&self, model: Duration) -> Duration {
+        let speedup = self.config.engine.speedup_ratio;
+        Duration::try_from_secs_f64(model.as_secs_f64() / speedup).unwrap_or(Duration::MAX)
+    }
+
     /// A backoff is over.
     pub(super) fn retry(&mut self, index: u32) {
         if self.requests[index as usize].outcome == Outcome::Pending {
@@ -411,6 +397,7 @@ impl Fleet<'_> {
 
     /// Its life gave up.
     pub(super) fn give_up(&mut self, index: u32, give_up: &GiveUp) {
+        self.media_released(index);
         let state = &mut self.requests[index as usize];
         state.outcome = Outcome::Failed(give_up.name());
         if state.caught {

@@ -151,6 +151,7 @@ impl Fleet<'_> {
 
     /// Request `index` completed at `now` (`reason`): its latencies are recorded.
     pub(super) fn complete(&mut self, index: u32, reason: FinishReason, now: Duration) {
+        self.media_released(index);
         let index = index as usize;
         let arrival = self.workload.requests[index].arrival;
         let state = &mut self.requests[index];

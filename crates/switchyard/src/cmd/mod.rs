@@ -8,7 +8,6 @@ pub mod planner_metrics;
 pub mod profile;
 pub mod serve;
 pub mod sim;
-mod sim_config;
 pub mod sim_disagg;
 mod sim_output;
 pub mod sim_planner;

@@ -322,7 +322,22 @@ impl SimArgs {
     /// The configuration tree (file, environment, overlay) and what the run takes from it.
     pub(super) fn plan(&self, env: &BTreeMap<String, String>) -> Result<Plan> {
         let config = switchyard::config::load(self.config.as_deref(), env, self.overlay()?.0)?;
-        let base = super::sim_config::sim_config(&config, self)?;
+        let only = switchyard::replay::SimOnly {
+            perf_profiles: self.perf_profile.clone(),
+            event_delay: self.event_delay,
+            eos_token_ids: self.eos_token_ids.clone(),
+            faults: switchyard_sim::FaultConfig {
+                schedule: self.faults.clone(),
+                mtbf: self.mtbf,
+                repair: self.repair,
+                crash_detection: self.crash_detection,
+                link: self.kv_link,
+                ..switchyard_sim::FaultConfig::default()
+            },
+            kv_bytes_per_token: self.model_shape.map(|s| s.kv_bytes_per_token()),
+            record_requests: self.requests_out.is_some(),
+        };
+        let base = switchyard::replay::sim_config(&config, only)?;
         let workers = if self.workers.is_empty() {
             vec![config.workers.count]
         } else {
@@ -339,30 +354,6 @@ impl SimArgs {
             policies,
             config,
         })
-    }
-
-    pub(super) fn faults(&self) -> (&[ScheduledFault], Option<Duration>, Duration, Duration) {
-        (&self.faults, self.mtbf, self.repair, self.crash_detection)
-    }
-
-    pub(super) fn kv_link(&self) -> Option<switchyard_sim::Link> {
-        self.kv_link
-    }
-
-    pub(super) fn model_shape(&self) -> Option<ModelShape> {
-        self.model_shape
-    }
-
-    pub(super) fn perf_profiles(&self) -> &[PathBuf] {
-        &self.perf_profile
-    }
-
-    pub(super) fn event_delay(&self) -> Duration {
-        self.event_delay
-    }
-
-    pub(super) fn eos_token_ids(&self) -> &[u32] {
-        &self.eos_token_ids
     }
 }
 

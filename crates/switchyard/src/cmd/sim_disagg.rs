@@ -50,7 +50,7 @@ pub(super) fn with_split(
     let link = match (args.disagg.disagg_link, &base.disagg) {
         (Some(link), _) => link,
         (None, Some(d)) => d.link,
-        (None, None) => super::sim_config::kv_link(&plan.config),
+        (None, None) => switchyard::replay::kv_link(&plan.config),
     };
     let kv_bytes_per_token = base.faults.kv_bytes_per_token;
     Ok(SimConfig {
@@ -102,7 +102,7 @@ pub(super) fn run(args: &SimArgs, plan: &Plan, workload: &PreparedWorkload) -> R
     } else {
         let link = with_split(args, plan, base.clone(), args.disagg.disagg[0])?
             .disagg
-            .map_or(super::sim_config::kv_link(&plan.config), |d| d.link);
+            .map_or(switchyard::replay::kv_link(&plan.config), |d| d.link);
         table(
             args,
             &base,

@@ -268,12 +268,14 @@ pub(super) fn table(
             .join(", ");
         let _ = writeln!(
             out,
-            "{}: {} requests with media ({} items), {} routed to a worker holding theirs; {} \
+            "{}: {} requests with media ({} items, {} found in the feature store), {} routed to a worker holding \
+             theirs; {} \
              encoders {:.1} % busy, encoded p50 {:.0} ms p99 {:.0} ms after admission; TTFT \
              p50/p99 ms by class: {classes}",
             r.policy,
             m.requests,
             m.items,
+            m.cached,
             m.skipped,
             m.encoders,
             m.encoder_utilisation * 100.0,
