@@ -34,9 +34,9 @@ impl CandleWorker {
     /// Loads the model the configuration names (a clear error for a missing, truncated or
     /// foreign file).
     pub fn load(config: &CandleConfig, worker: WorkerKey) -> Result<CandleWorker, ModelError> {
-        config.validate().map_err(|message| ModelError::Invalid {
+        config.validate().map_err(|source| ModelError::Settings {
             path: config.model.display().to_string(),
-            message,
+            source,
         })?;
         // A bad profile fails before the model takes seconds to load.
         let perf = match &config.perf_profile {

@@ -7,6 +7,8 @@
 //!   prompt (tokens, media spans, LoRA adapter) becomes blocks.
 //! - [`worker`]: worker identity (`WorkerId` plus data-parallel rank) and roles.
 //! - [`load`]: what an engine reports about its load.
+//! - [`perf`]: the step timing models (polynomial defaults, or a measured profile) the
+//!   mocker runs and the router predicts with.
 //! - [`protocol`]: the engine protocol: requests (prompts with media spans, resumed,
 //!   prefill-only and remote-KV requests), output streams, and typed errors that say
 //!   whether another worker can help.

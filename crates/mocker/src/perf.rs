@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use ndarray_npy::ReadNpzError;
 pub use switchyard_core::perf::{InvalidProfile, PerfModel, Profile, StepShape};
 use thiserror::Error;
 
@@ -20,10 +21,23 @@ pub enum ProfileError {
         path: String,
         source: serde_json::Error,
     },
-    #[error("invalid profile NPZ in {path}: {message}")]
-    Npz { path: String, message: String },
+    #[error("invalid profile NPZ in {path}: {source}")]
+    Npz { path: String, source: NpzError },
     #[error(transparent)]
     Shape(#[from] InvalidProfile),
+}
+
+/// Why an NPZ profile could not be read.
+#[derive(Debug, Error)]
+pub enum NpzError {
+    #[error(transparent)]
+    Open(#[from] std::io::Error),
+    #[error(transparent)]
+    Read(#[from] ReadNpzError),
+    #[error("missing array {0}")]
+    Missing(String),
+    #[error("{name}: {source}")]
+    Array { name: String, source: ReadNpzError },
 }
 
 /// Loads a profile from `.json` or `.npz`.
@@ -33,10 +47,7 @@ pub fn load(path: &Path) -> Result<PerfModel, ProfileError> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("npz"))
     {
-        read_npz(path).map_err(|message| ProfileError::Npz {
-            path: name,
-            message,
-        })?
+        read_npz(path).map_err(|source| ProfileError::Npz { path: name, source })?
     } else {
         let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
             path: name.clone(),
@@ -47,13 +58,13 @@ pub fn load(path: &Path) -> Result<PerfModel, ProfileError> {
     Ok(PerfModel::from_profile(profile)?)
 }
 
-fn read_npz(path: &Path) -> Result<Profile, String> {
+fn read_npz(path: &Path) -> Result<Profile, NpzError> {
     use ndarray::{Array1, Array2};
     use ndarray_npy::NpzReader;
 
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut npz = NpzReader::new(file).map_err(|e| e.to_string())?;
-    let names = npz.names().map_err(|e| e.to_string())?;
+    let file = std::fs::File::open(path)?;
+    let mut npz = NpzReader::new(file)?;
+    let names = npz.names()?;
     let key = |name: &str| {
         let with_ext = format!("{name}.npy");
         if names.iter().any(|n| n == &with_ext) {
@@ -61,13 +72,14 @@ fn read_npz(path: &Path) -> Result<Profile, String> {
         } else if names.iter().any(|n| n == name) {
             Ok(name.to_string())
         } else {
-            Err(format!("missing array {name}"))
+            Err(NpzError::Missing(name.to_string()))
         }
     };
-    let mut vector = |name: &str| -> Result<Vec<f64>, String> {
-        let a: Array1<f64> = npz
-            .by_name(&key(name)?)
-            .map_err(|e| format!("{name}: {e}"))?;
+    let mut vector = |name: &str| -> Result<Vec<f64>, NpzError> {
+        let a: Array1<f64> = npz.by_name(&key(name)?).map_err(|source| NpzError::Array {
+            name: name.to_string(),
+            source,
+        })?;
         Ok(a.to_vec())
     };
     let prefill_isl = vector("prefill_isl")?;
@@ -76,7 +88,10 @@ fn read_npz(path: &Path) -> Result<Profile, String> {
     let decode_context_length = vector("decode_context_length")?;
     let itl: Array2<f64> = npz
         .by_name(&key("decode_itl")?)
-        .map_err(|e| format!("decode_itl: {e}"))?;
+        .map_err(|source| NpzError::Array {
+            name: "decode_itl".to_string(),
+            source,
+        })?;
     let decode_itl = itl.rows().into_iter().map(|r| r.to_vec()).collect();
     Ok(Profile {
         prefill_isl,

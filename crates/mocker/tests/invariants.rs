@@ -125,10 +125,10 @@ proptest! {
                 indexer.apply(event);
             }
 
-            engine.validate().map_err(TestCaseError::fail)?;
+            engine.validate().map_err(|e| TestCaseError::fail(e.to_string()))?;
             let blocks = engine.block_manager();
             prop_assert!(blocks.in_use() + blocks.inactive() <= blocks.capacity());
-            indexer.validate().map_err(TestCaseError::fail)?;
+            indexer.validate().map_err(|e| TestCaseError::fail(e.to_string()))?;
             // With no event delay the indexer's view is exactly the engine's cache.
             let engine_view: HashSet<_> = blocks.cached_hashes().collect();
             let indexer_view: HashSet<_> = indexer.worker_hashes(worker).into_iter().collect();

@@ -15,6 +15,7 @@ use symphonia::core::formats::probe::Hint;
 use symphonia::core::formats::{FormatOptions, TrackType};
 use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
+use thiserror::Error;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::MediaError;
@@ -59,36 +60,44 @@ impl Default for AudioSettings {
 pub const N_FFT: usize = 400;
 pub const HOP: usize = 160;
 
+/// The first of the [`AudioSettings`] that cannot work.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum AudioSettingsError {
+    #[error("sample_rate ({0}) must be 4000 to 48000 Hz")]
+    SampleRate(u32),
+    #[error("n_mels ({0}) must be 1 to 256")]
+    NMels(u32),
+    #[error("chunk_seconds ({0}) must be 1 to 600")]
+    ChunkSeconds(u32),
+    #[error("tokens_per_chunk must be positive")]
+    TokensPerChunk,
+    #[error("max_seconds ({0}) must be above 0 and at most 7200")]
+    MaxSeconds(f64),
+    #[error("max_bytes must be positive")]
+    MaxBytes,
+}
+
 impl AudioSettings {
     /// Checks the settings, naming the first that cannot work.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), AudioSettingsError> {
         if !(4_000..=48_000).contains(&self.sample_rate) {
-            return Err(format!(
-                "sample_rate ({}) must be 4000 to 48000 Hz",
-                self.sample_rate
-            ));
+            return Err(AudioSettingsError::SampleRate(self.sample_rate));
         }
         if !(1..=256).contains(&self.n_mels) {
-            return Err(format!("n_mels ({}) must be 1 to 256", self.n_mels));
+            return Err(AudioSettingsError::NMels(self.n_mels));
         }
         if !(1..=600).contains(&self.chunk_seconds) {
-            return Err(format!(
-                "chunk_seconds ({}) must be 1 to 600",
-                self.chunk_seconds
-            ));
+            return Err(AudioSettingsError::ChunkSeconds(self.chunk_seconds));
         }
         if self.tokens_per_chunk == 0 {
-            return Err("tokens_per_chunk must be positive".into());
+            return Err(AudioSettingsError::TokensPerChunk);
         }
         if !(self.max_seconds.is_finite() && self.max_seconds > 0.0 && self.max_seconds <= 7_200.0)
         {
-            return Err(format!(
-                "max_seconds ({}) must be above 0 and at most 7200",
-                self.max_seconds
-            ));
+            return Err(AudioSettingsError::MaxSeconds(self.max_seconds));
         }
         if self.max_bytes == 0 {
-            return Err("max_bytes must be positive".into());
+            return Err(AudioSettingsError::MaxBytes);
         }
         Ok(())
     }
@@ -502,11 +511,16 @@ mod tests {
             n_mels: 0,
             ..AudioSettings::default()
         };
-        assert!(bad.validate().unwrap_err().contains("n_mels"));
+        assert!(bad.validate().unwrap_err().to_string().contains("n_mels"));
         let bad = AudioSettings {
             max_seconds: f64::NAN,
             ..AudioSettings::default()
         };
-        assert!(bad.validate().unwrap_err().contains("max_seconds"));
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("max_seconds")
+        );
     }
 }

@@ -8,6 +8,7 @@ use fast_image_resize::images::Image;
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::{ImageFormat, ImageReader, Limits};
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::MediaError;
@@ -44,29 +45,46 @@ impl Default for ImageSettings {
     }
 }
 
+/// The first of the [`ImageSettings`] that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ImageSettingsError {
+    #[error(
+        "image_size ({image_size}) must be at least patch_size ({patch_size}), which must be positive"
+    )]
+    PatchSize { image_size: u32, patch_size: u32 },
+    #[error("image_size ({image_size}) must be a multiple of patch_size ({patch_size})")]
+    NotAMultiple { image_size: u32, patch_size: u32 },
+    #[error("image_size ({0}) is above 4096")]
+    ImageSize(u32),
+    #[error("max_tiles ({0}) must be 1 to 64")]
+    MaxTiles(u32),
+    #[error("max_side, max_pixels and max_bytes must be positive")]
+    ZeroLimit,
+}
+
 impl ImageSettings {
     /// Checks the settings, naming the first that cannot work.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ImageSettingsError> {
         if self.patch_size == 0 || self.image_size < self.patch_size {
-            return Err(format!(
-                "image_size ({}) must be at least patch_size ({}), which must be positive",
-                self.image_size, self.patch_size
-            ));
+            return Err(ImageSettingsError::PatchSize {
+                image_size: self.image_size,
+                patch_size: self.patch_size,
+            });
         }
         if !self.image_size.is_multiple_of(self.patch_size) {
-            return Err(format!(
-                "image_size ({}) must be a multiple of patch_size ({})",
-                self.image_size, self.patch_size
-            ));
+            return Err(ImageSettingsError::NotAMultiple {
+                image_size: self.image_size,
+                patch_size: self.patch_size,
+            });
         }
         if self.image_size > 4_096 {
-            return Err(format!("image_size ({}) is above 4096", self.image_size));
+            return Err(ImageSettingsError::ImageSize(self.image_size));
         }
         if self.max_tiles == 0 || self.max_tiles > 64 {
-            return Err(format!("max_tiles ({}) must be 1 to 64", self.max_tiles));
+            return Err(ImageSettingsError::MaxTiles(self.max_tiles));
         }
         if self.max_side == 0 || self.max_bytes == 0 || self.max_pixels == 0 {
-            return Err("max_side, max_pixels and max_bytes must be positive".into());
+            return Err(ImageSettingsError::ZeroLimit);
         }
         Ok(())
     }

@@ -1,8 +1,13 @@
-//! Media in requests, up to what routing and engines need: where the bytes come from
-//! ([`source`]), how an image becomes patch tokens with a content hash ([`image`]), how audio
-//! becomes a log-mel spectrogram and encoder tokens ([`audio`]), how a video becomes sampled
-//! frames within a token budget ([`video`]), and a bounded pool that
-//! keeps that CPU work off the async threads ([`pool`]).
+//! Media in requests, up to what routing and engines need.
+//!
+//! - [`source`]: where the bytes come from (a `data:` URL, an `http(s)` URL, an
+//!   allow-listed file).
+//! - [`image`]: an image to patch tokens with a content hash.
+//! - [`audio`]: audio to a log-mel spectrogram and encoder tokens.
+//! - [`video`]: a video to sampled frames within a token budget.
+//! - [`pool`]: a bounded pool that keeps that CPU work off the async threads.
+//! - [`store`]: the encoded-feature store's bookkeeping (which items' embeddings exist,
+//!   in what state, within the CPU and staging budgets).
 //!
 //! The content hash of an item covers its decoded pixels and every setting that shapes its
 //! tokens; it is folded into the KV block hashes of the blocks its placeholder tokens take
@@ -16,13 +21,16 @@ pub mod source;
 pub mod store;
 pub mod video;
 
-pub use crate::audio::{AudioSettings, LogMel, PreparedAudio, prepare_audio};
+pub use crate::audio::{AudioSettings, AudioSettingsError, LogMel, PreparedAudio, prepare_audio};
 pub use crate::image::{
-    Detail, ImageSettings, PreparedImage, best_grid, halve_squares, prepare_image, reduced_hash,
+    Detail, ImageSettings, ImageSettingsError, PreparedImage, best_grid, halve_squares,
+    prepare_image, reduced_hash,
 };
 pub use crate::pool::PreprocessPool;
 pub use crate::source::{MediaRef, decode_base64, parse_url};
-pub use crate::video::{FrameStrategy, PreparedVideo, VideoSettings, prepare_video};
+pub use crate::video::{
+    FrameStrategy, PreparedVideo, VideoSettings, VideoSettingsError, prepare_video,
+};
 
 use thiserror::Error;
 

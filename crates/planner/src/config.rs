@@ -346,7 +346,7 @@ impl PlannerConfig {
         self.sla
             .predictor
             .validate()
-            .map_err(|problem| invalid("sla.predictor", problem))?;
+            .map_err(|problem| invalid("sla.predictor", problem.to_string()))?;
         let b = &self.budget;
         if b.min_replicas == 0 {
             return Err(invalid(

@@ -23,4 +23,4 @@ pub mod sla;
 pub use config::{BudgetConfig, InvalidConfig, LoadConfig, Mode, PlannerConfig, SlaConfig};
 pub use observe::{IntervalSummary, Observation, TrafficSample, WorkerSample};
 pub use planner::{Action, Decision, Planner, Tick};
-pub use predict::{ForecastError, Predictor, PredictorConfig, evaluate};
+pub use predict::{ForecastError, InvalidPredictor, Predictor, PredictorConfig, evaluate};

@@ -15,6 +15,7 @@
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -48,6 +49,19 @@ pub enum PredictorConfig {
         #[serde(default = "default_gamma")]
         gamma: f64,
     },
+}
+
+/// A predictor parameter out of its range.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum InvalidPredictor {
+    #[error("{name} must be in (0, 1], not {value}")]
+    NotAShare { name: &'static str, value: f64 },
+    #[error("window must be at least 1")]
+    EmptyWindow,
+    #[error("process_noise and measurement_noise must be numbers > 0")]
+    Noise,
+    #[error("period must be at least 2 intervals")]
+    ShortPeriod,
 }
 
 fn default_window() -> usize {
@@ -110,17 +124,17 @@ impl PredictorConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
-        let unit = |name: &str, v: f64| {
+    pub fn validate(&self) -> Result<(), InvalidPredictor> {
+        let unit = |name: &'static str, v: f64| {
             if v > 0.0 && v <= 1.0 {
                 Ok(())
             } else {
-                Err(format!("{name} must be in (0, 1], not {v}"))
+                Err(InvalidPredictor::NotAShare { name, value: v })
             }
         };
         match *self {
             PredictorConfig::Constant => Ok(()),
-            PredictorConfig::MovingAverage { window: 0 } => Err("window must be at least 1".into()),
+            PredictorConfig::MovingAverage { window: 0 } => Err(InvalidPredictor::EmptyWindow),
             PredictorConfig::MovingAverage { .. } => Ok(()),
             PredictorConfig::Holt { alpha, beta } => {
                 unit("alpha", alpha)?;
@@ -137,7 +151,7 @@ impl PredictorConfig {
                 {
                     Ok(())
                 } else {
-                    Err("process_noise and measurement_noise must be numbers > 0".into())
+                    Err(InvalidPredictor::Noise)
                 }
             }
             PredictorConfig::Seasonal {
@@ -147,7 +161,7 @@ impl PredictorConfig {
                 gamma,
             } => {
                 if period < 2 {
-                    return Err("period must be at least 2 intervals".into());
+                    return Err(InvalidPredictor::ShortPeriod);
                 }
                 unit("alpha", alpha)?;
                 unit("beta", beta)?;

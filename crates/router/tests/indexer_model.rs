@@ -364,7 +364,7 @@ proptest! {
         for snapshot in &snapshots {
             rebuilt.restore(snapshot);
         }
-        rebuilt.validate().map_err(TestCaseError::fail)?;
+        rebuilt.validate().map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(rebuilt.block_count(), d.indexer.block_count());
         for q in queries(&d.naive, &extra) {
             prop_assert_eq!(rebuilt.find_matches(&q), d.indexer.find_matches(&q));
@@ -401,7 +401,7 @@ proptest! {
             d.indexer.remove_worker(w);
         }
         prop_assert_eq!(d.indexer.block_count(), 0);
-        d.indexer.validate().map_err(TestCaseError::fail)?;
+        d.indexer.validate().map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
 }
 

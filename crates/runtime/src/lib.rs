@@ -6,7 +6,16 @@
 //! - [`request`]: streaming generate requests from a frontend to a worker.
 //!
 //! [`local`] implements all three in-process, with no external service; [`net`] over NATS,
-//! etcd and HTTP/2.
+//! etcd and HTTP/2. Beside them:
+//!
+//! - [`channel`]: bounded subscriptions that drop (and say so) rather than grow;
+//! - [`replicas`]: replica sync, the frontends of a model telling each other what they
+//!   routed where;
+//! - [`snapshot`]: a worker's whole KV cache for resynchronisation, and an index's view to
+//!   compare;
+//! - [`trace_context`]: W3C trace context carried across the request plane;
+//! - [`vllm`]: vLLM's (and SGLang's) KV events over ZMQ, decoded, as an event-plane input;
+//! - `testing` (feature `testing`): real NATS and etcd servers for tests.
 
 pub mod channel;
 pub mod discovery;
@@ -28,4 +37,4 @@ pub use replicas::{
     ReplicaEvent, ReplicaMessage, ReplicaPlane, ReplicaSubscription, TrafficCounters,
 };
 pub use request::{EngineError, EngineService, RequestPlane, ResponseStream};
-pub use snapshot::{IndexView, KvSnapshotSource, StreamView};
+pub use snapshot::{IndexView, KvSnapshotSource, SnapshotError, StreamView};

@@ -3,8 +3,9 @@
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use switchyard_core::{SequenceHash, WorkerKey};
+use switchyard_core::{SequenceHash, WorkerId, WorkerKey};
 use switchyard_router::{Indexer, WorkerSnapshot};
+use thiserror::Error;
 
 use crate::discovery::WorkerInstance;
 
@@ -12,7 +13,38 @@ use crate::discovery::WorkerInstance;
 #[async_trait]
 pub trait KvSnapshotSource: Send + Sync + std::fmt::Debug {
     /// The worker's cache, one snapshot per data-parallel rank that holds blocks.
-    async fn snapshot(&self, worker: &WorkerInstance) -> Result<Vec<WorkerSnapshot>, String>;
+    async fn snapshot(&self, worker: &WorkerInstance)
+    -> Result<Vec<WorkerSnapshot>, SnapshotError>;
+}
+
+/// Why a worker's cache could not be fetched; the frontend retries with a backoff.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    /// No worker in this process lends its cache record under that id.
+    #[error("worker {0} keeps no cache record here")]
+    NotHere(WorkerId),
+    #[error("{0} has no address")]
+    NoAddress(WorkerId),
+    #[error("{address}: {source}")]
+    Unreachable {
+        address: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{address} answered {status}")]
+    Status {
+        address: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("{address}: invalid dump: {source}")]
+    InvalidDump {
+        address: String,
+        #[source]
+        source: rmp_serde::decode::Error,
+    },
+    /// Another source's failure (a source outside this crate, or a test's).
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// What an index holds, per worker stream, in a form two processes can compare: the

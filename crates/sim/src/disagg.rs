@@ -10,6 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::Serialize;
+use thiserror::Error;
 
 use crate::faults::Link;
 use crate::report::Distribution;
@@ -32,12 +33,16 @@ pub struct Split {
     pub decode: u32,
 }
 
+/// Text that is no [`Split`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("a split is PREFILL:DECODE worker counts, both at least 1, got {0:?}")]
+pub struct InvalidSplit(pub String);
+
 impl FromStr for Split {
-    type Err = String;
+    type Err = InvalidSplit;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let error =
-            || format!("a split is PREFILL:DECODE worker counts, both at least 1, got {s:?}");
+        let error = || InvalidSplit(s.to_string());
         let (p, d) = s.split_once(':').ok_or_else(error)?;
         let prefill: u32 = p.trim().parse().map_err(|_| error())?;
         let decode: u32 = d.trim().parse().map_err(|_| error())?;
@@ -95,7 +100,7 @@ mod tests {
         assert_eq!("3:5".parse::<Split>().unwrap().to_string(), "3:5");
         for bad in ["0:4", "4:0", "4", "a:b", "2:3:4", ""] {
             let err = bad.parse::<Split>().unwrap_err();
-            assert!(err.contains("PREFILL:DECODE"), "{bad}: {err}");
+            assert!(err.to_string().contains("PREFILL:DECODE"), "{bad}: {err}");
         }
     }
 }

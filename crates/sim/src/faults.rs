@@ -146,9 +146,14 @@ impl Link {
     }
 }
 
+/// Text that is no [`Link`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("a link is nvlink, pcie5, ib or a bandwidth in GB/s, got {0:?}")]
+pub struct InvalidLink(pub String);
+
 /// `nvlink` (900 GB/s), `pcie5` (28 GB/s), `ib` (50 GB/s), or a bandwidth in GB/s.
 impl FromStr for Link {
-    type Err = String;
+    type Err = InvalidLink;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bandwidth = match s.trim() {
@@ -157,11 +162,7 @@ impl FromStr for Link {
             "ib" | "infiniband" => Link::INFINIBAND,
             other => match other.parse::<f64>() {
                 Ok(gbs) if gbs.is_finite() && gbs > 0.0 => gbs * 1e9,
-                _ => {
-                    return Err(format!(
-                        "a link is nvlink, pcie5, ib or a bandwidth in GB/s, got {other:?}"
-                    ));
-                }
+                _ => return Err(InvalidLink(other.to_string())),
             },
         };
         Ok(Link {
@@ -206,9 +207,17 @@ impl ModelShape {
     }
 }
 
+/// Text that is no [`ModelShape`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "a model shape is llama-3-8b, llama-3-70b or LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES \
+     (positive, VALUE_BYTES at most 8), got {0:?}"
+)]
+pub struct InvalidModelShape(pub String);
+
 /// `llama-3-8b`, `llama-3-70b`, or `LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES`.
 impl FromStr for ModelShape {
-    type Err = String;
+    type Err = InvalidModelShape;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
@@ -220,7 +229,7 @@ impl FromStr for ModelShape {
             .split(',')
             .map(|p| p.trim().parse::<u32>())
             .collect::<Result<_, _>>()
-            .map_err(|_| shape_error(s))?;
+            .map_err(|_| InvalidModelShape(s.to_string()))?;
         match parts[..] {
             [layers, kv_heads, head_dim, value_bytes]
                 if parts.iter().all(|&p| p > 0) && value_bytes <= 8 =>
@@ -232,16 +241,9 @@ impl FromStr for ModelShape {
                     value_bytes,
                 })
             }
-            _ => Err(shape_error(s)),
+            _ => Err(InvalidModelShape(s.to_string())),
         }
     }
-}
-
-fn shape_error(s: &str) -> String {
-    format!(
-        "a model shape is llama-3-8b, llama-3-70b or LAYERS,KV_HEADS,HEAD_DIM,VALUE_BYTES \
-         (positive, VALUE_BYTES at most 8), got {s:?}"
-    )
 }
 
 /// Failures to play and how the fleet copes.

@@ -22,8 +22,11 @@ pub mod scaling;
 pub mod simulation;
 pub mod workload;
 
-pub use disagg::{DisaggReport, DisaggSim, Split};
-pub use faults::{FailureReport, FaultConfig, FaultKind, Link, ModelShape, ScheduledFault};
+pub use disagg::{DisaggReport, DisaggSim, InvalidSplit, Split};
+pub use faults::{
+    FailureReport, FaultConfig, FaultKind, InvalidLink, InvalidModelShape, Link, ModelShape,
+    ScheduledFault,
+};
 pub use report::{MediaReport, RequestRecord, SimReport};
 pub use scaling::{PlannerReport, PlannerSim, SlaAttainment, SlaTargets};
 pub use simulation::{EncoderSim, SimConfig, SimError, simulate, worker_key};

@@ -7,13 +7,16 @@
 //! own; only `main` reads the process environment.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_frontend::FrontendConfig;
-use switchyard_worker::openai::OpenAiConfig;
-use switchyard_worker::{CandleConfig, EchoConfig, EncoderModels, MockerConfig};
+use switchyard_worker::upstream::OpenAiConfig;
+use switchyard_worker::{
+    CandleConfig, EchoConfig, EncoderConfig, EncoderModels, EngineConfig, MockerConfig,
+    WorkerConfig,
+};
 use thiserror::Error;
 
 /// Everything `switchyard serve`, `frontend` and `worker` run.
@@ -203,6 +206,46 @@ impl Default for WorkersConfig {
     }
 }
 
+impl WorkersConfig {
+    /// The tokenizer the engine's own model file holds, for a frontend given none: the CPU
+    /// engine's GGUF file holds its tokenizer and chat template.
+    pub fn engine_tokenizer(&self) -> Option<PathBuf> {
+        (self.engine == EngineKind::Candle).then(|| self.candle.model.clone())
+    }
+}
+
+impl Config {
+    /// The worker `worker` runs, and `serve`'s LLM workers: the engine `workers.engine`
+    /// names, with its settings; a media encoder for role `encoder`.
+    pub fn worker_config(&self) -> WorkerConfig {
+        let engine = match self.workers.engine {
+            _ if self.worker.role == switchyard_core::WorkerRole::Encoder => self.encoder_engine(),
+            EngineKind::Mocker => EngineConfig::Mocker(self.workers.mocker.clone()),
+            EngineKind::Echo => EngineConfig::Echo(self.workers.echo.clone()),
+            EngineKind::Openai => EngineConfig::Openai(self.workers.openai.clone()),
+            EngineKind::Candle => EngineConfig::Candle(self.workers.candle.clone()),
+        };
+        WorkerConfig {
+            model: self.frontend.model.clone(),
+            role: self.worker.role,
+            engine,
+            faults: self.worker.faults.clone(),
+        }
+    }
+
+    /// An encoder worker's engine: timed by the media settings, or real for the modalities
+    /// `workers.encoder` names models for.
+    pub fn encoder_engine(&self) -> EngineConfig {
+        let multimodal = &self.frontend.multimodal;
+        EngineConfig::Encoder(EncoderConfig {
+            cost: multimodal.encoder_cost(),
+            encoders: 1,
+            max_pending: multimodal.preprocess_queue,
+            models: self.workers.encoder.clone(),
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -319,7 +362,9 @@ fn lookup<'a>(table: &'a toml::Table, path: &[String]) -> Option<&'a toml::Value
 
 impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
-        self.frontend.validate().map_err(ConfigError::Check)?;
+        self.frontend
+            .validate()
+            .map_err(|e| ConfigError::Check(e.to_string()))?;
         if self.workers.count == 0 {
             return Err(ConfigError::Check(
                 "workers.count must be at least 1".into(),

@@ -19,13 +19,13 @@ use switchyard_runtime::net::http::HttpRequestPlane;
 use switchyard_runtime::net::kv::KvDumpClient;
 use switchyard_runtime::net::nats::NatsEventPlane;
 use switchyard_runtime::{Discovery, EventPlane, KvSnapshotSource, ReplicaPlane, RequestPlane};
-use switchyard_worker::{EngineConfig, Serving, Worker, WorkerConfig, WorkerPlanes};
+use switchyard_worker::{Serving, Worker, WorkerConfig, WorkerPlanes};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, EngineKind};
+use crate::config::Config;
 
 /// How long `shutdown` lets the responses in flight run before cutting them off.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -165,10 +165,10 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
     // worker, or events lost while the frontend fell behind).
     let snapshots = LocalKvSnapshots::new();
 
-    // The CPU engine's model file holds the tokenizer and chat template the frontend needs.
+    // An engine's model file may hold the tokenizer and chat template the frontend needs.
     let mut frontend_config = config.frontend.clone();
-    if config.workers.engine == EngineKind::Candle && frontend_config.tokenizer.is_none() {
-        frontend_config.tokenizer = Some(config.workers.candle.model.clone());
+    if frontend_config.tokenizer.is_none() {
+        frontend_config.tokenizer = config.workers.engine_tokenizer();
     }
     let (frontend, listener) = start_frontend(
         &frontend_config,
@@ -186,7 +186,7 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
     .await?;
 
     let planes = WorkerPlanes { discovery, events };
-    let worker_config = worker_config(&config);
+    let worker_config = config.worker_config();
     anyhow::ensure!(
         worker_config.faults == Default::default(),
         "worker.faults applies to `switchyard worker` processes, not to `serve`'s workers"
@@ -203,17 +203,13 @@ pub async fn start_local(config: Config) -> Result<Deployment> {
             ..worker_config.clone()
         })
         .collect();
-    let multimodal = &config.frontend.multimodal;
-    configs.extend((0..multimodal.encoders).map(|_| WorkerConfig {
-        role: WorkerRole::Encoder,
-        engine: EngineConfig::Encoder(switchyard_worker::EncoderConfig {
-            cost: multimodal.encoder_cost(),
-            encoders: 1,
-            max_pending: multimodal.preprocess_queue,
-            models: config.workers.encoder.clone(),
+    configs.extend(
+        (0..config.frontend.multimodal.encoders).map(|_| WorkerConfig {
+            role: WorkerRole::Encoder,
+            engine: config.encoder_engine(),
+            ..worker_config.clone()
         }),
-        ..worker_config.clone()
-    }));
+    );
     let mut workers = Vec::new();
     for (id, worker) in (1..).zip(&configs) {
         workers.push(
@@ -297,31 +293,6 @@ impl Deployment {
     }
 }
 
-fn worker_config(config: &Config) -> WorkerConfig {
-    let engine = match config.workers.engine {
-        // An encoder worker is timed by the media settings, or real for the modalities
-        // `workers.encoder` names models for.
-        _ if config.worker.role == WorkerRole::Encoder => {
-            EngineConfig::Encoder(switchyard_worker::EncoderConfig {
-                cost: config.frontend.multimodal.encoder_cost(),
-                encoders: 1,
-                max_pending: config.frontend.multimodal.preprocess_queue,
-                models: config.workers.encoder.clone(),
-            })
-        }
-        EngineKind::Mocker => EngineConfig::Mocker(config.workers.mocker.clone()),
-        EngineKind::Echo => EngineConfig::Echo(config.workers.echo.clone()),
-        EngineKind::Openai => EngineConfig::Openai(config.workers.openai.clone()),
-        EngineKind::Candle => EngineConfig::Candle(config.workers.candle.clone()),
-    };
-    WorkerConfig {
-        model: config.frontend.model.clone(),
-        role: config.worker.role,
-        engine,
-        faults: config.worker.faults.clone(),
-    }
-}
-
 /// Discovery through etcd and events through NATS, as `config.runtime` says.
 pub async fn connect(
     config: &Config,
@@ -356,7 +327,7 @@ pub async fn start_distributed_frontend(config: Config) -> Result<Deployment> {
     let (discovery, events) = connect(&config, &tracker, &cancel).await?;
     let secret = config.runtime.request_secret.as_deref();
     let requests = HttpRequestPlane::with_secret(secret)?;
-    let dumps = KvDumpClient::with_secret(secret).map_err(anyhow::Error::msg)?;
+    let dumps = KvDumpClient::with_secret(secret)?;
     let sync = FrontendSync {
         resync: Some(Arc::new(dumps)),
         replicas: config
@@ -418,7 +389,7 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
         .worker
         .id
         .unwrap_or_else(|| rand::random::<u64>() >> 1 | 1);
-    let mut worker_config = worker_config(&config);
+    let mut worker_config = config.worker_config();
     // A crash (fault injection) ends this process, as a real one would.
     worker_config.faults.crash_exits = true;
     let worker = start_worker(
@@ -510,8 +481,8 @@ fn gguf_preprocessor(path: &std::path::Path, context_length: Option<u32>) -> Res
     }
 }
 
-/// Starts a worker on the engine its configuration names; the CPU engine is built here
-/// (its model loaded off the async threads), the others by the worker crate.
+/// Starts a worker on the engine its configuration names, built by this build's engines
+/// ([`crate::engines`]).
 async fn start_worker(
     worker_id: WorkerId,
     config: &WorkerConfig,
@@ -520,36 +491,9 @@ async fn start_worker(
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) -> Result<Worker> {
-    let EngineConfig::Candle(candle) = &config.engine else {
-        return Ok(Worker::start(worker_id, config, planes, serving, tracker, cancel).await?);
-    };
-    #[cfg(feature = "candle")]
-    {
-        let settings = candle.clone();
-        let key = switchyard_core::WorkerKey::from(worker_id);
-        let engine = tokio::task::spawn_blocking(move || {
-            switchyard_candle::CandleWorker::load(&settings, key)
-        })
-        .await??;
-        Ok(Worker::start_engine(
-            worker_id,
-            &config.model,
-            config.role,
-            Box::new(engine),
-            config.engine.load_report_interval(),
-            &config.faults,
-            planes,
-            serving,
-            tracker,
-            cancel,
-        )
-        .await?)
-    }
-    #[cfg(not(feature = "candle"))]
-    {
-        let _ = (candle, planes, serving, tracker, cancel);
-        anyhow::bail!(
-            "this build has no candle engine: build with `--features candle` (cargo run --release --features candle -- serve --engine candle --model PATH.gguf)"
-        )
-    }
+    let engines = crate::engines::registry();
+    Ok(Worker::start_with(
+        &engines, worker_id, config, planes, serving, tracker, cancel,
+    )
+    .await?)
 }

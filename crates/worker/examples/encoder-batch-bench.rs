@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use rand::{Rng, SeedableRng};
-use switchyard_encoders::VisionEncoder;
+use switchyard_encoders::{EncoderError, VisionEncoder};
 use switchyard_worker::batcher::{BatchModel, Batcher};
 
 #[derive(Debug, Parser)]
@@ -50,10 +50,11 @@ struct Vision(VisionEncoder);
 impl BatchModel for Vision {
     type Unit = Vec<u8>;
     type Output = usize;
+    type Error = EncoderError;
 
-    fn run(&mut self, units: Vec<Vec<u8>>) -> Result<Vec<usize>, String> {
+    fn run(&mut self, units: Vec<Vec<u8>>) -> Result<Vec<usize>, EncoderError> {
         let squares: Vec<&[u8]> = units.iter().map(Vec::as_slice).collect();
-        let embeddings = self.0.encode(&squares).map_err(|e| e.to_string())?;
+        let embeddings = self.0.encode(&squares)?;
         Ok(vec![embeddings.tokens; embeddings.batch])
     }
 }
@@ -84,10 +85,7 @@ async fn main() -> Result<()> {
         )?;
         let image: Vec<u8> = (0..side * side * 3).map(|i| (i % 251) as u8).collect();
         // One pass first: the runtime's first call sets itself up.
-        batcher
-            .run(vec![image.clone()])
-            .await
-            .map_err(anyhow::Error::msg)?;
+        batcher.run(vec![image.clone()]).await?;
         for &rate in &args.rates {
             let (passes, units) = (
                 batcher.stats().passes.load(Ordering::Relaxed),

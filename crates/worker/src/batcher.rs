@@ -9,18 +9,35 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use thiserror::Error;
 use tokio::sync::oneshot;
 
 /// A model the batcher runs: a pass over units, answering one output per unit.
 pub trait BatchModel: Send + 'static {
     type Unit: Send + 'static;
     type Output: Send + 'static;
-    fn run(&mut self, units: Vec<Self::Unit>) -> Result<Vec<Self::Output>, String>;
+    /// Why a pass failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+    fn run(&mut self, units: Vec<Self::Unit>) -> Result<Vec<Self::Output>, Self::Error>;
+}
+
+/// Why a job got no outputs.
+#[derive(Debug, Clone, Error)]
+pub enum BatchError {
+    #[error("the encoder has stopped")]
+    Stopped,
+    #[error("the encoder stopped before answering")]
+    NoAnswer,
+    #[error("the model answered {answered} outputs for {inputs} inputs")]
+    OutputCount { answered: usize, inputs: usize },
+    /// The model's pass failed. Shared: every job of the pass gets it.
+    #[error(transparent)]
+    Model(std::sync::Arc<dyn std::error::Error + Send + Sync>),
 }
 
 struct Job<M: BatchModel> {
     units: Vec<M::Unit>,
-    reply: oneshot::Sender<Result<Vec<M::Output>, String>>,
+    reply: oneshot::Sender<Result<Vec<M::Output>, BatchError>>,
 }
 
 /// Counts of what the batcher has run.
@@ -73,17 +90,15 @@ impl<M: BatchModel> Batcher<M> {
 
     /// Runs `units` in the next batch; their outputs in order. An error when the pass fails
     /// (every job of that pass gets it) or the batcher is gone.
-    pub async fn run(&self, units: Vec<M::Unit>) -> Result<Vec<M::Output>, String> {
+    pub async fn run(&self, units: Vec<M::Unit>) -> Result<Vec<M::Output>, BatchError> {
         if units.is_empty() {
             return Ok(Vec::new());
         }
         let (reply, answer) = oneshot::channel();
         self.submit
             .send(Job { units, reply })
-            .map_err(|_| "the encoder has stopped".to_owned())?;
-        answer
-            .await
-            .map_err(|_| "the encoder stopped before answering".to_owned())?
+            .map_err(|_| BatchError::Stopped)?;
+        answer.await.map_err(|_| BatchError::NoAnswer)?
     }
 
     pub fn stats(&self) -> &BatchStats {
@@ -137,14 +152,14 @@ fn run<M: BatchModel>(
             match model.run(pass) {
                 Ok(out) if out.len() == n => outputs.extend(out),
                 Ok(out) => {
-                    failed = Some(format!(
-                        "the model answered {} outputs for {n} inputs",
-                        out.len()
-                    ));
+                    failed = Some(BatchError::OutputCount {
+                        answered: out.len(),
+                        inputs: n,
+                    });
                     break;
                 }
                 Err(e) => {
-                    failed = Some(e);
+                    failed = Some(BatchError::Model(Arc::new(e)));
                     break;
                 }
             }
@@ -169,13 +184,18 @@ mod tests {
     /// Doubles its inputs and records each pass's size; fails on a negative input.
     struct Doubler(Arc<Mutex<Vec<usize>>>);
 
+    #[derive(Debug, Error)]
+    #[error("negative")]
+    struct Negative;
+
     impl BatchModel for Doubler {
         type Unit = i32;
         type Output = i32;
-        fn run(&mut self, units: Vec<i32>) -> Result<Vec<i32>, String> {
+        type Error = Negative;
+        fn run(&mut self, units: Vec<i32>) -> Result<Vec<i32>, Negative> {
             self.0.lock().unwrap().push(units.len());
             if units.iter().any(|&u| u < 0) {
-                return Err("negative".into());
+                return Err(Negative);
             }
             Ok(units.into_iter().map(|u| u * 2).collect())
         }
@@ -217,6 +237,7 @@ mod tests {
     async fn a_failed_pass_fails_every_job_in_it_and_the_batcher_goes_on() {
         let (b, _) = batcher(8, 300);
         let (x, y) = tokio::join!(b.run(vec![1]), b.run(vec![-1]));
+        let (x, y) = (x.map_err(|e| e.to_string()), y.map_err(|e| e.to_string()));
         assert_eq!(x, Err("negative".into()));
         assert_eq!(y, Err("negative".into()));
         assert_eq!(b.run(vec![7]).await.unwrap(), vec![14]);

@@ -6,6 +6,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_mocker::EngineArgs;
 
+use crate::error::InvalidConfig;
+
 /// One worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,15 +30,27 @@ pub enum EngineConfig {
     Mocker(MockerConfig),
     Echo(EchoConfig),
     /// A stock OpenAI-compatible server (llama.cpp, vLLM, SGLang).
-    Openai(crate::openai::OpenAiConfig),
-    /// A GGUF model on the CPU: built by the binary (its `candle` feature), which hands the
-    /// engine to [`crate::Worker::start_engine`].
+    Openai(crate::upstream::OpenAiConfig),
+    /// A GGUF model on the CPU: built by the binary (its `candle` feature), which registers
+    /// the engine in an [`crate::EngineRegistry`].
     Candle(CandleConfig),
     /// A mock media encoder (role `encoder`).
     Encoder(crate::encoder::EncoderConfig),
 }
 
 impl EngineConfig {
+    /// The engine's name: its `kind` in configuration files, and its name in an
+    /// [`crate::EngineRegistry`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineConfig::Mocker(_) => "mocker",
+            EngineConfig::Echo(_) => "echo",
+            EngineConfig::Openai(_) => "openai",
+            EngineConfig::Candle(_) => "candle",
+            EngineConfig::Encoder(_) => "encoder",
+        }
+    }
+
     /// Shortest interval between two load reports on the event plane.
     pub fn load_report_interval(&self) -> Duration {
         match self {
@@ -128,18 +142,13 @@ impl KvTransferConfig {
             .saturating_add(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         // 1 kB/s at the least: slower is a typo, and would overflow the transfer times.
         if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps >= 1e-6) {
-            return Err(format!(
-                "kv_transfer.bandwidth_gbps must be a number of GB/s of at least 0.000001, got {}",
-                self.bandwidth_gbps
-            ));
+            return Err(InvalidConfig::KvBandwidth(self.bandwidth_gbps));
         }
         if [self.layers, self.kv_heads, self.head_dim, self.dtype_bytes].contains(&0) {
-            return Err(
-                "kv_transfer: layers, kv_heads, head_dim and dtype_bytes must be at least 1".into(),
-            );
+            return Err(InvalidConfig::KvShape);
         }
         Ok(())
     }
@@ -217,22 +226,41 @@ impl Default for CandleConfig {
 }
 
 impl CandleConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
         if self.model.as_os_str().is_empty() {
-            return Err("the candle engine needs a model file (--model PATH.gguf)".into());
+            return Err(InvalidConfig::NoModelFile);
         }
         if self.block_size == 0 || self.max_num_seqs == 0 {
-            return Err("block_size and max_num_seqs must be at least 1".into());
+            return Err(InvalidConfig::NoBlocksOrSequences);
         }
         if self.step_target.is_zero() {
-            return Err("step_target must be more than 0".into());
+            return Err(InvalidConfig::NoStepTarget);
         }
         if self.max_batched_tokens < self.max_num_seqs {
-            return Err(format!(
-                "max_batched_tokens ({}) must be at least max_num_seqs ({}): every running sequence decodes a token per step",
-                self.max_batched_tokens, self.max_num_seqs
-            ));
+            return Err(InvalidConfig::BatchBelowSequences {
+                max_batched_tokens: self.max_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+            });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engines_kind_is_its_tag_in_configuration_files() {
+        for engine in [
+            EngineConfig::Mocker(MockerConfig::default()),
+            EngineConfig::Echo(EchoConfig::default()),
+            EngineConfig::Openai(Default::default()),
+            EngineConfig::Candle(CandleConfig::default()),
+            EngineConfig::Encoder(Default::default()),
+        ] {
+            let tagged = serde_json::to_value(&engine).unwrap();
+            assert_eq!(tagged["kind"], engine.kind());
+        }
     }
 }

@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::EchoConfig;
 use crate::engine::{Engine, EngineCapabilities, RunningEngine};
-use crate::host::WorkerError;
+use crate::error::WorkerError;
 
 /// The echo engine: no cache, no events, no load reports, no limits.
 #[derive(Debug, Clone)]

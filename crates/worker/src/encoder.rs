@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::engine::{Engine, EngineCapabilities, RunningEngine};
-use crate::host::WorkerError;
+use crate::error::WorkerError;
 
 /// A mock encoder worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

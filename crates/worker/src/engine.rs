@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::driver::{DriverHandle, TokenStream};
-use crate::host::WorkerError;
+use crate::error::WorkerError;
 
 /// What an engine can do, as announced in discovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,20 +11,19 @@ use switchyard_runtime::net::http::HttpRequestPlane;
 use switchyard_runtime::{
     Discovery, EngineService, EventPlane, Lease, RequestPlane, WorkerEvent, WorkerInstance,
 };
-use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{EngineConfig, WorkerConfig};
+use crate::config::WorkerConfig;
 use crate::disagg::{DisaggService, TransferTiming};
-use crate::echo::Echo;
 use crate::engine::{Engine, EngineCapabilities};
+use crate::error::WorkerError;
 use crate::faults::{self, CrashMode, FaultSettings, Faults, FaultyService};
 use crate::kv_state::{self, KvState};
-use crate::mocker::Mocker;
+use crate::registry::EngineRegistry;
 
 /// How a worker receives requests.
 #[derive(Debug)]
@@ -51,46 +50,6 @@ pub struct WorkerPlanes {
     pub events: Arc<dyn EventPlane>,
 }
 
-#[derive(Debug, Error)]
-pub enum WorkerError {
-    #[error("invalid engine arguments: {0}")]
-    Engine(#[from] switchyard_mocker::config::InvalidArgs),
-    #[error(transparent)]
-    Profile(#[from] switchyard_mocker::perf::ProfileError),
-    #[error("the engine cannot start: {0}")]
-    Start(String),
-    #[error(transparent)]
-    Discovery(#[from] switchyard_runtime::DiscoveryError),
-    #[error("cannot serve requests: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-/// The engine a configuration names.
-pub fn engine_from_config(
-    config: &EngineConfig,
-    worker: WorkerKey,
-    model: &str,
-) -> Result<Box<dyn Engine>, WorkerError> {
-    Ok(match config {
-        EngineConfig::Mocker(mocker) => Box::new(Mocker::new(worker, mocker)?),
-        EngineConfig::Echo(echo) => Box::new(Echo::new(echo.clone())),
-        EngineConfig::Openai(openai) => Box::new(crate::openai::OpenAiUpstream::new(
-            worker,
-            model,
-            openai.clone(),
-        )?),
-        EngineConfig::Encoder(encoder) => {
-            Box::new(crate::encoder::MockEncoder::new(encoder.clone())?)
-        }
-        EngineConfig::Candle(_) => {
-            return Err(WorkerError::Start(
-                "the candle engine is built by the switchyard binary (feature `candle`), not here"
-                    .into(),
-            ));
-        }
-    })
-}
-
 /// A running worker. Dropping it deregisters it and stops its engine and tasks (as does the
 /// cancellation token it was started with).
 #[derive(Debug)]
@@ -108,7 +67,8 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Builds the engine the configuration names and starts the worker on it.
+    /// Builds the engine the configuration names (one of this crate's) and starts the
+    /// worker on it.
     pub async fn start(
         worker_id: WorkerId,
         config: &WorkerConfig,
@@ -117,7 +77,27 @@ impl Worker {
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Result<Worker, WorkerError> {
-        let engine = engine_from_config(&config.engine, WorkerKey::from(worker_id), &config.model)?;
+        let engines = EngineRegistry::builtin();
+        Self::start_with(
+            &engines, worker_id, config, planes, serving, tracker, cancel,
+        )
+        .await
+    }
+
+    /// Builds the engine the configuration names from `engines` and starts the worker on
+    /// it.
+    pub async fn start_with(
+        engines: &EngineRegistry,
+        worker_id: WorkerId,
+        config: &WorkerConfig,
+        planes: &WorkerPlanes,
+        serving: Serving,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<Worker, WorkerError> {
+        let engine = engines
+            .build(&config.engine, WorkerKey::from(worker_id), &config.model)
+            .await?;
         Self::start_engine(
             worker_id,
             &config.model,

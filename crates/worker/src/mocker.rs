@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 use crate::config::{KvTransferConfig, MockerConfig};
 use crate::driver::{self, EVENT_CAPACITY, StepEngine};
 use crate::engine::{Engine, EngineCapabilities, RunningEngine, StepService};
+use crate::error::WorkerError;
 use crate::faults::Pace;
-use crate::host::WorkerError;
 
 /// The mocker, configured and not yet started.
 #[derive(Debug)]
@@ -36,7 +36,7 @@ impl Mocker {
             Some(path) => switchyard_mocker::perf::load(path)?,
             None => PerfModel::Polynomial,
         };
-        config.kv_transfer.validate().map_err(WorkerError::Start)?;
+        config.kv_transfer.validate()?;
         Ok(Mocker {
             engine: MockEngine::new(worker, config.args, perf, config.seed)?,
             pace: Pace::default(),

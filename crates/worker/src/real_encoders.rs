@@ -7,11 +7,11 @@
 use bytes::Bytes;
 use switchyard_core::Modality;
 use switchyard_core::protocol::{EngineError, MediaInput};
-use switchyard_encoders::{AudioEncoder, VisionEncoder, WINDOW_FRAMES};
+use switchyard_encoders::{AudioEncoder, EncoderError, VisionEncoder, WINDOW_FRAMES};
 
 use crate::batcher::{BatchModel, Batcher};
 use crate::encoder::EncoderModels;
-use crate::host::WorkerError;
+use crate::error::WorkerError;
 
 /// One unit's embeddings: `tokens` rows of `dim` values.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,13 +132,15 @@ impl RealEncoders {
         modality: Modality,
         input: &MediaInput,
     ) -> Result<Vec<Encoded>, EngineError> {
-        let units = input.units().map_err(EngineError::Invalid)?;
+        let units = input
+            .units()
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let wrong = || {
             EngineError::Unsupported(format!(
                 "a {modality:?} item came with the wrong kind of input for this encoder"
             ))
         };
-        let run = |e: String| model_error(modality, e);
+        let run = |e: crate::batcher::BatchError| model_error(modality, e.to_string());
         match (modality, input) {
             (Modality::Image | Modality::Video, MediaInput::Squares { side, rgb }) => {
                 let vision = self.vision.as_ref().ok_or_else(wrong)?;
@@ -189,8 +191,9 @@ struct Vision(VisionEncoder);
 impl BatchModel for Vision {
     type Unit = (usize, Bytes);
     type Output = Encoded;
+    type Error = EncoderError;
 
-    fn run(&mut self, units: Vec<(usize, Bytes)>) -> Result<Vec<Encoded>, String> {
+    fn run(&mut self, units: Vec<(usize, Bytes)>) -> Result<Vec<Encoded>, EncoderError> {
         let mut out = Vec::with_capacity(units.len());
         // Squares of one side go through in one pass (resized alike).
         let mut rest = &units[..];
@@ -200,7 +203,7 @@ impl BatchModel for Vision {
                 .iter()
                 .flat_map(|(_, b)| b.iter().copied())
                 .collect();
-            let embeddings = self.0.encode_any(side, &rgb).map_err(|e| e.to_string())?;
+            let embeddings = self.0.encode_any(side, &rgb)?;
             out.extend((0..embeddings.batch).map(|i| Encoded {
                 tokens: embeddings.tokens,
                 dim: embeddings.dim,
@@ -218,8 +221,9 @@ struct Audio(AudioEncoder);
 impl BatchModel for Audio {
     type Unit = Bytes;
     type Output = Encoded;
+    type Error = EncoderError;
 
-    fn run(&mut self, units: Vec<Bytes>) -> Result<Vec<Encoded>, String> {
+    fn run(&mut self, units: Vec<Bytes>) -> Result<Vec<Encoded>, EncoderError> {
         let windows: Vec<Vec<f32>> = units
             .iter()
             .map(|w| {
@@ -229,7 +233,7 @@ impl BatchModel for Audio {
             })
             .collect();
         let refs: Vec<&[f32]> = windows.iter().map(Vec::as_slice).collect();
-        let embeddings = self.0.encode(&refs).map_err(|e| e.to_string())?;
+        let embeddings = self.0.encode(&refs)?;
         Ok((0..embeddings.batch)
             .map(|i| Encoded {
                 tokens: embeddings.tokens,

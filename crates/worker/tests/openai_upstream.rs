@@ -24,7 +24,7 @@ use switchyard_core::protocol::{
 };
 use switchyard_core::{RequestId, WorkerKey};
 use switchyard_worker::Engine;
-use switchyard_worker::openai::{OpenAiConfig, OpenAiUpstream, PromptFormat};
+use switchyard_worker::upstream::{OpenAiConfig, OpenAiUpstream, PromptFormat};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 

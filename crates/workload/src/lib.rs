@@ -7,6 +7,8 @@
 //! - [`analyze`]: the structure of a trace (`switchyard synth analyze`).
 //! - [`synth`]: learning that structure and sampling new traces (`switchyard synth generate`).
 //! - [`bench`](mod@bench): the benchmark client for OpenAI-compatible endpoints (`switchyard bench`).
+//! - [`profile`]: profiling an engine through its API into the mocker's timing profile and
+//!   a report (`switchyard profile`).
 //! - [`stats`], [`units`]: summaries, empirical distributions, and how reports print them.
 
 pub mod analyze;

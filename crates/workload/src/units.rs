@@ -44,14 +44,32 @@ pub fn parse_duration(text: &str) -> Result<Duration, humantime::DurationError> 
     humantime::parse_duration(text)
 }
 
+/// Why a text is not a positive number of milliseconds ([`parse_millis`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MillisError {
+    #[error("{text:?} is not a number of milliseconds")]
+    NotANumber {
+        text: String,
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+    #[error("{text} ms must be a finite number above 0")]
+    NotPositive { text: String },
+}
+
 /// Parses a positive number of milliseconds (fractions allowed), e.g. `200` or `12.5`.
-pub fn parse_millis(text: &str) -> Result<Duration, String> {
+pub fn parse_millis(text: &str) -> Result<Duration, MillisError> {
     let value: f64 = text
         .trim()
         .parse()
-        .map_err(|_| format!("{text:?} is not a number of milliseconds"))?;
+        .map_err(|source| MillisError::NotANumber {
+            text: text.to_owned(),
+            source,
+        })?;
     if !(value.is_finite() && value > 0.0) {
-        return Err(format!("{text} ms must be a finite number above 0"));
+        return Err(MillisError::NotPositive {
+            text: text.to_owned(),
+        });
     }
     Ok(Duration::from_secs_f64(value / 1e3))
 }
@@ -126,6 +144,11 @@ mod tests {
         assert_eq!(parse_millis("12.5").unwrap(), Duration::from_micros(12_500));
         assert!(parse_millis("0").is_err());
         assert!(parse_millis("-3").is_err());
-        assert!(parse_millis("fast").unwrap_err().contains("not a number"));
+        assert!(
+            parse_millis("fast")
+                .unwrap_err()
+                .to_string()
+                .contains("not a number")
+        );
     }
 }

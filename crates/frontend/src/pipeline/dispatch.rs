@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::encode::{MediaStatus, resize_media};
 use super::{Frontend, PipelineShell, Prepared, given_up};
-use crate::features::StagingRefused;
+use crate::feature_store::StagingRefused;
 use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
 use crate::routing::{Progress, RouteFailure, Routed};
@@ -64,7 +64,7 @@ pub(super) struct RequestRun {
     pub(super) media: Option<watch::Receiver<MediaStatus>>,
     /// Its media items' embeddings, for workers that merge them.
     pub(super) features: super::encode::MediaFeatures,
-    /// Its media items in the feature store (see [`crate::features`]).
+    /// Its media items in the feature store (see [`crate::feature_store`]).
     pub(super) hold: Option<super::encode::SharedHold>,
     /// See [`Self::prompt_version`].
     prompt_version: u32,
@@ -189,7 +189,7 @@ impl RequestRun {
         self.prompt_version
     }
 
-    /// Stages its media items for the worker they go to next (see [`crate::features`]):
+    /// Stages its media items for the worker they go to next (see [`crate::feature_store`]):
     /// waits for staging memory, within `feature_store.staging_wait`, then a 503.
     pub(super) async fn stage_media(&self) -> Result<(), ApiError> {
         let Some(hold) = &self.hold else {
@@ -199,7 +199,7 @@ impl RequestRun {
             return Ok(());
         }
         let hashes = self.prompt.media.iter().map(|span| span.media_hash);
-        crate::features::stage(hold, hashes)
+        crate::feature_store::stage(hold, hashes)
             .await
             .map_err(|StagingRefused::Full(waited)| {
                 ApiError::unavailable(

@@ -62,8 +62,8 @@ pub struct Frontend {
     pub keys: KeyTable,
     /// Media in requests: fetched, decoded and prepared off the async threads.
     pub media: crate::media::MediaStage,
-    /// Which media items' encoded features exist (see [`crate::features`]).
-    pub features: Arc<crate::features::SharedFeatureStore>,
+    /// Which media items' encoded features exist (see [`crate::feature_store`]).
+    pub features: Arc<crate::feature_store::SharedFeatureStore>,
 }
 
 /// A validated request, tokenized.
@@ -290,8 +290,10 @@ impl Frontend {
     ) -> Self {
         let metrics = Metrics::new(routing.model());
         let media = crate::media::MediaStage::new(config.multimodal.clone());
-        let features =
-            crate::features::SharedFeatureStore::new(&config.multimodal.feature_store, &metrics);
+        let features = crate::feature_store::SharedFeatureStore::new(
+            &config.multimodal.feature_store,
+            &metrics,
+        );
         Frontend {
             media,
             features,

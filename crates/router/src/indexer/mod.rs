@@ -20,6 +20,7 @@
 
 mod arena;
 mod bits;
+mod check;
 mod dump;
 mod streams;
 mod table;
@@ -39,6 +40,7 @@ use switchyard_core::{
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Acquire, Release};
 
+pub use check::Inconsistency;
 pub use dump::WorkerSnapshot;
 pub use streams::{EventStreams, StreamCheck};
 use table::HashTable;
@@ -459,91 +461,6 @@ impl Indexer {
         let live = self.tree.live();
         live.slots.store(self.workers.len() as u32, Release);
         live.by_key.store(Arc::new(self.by_key.clone()));
-    }
-
-    /// Checks the tree against the per-worker tables; for tests and debugging.
-    ///
-    /// Every node is reachable from the root through its parent's child map; its prefix hash
-    /// is its path's sequence hash; no node other than the root is empty (no worker, no
-    /// child); only nodes held like their only child, the next id, are marked so in the run
-    /// bitmap; a node holds a worker's bit exactly when one of the worker's sequence hashes
-    /// maps to it, with the extra references counted; and each worker's cached count is its
-    /// number of distinct nodes.
-    pub fn validate(&self) -> Result<(), String> {
-        let mut seen = 0usize;
-        let mut stack = vec![ROOT];
-        let mut held: FxHashMap<(u32, NodeId), u32> = FxHashMap::default();
-        while let Some(id) = stack.pop() {
-            for (local, child) in self.tree.children(id) {
-                let (parent, key) = (self.tree.parent(child), self.tree.local(child));
-                if parent != id || key != local {
-                    return Err(format!(
-                        "node {child} is linked under {id} but says parent {parent} local {key:?}"
-                    ));
-                }
-                if self.tree.is_unheld(child) && !self.tree.has_children(child) {
-                    return Err(format!("node {child} is empty but still in the tree"));
-                }
-                let prefix = tree::child_prefix((id != ROOT).then(|| self.tree.prefix(id)), local);
-                if self.tree.prefix(child) != prefix {
-                    return Err(format!("node {child} has a wrong prefix hash"));
-                }
-                if self.tree.child_same(child) && !self.tree.may_be_child_same(child) {
-                    return Err(format!(
-                        "node {child} is marked as held like its child but is not"
-                    ));
-                }
-                for slot in self.tree.holders(child) {
-                    held.insert((slot, child), 0);
-                }
-                seen += 1;
-                stack.push(child);
-            }
-        }
-        self.tree.check_edges()?;
-        if seen != self.tree.len() {
-            return Err(format!(
-                "{seen} nodes reachable but {} allocated",
-                self.tree.len()
-            ));
-        }
-        for &(key, slot) in &self.by_key {
-            let state = self.state(slot);
-            let mut refs: FxHashMap<NodeId, u32> = FxHashMap::default();
-            for node in state.blocks.values() {
-                *refs.entry(node).or_insert(0) += 1;
-            }
-            for (&node, &count) in &refs {
-                if !self.tree.holds(node, slot) {
-                    return Err(format!(
-                        "{key} maps a hash to node {node} without holding it"
-                    ));
-                }
-                let extra = state.extra_refs.get(&node).copied().unwrap_or(0);
-                if extra + 1 != count {
-                    return Err(format!(
-                        "{key} has {count} refs to node {node} but {extra} extra"
-                    ));
-                }
-                held.remove(&(slot, node));
-            }
-            if state.extra_refs.keys().any(|n| !refs.contains_key(n)) {
-                return Err(format!("{key} has extra refs to a node it does not map"));
-            }
-            if self.cached[slot as usize] != refs.len() as u64 {
-                return Err(format!(
-                    "{key} counts {} cached but holds {}",
-                    self.cached[slot as usize],
-                    refs.len()
-                ));
-            }
-        }
-        if let Some(((slot, node), _)) = held.iter().next() {
-            return Err(format!(
-                "node {node} holds slot {slot} with no hash mapping to it"
-            ));
-        }
-        Ok(())
     }
 
     fn slot(&self, worker: WorkerKey) -> Option<u32> {

@@ -11,7 +11,7 @@ use switchyard_core::WorkerId;
 use switchyard_router::WorkerSnapshot;
 
 use crate::discovery::WorkerInstance;
-use crate::snapshot::KvSnapshotSource;
+use crate::snapshot::{KvSnapshotSource, SnapshotError};
 
 /// Reads one worker's cache record.
 pub type DumpFn = Arc<dyn Fn() -> Vec<WorkerSnapshot> + Send + Sync>;
@@ -53,13 +53,16 @@ impl LocalKvSnapshots {
 
 #[async_trait]
 impl KvSnapshotSource for LocalKvSnapshots {
-    async fn snapshot(&self, worker: &WorkerInstance) -> Result<Vec<WorkerSnapshot>, String> {
+    async fn snapshot(
+        &self,
+        worker: &WorkerInstance,
+    ) -> Result<Vec<WorkerSnapshot>, SnapshotError> {
         let dump = self
             .workers
             .read()
             .get(&worker.worker_id)
             .cloned()
-            .ok_or_else(|| format!("worker {} keeps no cache record here", worker.worker_id))?;
+            .ok_or(SnapshotError::NotHere(worker.worker_id))?;
         Ok(dump())
     }
 }

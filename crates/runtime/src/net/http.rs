@@ -236,7 +236,8 @@ impl HttpRequestPlane {
     /// A client that presents the deployment's request-plane secret (see
     /// [`super::secret`]).
     pub fn with_secret(secret: Option<&str>) -> Result<Self, EngineError> {
-        let headers = super::secret::client_headers(secret).map_err(EngineError::Internal)?;
+        let headers = super::secret::client_headers(secret)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
         let client = reqwest::Client::builder()
             .default_headers(headers)
             .http2_prior_knowledge()

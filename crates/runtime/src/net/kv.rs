@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_router::WorkerSnapshot;
+use thiserror::Error;
 
+use super::secret::InvalidSecret;
 use crate::discovery::WorkerInstance;
-use crate::snapshot::KvSnapshotSource;
+use crate::snapshot::{KvSnapshotSource, SnapshotError};
 
 /// The worker's cache as MessagePack `Vec<WorkerSnapshot>`.
 pub const DUMP_PATH: &str = "/v1/internal/kv/dump";
@@ -23,43 +25,62 @@ pub struct KvDumpClient {
     client: reqwest::Client,
 }
 
+/// Why a [`KvDumpClient`] could not be built.
+#[derive(Debug, Error)]
+pub enum KvClientError {
+    #[error(transparent)]
+    Secret(#[from] InvalidSecret),
+    #[error(transparent)]
+    Build(reqwest::Error),
+}
+
 impl KvDumpClient {
-    pub fn new() -> Result<Self, String> {
+    pub fn new() -> Result<Self, KvClientError> {
         Self::with_secret(None)
     }
 
     /// A client that presents the deployment's request-plane secret.
-    pub fn with_secret(secret: Option<&str>) -> Result<Self, String> {
+    pub fn with_secret(secret: Option<&str>) -> Result<Self, KvClientError> {
         let client = reqwest::Client::builder()
             .default_headers(super::secret::client_headers(secret)?)
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10))
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(KvClientError::Build)?;
         Ok(KvDumpClient { client })
     }
 }
 
 #[async_trait]
 impl KvSnapshotSource for KvDumpClient {
-    async fn snapshot(&self, worker: &WorkerInstance) -> Result<Vec<WorkerSnapshot>, String> {
+    async fn snapshot(
+        &self,
+        worker: &WorkerInstance,
+    ) -> Result<Vec<WorkerSnapshot>, SnapshotError> {
         let address = worker
             .address
             .as_deref()
-            .ok_or_else(|| format!("{} has no address", worker.worker_id))?;
+            .ok_or(SnapshotError::NoAddress(worker.worker_id))?;
+        let unreachable = |source| SnapshotError::Unreachable {
+            address: address.to_owned(),
+            source,
+        };
         let response = self
             .client
             .get(format!("http://{address}{DUMP_PATH}"))
             .send()
             .await
-            .map_err(|e| format!("{address}: {e}"))?;
+            .map_err(unreachable)?;
         if !response.status().is_success() {
-            return Err(format!("{address} answered {}", response.status()));
+            return Err(SnapshotError::Status {
+                address: address.to_owned(),
+                status: response.status(),
+            });
         }
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| format!("{address}: {e}"))?;
-        rmp_serde::from_slice(&bytes).map_err(|e| format!("{address}: invalid dump: {e}"))
+        let bytes = response.bytes().await.map_err(unreachable)?;
+        rmp_serde::from_slice(&bytes).map_err(|source| SnapshotError::InvalidDump {
+            address: address.to_owned(),
+            source,
+        })
     }
 }

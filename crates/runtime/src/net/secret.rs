@@ -8,21 +8,27 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::http::header::InvalidHeaderValue;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
+use thiserror::Error;
 
 /// The header that carries the secret.
 pub const SECRET_HEADER: &str = "x-switchyard-secret";
 
+/// A secret that cannot be sent in a header.
+#[derive(Debug, Error)]
+#[error("the request-plane secret must be visible ASCII")]
+pub struct InvalidSecret(#[source] InvalidHeaderValue);
+
 /// Default headers for a client of the request plane: the secret, if any, marked sensitive
 /// so it never shows in debug output.
-pub fn client_headers(secret: Option<&str>) -> Result<HeaderMap, String> {
+pub fn client_headers(secret: Option<&str>) -> Result<HeaderMap, InvalidSecret> {
     let mut headers = HeaderMap::new();
     if let Some(secret) = secret {
-        let mut value = HeaderValue::from_str(secret)
-            .map_err(|_| "the request-plane secret must be visible ASCII".to_string())?;
+        let mut value = HeaderValue::from_str(secret).map_err(InvalidSecret)?;
         value.set_sensitive(true);
         headers.insert(SECRET_HEADER, value);
     }

@@ -28,14 +28,58 @@ pub struct DecodedBatch {
     pub skipped: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 pub enum DecodeError {
     #[error("not MessagePack: {0}")]
-    Msgpack(String),
+    Msgpack(#[source] rmpv::decode::Error),
     #[error("a batch must be an array [ts, events, dp_rank] or a map, got {0}")]
     Batch(&'static str),
-    #[error("event {index}: {message}")]
-    Event { index: usize, message: String },
+    #[error("event {index}: {source}")]
+    Event {
+        index: usize,
+        #[source]
+        source: EventError,
+    },
+}
+
+/// What is wrong with one event of a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EventError {
+    #[error("an array event must start with its type name")]
+    ArrayWithoutType,
+    #[error("a map event needs a \"type\"")]
+    MapWithoutType,
+    #[error("an event must be an array or a map, got {0}")]
+    NotAnEvent(&'static str),
+    #[error("BlockStored needs a block_size")]
+    NoBlockSize,
+    #[error(
+        "the engine's blocks hold {engine} tokens but the worker was registered with {worker} \
+         (set the worker's block size to the engine's)"
+    )]
+    BlockSize { engine: u64, worker: u32 },
+    #[error("{hashes} block hashes need {needed} token ids, got {got}")]
+    TokenCount {
+        hashes: usize,
+        needed: usize,
+        got: usize,
+    },
+    #[error("a block hash does not fit in 64 bits")]
+    WideHash,
+    #[error("a block hash must be an integer or bytes, got {0}")]
+    HashKind(&'static str),
+    #[error("{name} must be an array, got {kind}")]
+    NotAnArray {
+        name: &'static str,
+        kind: &'static str,
+    },
+    #[error("{0} is missing")]
+    Missing(&'static str),
+    /// The value, as MessagePack's text form writes it.
+    #[error("a token id must be a u32, got {0}")]
+    TokenId(String),
+    #[error("medium must be a string, got {0}")]
+    Medium(&'static str),
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -55,8 +99,7 @@ fn kind(value: &Value) -> &'static str {
 /// Decodes one batch payload. `block_size` is the worker's (what it registered); events
 /// of another block size are refused, since their blocks would never match a prompt.
 pub fn decode_batch(payload: &[u8], block_size: u32) -> Result<DecodedBatch, DecodeError> {
-    let value = rmpv::decode::read_value(&mut &payload[..])
-        .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
+    let value = rmpv::decode::read_value(&mut &payload[..]).map_err(DecodeError::Msgpack)?;
     let (events, dp_rank) = match &value {
         Value::Array(items) => (items.get(1), items.get(2)),
         Value::Map(_) => (
@@ -84,7 +127,7 @@ pub fn decode_batch(payload: &[u8], block_size: u32) -> Result<DecodedBatch, Dec
     };
     for (index, event) in events.iter().enumerate() {
         match decode_event(event, block_size)
-            .map_err(|message| DecodeError::Event { index, message })?
+            .map_err(|source| DecodeError::Event { index, source })?
         {
             Decoded::Event(tier, data) => decoded.events.push((tier, data)),
             Decoded::Unknown(tag) => decoded.skipped.push(tag),
@@ -109,13 +152,13 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    fn of(event: &'a Value) -> Result<Self, String> {
+    fn of(event: &'a Value) -> Result<Self, EventError> {
         match event {
             Value::Array(items) => {
                 let tag = items
                     .first()
                     .and_then(Value::as_str)
-                    .ok_or("an array event must start with its type name")?;
+                    .ok_or(EventError::ArrayWithoutType)?;
                 Ok(Fields {
                     tag,
                     array: Some(&items[1..]),
@@ -125,17 +168,14 @@ impl<'a> Fields<'a> {
             Value::Map(_) => {
                 let tag = field(event, "type")
                     .and_then(Value::as_str)
-                    .ok_or("a map event needs a \"type\"")?;
+                    .ok_or(EventError::MapWithoutType)?;
                 Ok(Fields {
                     tag,
                     array: None,
                     map: Some(event),
                 })
             }
-            other => Err(format!(
-                "an event must be an array or a map, got {}",
-                kind(other)
-            )),
+            other => Err(EventError::NotAnEvent(kind(other))),
         }
     }
 
@@ -168,7 +208,7 @@ enum Decoded {
     Unknown(String),
 }
 
-fn decode_event(event: &Value, block_size: u32) -> Result<Decoded, String> {
+fn decode_event(event: &Value, block_size: u32) -> Result<Decoded, EventError> {
     let fields = Fields::of(event)?;
     match fields.tag {
         "BlockStored" => {
@@ -181,20 +221,19 @@ fn decode_event(event: &Value, block_size: u32) -> Result<Decoded, String> {
             let event_block_size = fields
                 .get(STORED_BLOCK_SIZE, "block_size")
                 .and_then(Value::as_u64)
-                .ok_or("BlockStored needs a block_size")?;
+                .ok_or(EventError::NoBlockSize)?;
             if event_block_size != u64::from(block_size) {
-                return Err(format!(
-                    "the engine's blocks hold {event_block_size} tokens but the worker was \
-                     registered with {block_size} (set the worker's block size to the engine's)"
-                ));
+                return Err(EventError::BlockSize {
+                    engine: event_block_size,
+                    worker: block_size,
+                });
             }
             if tokens.len() != hashes.len() * block_size as usize {
-                return Err(format!(
-                    "{} block hashes need {} token ids, got {}",
-                    hashes.len(),
-                    hashes.len() * block_size as usize,
-                    tokens.len()
-                ));
+                return Err(EventError::TokenCount {
+                    hashes: hashes.len(),
+                    needed: hashes.len() * block_size as usize,
+                    got: tokens.len(),
+                });
             }
             let lora_name = fields
                 .get(STORED_LORA_NAME, "lora_name")
@@ -229,53 +268,56 @@ fn decode_event(event: &Value, block_size: u32) -> Result<Decoded, String> {
 }
 
 /// An engine block hash: an integer (signed or not, as Python wrote it) or bytes.
-fn block_hash(value: &Value) -> Result<SequenceHash, String> {
+fn block_hash(value: &Value) -> Result<SequenceHash, EventError> {
     match value {
         Value::Integer(i) => i
             .as_u64()
             // Python's built-in hash is signed: the same 64 bits either way.
             .or_else(|| i.as_i64().map(|v| v as u64))
             .map(SequenceHash)
-            .ok_or_else(|| "a block hash does not fit in 64 bits".to_owned()),
+            .ok_or(EventError::WideHash),
         Value::Binary(bytes) => Ok(SequenceHash(xxhash_rust::xxh3::xxh3_64(bytes))),
-        other => Err(format!(
-            "a block hash must be an integer or bytes, got {}",
-            kind(other)
-        )),
+        other => Err(EventError::HashKind(kind(other))),
     }
 }
 
-fn hash_list(value: Option<&Value>, name: &str) -> Result<Vec<SequenceHash>, String> {
+fn hash_list(value: Option<&Value>, name: &'static str) -> Result<Vec<SequenceHash>, EventError> {
     match value {
         Some(Value::Array(items)) => items.iter().map(block_hash).collect(),
-        Some(other) => Err(format!("{name} must be an array, got {}", kind(other))),
-        None => Err(format!("{name} is missing")),
+        Some(other) => Err(EventError::NotAnArray {
+            name,
+            kind: kind(other),
+        }),
+        None => Err(EventError::Missing(name)),
     }
 }
 
-fn token_list(value: Option<&Value>) -> Result<Vec<u32>, String> {
+fn token_list(value: Option<&Value>) -> Result<Vec<u32>, EventError> {
     match value {
         Some(Value::Array(items)) => items
             .iter()
             .map(|t| {
                 t.as_u64()
                     .and_then(|t| u32::try_from(t).ok())
-                    .ok_or_else(|| format!("a token id must be a u32, got {t}"))
+                    .ok_or_else(|| EventError::TokenId(t.to_string()))
             })
             .collect(),
-        Some(other) => Err(format!("token_ids must be an array, got {}", kind(other))),
-        None => Err("token_ids is missing".into()),
+        Some(other) => Err(EventError::NotAnArray {
+            name: "token_ids",
+            kind: kind(other),
+        }),
+        None => Err(EventError::Missing("token_ids")),
     }
 }
 
 /// vLLM's `medium` ("GPU", "CPU", "DISK", or a connector's name) as a storage tier.
-fn medium(value: Option<&Value>) -> Result<StorageTier, String> {
+fn medium(value: Option<&Value>) -> Result<StorageTier, EventError> {
     let Some(value) = value else {
         return Ok(StorageTier::Device);
     };
     let name = value
         .as_str()
-        .ok_or_else(|| format!("medium must be a string, got {}", kind(value)))?;
+        .ok_or_else(|| EventError::Medium(kind(value)))?;
     Ok(match name.to_ascii_uppercase().as_str() {
         "GPU" | "DEVICE" | "HBM" => StorageTier::Device,
         "CPU" | "HOST" | "CPU_TIER" => StorageTier::Host,

@@ -17,17 +17,22 @@
 
 pub mod decode;
 
+use std::num::ParseIntError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Serialize;
+use thiserror::Error;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{
+    DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqEmptyMessageError, ZmqError,
+    ZmqMessage,
+};
 
-pub use decode::{DecodeError, DecodedBatch, decode_batch};
+pub use decode::{DecodeError, DecodedBatch, EventError, decode_batch};
 
 /// Where a vLLM publisher is, and how its events are read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,24 +49,44 @@ pub struct ZmqEventsConfig {
     pub replay_timeout: Duration,
 }
 
+/// Why a KV event endpoint (or its settings) is not one to follow.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EndpointError {
+    #[error("a KV event endpoint looks like zmq://HOST:PORT, got {0:?}")]
+    Scheme(String),
+    #[error("{0:?} names no port")]
+    NoPort(String),
+    #[error("{url:?}: {port:?} is not a port")]
+    Port {
+        url: String,
+        port: String,
+        #[source]
+        source: ParseIntError,
+    },
+    #[error("{0:?} names no host")]
+    NoHost(String),
+    #[error("the engine's block size must be at least 1")]
+    BlockSize,
+}
+
 impl ZmqEventsConfig {
     /// Parses `zmq://HOST:PORT` (or `tcp://HOST:PORT`); the replay socket is the next port
     /// unless `replay` names one (`none` for no replay).
-    pub fn parse(url: &str, replay: Option<&str>, block_size: u32) -> Result<Self, String> {
+    pub fn parse(url: &str, replay: Option<&str>, block_size: u32) -> Result<Self, EndpointError> {
         let rest = url
             .strip_prefix("zmq://")
             .or_else(|| url.strip_prefix("tcp://"))
-            .ok_or_else(|| {
-                format!("a KV event endpoint looks like zmq://HOST:PORT, got {url:?}")
-            })?;
+            .ok_or_else(|| EndpointError::Scheme(url.to_owned()))?;
         let (host, port) = rest
             .rsplit_once(':')
-            .ok_or_else(|| format!("{url:?} names no port"))?;
-        let port: u16 = port
-            .parse()
-            .map_err(|_| format!("{url:?}: {port:?} is not a port"))?;
+            .ok_or_else(|| EndpointError::NoPort(url.to_owned()))?;
+        let port: u16 = port.parse().map_err(|source| EndpointError::Port {
+            url: url.to_owned(),
+            port: port.to_owned(),
+            source,
+        })?;
         if host.is_empty() {
-            return Err(format!("{url:?} names no host"));
+            return Err(EndpointError::NoHost(url.to_owned()));
         }
         let replay_endpoint = match replay {
             Some("none") => None,
@@ -71,7 +96,7 @@ impl ZmqEventsConfig {
                 .map(|next| format!("tcp://{host}:{next}")),
         };
         if block_size == 0 {
-            return Err("the engine's block size must be at least 1".into());
+            return Err(EndpointError::BlockSize);
         }
         Ok(ZmqEventsConfig {
             endpoint: format!("tcp://{host}:{port}"),
@@ -156,6 +181,34 @@ impl ZmqStats {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
+}
+
+/// Why missed batches could not be replayed (the view is then reset).
+#[derive(Debug, Error)]
+enum ReplayError {
+    #[error("the engine has no replay socket")]
+    NoSocket,
+    #[error("no connection to {endpoint} in {timeout:?}")]
+    ConnectTimeout { endpoint: String, timeout: Duration },
+    #[error("cannot connect to {endpoint}: {source}")]
+    Connect {
+        endpoint: String,
+        #[source]
+        source: ZmqError,
+    },
+    /// Never for the two frames sent; ZeroMQ's error type for it is no `Error`.
+    #[error("{0}")]
+    EmptyMessage(ZmqEmptyMessageError),
+    #[error(transparent)]
+    Socket(ZmqError),
+    #[error("a replayed batch without an 8-byte sequence number")]
+    NoSequence,
+    #[error("the publisher no longer holds batch {0}")]
+    Gone(u64),
+    #[error("the replay starts at {got}, not {want}")]
+    Misaligned { got: u64, want: u64 },
+    #[error("the replay did not complete in {0:?}")]
+    Timeout(Duration),
 }
 
 /// One message of the publisher: its sequence number and payload.
@@ -301,9 +354,9 @@ impl Follower {
     }
 
     /// Every batch from `from` to `until` (excluded), in order, or why not.
-    async fn replay(&mut self, from: u64, until: u64) -> Result<Vec<(u64, Bytes)>, String> {
+    async fn replay(&mut self, from: u64, until: u64) -> Result<Vec<(u64, Bytes)>, ReplayError> {
         let Some(endpoint) = self.config.replay_endpoint.clone() else {
-            return Err("the engine has no replay socket".into());
+            return Err(ReplayError::NoSocket);
         };
         let timeout = self.config.replay_timeout;
         let socket = match &mut self.replay {
@@ -312,8 +365,14 @@ impl Follower {
                 let mut socket = DealerSocket::new();
                 tokio::time::timeout(timeout, socket.connect(&endpoint))
                     .await
-                    .map_err(|_| format!("no connection to {endpoint} in {timeout:?}"))?
-                    .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
+                    .map_err(|_| ReplayError::ConnectTimeout {
+                        endpoint: endpoint.clone(),
+                        timeout,
+                    })?
+                    .map_err(|source| ReplayError::Connect {
+                        endpoint: endpoint.clone(),
+                        source,
+                    })?;
                 slot.insert(socket)
             }
         };
@@ -322,13 +381,13 @@ impl Follower {
             Bytes::new(),
             Bytes::copy_from_slice(&from.to_be_bytes()),
         ])
-        .map_err(|e| e.to_string())?;
+        .map_err(ReplayError::EmptyMessage)?;
         let result = async {
-            socket.send(request).await.map_err(|e| e.to_string())?;
+            socket.send(request).await.map_err(ReplayError::Socket)?;
             let mut batches = Vec::new();
             let mut next = from;
             while next < until {
-                let message = socket.recv().await.map_err(|e| e.to_string())?;
+                let message = socket.recv().await.map_err(ReplayError::Socket)?;
                 let mut frames: Vec<Bytes> = message
                     .into_vec()
                     .into_iter()
@@ -341,18 +400,21 @@ impl Follower {
                     continue;
                 };
                 let Ok(seq) = <[u8; 8]>::try_from(seq.as_ref()) else {
-                    return Err("a replayed batch without an 8-byte sequence number".into());
+                    return Err(ReplayError::NoSequence);
                 };
                 let seq = i64::from_be_bytes(seq);
                 if seq < 0 || payload.is_empty() {
-                    return Err(format!("the publisher no longer holds batch {next}"));
+                    return Err(ReplayError::Gone(next));
                 }
                 let seq = seq as u64;
                 if seq < next {
                     continue; // left over from an earlier replay
                 }
                 if seq > next {
-                    return Err(format!("the replay starts at {seq}, not {next}"));
+                    return Err(ReplayError::Misaligned {
+                        got: seq,
+                        want: next,
+                    });
                 }
                 batches.push((seq, payload));
                 next += 1;
@@ -365,7 +427,7 @@ impl Follower {
             Err(_) => {
                 // Whatever it still sends belongs to this replay: start afresh next time.
                 self.replay = None;
-                Err(format!("the replay did not complete in {timeout:?}"))
+                Err(ReplayError::Timeout(timeout))
             }
         }
     }

@@ -235,12 +235,21 @@ impl BenchConfig {
     }
 }
 
+/// Why an `--extra-body` text is not a body to merge ([`parse_extra_body`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ExtraBodyError {
+    #[error("must be a JSON object, e.g. '{{\"temperature\": 0}}'")]
+    NotAnObject,
+    #[error("not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+}
+
 /// Parses `--extra-body`: a JSON object merged into every request.
-pub fn parse_extra_body(text: &str) -> Result<ExtraBody, String> {
+pub fn parse_extra_body(text: &str) -> Result<ExtraBody, ExtraBodyError> {
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err("must be a JSON object, e.g. '{\"temperature\": 0}'".to_string()),
-        Err(e) => Err(format!("not valid JSON: {e}")),
+        Ok(_) => Err(ExtraBodyError::NotAnObject),
+        Err(e) => Err(ExtraBodyError::Json(e)),
     }
 }
 
@@ -363,10 +372,16 @@ mod tests {
     #[test]
     fn extra_body_must_be_an_object() {
         assert_eq!(parse_extra_body("{\"top_p\": 1}").unwrap().len(), 1);
-        assert!(parse_extra_body("[1]").unwrap_err().contains("JSON object"));
+        assert!(
+            parse_extra_body("[1]")
+                .unwrap_err()
+                .to_string()
+                .contains("JSON object")
+        );
         assert!(
             parse_extra_body("{")
                 .unwrap_err()
+                .to_string()
                 .contains("not valid JSON")
         );
     }

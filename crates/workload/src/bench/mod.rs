@@ -15,7 +15,7 @@ mod client;
 pub mod config;
 mod plan;
 mod plots;
-pub use plots::register_font;
+pub use plots::{DrawError, register_font};
 mod progress;
 mod prompt;
 mod record;
@@ -29,7 +29,8 @@ use std::io;
 use std::path::PathBuf;
 
 pub use config::{
-    BenchConfig, Endpoint, ExtraBody, LoadShape, RequestSource, Slo, parse_extra_body,
+    BenchConfig, Endpoint, ExtraBody, ExtraBodyError, LoadShape, RequestSource, Slo,
+    parse_extra_body,
 };
 pub use prompt::{PromptBuilder, VOCABULARY};
 pub use record::{ErrorKind, RequestError, RequestRecord};
@@ -54,8 +55,12 @@ pub enum BenchError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot draw {path}: {message}")]
-    Plot { path: PathBuf, message: String },
+    #[error("cannot draw {path}: {source}")]
+    Plot {
+        path: PathBuf,
+        #[source]
+        source: DrawError,
+    },
 }
 
 /// Runs a benchmark to completion on a runtime of its own. Ctrl-C stops dispatching and

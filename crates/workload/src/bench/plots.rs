@@ -19,11 +19,25 @@ const FONT: &str = "sans-serif";
 const SERIES_A: RGBColor = RGBColor(31, 119, 180);
 const SERIES_B: RGBColor = RGBColor(214, 39, 40);
 
-type DrawResult = Result<(), String>;
+/// Why a chart could not be drawn: plotters' error, whichever backend it came from.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct DrawError(Box<dyn std::error::Error + Send + Sync>);
+
+impl<E: std::error::Error + Send + Sync + 'static> From<DrawingAreaErrorKind<E>> for DrawError {
+    fn from(error: DrawingAreaErrorKind<E>) -> Self {
+        DrawError(Box::new(error))
+    }
+}
+
+type DrawResult = Result<(), DrawError>;
 
 /// One chart, drawable on any backend.
 trait Chart {
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult;
+    fn draw<DB: DrawingBackend<ErrorType: 'static>>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> DrawResult;
 }
 
 /// Writes every plot that has data as `<name>.png` and `<name>.svg`.
@@ -71,18 +85,20 @@ fn write_both(dir: &Path, name: &str, chart: &impl Chart) -> Result<[PathBuf; 2]
     let png = dir.join(format!("{name}.png"));
     let plot_err = |path: &Path| {
         let path = path.to_path_buf();
-        move |message: String| BenchError::Plot { path, message }
+        move |source: DrawError| BenchError::Plot { path, source }
     };
     {
         let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
         chart.draw(&root).map_err(plot_err(&png))?;
-        root.present().map_err(|e| plot_err(&png)(e.to_string()))?;
+        root.present()
+            .map_err(|e| plot_err(&png)(DrawError::from(e)))?;
     }
     let svg = dir.join(format!("{name}.svg"));
     {
         let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
         chart.draw(&root).map_err(plot_err(&svg))?;
-        root.present().map_err(|e| plot_err(&svg)(e.to_string()))?;
+        root.present()
+            .map_err(|e| plot_err(&svg)(DrawError::from(e)))?;
     }
     Ok([png, svg])
 }
@@ -118,28 +134,27 @@ impl Cdf {
 }
 
 impl Chart for Cdf {
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult {
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+    fn draw<DB: DrawingBackend<ErrorType: 'static>>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> DrawResult {
+        root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(root)
             .caption(self.title, (FONT, 24))
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(64)
-            .build_cartesian_2d(0.0..self.max * 1.05, 0.0..1.0)
-            .map_err(|e| e.to_string())?;
+            .build_cartesian_2d(0.0..self.max * 1.05, 0.0..1.0)?;
         chart
             .configure_mesh()
             .x_desc(self.x_label)
             .y_desc("fraction of samples")
             .label_style((FONT, 14))
-            .draw()
-            .map_err(|e| e.to_string())?;
-        chart
-            .draw_series(LineSeries::new(
-                self.points.iter().copied(),
-                SERIES_A.stroke_width(2),
-            ))
-            .map_err(|e| e.to_string())?;
+            .draw()?;
+        chart.draw_series(LineSeries::new(
+            self.points.iter().copied(),
+            SERIES_A.stroke_width(2),
+        ))?;
         Ok(())
     }
 }
@@ -172,31 +187,31 @@ impl LatencyOverTime {
 }
 
 impl Chart for LatencyOverTime {
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult {
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+    fn draw<DB: DrawingBackend<ErrorType: 'static>>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> DrawResult {
+        root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(root)
             .caption("Latency over time", (FONT, 24))
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(72)
             // Headroom above the points for the legend.
-            .build_cartesian_2d(0.0..self.max_x * 1.02, 0.0..self.max_y * 1.25)
-            .map_err(|e| e.to_string())?;
+            .build_cartesian_2d(0.0..self.max_x * 1.02, 0.0..self.max_y * 1.25)?;
         chart
             .configure_mesh()
             .x_desc("request sent at (s)")
             .y_desc("ms")
             .y_label_formatter(&|v| axis_label(*v, self.max_y))
             .label_style((FONT, 14))
-            .draw()
-            .map_err(|e| e.to_string())?;
+            .draw()?;
         chart
             .draw_series(
                 self.latency
                     .iter()
                     .map(|&p| Circle::new(p, 2, SERIES_A.filled())),
-            )
-            .map_err(|e| e.to_string())?
+            )?
             .label("end-to-end latency")
             .legend(|(x, y)| Circle::new((x + 8, y), 4, SERIES_A.filled()));
         if !self.ttft.is_empty() {
@@ -205,8 +220,7 @@ impl Chart for LatencyOverTime {
                     self.ttft
                         .iter()
                         .map(|&p| Circle::new(p, 2, SERIES_B.filled())),
-                )
-                .map_err(|e| e.to_string())?
+                )?
                 .label("time to first token")
                 .legend(|(x, y)| Circle::new((x + 8, y), 4, SERIES_B.filled()));
         }
@@ -216,8 +230,8 @@ impl Chart for LatencyOverTime {
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| e.to_string())
+            .draw()?;
+        Ok(())
     }
 }
 
@@ -225,11 +239,12 @@ impl Chart for LatencyOverTime {
 struct ThroughputOverTime(Timeline);
 
 impl Chart for ThroughputOverTime {
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult {
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let root = root
-            .titled("Throughput over time", (FONT, 24))
-            .map_err(|e| e.to_string())?;
+    fn draw<DB: DrawingBackend<ErrorType: 'static>>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> DrawResult {
+        root.fill(&WHITE)?;
+        let root = root.titled("Throughput over time", (FONT, 24))?;
         let (top, bottom) = root.split_vertically(root.dim_in_pixel().1 / 2);
         let width = self.0.bucket.as_secs_f64();
         let series = [
@@ -253,24 +268,20 @@ impl Chart for ThroughputOverTime {
                 .margin(12)
                 .x_label_area_size(40)
                 .y_label_area_size(72)
-                .build_cartesian_2d(0.0..max_x, 0.0..max_y * 1.1)
-                .map_err(|e| e.to_string())?;
+                .build_cartesian_2d(0.0..max_x, 0.0..max_y * 1.1)?;
             chart
                 .configure_mesh()
                 .x_desc(format!("time (s), {:.1} s buckets", width))
                 .y_desc(label)
                 .y_label_formatter(&|v| axis_label(*v, max_y))
                 .label_style((FONT, 14))
-                .draw()
-                .map_err(|e| e.to_string())?;
+                .draw()?;
             // A step line: each bucket's value held across its width.
             let steps = values.iter().enumerate().flat_map(|(i, &v)| {
                 let x = i as f64 * width;
                 [(x, v), (x + width, v)]
             });
-            chart
-                .draw_series(LineSeries::new(steps, color.stroke_width(2)))
-                .map_err(|e| e.to_string())?;
+            chart.draw_series(LineSeries::new(steps, color.stroke_width(2)))?;
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! configured shares, its placeholder tokens inserted after the first trace block (the
 //! shared system prompt), drawn from a pool of distinct items so some recur.
 
+use std::num::{ParseFloatError, ParseIntError};
 use std::str::FromStr;
 
 use rand::rngs::SmallRng;
@@ -42,50 +43,84 @@ impl Default for MediaMix {
     }
 }
 
+/// Why a `--media-mix` text is not a mix ([`MediaMix::from_str`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MediaMixError {
+    #[error("`{part}`: expected MODALITY=SHARE, e.g. image=0.1")]
+    NoShare { part: String },
+    #[error("`{part}`: the offset must be a token count")]
+    Offset {
+        part: String,
+        #[source]
+        source: ParseIntError,
+    },
+    #[error("unknown modality `{0}`: expected image, video or audio")]
+    UnknownModality(String),
+    #[error("`{part}`: the share must be a number in [0, 1]")]
+    ShareNotANumber {
+        part: String,
+        #[source]
+        source: ParseFloatError,
+    },
+    #[error("`{part}`: the share must be in [0, 1]")]
+    ShareOutOfRange { part: String },
+    #[error("`{0}` is given twice")]
+    Twice(String),
+    #[error("the shares add up to {0}, more than 1")]
+    OverOne(f64),
+}
+
 impl FromStr for MediaMix {
-    type Err = String;
+    type Err = MediaMixError;
 
     /// `image=0.1,video=0.1,audio=0.05`, optionally with `offset=TOKENS` (where the item
     /// goes in the prompt; 512 by default).
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, MediaMixError> {
         let mut shares = Vec::new();
         let mut offset = MediaMix::default().offset;
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (name, share) = part
-                .split_once('=')
-                .ok_or_else(|| format!("`{part}`: expected MODALITY=SHARE, e.g. image=0.1"))?;
+            let (name, share) = part.split_once('=').ok_or_else(|| MediaMixError::NoShare {
+                part: part.to_owned(),
+            })?;
             let modality = match name.trim() {
                 "offset" => {
                     offset = share
                         .trim()
                         .parse()
-                        .map_err(|_| format!("`{part}`: the offset must be a token count"))?;
+                        .map_err(|source| MediaMixError::Offset {
+                            part: part.to_owned(),
+                            source,
+                        })?;
                     continue;
                 }
                 "image" => Modality::Image,
                 "video" => Modality::Video,
                 "audio" => Modality::Audio,
                 other => {
-                    return Err(format!(
-                        "unknown modality `{other}`: expected image, video or audio"
-                    ));
+                    return Err(MediaMixError::UnknownModality(other.to_owned()));
                 }
             };
-            let share: f64 = share
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{part}`: the share must be a number in [0, 1]"))?;
+            let share: f64 =
+                share
+                    .trim()
+                    .parse()
+                    .map_err(|source| MediaMixError::ShareNotANumber {
+                        part: part.to_owned(),
+                        source,
+                    })?;
             if !(0.0..=1.0).contains(&share) {
-                return Err(format!("`{part}`: the share must be in [0, 1]"));
+                return Err(MediaMixError::ShareOutOfRange {
+                    part: part.to_owned(),
+                });
             }
             if shares.iter().any(|&(m, _)| m == modality) {
-                return Err(format!("`{name}` is given twice"));
+                return Err(MediaMixError::Twice(name.to_owned()));
             }
             shares.push((modality, share));
         }
         let total: f64 = shares.iter().map(|(_, s)| s).sum();
         if total > 1.0 + 1e-9 {
-            return Err(format!("the shares add up to {total}, more than 1"));
+            return Err(MediaMixError::OverOne(total));
         }
         Ok(MediaMix {
             shares,
@@ -248,7 +283,7 @@ mod tests {
             ("image=0.1,image=0.2", "twice"),
             ("video=1,offset=-3", "token count"),
         ] {
-            let err = text.parse::<MediaMix>().unwrap_err();
+            let err = text.parse::<MediaMix>().unwrap_err().to_string();
             assert!(err.contains(says), "{text}: {err}");
         }
         assert!("".parse::<MediaMix>().unwrap().shares.is_empty());

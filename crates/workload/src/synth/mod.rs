@@ -13,7 +13,7 @@ mod model;
 
 pub use crate::stats::Sampling;
 pub use config::{Arrivals, RateShape, SynthConfig};
-pub use media::MediaMix;
+pub use media::{MediaMix, MediaMixError};
 pub use model::SynthModel;
 
 use switchyard_core::trace::MooncakeRecord;

@@ -1,0 +1,92 @@
+//! Drawing the next token from logits under a request's sampling options.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use switchyard_core::protocol::SamplingParams;
+
+/// Samples the next token from logits, as the request's sampling options say. The random
+/// draw depends on the request's stream key and the output position only, so a resumed
+/// request continues the same sequence.
+pub fn sample(
+    logits: &mut [f32],
+    sampling: &SamplingParams,
+    history: &[u32],
+    key: u64,
+    position: u32,
+) -> u32 {
+    for &(token, bias) in &sampling.logit_bias {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l += bias;
+        }
+    }
+    for token in sampling.banned_tokens() {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    let frequency = sampling.frequency_penalty.unwrap_or(0.0);
+    let presence = sampling.presence_penalty.unwrap_or(0.0);
+    if frequency != 0.0 || presence != 0.0 {
+        let mut counts: rustc_hash::FxHashMap<u32, u32> = Default::default();
+        for &t in history {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, n) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= frequency * n as f32 + presence;
+            }
+        }
+    }
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i as u32)
+    };
+    let temperature = sampling.temperature.unwrap_or(1.0);
+    if temperature <= 0.0 || sampling.top_k == Some(1) {
+        return argmax();
+    }
+    let mut candidates: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l / temperature))
+        .collect();
+    if candidates.is_empty() {
+        return argmax();
+    }
+    candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+    if let Some(k) = sampling.top_k.filter(|&k| k > 0) {
+        candidates.truncate(k as usize);
+    }
+    let max = candidates[0].1;
+    let mut probs: Vec<f32> = candidates.iter().map(|(_, l)| (l - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    if let Some(top_p) = sampling.top_p.filter(|&p| p < 1.0) {
+        let mut mass = 0.0;
+        let keep = probs
+            .iter()
+            .position(|&p| {
+                mass += p;
+                mass >= top_p
+            })
+            .map_or(probs.len(), |i| i + 1);
+        probs.truncate(keep);
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+    }
+    let mut rng =
+        SmallRng::seed_from_u64(key ^ u64::from(position).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let draw: f32 = rng.random();
+    let mut mass = 0.0;
+    for (i, p) in probs.iter().enumerate() {
+        mass += p;
+        if draw < mass {
+            return candidates[i].0;
+        }
+    }
+    candidates[probs.len() - 1].0
+}
