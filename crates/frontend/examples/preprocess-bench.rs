@@ -15,12 +15,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?
         .unwrap_or(20_000);
     let output_tokens: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(64);
-    let messages = [ChatMessage {
-        role: "user".into(),
-        content: "Summarise the main trade-offs between prefix-aware routing and plain \
-                  round-robin for a fleet of sixteen inference engines serving chat traffic."
-            .into(),
-    }];
+    let messages = [ChatMessage::new(
+        "user",
+        "Summarise the main trade-offs between prefix-aware routing and plain \
+         round-robin for a fleet of sixteen inference engines serving chat traffic.",
+    )];
     println!("{iterations} requests, {output_tokens} generated tokens each");
     println!("tokenizer | template µs | encode µs | prompt tokens | detokenize µs/token");
     for (name, preprocessor) in [

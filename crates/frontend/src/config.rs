@@ -48,6 +48,8 @@ pub struct FrontendConfig {
     pub disagg: switchyard_router::DisaggConfig,
     /// Media in requests (images).
     pub multimodal: crate::media::MultimodalConfig,
+    /// The chat template and the parsers of chat answers (tool calls, reasoning).
+    pub chat: crate::tools::ChatConfig,
 }
 
 /// `frontend.admin`: where `/metrics` and `/v1/internal/*` are served. Without a port, the
@@ -133,6 +135,7 @@ impl Default for FrontendConfig {
             migration: MigrationConfig::default(),
             disagg: switchyard_router::DisaggConfig::default(),
             multimodal: crate::media::MultimodalConfig::default(),
+            chat: crate::tools::ChatConfig::default(),
         }
     }
 }
@@ -195,6 +198,7 @@ impl FrontendConfig {
         if self.default_max_tokens == 0 {
             return Err(E::value("frontend.default_max_tokens must be at least 1"));
         }
+        self.chat.validate().map_err(E::value)?;
         self.multimodal
             .image
             .validate()

@@ -5,9 +5,12 @@ use switchyard_router::RoutingOverrides;
 
 use crate::media::MediaItem;
 use crate::openai::ApiError;
-use crate::openai::request::{ChatCompletionRequest, CommonParams, CompletionRequest, PromptInput};
+use crate::openai::request::{
+    ChatCompletionRequest, ChatMessageIn, CommonParams, CompletionRequest, PromptInput,
+};
 use crate::pipeline::{Frontend, Prepared};
-use crate::preprocess::{ChatMessage, PreprocessError};
+use crate::preprocess::PreprocessError;
+use crate::tools::ToolRequest;
 
 /// How the response goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,23 +34,12 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 pub fn media_room(frontend: &Frontend, request: &ChatCompletionRequest) -> u32 {
     // The rendered template, media marks removed; a request the template refuses gets its
     // error later, from `chat`.
-    let messages: Vec<ChatMessage> = request
-        .messages
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| {
-            Some(ChatMessage {
-                role: m.role.clone(),
-                content: m.text(i).ok()?.replace(crate::media::MEDIA_MARK, ""),
-            })
-        })
-        .collect();
-    let text_tokens = frontend
-        .preprocessor
-        .render_chat(&messages)
-        .ok()
-        .and_then(|prompt| frontend.preprocessor.encode(&prompt).ok())
-        .map_or(0, |t| t.len());
+    let text_tokens = render(frontend, request, true, |i, m| {
+        Ok(m.text(i)?.replace(crate::media::MEDIA_MARK, ""))
+    })
+    .ok()
+    .and_then(|(prompt, _)| frontend.preprocessor.encode(&prompt).ok())
+    .map_or(0, |t| t.len());
     let max_tokens = request
         .max_completion_tokens
         .or(request.max_tokens)
@@ -56,6 +48,48 @@ pub fn media_room(frontend: &Frontend, request: &ChatCompletionRequest) -> u32 {
         .unwrap_or(u32::MAX)
         .saturating_add(max_tokens);
     frontend.preprocessor.context_length().saturating_sub(used)
+}
+
+/// A chat request's prompt text: its messages (each one's text from `text`) and tools
+/// through the chat template, in the default tool format when the template has no tool
+/// section; with the tools the answer may call.
+pub fn render(
+    frontend: &Frontend,
+    request: &ChatCompletionRequest,
+    add_generation_prompt: bool,
+    text: impl Fn(usize, &ChatMessageIn) -> Result<String, ApiError>,
+) -> Result<(String, Option<ToolRequest>), ApiError> {
+    let tools = ToolRequest::of(request)?;
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for (i, message) in request.messages.iter().enumerate() {
+        messages.push(crate::tools::prompt::message(
+            i,
+            message,
+            text(i, message)?,
+        )?);
+    }
+    let preprocessor = &frontend.preprocessor;
+    let template_tools = tools
+        .as_ref()
+        .map(ToolRequest::template_tools)
+        .unwrap_or_default();
+    let rendered = if crate::tools::prompt::needs_default_format(
+        preprocessor.template_handles_tools(),
+        &template_tools,
+        &messages,
+    ) {
+        let messages = crate::tools::prompt::default_format(messages, &template_tools);
+        preprocessor.render_chat_with_tools(&messages, &[], add_generation_prompt)
+    } else {
+        preprocessor.render_chat_with_tools(&messages, &template_tools, add_generation_prompt)
+    };
+    let prompt = rendered.map_err(|e| match e {
+        PreprocessError::TemplateRaised(message) => ApiError::invalid_param("messages", message),
+        other => ApiError::invalid(format!(
+            "Cannot apply the chat template to these messages: {other}"
+        )),
+    })?;
+    Ok((prompt, tools))
 }
 
 pub fn check_messages(request: &ChatCompletionRequest) -> Result<(), ApiError> {
@@ -80,31 +114,27 @@ pub fn check_messages(request: &ChatCompletionRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// What a chat answer is parsed with, besides the frontend's parsers.
+#[derive(Debug, Clone, Default)]
+pub struct ChatAnswer {
+    /// The tools the model may call.
+    pub tools: Option<ToolRequest>,
+    /// The rendered prompt ends inside the model's reasoning (an open `<think>`).
+    pub reasoning_started: bool,
+}
+
 /// A chat request, with its media already prepared (see [`crate::media::MediaStage`]).
 pub fn chat(
     frontend: &Frontend,
     (request, media): (ChatCompletionRequest, Vec<MediaItem>),
-) -> Result<(Prepared, Mode), ApiError> {
+) -> Result<(Prepared, Mode, ChatAnswer), ApiError> {
     check_model(frontend, &request.model)?;
     check_messages(&request)?;
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for (i, message) in request.messages.iter().enumerate() {
-        messages.push(ChatMessage {
-            role: message.role.clone(),
-            content: message.text(i)?,
-        });
-    }
-    let prompt = frontend
-        .preprocessor
-        .render_chat(&messages)
-        .map_err(|e| match e {
-            PreprocessError::TemplateRaised(message) => {
-                ApiError::invalid_param("messages", message)
-            }
-            other => ApiError::invalid(format!(
-                "Cannot apply the chat template to these messages: {other}"
-            )),
-        })?;
+    let (prompt, tools) = render(frontend, &request, true, |i, m| m.text(i))?;
+    let answer = ChatAnswer {
+        tools,
+        reasoning_started: prompt.trim_end().ends_with("<think>"),
+    };
     let encode = |text: &str| {
         frontend
             .preprocessor
@@ -127,7 +157,8 @@ pub fn chat(
         prompt.media = spans;
         prompt
     };
-    common(frontend, request.common(), prompt)
+    let (prepared, mode) = common(frontend, request.common(), prompt)?;
+    Ok((prepared, mode, answer))
 }
 
 pub fn completion(
@@ -421,25 +452,41 @@ fn check_unsupported(params: &CommonParams) -> Result<(), ApiError> {
             );
         }
     }
-    if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return unsupported("tools", "tool calling is not supported".into());
+    for (name, value, neutral) in [
+        ("min_p", params.min_p, 0.0),
+        ("repetition_penalty", params.repetition_penalty, 1.0),
+    ] {
+        if let Some(v) = value
+            && v != neutral
+        {
+            return unsupported(
+                name,
+                format!("`{name}` is not supported (only its neutral value {neutral})"),
+            );
+        }
     }
-    if params
-        .tool_choice
-        .as_ref()
-        .is_some_and(|c| !matches!(c, Value::Null) && c != "none" && c != "auto")
-    {
-        return unsupported("tool_choice", "tool calling is not supported".into());
+    if params.min_tokens.is_some_and(|m| m > 0) {
+        return unsupported(
+            "min_tokens",
+            "`min_tokens` is not supported (only 0)".into(),
+        );
     }
-    if params.functions.as_ref().is_some_and(|f| !f.is_empty()) {
-        return unsupported("functions", "function calling is not supported".into());
+    for (name, value) in [
+        ("reasoning_effort", &params.reasoning_effort),
+        ("verbosity", &params.verbosity),
+    ] {
+        if value.is_some() {
+            return unsupported(name, format!("`{name}` is not supported"));
+        }
     }
-    if params
-        .function_call
-        .as_ref()
-        .is_some_and(|c| !matches!(c, Value::Null) && c != "none" && c != "auto")
-    {
-        return unsupported("function_call", "function calling is not supported".into());
+    if params.web_search {
+        return unsupported("web_search_options", "web search is not supported".into());
+    }
+    if let Some(name) = params.guided {
+        return unsupported(
+            name,
+            format!("`{name}` (structured output) is not supported yet"),
+        );
     }
     if let Some(format) = &params.response_format {
         match format.kind.as_str() {

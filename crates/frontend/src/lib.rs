@@ -15,6 +15,7 @@
 //!   admission, worker choice, exclusion): the shared index, discovery, events, resync.
 //! - [`server`]: running the frontend: its background tasks and its HTTP server.
 //! - [`stop`]: stop strings.
+//! - [`tools`]: tool calling and reasoning: the tools in the prompt, the answer parsed.
 
 pub mod auth;
 pub mod config;
@@ -29,6 +30,7 @@ pub mod preprocess;
 pub mod routing;
 pub mod server;
 pub mod stop;
+pub mod tools;
 
 pub use config::FrontendConfig;
 pub use pipeline::Frontend;

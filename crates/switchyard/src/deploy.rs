@@ -419,6 +419,15 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
 /// The frontend's tokenizer and chat template: the model directory's, else a built-in one.
 /// A directory whose files declare no context length gets the default one, with a warning.
 pub fn preprocessor(config: &FrontendConfig) -> Result<Preprocessor> {
+    let preprocessor = model_preprocessor(config)?;
+    Ok(match &config.chat.template {
+        Some(path) => preprocessor.with_chat_template(path)?,
+        None => preprocessor,
+    })
+}
+
+/// The model's own tokenizer and chat template.
+fn model_preprocessor(config: &FrontendConfig) -> Result<Preprocessor> {
     let context_length = config.context_length;
     if let Some(path) = config.tokenizer.as_deref().filter(|p| is_gguf(p)) {
         return gguf_preprocessor(path, context_length);

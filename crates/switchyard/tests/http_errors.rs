@@ -69,7 +69,33 @@ async fn invalid_values_are_400_naming_the_parameter() {
         (base(json!({"max_tokens": 0})), "max_tokens"),
         (base(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop"),
         (base(json!({"logprobs": true})), "logprobs"),
-        (base(json!({"tools": [{"type": "function"}]})), "tools"),
+        (base(json!({"tools": [{"type": "function"}]})), "tools[0]"),
+        (
+            base(json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]})),
+            "tools[0].type",
+        ),
+        (
+            base(json!({"tool_choice": {"type": "function"}})),
+            "tool_choice",
+        ),
+        // Unknown keys and mistyped known ones are refused, naming the key.
+        (base(json!({"temperatur": 0.5})), "temperatur"),
+        (base(json!({"user": {}})), "user"),
+        (base(json!({"min_p": "x"})), "min_p"),
+        (base(json!({"min_p": 0.2})), "min_p"),
+        (
+            base(json!({"repetition_penalty": 1.3})),
+            "repetition_penalty",
+        ),
+        (base(json!({"min_tokens": 3})), "min_tokens"),
+        (
+            base(json!({"guided_json": {"type": "object"}})),
+            "guided_json",
+        ),
+        (
+            base(json!({"web_search_options": {}})),
+            "web_search_options",
+        ),
         (base(json!({"messages": []})), "messages"),
         (
             base(json!({"messages": [{"role": "wizard", "content": "x"}]})),
@@ -130,6 +156,19 @@ async fn invalid_values_are_400_naming_the_parameter() {
             "function_call",
         ),
         (base(json!({"tool_choice": "required"})), "tool_choice"),
+        // A message field the server does not know is refused, never dropped from the prompt.
+        (
+            base(json!({"messages": [{"role": "user", "content": "x", "mood": "happy"}]})),
+            "messages[0].mood",
+        ),
+        (
+            base(json!({"messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": null,
+                 "function_call": {"name": "f", "arguments": "{}"}},
+                {"role": "user", "content": "y"}]})),
+            "messages[1].function_call",
+        ),
         (base(json!({"modalities": ["text", "audio"]})), "modalities"),
         (base(json!({"audio": {"voice": "alloy"}})), "audio"),
     ];
@@ -138,6 +177,14 @@ async fn invalid_values_are_400_naming_the_parameter() {
         assert_error(s, &b, 400, "invalid_request_error");
         assert_eq!(b["error"]["param"], param, "{b}");
     }
+    // What the OpenAI SDKs send back in an assistant turn is taken (and changes nothing).
+    let history = json!({"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "y", "refusal": null, "annotations": [],
+         "audio": null, "function_call": null, "tool_calls": []},
+        {"role": "user", "content": "z"}]});
+    let (s, _, b) = post(&d, "/v1/chat/completions", &history).await;
+    assert_eq!(s, 200, "{b}");
     let (s, _, b) = post(
         &d,
         "/v1/completions",

@@ -35,13 +35,20 @@ async fn the_document_lists_every_public_route_and_its_errors() {
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/models",
+        "/v1/tokenize",
+        "/v1/detokenize",
         "/health",
         "/live",
         "/metrics",
     ]
     .into();
     assert_eq!(paths, expected);
-    for path in ["/v1/chat/completions", "/v1/completions"] {
+    for path in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/tokenize",
+        "/v1/detokenize",
+    ] {
         let responses = &doc["paths"][path]["post"]["responses"];
         for code in ["200", "400", "401", "404", "413", "415", "429", "503"] {
             assert!(
@@ -49,7 +56,12 @@ async fn the_document_lists_every_public_route_and_its_errors() {
                 "{path} does not document {code}"
             );
         }
-        assert!(responses["200"]["content"]["text/event-stream"].is_object());
+        let streams = path.ends_with("completions");
+        assert_eq!(
+            responses["200"]["content"]["text/event-stream"].is_object(),
+            streams,
+            "{path}"
+        );
     }
     assert_eq!(
         doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]["enum"][0],

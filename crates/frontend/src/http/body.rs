@@ -37,23 +37,39 @@ pub fn parse<T: DeserializeOwned>(
         ));
     }
     let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-        let inner = e.inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::invalid(format!("The request body is not valid JSON: {inner}"))
-        } else {
-            let path = e.path().to_string();
-            if path == "." {
-                ApiError::invalid(format!("Invalid request: {inner}"))
-            } else {
-                ApiError::invalid_param(&path, format!("Invalid value for `{path}`: {inner}"))
-            }
-        }
-    })?;
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(described)?;
     deserializer
         .end()
         .map_err(|e| ApiError::invalid(format!("The request body is not valid JSON: {e}")))?;
     Ok(value)
+}
+
+/// Reads a part of a body already parsed as JSON, with the errors of [`parse`].
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(described)
+}
+
+/// What is wrong with a body, naming the parameter where there is one.
+fn described(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let inner = e.inner();
+    if inner.is_syntax() || inner.is_eof() {
+        return ApiError::invalid(format!("The request body is not valid JSON: {inner}"));
+    }
+    let path = e.path().to_string();
+    if inner.to_string().starts_with("unknown field `") {
+        // The path already ends with the unknown key.
+        ApiError::invalid_param(
+            &path,
+            format!(
+                "Unrecognized request argument: `{path}`. Remove it, or see /openapi.json for \
+                 the accepted parameters."
+            ),
+        )
+    } else if path == "." {
+        ApiError::invalid(format!("Invalid request: {inner}"))
+    } else {
+        ApiError::invalid_param(&path, format!("Invalid value for `{path}`: {inner}"))
+    }
 }
 
 /// Whether reading the body failed because the client was too slow (see

@@ -1,4 +1,5 @@
-//! `/v1/chat/completions` and `/v1/completions`, streamed (SSE) or not.
+//! `/v1/completions`, streamed (SSE) or not, and what it shares with `/v1/chat/completions`
+//! (`super::chat`): conversion, dispatch of the choices, collection, the SSE merge.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -19,15 +20,10 @@ use super::body;
 use super::service::unix_now;
 use crate::auth::Grant;
 use crate::convert::{self, Mode};
-use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
-use crate::openai::request::{ChatCompletionRequest, CompletionRequest};
-use crate::openai::response::{
-    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
-    Completion, CompletionChoice, Usage,
-};
-use crate::pipeline::encode::{MediaStatus, resized_warning, text_only_warning};
-use crate::pipeline::{Frontend, Generation, Piece, Prepared, WARNING_HEADER};
+use crate::openai::request::CompletionRequest;
+use crate::openai::response::{Completion, CompletionChoice, Usage};
+use crate::pipeline::{Frontend, Generation, Piece, Prepared};
 
 /// Bodies at least this large are converted (chat template, tokenizer) on the blocking
 /// pool: a long prompt takes milliseconds to tokenize, which must not stall the async
@@ -38,15 +34,15 @@ const BLOCKING_CONVERT_BYTES: usize = 16 << 10;
 pub const WORKER_HEADER: &str = "x-switchyard-worker";
 
 /// Validates and tokenizes a parsed request (see [`convert`]).
-type Convert<R> = fn(&Frontend, R) -> Result<(Prepared, Mode), ApiError>;
+type Convert<R, O> = fn(&Frontend, R) -> Result<O, ApiError>;
 
 /// Validates and tokenizes a parsed request, off the async threads when it is large.
-async fn convert_sized<R: Send + 'static>(
+pub(super) async fn convert_sized<R: Send + 'static, O: Send + 'static>(
     frontend: &Arc<Frontend>,
     size: usize,
     request: R,
-    convert: Convert<R>,
-) -> Result<(Prepared, Mode), ApiError> {
+    convert: Convert<R, O>,
+) -> Result<O, ApiError> {
     if size < BLOCKING_CONVERT_BYTES {
         return convert(frontend, request);
     }
@@ -56,7 +52,7 @@ async fn convert_sized<R: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))?
 }
 
-fn with_worker(mut response: Response, worker: WorkerKey) -> Response {
+pub(super) fn with_worker(mut response: Response, worker: WorkerKey) -> Response {
     if let Ok(value) = HeaderValue::from_str(&worker.to_string()) {
         response.headers_mut().insert(WORKER_HEADER, value);
     }
@@ -64,7 +60,7 @@ fn with_worker(mut response: Response, worker: WorkerKey) -> Response {
 }
 
 /// A request's trace span: the root of its trace (see [`Prepared::span`]).
-fn request_span(route: &'static str) -> tracing::Span {
+pub(super) fn request_span(route: &'static str) -> tracing::Span {
     tracing::info_span!(
         "request",
         route,
@@ -77,7 +73,7 @@ fn request_span(route: &'static str) -> tracing::Span {
 
 /// Applies the API key's tier, token budget and tenant to a converted request of
 /// `choices` choices (the prompt is charged once, the completion once a choice).
-fn apply_grant(
+pub(super) fn apply_grant(
     grant: Option<&Grant>,
     prepared: &mut Prepared,
     choices: u32,
@@ -92,121 +88,6 @@ fn apply_grant(
     key.charge_tokens(tokens)?;
     prepared.tenant = Some(Arc::clone(&key.tenant));
     Ok(())
-}
-
-/// Chat completion: JSON, or server-sent events when `stream` is true.
-#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
-    request_body(content = ChatCompletionRequest, content_type = "application/json", examples(
-        ("plain" = (value = json!({"model": "switchyard-mock", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}))),
-        ("stream" = (value = json!({"model": "switchyard-mock", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": true}))))),
-    responses((status = 200, description = "The completion, or its event stream when `stream` is true",
-        content((ChatCompletion = "application/json"), (super::SseEvent = "text/event-stream")))))]
-pub async fn chat(
-    State(frontend): State<Arc<Frontend>>,
-    grant: Option<Extension<Grant>>,
-    headers: HeaderMap,
-    request: Result<Bytes, BytesRejection>,
-) -> Response {
-    let size = request.as_ref().map_or(0, Bytes::len);
-    let span = request_span("/v1/chat/completions");
-    let result = async {
-        let request: ChatCompletionRequest =
-            body::parse(&headers, request, frontend.config.max_body_bytes)?;
-        convert::check_model(&frontend, &request.model)?;
-        convert::check_messages(&request)?;
-        let media = tracing::Instrument::instrument(
-            frontend
-                .media
-                .prepare_chat(&request, || convert::media_room(&frontend, &request)),
-            tracing::info_span!("media"),
-        )
-        .await?;
-        let items = media.clone();
-        let (mut prepared, mode) = tracing::Instrument::instrument(
-            convert_sized(&frontend, size, (request, media), convert::chat),
-            tracing::info_span!("preprocess"),
-        )
-        .await?;
-        let ready = tracing::Instrument::instrument(
-            frontend.encode_or_fall_back(&items, &mut prepared.prompt),
-            tracing::info_span!("encode"),
-        )
-        .await?;
-        prepared.add_media(&ready);
-        let (warning, pending) = (ready.warning, ready.pending);
-        prepared.span = tracing::Span::current();
-        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared, mode.choices)?;
-        let dispatched = dispatch(&frontend, prepared, mode.choices).await?;
-        Ok::<_, ApiError>((
-            format!("chatcmpl-{:016x}", dispatched.id.0),
-            dispatched,
-            mode,
-            warning,
-            pending,
-        ))
-    }
-    .instrument(span)
-    .await;
-    let (id, dispatched, mode, warning, pending) = match result {
-        Ok(ok) => ok,
-        Err(e) => return e.into_response(),
-    };
-    let text_only = frontend.media.on_encoder_failure().0 == OnEncoderFailure::TextOnly;
-    let worker = dispatched.worker;
-    let response = if mode.stream {
-        chat_stream(frontend, id, dispatched.generations, mode).into_response()
-    } else {
-        match collect_all(dispatched.generations).await {
-            Ok((answers, usage)) => Json(ChatCompletion {
-                id,
-                object: "chat.completion",
-                created: unix_now(),
-                model: frontend.config.model.clone(),
-                choices: answers
-                    .into_iter()
-                    .zip(0..)
-                    .map(|((text, reason), index)| ChatChoice {
-                        index,
-                        message: ChatMessageOut {
-                            role: "assistant",
-                            content: text,
-                        },
-                        finish_reason: Some(reason),
-                        logprobs: None,
-                    })
-                    .collect(),
-                usage,
-            })
-            .into_response(),
-            Err(e) => e.into_response(),
-        }
-    };
-    let mut response = with_worker(response, worker);
-    // Media that failed behind the request (sent ahead of them), known once it is
-    // answered whole: a stream's headers went before.
-    let warning = warning.or_else(|| match pending.as_ref().map(|p| p.borrow().clone()) {
-        Some(MediaStatus::Failed(why)) if text_only => Some(text_only_warning(&why)),
-        Some(MediaStatus::Ready(resized, _)) if !resized.is_empty() => {
-            Some(resized_warning(resized.len()))
-        }
-        _ => None,
-    });
-    // Header values are visible ASCII: anything else becomes `?`.
-    let warning = warning.map(|w| {
-        w.chars()
-            .map(|c| {
-                if c == ' ' || c.is_ascii_graphic() {
-                    c
-                } else {
-                    '?'
-                }
-            })
-            .collect::<String>()
-    });
-    if let Some(value) = warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
-        response.headers_mut().insert(WARNING_HEADER, value);
-    }
-    response
 }
 
 /// Text completion: JSON, or server-sent events when `stream` is true.
@@ -277,11 +158,15 @@ pub async fn completion(
 }
 
 /// The whole response, for non-streamed requests.
-async fn collect(mut generation: Generation) -> Result<(String, &'static str, Usage), ApiError> {
+pub(super) async fn collect(
+    mut generation: Generation,
+) -> Result<(String, &'static str, Usage), ApiError> {
     let mut text = String::new();
     while let Some(piece) = generation.next().await {
         match piece? {
             Piece::Text(t) => text.push_str(&t),
+            // Collected answers are parsed whole, after.
+            Piece::Parts(_) => {}
             Piece::Finished { reason, usage, .. } => return Ok((text, reason, usage)),
         }
     }
@@ -289,7 +174,7 @@ async fn collect(mut generation: Generation) -> Result<(String, &'static str, Us
 }
 
 /// Every choice's whole answer (text, finish reason), in order, and their usage together.
-async fn collect_all(
+pub(super) async fn collect_all(
     generations: Vec<Generation>,
 ) -> Result<(Vec<(String, &'static str)>, Usage), ApiError> {
     let answers = futures::future::try_join_all(generations.into_iter().map(collect)).await?;
@@ -303,7 +188,7 @@ async fn collect_all(
 
 /// The usage of a request's choices together: its prompt once (with what the first choice
 /// found cached of it), every choice's completion.
-fn combined(usages: impl IntoIterator<Item = Usage>) -> Usage {
+pub(super) fn combined(usages: impl IntoIterator<Item = Usage>) -> Usage {
     let mut usages = usages.into_iter();
     let Some(first) = usages.next() else {
         return Usage::new(0, 0, None);
@@ -322,10 +207,10 @@ fn combined(usages: impl IntoIterator<Item = Usage>) -> Usage {
 }
 
 /// A request's choices on their way: the first's id and worker, every choice's stream.
-struct Choices {
-    id: switchyard_core::RequestId,
-    worker: WorkerKey,
-    generations: Vec<Generation>,
+pub(super) struct Choices {
+    pub(super) id: switchyard_core::RequestId,
+    pub(super) worker: WorkerKey,
+    pub(super) generations: Vec<Generation>,
 }
 
 /// Dispatches a request's `choices` (OpenAI's `n`): the first where the router sends it,
@@ -333,7 +218,7 @@ struct Choices {
 /// its prompt's KV is being computed (as an engine serving `n` samples keeps them
 /// together), unless that worker cannot take them. One that fails fails the whole
 /// request, and the choices already dispatched are cancelled as their streams drop.
-async fn dispatch(
+pub(super) async fn dispatch(
     frontend: &Arc<Frontend>,
     prepared: Prepared,
     choices: u32,
@@ -355,7 +240,7 @@ async fn dispatch(
     })
 }
 
-fn json_event<T: serde::Serialize>(value: &T) -> Event {
+pub(super) fn json_event<T: serde::Serialize>(value: &T) -> Event {
     match serde_json::to_string(value) {
         Ok(json) => Event::default().data(json),
         Err(e) => Event::default().data(ApiError::internal(e.to_string()).body()),
@@ -371,7 +256,7 @@ fn json_event<T: serde::Serialize>(value: &T) -> Event {
 /// and the stream closes there, without `[DONE]`, the other choices cancelled: `[DONE]`
 /// means the answer is complete, and a client that waits for it must not take a truncated
 /// answer for a whole one. The OpenAI SDKs raise an `APIError` on such an event.
-fn sse<P, U>(
+pub(super) fn sse<P, U>(
     generations: Vec<Generation>,
     opening: Vec<Event>,
     piece: P,
@@ -475,74 +360,6 @@ where
     }
 }
 
-fn chat_stream(
-    frontend: Arc<Frontend>,
-    id: String,
-    generations: Vec<Generation>,
-    mode: Mode,
-) -> Response {
-    let created = unix_now();
-    let model = frontend.config.model.clone();
-    let chunk = Arc::new(
-        move |choice: Option<(u32, ChatDelta)>,
-              finish_reason: Option<&'static str>,
-              usage: Option<Usage>| {
-            let choices = choice
-                .map(|(index, delta)| ChatChunkChoice {
-                    index,
-                    delta,
-                    finish_reason,
-                    logprobs: None,
-                })
-                .into_iter()
-                .collect();
-            json_event(&ChatCompletionChunk {
-                id: &id,
-                object: "chat.completion.chunk",
-                created,
-                model: &model,
-                choices,
-                usage,
-            })
-        },
-    );
-    let opening = (0..generations.len() as u32)
-        .map(|index| {
-            let delta = ChatDelta {
-                role: Some("assistant"),
-                content: Some(String::new()),
-            };
-            chunk(Some((index, delta)), None, None)
-        })
-        .collect();
-    let usage_chunk = Arc::clone(&chunk);
-    let usage = mode
-        .include_usage
-        .then_some(move |usage| usage_chunk(None, None, Some(usage)));
-    sse(
-        generations,
-        opening,
-        move |index, piece| match piece {
-            Piece::Text(text) => {
-                let delta = ChatDelta {
-                    role: None,
-                    content: Some(text),
-                };
-                vec![chunk(Some((index, delta)), None, None)]
-            }
-            Piece::Finished { reason, .. } => {
-                vec![chunk(
-                    Some((index, ChatDelta::default())),
-                    Some(reason),
-                    None,
-                )]
-            }
-        },
-        usage,
-    )
-    .into_response()
-}
-
 fn completion_stream(
     frontend: Arc<Frontend>,
     id: String,
@@ -583,6 +400,8 @@ fn completion_stream(
         Vec::new(),
         move |index, piece| match piece {
             Piece::Text(text) => vec![chunk(Some((index, text)), None, None)],
+            // Only chat answers are parsed into parts.
+            Piece::Parts(_) => Vec::new(),
             Piece::Finished { reason, .. } => {
                 vec![chunk(Some((index, String::new())), Some(reason), None)]
             }

@@ -1,10 +1,12 @@
 //! The HTTP surface: routes, body parsing with OpenAI-style errors, request counting.
 
 mod body;
+mod chat;
 mod completions;
 
 pub use completions::WORKER_HEADER;
 mod service;
+mod tokenize;
 
 use std::sync::Arc;
 
@@ -25,9 +27,11 @@ pub const WORKERS_PATH: &str = "/v1/internal/workers";
 pub fn router(frontend: Arc<Frontend>) -> Router {
     let limit = frontend.config.max_body_bytes;
     let api = Router::new()
-        .route("/v1/chat/completions", post(completions::chat))
+        .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(completions::completion))
         .route("/v1/models", get(service::models))
+        .route("/v1/tokenize", post(tokenize::tokenize))
+        .route("/v1/detokenize", post(tokenize::detokenize))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&frontend),
             crate::auth::authenticate,
@@ -86,6 +90,8 @@ async fn count(State(frontend): State<Arc<Frontend>>, request: Request, next: Ne
         Some("/v1/chat/completions") => "/v1/chat/completions",
         Some("/v1/completions") => "/v1/completions",
         Some("/v1/models") => "/v1/models",
+        Some("/v1/tokenize") => "/v1/tokenize",
+        Some("/v1/detokenize") => "/v1/detokenize",
         Some("/health") => "/health",
         Some("/live") => "/live",
         Some("/metrics") => "/metrics",
@@ -104,9 +110,11 @@ async fn count(State(frontend): State<Arc<Frontend>>, request: Request, next: Ne
 #[openapi(
     info(title = "Switchyard", description = "OpenAI-compatible inference frontend"),
     paths(
-        completions::chat,
+        chat::chat,
         completions::completion,
         service::models,
+        tokenize::tokenize,
+        tokenize::detokenize,
         service::health,
         service::live,
         service::metrics

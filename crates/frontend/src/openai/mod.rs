@@ -3,5 +3,6 @@
 pub mod error;
 pub mod request;
 pub mod response;
+pub mod tools;
 
 pub use error::ApiError;

@@ -1,5 +1,8 @@
-//! Request bodies. Unknown fields are ignored, as OpenAI clients send many optional ones;
-//! known fields are type-checked, and unsupported values get a clear 400.
+//! Request bodies. Every field is type-checked; an unknown top-level field is a 400 naming it
+//! (a parameter is honoured, a documented no-op, or refused, never silently ignored).
+//! Messages take the fields the OpenAI SDKs send back in an assistant turn (`refusal`,
+//! `annotations`, `audio`) as documented no-ops: they describe a past answer, not this
+//! one. Any other message field is a 400 naming it.
 
 use std::collections::HashMap;
 
@@ -7,6 +10,7 @@ use serde::Deserialize;
 use switchyard_router::PolicyKind;
 
 use super::error::ApiError;
+pub use super::tools::{ToolCallIn, ToolChoiceIn, ToolIn};
 
 /// Declares a request body with the parameters both endpoints share, inline rather than
 /// `#[serde(flatten)]`ed, so that type errors keep their path (`max_tokens`, not `.`).
@@ -14,6 +18,7 @@ macro_rules! request_body {
     ($(#[$meta:meta])* $name:ident { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+        #[serde(deny_unknown_fields)]
         pub struct $name {
             $($(#[$field_meta])* pub $field: $ty,)*
             pub max_tokens: Option<u32>,
@@ -29,21 +34,44 @@ macro_rules! request_body {
             pub stream_options: Option<StreamOptions>,
             pub n: Option<u32>,
             pub logprobs: Option<serde_json::Value>,
-            pub tools: Option<Vec<serde_json::Value>>,
-            pub tool_choice: Option<serde_json::Value>,
             pub frequency_penalty: Option<f64>,
             pub presence_penalty: Option<f64>,
             pub logit_bias: Option<HashMap<String, f64>>,
             pub top_logprobs: Option<u32>,
             pub response_format: Option<ResponseFormat>,
-            /// Legacy function calling (superseded by `tools`).
-            pub functions: Option<Vec<serde_json::Value>>,
-            pub function_call: Option<serde_json::Value>,
             pub modalities: Option<Vec<String>>,
             pub audio: Option<serde_json::Value>,
             /// vLLM's and SGLang's extension: generate up to `max_tokens` whatever the
             /// end-of-sequence tokens (for benchmarks).
             pub ignore_eos: Option<bool>,
+            /// Documented no-ops: they describe the caller or ask OpenAI's platform to keep
+            /// or bill the request, and change no answer.
+            pub user: Option<String>,
+            pub metadata: Option<HashMap<String, String>>,
+            pub store: Option<bool>,
+            pub service_tier: Option<String>,
+            pub safety_identifier: Option<String>,
+            pub prompt_cache_key: Option<String>,
+            /// A predicted output speeds an answer up on OpenAI's platform and never changes
+            /// it: a documented no-op, type-checked.
+            #[schema(value_type = Option<Object>)]
+            pub prediction: Option<Prediction>,
+            /// Refused unless neutral (no engine here applies them yet).
+            pub min_p: Option<f32>,
+            pub min_tokens: Option<u32>,
+            pub repetition_penalty: Option<f32>,
+            pub reasoning_effort: Option<String>,
+            pub verbosity: Option<String>,
+            #[schema(value_type = Option<Object>)]
+            pub web_search_options: Option<serde_json::Map<String, serde_json::Value>>,
+            /// vLLM's structured-output parameters (refused until constrained decoding).
+            #[schema(value_type = Option<Object>)]
+            pub guided_json: Option<serde_json::Value>,
+            pub guided_regex: Option<String>,
+            pub guided_choice: Option<Vec<String>>,
+            pub guided_grammar: Option<String>,
+            #[schema(value_type = Option<Object>)]
+            pub structured_outputs: Option<serde_json::Map<String, serde_json::Value>>,
             /// Switchyard's extension: routing overrides and a priority tier.
             pub switchyard: Option<Extension>,
         }
@@ -63,18 +91,29 @@ macro_rules! request_body {
                     stream_options: self.stream_options.clone(),
                     n: self.n,
                     logprobs: self.logprobs.clone(),
-                    tools: self.tools.clone(),
-                    tool_choice: self.tool_choice.clone(),
                     frequency_penalty: self.frequency_penalty,
                     presence_penalty: self.presence_penalty,
                     logit_bias: self.logit_bias.clone(),
                     top_logprobs: self.top_logprobs,
                     response_format: self.response_format.clone(),
-                    functions: self.functions.clone(),
-                    function_call: self.function_call.clone(),
                     modalities: self.modalities.clone(),
                     audio: self.audio.clone(),
                     ignore_eos: self.ignore_eos,
+                    min_p: self.min_p,
+                    min_tokens: self.min_tokens,
+                    repetition_penalty: self.repetition_penalty,
+                    reasoning_effort: self.reasoning_effort.clone(),
+                    verbosity: self.verbosity.clone(),
+                    web_search: self.web_search_options.is_some(),
+                    guided: [
+                        ("guided_json", self.guided_json.is_some()),
+                        ("guided_regex", self.guided_regex.is_some()),
+                        ("guided_choice", self.guided_choice.is_some()),
+                        ("guided_grammar", self.guided_grammar.is_some()),
+                        ("structured_outputs", self.structured_outputs.is_some()),
+                    ]
+                    .into_iter()
+                    .find_map(|(name, set)| set.then_some(name)),
                     switchyard: self.switchyard.clone(),
                 }
             }
@@ -87,6 +126,13 @@ request_body! {
     ChatCompletionRequest {
         model: String,
         messages: Vec<ChatMessageIn>,
+        tools: Option<Vec<ToolIn>>,
+        #[schema(value_type = Option<Object>)]
+        tool_choice: Option<ToolChoiceIn>,
+        parallel_tool_calls: Option<bool>,
+        /// Legacy function calling (superseded by `tools`).
+        functions: Option<Vec<serde_json::Value>>,
+        function_call: Option<serde_json::Value>,
     }
 }
 
@@ -116,19 +162,39 @@ pub struct CommonParams {
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
     pub logprobs: Option<serde_json::Value>,
-    pub tools: Option<Vec<serde_json::Value>>,
-    pub tool_choice: Option<serde_json::Value>,
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,
     pub logit_bias: Option<HashMap<String, f64>>,
     pub top_logprobs: Option<u32>,
     pub response_format: Option<ResponseFormat>,
-    pub functions: Option<Vec<serde_json::Value>>,
-    pub function_call: Option<serde_json::Value>,
     pub modalities: Option<Vec<String>>,
     pub audio: Option<serde_json::Value>,
     pub ignore_eos: Option<bool>,
+    pub min_p: Option<f32>,
+    pub min_tokens: Option<u32>,
+    pub repetition_penalty: Option<f32>,
+    pub reasoning_effort: Option<String>,
+    pub verbosity: Option<String>,
+    /// `web_search_options` was given.
+    pub web_search: bool,
+    /// The first of vLLM's structured-output parameters given.
+    pub guided: Option<&'static str>,
     pub switchyard: Option<Extension>,
+}
+
+/// `prediction`: `{"type": "content", "content": ...}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: PredictionKind,
+    pub content: MessageContent,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PredictionKind {
+    Content,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
@@ -165,10 +231,35 @@ pub enum PromptInput {
 }
 
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` message's call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A participant's name (OpenAI's), or a legacy `function` message's function.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// What the OpenAI SDKs send back in an assistant turn of the history: they describe a
+    /// past answer and change nothing in the prompt (documented no-ops, type-checked).
+    #[serde(default)]
+    pub refusal: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub annotations: Option<Vec<serde_json::Value>>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub audio: Option<serde_json::Map<String, serde_json::Value>>,
+    /// A legacy call in the history: only `null` is taken (a call would be dropped from
+    /// the prompt; send `tool_calls`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub function_call: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]

@@ -2,6 +2,9 @@
 
 use serde::Serialize;
 
+use super::tools::{ToolCallDelta, ToolCallOut};
+use crate::tools::output::{Answer, Part};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u32,
@@ -33,7 +36,30 @@ impl Usage {
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// The text; null when the answer is only tool calls.
+    pub content: Option<String>,
+    /// The model's reasoning, when a reasoning parser split it off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+impl ChatMessageOut {
+    /// An assistant message from a parsed answer.
+    pub fn of(answer: Answer) -> Self {
+        let content = if answer.content.is_empty() && !answer.calls.is_empty() {
+            None
+        } else {
+            Some(answer.content)
+        };
+        ChatMessageOut {
+            role: "assistant",
+            content,
+            reasoning_content: answer.reasoning,
+            tool_calls: answer.calls,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -60,6 +86,30 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+impl ChatDelta {
+    /// The delta carrying one streamed part of an answer.
+    pub fn of(part: Part) -> Self {
+        match part {
+            Part::Content(text) => ChatDelta {
+                content: Some(text),
+                ..ChatDelta::default()
+            },
+            Part::Reasoning(text) => ChatDelta {
+                reasoning_content: Some(text),
+                ..ChatDelta::default()
+            },
+            Part::Calls(calls) => ChatDelta {
+                tool_calls: Some(calls),
+                ..ChatDelta::default()
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]

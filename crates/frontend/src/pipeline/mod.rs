@@ -64,6 +64,8 @@ pub struct Frontend {
     pub media: crate::media::MediaStage,
     /// Which media items' encoded features exist (see [`crate::feature_store`]).
     pub features: Arc<crate::feature_store::SharedFeatureStore>,
+    /// The parsers chat answers are split with (reasoning, tool calls).
+    pub parsers: crate::tools::Parsers,
 }
 
 /// A validated request, tokenized.
@@ -164,6 +166,9 @@ impl Prepared {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     Text(String),
+    /// A chat answer's text, parsed (reasoning, content, tool calls): the pipeline sends
+    /// `Text`, the chat endpoint's parsers turn it into this ([`crate::tools::output`]).
+    Parts(Vec<crate::tools::output::Part>),
     Finished {
         reason: &'static str,
         usage: Usage,
@@ -294,7 +299,10 @@ impl Frontend {
             &config.multimodal.feature_store,
             &metrics,
         );
+        let parsers =
+            crate::tools::Parsers::new(&config.chat, &config.model, preprocessor.template_source());
         Frontend {
+            parsers,
             media,
             features,
             config,

@@ -187,6 +187,11 @@ impl HfTokenizer {
             .map_err(|error| PreprocessError::Decode(error.to_string()))
     }
 
+    /// The vocabulary's piece for `id`.
+    pub(crate) fn piece(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
+    }
+
     pub(crate) fn decode_known(&self, tokens: &[u32]) -> Result<String, PreprocessError> {
         self.tokenizer
             .decode(tokens, true)

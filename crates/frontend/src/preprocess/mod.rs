@@ -31,7 +31,7 @@ use std::sync::Arc;
 pub use builtin::{BUILTIN_BOS, BUILTIN_EOS, BUILTIN_VOCAB_SIZE};
 pub use decoder::IncrementalDecoder;
 pub use error::PreprocessError;
-pub use template::ChatMessage;
+pub use template::{ChatMessage, TemplateFunction, TemplateToolCall};
 
 use builtin::BuiltinTokenizer;
 use hf::HfTokenizer;
@@ -136,7 +136,49 @@ impl Preprocessor {
     /// assistant's turn (`add_generation_prompt`). A template that rejects the messages
     /// (`raise_exception`) gives [`PreprocessError::TemplateRaised`] with its message.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, PreprocessError> {
-        self.template.render(messages, true)
+        self.template.render(messages, &[], true)
+    }
+
+    /// [`Self::render_chat`] with tools (OpenAI tool objects) for a template that lays them
+    /// out itself ([`Self::template_handles_tools`]), and with the assistant turn's opening
+    /// or not.
+    pub fn render_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, PreprocessError> {
+        self.template.render(messages, tools, add_generation_prompt)
+    }
+
+    /// A token's own piece of the vocabulary (`Ġhello` in a byte-level BPE), or its text
+    /// for the built-in tokenizer; `None` outside the vocabulary.
+    pub fn token_piece(&self, id: u32) -> Option<String> {
+        match &self.tokenizer {
+            Tokenizer::Builtin(tokenizer) => tokenizer.decode(&[id]).ok(),
+            Tokenizer::Hf(tokenizer) => tokenizer.piece(id),
+        }
+    }
+
+    /// Whether the chat template reads a `tools` variable.
+    pub fn template_handles_tools(&self) -> bool {
+        self.template.handles_tools()
+    }
+
+    /// The chat template's source, when it is a Jinja template.
+    pub fn template_source(&self) -> Option<&str> {
+        self.template.source()
+    }
+
+    /// This preprocessor with the chat template in `path` (`--chat-template FILE`) instead
+    /// of the model's, keeping the model's special tokens.
+    pub fn with_chat_template(mut self, path: &Path) -> Result<Self, PreprocessError> {
+        let source = std::fs::read_to_string(path).map_err(|source| PreprocessError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.template = self.template.replaced(source, path)?;
+        Ok(self)
     }
 
     /// Tokenizes a prompt that already went through the chat template. No special token is
@@ -258,10 +300,7 @@ mod tests {
         assert!(tokens.len() * 4 < prose.len(), "{} tokens", tokens.len());
         assert_eq!(preprocessor.decode(&tokens).unwrap(), prose);
         let chat = preprocessor
-            .render_chat(&[ChatMessage {
-                role: "user".into(),
-                content: "hi".into(),
-            }])
+            .render_chat(&[ChatMessage::new("user", "hi")])
             .unwrap();
         assert!(
             chat.ends_with("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),

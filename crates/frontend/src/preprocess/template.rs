@@ -8,11 +8,35 @@ use serde::{Deserialize, Serialize};
 
 use super::error::PreprocessError;
 
-/// One chat message, text only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One chat message as a template sees it: its text and, for an assistant turn that called
+/// tools, the calls; for a tool result, the call it answers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<TemplateToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name (some templates print it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A tool call in the history, shaped as Hugging Face templates read it: `arguments` is the
+/// parsed JSON object (templates write it with `tojson`), not OpenAI's string.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: TemplateFunction,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateFunction {
+    pub name: String,
+    pub arguments: serde_json::Value,
 }
 
 impl ChatMessage {
@@ -20,6 +44,7 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            ..Self::default()
         }
     }
 }
@@ -42,15 +67,46 @@ pub(crate) enum ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// Renders the messages; `tools` (OpenAI tool objects) are the template's `tools`
+    /// variable, absent when there are none.
     pub(crate) fn render(
         &self,
         messages: &[ChatMessage],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, PreprocessError> {
         match self {
             Self::Simple => Ok(render_simple(messages, add_generation_prompt)),
-            Self::Jinja(template) => template.render(messages, add_generation_prompt),
+            Self::Jinja(template) => template.render(messages, tools, add_generation_prompt),
         }
+    }
+
+    /// Whether the template lays out tools itself (it reads a `tools` variable); one that
+    /// does not gets them in the default format (`crate::tools::prompt`).
+    pub(crate) fn handles_tools(&self) -> bool {
+        match self {
+            Self::Simple => false,
+            Self::Jinja(template) => template.handles_tools,
+        }
+    }
+
+    /// The source of the template, if it is a Jinja one (to choose a tool-call parser).
+    pub(crate) fn source(&self) -> Option<&str> {
+        match self {
+            Self::Simple => None,
+            Self::Jinja(template) => Some(&template.source),
+        }
+    }
+
+    /// `source` compiled in place of this template, with the same special tokens.
+    pub(crate) fn replaced(&self, source: String, origin: &Path) -> Result<Self, PreprocessError> {
+        let tokens = match self {
+            Self::Simple => Value::from_iter(std::iter::empty::<(&str, Value)>()),
+            Self::Jinja(template) => template.tokens.clone(),
+        };
+        Ok(Self::Jinja(Box::new(JinjaTemplate::compile_with(
+            source, origin, tokens,
+        )?)))
     }
 }
 
@@ -81,6 +137,10 @@ pub(crate) struct JinjaTemplate {
     name: String,
     /// Special tokens as template globals.
     tokens: Value,
+    /// The template's text, kept to tell which tool-call format it asks for.
+    source: String,
+    /// The template reads a `tools` variable.
+    handles_tools: bool,
 }
 
 impl fmt::Debug for JinjaTemplate {
@@ -98,6 +158,23 @@ impl JinjaTemplate {
         origin: &Path,
         tokens: &TemplateTokens,
     ) -> Result<Self, PreprocessError> {
+        let tokens = Value::from_iter(
+            [
+                ("bos_token", &tokens.bos_token),
+                ("eos_token", &tokens.eos_token),
+                ("unk_token", &tokens.unk_token),
+                ("pad_token", &tokens.pad_token),
+            ]
+            .into_iter()
+            .filter_map(|(name, token)| Some((name, Value::from(token.clone()?)))),
+        );
+        Self::compile_with(source, origin, tokens)
+    }
+
+    /// Compiles `source` with special tokens already made globals.
+    fn compile_with(source: String, origin: &Path, tokens: Value) -> Result<Self, PreprocessError> {
+        let handles_tools = mentions_tools(&source);
+        let kept = source.clone();
         let mut env = Environment::new();
         // transformers renders chat templates with these Jinja2 options; templates are written
         // for them, and whitespace in the prompt changes the tokens the model sees.
@@ -119,32 +196,43 @@ impl JinjaTemplate {
                 path: origin.to_owned(),
                 message: error.to_string(),
             })?;
-        let tokens = Value::from_iter(
-            [
-                ("bos_token", &tokens.bos_token),
-                ("eos_token", &tokens.eos_token),
-                ("unk_token", &tokens.unk_token),
-                ("pad_token", &tokens.pad_token),
-            ]
-            .into_iter()
-            .filter_map(|(name, token)| Some((name, Value::from(token.clone()?)))),
-        );
-        Ok(Self { env, name, tokens })
+        Ok(Self {
+            env,
+            name,
+            tokens,
+            source: kept,
+            handles_tools,
+        })
     }
 
     fn render(
         &self,
         messages: &[ChatMessage],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, PreprocessError> {
         let template = self.env.get_template(&self.name).map_err(classify)?;
+        // Absent rather than empty without tools, as transformers passes them: templates
+        // test `tools is defined` or `tools` alike.
+        let tools = (!tools.is_empty()).then(|| Value::from_serialize(tools));
         let context = context! {
             messages => Value::from_serialize(messages),
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             ..self.tokens.clone()
         };
         template.render(context).map_err(classify)
     }
+}
+
+/// Whether a template's source names `tools` as a word (not as part of a longer name).
+fn mentions_tools(source: &str) -> bool {
+    source.match_indices("tools").any(|(at, _)| {
+        let before = source[..at].chars().next_back();
+        let after = source[at + 5..].chars().next();
+        let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        !word(before) && !word(after)
+    })
 }
 
 /// What a template's `raise_exception(message)` raised, kept as the error's source so it can
@@ -195,7 +283,64 @@ mod tests {
     }
 
     fn render(source: &str, messages: &[ChatMessage]) -> Result<String, PreprocessError> {
-        compile(source)?.render(messages, true)
+        compile(source)?.render(messages, &[], true)
+    }
+
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let source = "{% if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}\
+                      {% for m in messages %}{{ m.role }}:{{ m.content }}\
+                      {% for c in m.tool_calls or [] %}<{{ c.function.name }} {{ c.function.arguments | tojson }}>{% endfor %}\
+                      {% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %};{% endfor %}";
+        let template = compile(source).unwrap();
+        assert!(template.handles_tools);
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = vec![TemplateToolCall {
+            id: "c1".into(),
+            kind: "function".into(),
+            function: TemplateFunction {
+                name: "f".into(),
+                arguments: serde_json::json!({"x": 1}),
+            },
+        }];
+        let mut result = ChatMessage::new("tool", "2");
+        result.tool_call_id = Some("c1".into());
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        let out = template.render(&[call.clone(), result.clone()], &tools, false);
+        assert_eq!(
+            out.ok().as_deref(),
+            Some("[f]assistant:<f {\"x\":1}>;tool:2#c1;")
+        );
+        // Without tools the variable is absent, not an empty list.
+        let out = template.render(&[], &[], false);
+        assert_eq!(out.ok().as_deref(), Some(""));
+    }
+
+    #[test]
+    fn tools_must_be_a_word_of_the_template() {
+        assert!(mentions_tools("{% if tools %}"));
+        assert!(mentions_tools("{{ tools|length }}"));
+        assert!(!mentions_tools("{% if custom_tools_list %}"));
+        assert!(!mentions_tools("{{ mytools }}"));
+    }
+
+    #[test]
+    fn a_replaced_template_keeps_the_special_tokens() {
+        let template = ChatTemplate::Jinja(Box::new(compile("x").unwrap()));
+        let replaced = template
+            .replaced("{{ bos_token }}!".into(), Path::new("/t.jinja"))
+            .unwrap();
+        assert_eq!(
+            replaced.render(&[], &[], false).ok().as_deref(),
+            Some("<s>!")
+        );
+        let simple = ChatTemplate::Simple
+            .replaced("{{ bos_token is defined }}".into(), Path::new("/t.jinja"))
+            .unwrap();
+        assert_eq!(
+            simple.render(&[], &[], false).ok().as_deref(),
+            Some("False")
+        );
     }
 
     #[test]

@@ -60,6 +60,17 @@ pub struct FrontendFlags {
     /// built-in SmolLM2 tokenizer).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// A Jinja chat template file used instead of the model's.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// How the model writes tool calls (`qwen`, `llama`, `mistral`, `deepseek`, ...;
+    /// default: from the model's name, else `qwen`).
+    #[arg(long, value_name = "NAME")]
+    tool_call_parser: Option<String>,
+    /// How the model marks its reasoning (`deepseek_r1`, `qwen3`, ...; default: from the
+    /// model's name, else none).
+    #[arg(long, value_name = "NAME")]
+    reasoning_parser: Option<String>,
     /// The model's context length in tokens (default: the model directory's, else 32,768).
     #[arg(long)]
     context_length: Option<u32>,
@@ -107,6 +118,18 @@ impl FrontendFlags {
         o.set_some(
             &["frontend", "tokenizer"],
             self.tokenizer.as_ref().map(|t| t.display().to_string()),
+        );
+        o.set_some(
+            &["frontend", "chat", "template"],
+            self.chat_template.as_ref().map(|t| t.display().to_string()),
+        );
+        o.set_some(
+            &["frontend", "chat", "tool_call_parser"],
+            self.tool_call_parser.clone(),
+        );
+        o.set_some(
+            &["frontend", "chat", "reasoning_parser"],
+            self.reasoning_parser.clone(),
         );
         o.set_some(
             &["frontend", "context_length"],

@@ -1,0 +1,418 @@
+use proptest::prelude::*;
+
+use super::output::{Answer, Part, Recut};
+use super::*;
+
+fn request(body: serde_json::Value) -> ChatCompletionRequest {
+    let mut base = serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    if let (Some(base), Some(extra)) = (base.as_object_mut(), body.as_object()) {
+        base.extend(extra.clone());
+    }
+    serde_json::from_value(base).unwrap()
+}
+
+fn weather_tools() -> serde_json::Value {
+    serde_json::json!([
+        {"type": "function", "function": {"name": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "time"}},
+    ])
+}
+
+fn tool_request(extra: serde_json::Value) -> ToolRequest {
+    let mut body = serde_json::json!({"tools": weather_tools()});
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    ToolRequest::of(&request(body)).unwrap().unwrap()
+}
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+const TWO_CALLS: &str = "Checking.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"time\", \"arguments\": {}}\n</tool_call>";
+
+/// The calls and content a stream's parts add up to, as a client assembles them.
+fn assemble(parts: &[Part]) -> (String, String, Vec<(String, String, String)>) {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut calls: Vec<(String, String, String)> = Vec::new();
+    for part in parts {
+        match part {
+            Part::Content(t) => content.push_str(t),
+            Part::Reasoning(t) => reasoning.push_str(t),
+            Part::Calls(deltas) => {
+                for d in deltas {
+                    let i = d.index as usize;
+                    if let Some(id) = &d.id {
+                        assert_eq!(i, calls.len(), "a new call comes with the next index");
+                        let name = d.function.name.clone().unwrap_or_default();
+                        calls.push((id.clone(), name, String::new()));
+                    }
+                    calls[i]
+                        .2
+                        .push_str(d.function.arguments.as_deref().unwrap_or(""));
+                }
+            }
+        }
+    }
+    (content, reasoning, calls)
+}
+
+fn streamed(parsers: &Parsers, tools: &ToolRequest, text: &str, cuts: &[usize]) -> Vec<Part> {
+    let mut parser = parsers.for_answer(Some(tools));
+    let mut bounds: Vec<usize> = cuts
+        .iter()
+        .map(|&c| c % (text.len() + 1))
+        .filter(|&c| text.is_char_boundary(c))
+        .collect();
+    bounds.push(0);
+    bounds.push(text.len());
+    bounds.sort_unstable();
+    bounds.dedup();
+    block_on(async {
+        let mut parts = Vec::new();
+        for pair in bounds.windows(2) {
+            parts.extend(parser.push(&text[pair[0]..pair[1]]).await);
+        }
+        parts.extend(parser.finish().await);
+        assert!(parser.called());
+        parts
+    })
+}
+
+fn args(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap()
+}
+
+#[test]
+fn a_whole_answer_splits_into_content_and_calls() {
+    let parsers = Parsers::new(&ChatConfig::default(), "m", None);
+    assert_eq!(parsers.tool_parser(), DEFAULT_TOOL_PARSER);
+    let tools = tool_request(serde_json::json!({}));
+    let mut parser = parsers.for_answer(Some(&tools));
+    let Answer {
+        content,
+        reasoning,
+        calls,
+    } = block_on(parser.parse_whole(TWO_CALLS.into()));
+    assert_eq!(content.trim(), "Checking.");
+    assert_eq!(reasoning, None);
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].function.name, "weather");
+    assert_eq!(
+        args(&calls[0].function.arguments),
+        serde_json::json!({"city": "Oslo"})
+    );
+    assert_eq!(calls[1].function.name, "time");
+    assert!(calls.iter().all(|c| c.id.starts_with("call_")));
+    assert_ne!(calls[0].id, calls[1].id);
+    assert_eq!(parser.finish_reason("stop"), "tool_calls");
+    assert_eq!(parser.finish_reason("length"), "length");
+}
+
+#[test]
+fn without_parallel_calls_only_the_first_is_kept() {
+    let parsers = Parsers::new(&ChatConfig::default(), "m", None);
+    let tools = tool_request(serde_json::json!({"parallel_tool_calls": false}));
+    let mut parser = parsers.for_answer(Some(&tools));
+    let answer = block_on(parser.parse_whole(TWO_CALLS.into()));
+    assert_eq!(answer.calls.len(), 1);
+    let parts = streamed(&parsers, &tools, TWO_CALLS, &[7, 40, 90]);
+    let (_, _, calls) = assemble(&parts);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].1, "weather");
+}
+
+#[test]
+fn plain_text_is_content_and_tool_choice_none_parses_nothing() {
+    let parsers = Parsers::new(&ChatConfig::default(), "m", None);
+    let tools = tool_request(serde_json::json!({}));
+    let mut parser = parsers.for_answer(Some(&tools));
+    let answer = block_on(parser.parse_whole("It is sunny.".into()));
+    assert_eq!(answer.content, "It is sunny.");
+    assert!(answer.calls.is_empty());
+    assert_eq!(parser.finish_reason("stop"), "stop");
+    let none = tool_request(serde_json::json!({"tool_choice": "none"}));
+    assert!(none.template_tools().is_empty());
+    let mut parser = parsers.for_answer(Some(&none));
+    assert!(parser.is_plain());
+    let answer = block_on(parser.parse_whole(TWO_CALLS.into()));
+    assert_eq!(answer.content, TWO_CALLS);
+}
+
+#[test]
+fn reasoning_is_split_off_whole_and_streamed() {
+    let config = ChatConfig {
+        reasoning_parser: Some("deepseek_r1".into()),
+        ..ChatConfig::default()
+    };
+    let parsers = Parsers::new(&config, "m", None);
+    let text = "<think>Oslo is cold.</think>It is 4 degrees.";
+    let mut parser = parsers.for_answer(None);
+    let answer = block_on(parser.parse_whole(text.into()));
+    assert_eq!(
+        answer.reasoning.as_deref().map(str::trim),
+        Some("Oslo is cold.")
+    );
+    assert_eq!(answer.content.trim(), "It is 4 degrees.");
+    let mut parser = parsers.for_answer(None);
+    let parts = block_on(async {
+        let mut parts = Vec::new();
+        for piece in [
+            "<thi",
+            "nk>Oslo is",
+            " cold.</th",
+            "ink>It is 4",
+            " degrees.",
+        ] {
+            parts.extend(parser.push(piece).await);
+        }
+        parts.extend(parser.finish().await);
+        parts
+    });
+    let (content, reasoning, _) = assemble(&parts);
+    assert_eq!(reasoning.trim(), "Oslo is cold.");
+    assert_eq!(content.trim(), "It is 4 degrees.");
+}
+
+#[test]
+fn parsers_follow_config_then_model_then_template() {
+    let named = |name: &str| ChatConfig {
+        tool_call_parser: Some(name.into()),
+        ..ChatConfig::default()
+    };
+    assert_eq!(
+        Parsers::new(&named("llama"), "m", None).tool_parser(),
+        "llama"
+    );
+    assert_eq!(
+        Parsers::new(&ChatConfig::default(), "mistral-7b-instruct", None).tool_parser(),
+        "mistral"
+    );
+    assert_eq!(
+        Parsers::new(&ChatConfig::default(), "m", Some("{{ '[TOOL_CALLS]' }}")).tool_parser(),
+        "mistral"
+    );
+    assert!(named("no-such-parser").validate().is_err());
+    assert!(named("qwen").validate().is_ok());
+    let reasoning = ChatConfig {
+        reasoning_parser: Some("nope".into()),
+        ..ChatConfig::default()
+    };
+    assert!(
+        reasoning
+            .validate()
+            .unwrap_err()
+            .contains("reasoning_parser")
+    );
+    assert_eq!(
+        Parsers::new(&ChatConfig::default(), "deepseek-r1-distill", None)
+            .reasoning_parser()
+            .as_deref(),
+        Some("deepseek_r1")
+    );
+    // Chosen by the model although its type's name is not the registered one.
+    let thinking = Parsers::new(&ChatConfig::default(), "qwen3-thinking-2507", None);
+    assert!(thinking.reasoning_parser().is_some());
+    let answer = block_on(
+        thinking
+            .for_answer(None)
+            .parse_whole("Cold there.</think>It is 4 degrees.".into()),
+    );
+    assert_eq!(
+        answer.reasoning.as_deref().map(str::trim),
+        Some("Cold there.")
+    );
+    assert_eq!(answer.content.trim(), "It is 4 degrees.");
+    assert_eq!(
+        Parsers::new(&ChatConfig::default(), "m", None).reasoning_parser(),
+        None
+    );
+}
+
+#[test]
+fn bad_tools_are_refused_naming_the_field() {
+    let refused = |body: serde_json::Value| -> String {
+        let error = ToolRequest::of(&request(body)).unwrap_err();
+        error.body()
+    };
+    let tool = |name: &str| serde_json::json!([{"type": "function", "function": {"name": name}}]);
+    assert!(
+        refused(serde_json::json!({"tools": tool("has space")})).contains("tools[0].function.name")
+    );
+    assert!(
+        refused(serde_json::json!({"tools": [
+        {"type": "function", "function": {"name": "f"}},
+        {"type": "function", "function": {"name": "f"}}]}))
+        .contains("tools[1].function.name")
+    );
+    assert!(
+        refused(serde_json::json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}))
+            .contains("tools[0].type")
+    );
+    assert!(refused(serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}))
+        .contains("parameters"));
+    assert!(refused(serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "strict": true}}]}))
+        .contains("tools[0].function.strict"));
+    assert!(
+        ToolRequest::of(&request(serde_json::json!({"tools": [
+            {"type": "function", "function": {"name": "f", "strict": false}}]})))
+        .unwrap()
+        .is_some()
+    );
+    assert!(
+        refused(serde_json::json!({"tools": tool("f"), "tool_choice": "sometimes"}))
+            .contains("tool_choice")
+    );
+    assert!(
+        refused(serde_json::json!({"tools": tool("f"), "tool_choice": "required"}))
+            .contains("constrained decoding")
+    );
+    assert!(
+        refused(serde_json::json!({"tools": tool("f"),
+        "tool_choice": {"type": "function", "function": {"name": "g"}}}))
+        .contains("not among")
+    );
+    assert!(refused(serde_json::json!({"tool_choice": "auto"})).contains("only allowed"));
+    assert!(refused(serde_json::json!({"functions": [{"name": "f"}]})).contains("functions"));
+    assert!(
+        ToolRequest::of(&request(serde_json::json!({"tool_choice": "none"})))
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        ToolRequest::of(&request(serde_json::json!({})))
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
+fn recut_keeps_tags_whole_and_apart() {
+    let mut recut = Recut::default();
+    let mut pieces = Vec::new();
+    for chunk in [
+        "Checking.\n<tool",
+        "_call>\n{\"a\": [1]}</tool_call>x",
+        "y <",
+    ] {
+        pieces.extend(recut.push(chunk));
+    }
+    pieces.extend(recut.flush());
+    assert_eq!(
+        pieces,
+        [
+            "Checking.\n",
+            "<tool_call>",
+            "\n",
+            "{\"a\": ",
+            "[1]}",
+            "</tool_call>",
+            "x",
+            "y ",
+            "<"
+        ]
+    );
+    // A `<` that no `>` closes soon passes on.
+    let long = format!("a <{}", "b".repeat(80));
+    let mut recut = Recut::default();
+    let pieces: Vec<String> = recut.push(&long);
+    assert_eq!(pieces.concat(), long);
+}
+
+proptest! {
+    /// Re-cutting loses and reorders nothing.
+    #[test]
+    fn recut_keeps_the_text(text in "[a<>\\[{\n é€😀]{0,60}", cuts in prop::collection::vec(0usize..240, 0..8)) {
+        let mut recut = Recut::default();
+        let mut bounds: Vec<usize> = cuts
+            .iter()
+            .map(|&c| c % (text.len() + 1))
+            .filter(|&c| text.is_char_boundary(c))
+            .collect();
+        bounds.extend([0, text.len()]);
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut out = String::new();
+        for pair in bounds.windows(2) {
+            out.extend(recut.push(&text[pair[0]..pair[1]]));
+        }
+        out.extend(recut.flush());
+        prop_assert_eq!(out, text);
+    }
+}
+
+/// An answer in the default format: `content`, then each call in its tags.
+fn default_format(
+    content: &str,
+    calls: &[(bool, String)],
+) -> (String, Vec<(String, serde_json::Value)>) {
+    let mut text = content.to_owned();
+    let mut expected = Vec::new();
+    for (weather, city) in calls {
+        let (name, arguments) = if *weather {
+            ("weather", serde_json::json!({"city": city}))
+        } else {
+            ("time", serde_json::json!({}))
+        };
+        let call = serde_json::json!({"name": name, "arguments": arguments});
+        text.push_str(&format!("\n<tool_call>\n{call}\n</tool_call>"));
+        expected.push((name.to_owned(), arguments));
+    }
+    (text, expected)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// However an answer is cut into chunks (inside characters' neighbours, tags and JSON),
+    /// the streamed parts and the whole answer give the content and the calls it was made
+    /// of.
+    #[test]
+    fn answers_parse_to_what_they_were_made_of(
+        content in "[a-zA-Z0-9é€😀 .,!?]{0,40}",
+        calls in prop::collection::vec((any::<bool>(), "[a-zA-Zé ]{0,12}"), 0..4),
+        cuts in prop::collection::vec(0usize..600, 0..24),
+    ) {
+        let parsers = Parsers::new(&ChatConfig::default(), "m", None);
+        let tools = tool_request(serde_json::json!({}));
+        let (text, expected) = default_format(&content, &calls);
+        let whole = block_on(parsers.for_answer(Some(&tools)).parse_whole(text.clone()));
+        let mut parser = parsers.for_answer(Some(&tools));
+        let mut bounds: Vec<usize> = cuts
+            .iter()
+            .map(|&c| c % (text.len() + 1))
+            .filter(|&c| text.is_char_boundary(c))
+            .collect();
+        bounds.extend([0, text.len()]);
+        bounds.sort_unstable();
+        bounds.dedup();
+        let parts = block_on(async {
+            let mut parts = Vec::new();
+            for pair in bounds.windows(2) {
+                parts.extend(parser.push(&text[pair[0]..pair[1]]).await);
+            }
+            parts.extend(parser.finish().await);
+            parts
+        });
+        prop_assert_eq!(parser.called(), !expected.is_empty());
+        let (streamed_content, _, streamed_calls) = assemble(&parts);
+        prop_assert_eq!(streamed_content.trim(), content.trim());
+        prop_assert_eq!(whole.content.trim(), content.trim());
+        prop_assert_eq!(streamed_calls.len(), expected.len());
+        prop_assert_eq!(whole.calls.len(), expected.len());
+        for (i, (name, arguments)) in expected.iter().enumerate() {
+            prop_assert_eq!(&streamed_calls[i].1, name);
+            prop_assert_eq!(&args(&streamed_calls[i].2), arguments);
+            prop_assert_eq!(&whole.calls[i].function.name, name);
+            prop_assert_eq!(&args(&whole.calls[i].function.arguments), arguments);
+        }
+    }
+}
