@@ -45,11 +45,10 @@ pub use indexer::{
     ApplyOutcome, EventGap, Indexer, IndexerConfig, IndexerStats, OverlapScores, WorkerSnapshot,
 };
 pub use policy::{Candidate, LatencyPolicyConfig, PolicyKind, RoutingOverrides, WorkerTiming};
-pub use router::{RouteDecision, RouteError, RouteRequest, Router, RouterConfig};
+pub use router::{CacheViewMode, RouteDecision, RouteError, RouteRequest, Router, RouterConfig};
 pub use routing::admission::{Admission, AdmissionConfig, Rejection};
-pub use routing::registry::{
-    CacheView, CacheViewMode, HealthState, JoinRefused, WorkerEntry, WorkerSpec,
-};
+pub use routing::health::HealthState;
+pub use routing::registry::{CacheView, JoinRefused, WorkerEntry, WorkerSpec};
 pub use routing::{
     DisaggConfig, LocalReason, PairDecision, RouteQuery, RoutingConfig, RoutingCore, WorkerChanges,
 };

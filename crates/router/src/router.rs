@@ -16,9 +16,20 @@ use crate::indexer::OverlapScores;
 use crate::indexer::approx::ApproxConfig;
 use crate::policy::{
     self, CacheAwareConfig, Candidate, KvPolicyConfig, LatencyPolicyConfig, Policy, PolicyKind,
-    RoutingOverrides, Selection, WorkerTiming,
+    PolicySettings, RoutingOverrides, Selection, WorkerTiming,
 };
-use crate::routing::registry::CacheViewMode;
+
+/// Which cache view workers get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheViewMode {
+    /// Events for workers that publish them, the approximate view for the others.
+    #[default]
+    Auto,
+    /// The approximate view for every worker, whatever it publishes (how a router without
+    /// an event plane, such as SGLang's, sees the fleet).
+    Approximate,
+}
 
 /// Router settings: `[frontend.router]` in a configuration file.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -145,9 +156,14 @@ impl Router {
     }
 
     pub fn new(config: RouterConfig) -> Self {
+        let settings = PolicySettings {
+            kv: config.kv,
+            latency: config.latency,
+            cache_aware: config.cache_aware,
+        };
         let policies = PolicyKind::ALL
             .iter()
-            .map(|&k| policy::build(k, &config))
+            .map(|&k| policy::build(k, &settings))
             .collect();
         Router {
             config,

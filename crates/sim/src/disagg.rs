@@ -84,6 +84,19 @@ pub struct DisaggReport {
     pub lost_transfers: u64,
 }
 
+impl DisaggReport {
+    /// A request prefilled on its decode worker, for `reason`.
+    pub(crate) fn count_local(&mut self, reason: switchyard_router::LocalReason) {
+        use switchyard_router::LocalReason;
+        *match reason {
+            LocalReason::Short => &mut self.local_short,
+            LocalReason::Saturated => &mut self.local_saturated,
+            LocalReason::Unavailable => &mut self.local_unavailable,
+            LocalReason::HeldMedia => &mut self.local_media,
+        } += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,20 @@
 //! Moving a request costs either a re-prefill on the target (the perf model's prefill time
 //! for what the target does not hold cached) or a KV transfer over the configured link
 //! (bytes per token from the model shape, at the link's bandwidth); the cheaper is taken.
+//!
+//! Two of these are the simulator's models of what the servers do, not the same code:
+//! - **How a failure is found.** The servers find a failed worker through what its
+//!   requests and canaries show: dispatch deadlines, the stall timer, breakers opened by
+//!   failures in a row (see `switchyard_router::routing::health`). Here a crash is found
+//!   after a fixed `crash_detection` delay (standing for the connection's drop), a hang
+//!   after the worker's stall timeout (the timer a stream would run), a drain at once. A
+//!   request's failures still open breakers through its life, and a worker whose breaker
+//!   opens first is taken out then. A worker that comes back rejoins as a new one, routable
+//!   at once: the servers' half-open breaker and canary are not modelled.
+//! - **Moves by KV transfer.** `serve` always moves a request by computing its prompt and
+//!   streamed tokens again on the new worker: no engine it drives can read another's KV.
+//!   With a link configured, the simulator stands for a fleet whose engines can (a
+//!   one-sided transfer from a hung or drained worker's memory) and takes the cheaper move.
 
 use std::fmt;
 use std::str::FromStr;

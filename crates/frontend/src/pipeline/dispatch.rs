@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_core::protocol::{
-    EngineError, FinishReason, GenerateOutput, GenerateRequest, KvHandle, MediaInput, Phase,
-    Prompt, Resume, SamplingParams,
+    EngineError, GenerateOutput, GenerateRequest, KvHandle, MediaInput, Phase, Prompt, Resume,
+    SamplingParams,
 };
 use switchyard_core::{RequestId, Token, WorkerKey};
-use switchyard_router::flow::{self, NoWorker, RequestLife, TryFailure};
-use switchyard_router::{LocalReason, RoutingOverrides};
+use switchyard_router::RoutingOverrides;
+use switchyard_router::flow::{self, RequestLife, Routing, TryFailure};
 use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -265,20 +265,14 @@ impl RequestRun {
             }
             let worker = routed.decision.worker;
             let generated = self.generated.len() as u32;
-            match routed.local {
-                Some(LocalReason::Short) => frontend.metrics.count_prefill("local_short"),
-                Some(LocalReason::Saturated) => frontend.metrics.count_prefill("local_saturated"),
-                Some(LocalReason::Unavailable) => {
-                    frontend.metrics.count_prefill("local_unavailable")
-                }
-                Some(LocalReason::HeldMedia) => frontend.metrics.count_prefill("local_media"),
-                None => {}
+            if let Some(local) = routed.local {
+                frontend.metrics.count_prefill(local.name());
             }
             let pending = self.media_pending()? == Some(true);
             if flow::media::waits_for_media(routed.prefill.is_some(), pending) {
                 // A prefill worker hands over a finished prompt: its media come first (the
                 // pair is chosen again once they are, its prompt may have changed).
-                frontend.routing.finish(self.id);
+                self.life.reroute(&mut PipelineShell(&frontend));
                 self.media_settled().await?;
                 continue;
             }
@@ -328,7 +322,7 @@ impl RequestRun {
                 match frontend.preprocessor.render_tokens(&prompt.token_ids) {
                     Ok(text) => prompt.text = Some(text),
                     Err(e) => {
-                        frontend.routing.finish(self.id);
+                        self.life.abandoned(&mut PipelineShell(&frontend));
                         return Err(ApiError::internal(format!(
                             "Cannot render the prompt as text: {e}"
                         )));
@@ -338,14 +332,14 @@ impl RequestRun {
             let media_pending = match self.media_pending() {
                 Ok(pending) => pending == Some(true),
                 Err(e) => {
-                    frontend.routing.finish(self.id);
+                    self.life.abandoned(&mut PipelineShell(&frontend));
                     return Err(e);
                 }
             };
             if self.prompt_version != sent_version {
                 // Its media changed (encoded smaller, or dropped) since it was routed:
                 // routed again (not a failed try).
-                frontend.routing.finish(self.id);
+                self.life.reroute(&mut PipelineShell(&frontend));
                 continue;
             }
             // A worker that merges the media's embeddings gets them (once they are there).
@@ -460,42 +454,31 @@ impl RequestRun {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let decided = std::time::Instant::now();
-            let mut unexcluded = false;
-            let until = loop {
-                let exclude = if unexcluded {
-                    &[][..]
-                } else {
-                    self.life.exclusions()
-                };
+            let routed = self.life.route(self.arrived.elapsed(), |exclude| {
                 let routed = route_span
                     .in_scope(|| frontend.routing.route(self.id, prompt, overrides, exclude));
                 match routed {
-                    Ok(routed) => {
-                        self.life.routed();
-                        frontend
-                            .metrics
-                            .routing_decision
-                            .observe(decided.elapsed().as_secs_f64());
-                        return Ok(routed);
-                    }
-                    Err(RouteFailure::InvalidPrompt(message)) => {
-                        return Err(ApiError::invalid(message));
-                    }
-                    Err(RouteFailure::Internal(message)) => {
-                        return Err(ApiError::internal(message));
-                    }
-                    Err(RouteFailure::NoWorkers) => {}
+                    Ok(routed) => Ok(Some(routed)),
+                    Err(RouteFailure::InvalidPrompt(message)) => Err(ApiError::invalid(message)),
+                    Err(RouteFailure::Internal(message)) => Err(ApiError::internal(message)),
+                    Err(RouteFailure::NoWorkers) => Ok(None),
                 }
-                match self.life.no_worker(unexcluded, self.arrived.elapsed()) {
-                    NoWorker::RouteUnexcluded => unexcluded = true,
-                    NoWorker::Wait { until } => break until,
-                    NoWorker::GiveUp(give_up) => {
-                        return Err(given_up(
-                            give_up,
-                            frontend.config.admission.retry_after,
-                            &frontend.metrics,
-                        ));
-                    }
+            })?;
+            let until = match routed {
+                Routing::Routed(routed) => {
+                    frontend
+                        .metrics
+                        .routing_decision
+                        .observe(decided.elapsed().as_secs_f64());
+                    return Ok(routed);
+                }
+                Routing::Wait { until } => until,
+                Routing::GiveUp(give_up) => {
+                    return Err(given_up(
+                        give_up,
+                        frontend.config.admission.retry_after,
+                        &frontend.metrics,
+                    ));
                 }
             };
             if !waiting {
@@ -586,13 +569,7 @@ impl RequestRun {
             token_ids: vec![first_token],
             cached_tokens: Some(cached_tokens),
         };
-        let stops = self.sampling.stop_token_ids.contains(&first_token);
-        if left <= 1 || stops {
-            let reason = if stops {
-                FinishReason::Stop
-            } else {
-                FinishReason::Length
-            };
+        if let Some(reason) = self.life.ended_by_prefill_token(first_token) {
             let finished = GenerateOutput::Finished {
                 reason,
                 completion_tokens: 1,

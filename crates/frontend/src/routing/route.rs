@@ -40,10 +40,7 @@ impl RoutingService {
     /// `encode` until the media could reach any other worker. None when that worker needs
     /// the media encoded, the prompt cannot be hashed or no worker serves.
     pub fn sooner_holder(&self, prompt: &Prompt, encode: Duration) -> Option<WorkerId> {
-        let end = prompt.media.iter().map(|m| m.end()).max()?;
         let block_size = self.block_size();
-        let needed =
-            switchyard_router::flow::media::held_blocks(end, prompt.len() as u64, block_size)?;
         let blocks = blocks_for(prompt, block_size).ok()?;
         let overlaps = self.indexer.find_matches_blocks(&blocks);
         let now = self.now();
@@ -51,16 +48,7 @@ impl RoutingService {
         if core.block_size() != block_size {
             return None;
         }
-        let query = RouteQuery {
-            id: RequestId(0),
-            blocks: &blocks,
-            overrides: RoutingOverrides::default(),
-            exclude: &[],
-        };
-        match core.joint_media_choice(&query, &overlaps, needed, encode, now)? {
-            (holder, false) => Some(holder),
-            (_, true) => None,
-        }
+        core.sooner_holder(RequestId(0), &blocks, &prompt.media, &overlaps, encode, now)
     }
 
     /// Picks a worker for a prompt, other than those in `exclude` (workers that just failed

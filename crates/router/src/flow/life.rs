@@ -6,7 +6,9 @@ use switchyard_core::protocol::{EngineError, FinishReason};
 use switchyard_core::{RequestId, Token, WorkerId};
 
 use super::stall;
-use super::{GiveUp, Leave, Leaving, MigrationConfig, NoWorker, Shell, TryFailure, failure_of};
+use super::{
+    GiveUp, Leave, Leaving, MigrationConfig, NoWorker, Routing, Shell, TryFailure, failure_of,
+};
 use crate::routing::RoutingConfig;
 
 /// One request's life. The shell calls it at each event; it decides what follows.
@@ -120,9 +122,39 @@ impl RequestLife {
         }
     }
 
-    /// A worker was chosen.
-    pub fn routed(&mut self) {
-        self.no_worker_since = None;
+    /// Routes it: `route` is asked for a worker away from those that failed it (with none
+    /// excluded, when its life says they may be tried again) and answers `None` when no
+    /// worker can be chosen. When none can, the request waits for one or gives up, as its
+    /// life decides ([`Self::no_worker`]) at `now`.
+    pub fn route<T, E>(
+        &mut self,
+        now: Duration,
+        mut route: impl FnMut(&[WorkerId]) -> Result<Option<T>, E>,
+    ) -> Result<Routing<T>, E> {
+        let mut unexcluded = false;
+        loop {
+            let exclude = if unexcluded {
+                &[][..]
+            } else {
+                &self.failed[..]
+            };
+            if let Some(routed) = route(exclude)? {
+                self.no_worker_since = None;
+                return Ok(Routing::Routed(routed));
+            }
+            match self.no_worker(unexcluded, now) {
+                NoWorker::RouteUnexcluded => unexcluded = true,
+                NoWorker::Wait { until } => return Ok(Routing::Wait { until }),
+                NoWorker::GiveUp(give_up) => return Ok(Routing::GiveUp(give_up)),
+            }
+        }
+    }
+
+    /// It is routed again before it was sent (its prompt changed behind it, or it waits
+    /// for its media first): the router's records of the last routing are released, and
+    /// no try is counted.
+    pub fn reroute(&mut self, shell: &mut impl Shell) {
+        shell.release(self.id);
     }
 
     /// A try on `worker` failed before the request was under way there: counted against
@@ -221,6 +253,25 @@ impl RequestLife {
         if self.stop_token_ids.contains(&last) {
             Some(FinishReason::Stop)
         } else if self.generated >= self.max_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    /// The shell ends it for a reason of its own (its prompt cannot be rendered, its media
+    /// failed): the router's records are released.
+    pub fn abandoned(&mut self, shell: &mut impl Shell) {
+        shell.release(self.id);
+    }
+
+    /// Whether the token a remote prefill computed (its attempt's first, not yet counted
+    /// with [`Self::tokens`]) ends the request: a token it stops after, or the last it may
+    /// have. Otherwise its decode worker goes on from it.
+    pub fn ended_by_prefill_token(&self, token: Token) -> Option<FinishReason> {
+        if self.stop_token_ids.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if self.tokens_left() <= 1 {
             Some(FinishReason::Length)
         } else {
             None

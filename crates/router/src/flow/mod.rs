@@ -181,6 +181,19 @@ pub enum NoWorker {
     GiveUp(GiveUp),
 }
 
+/// What routing a request came to ([`RequestLife::route`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Routing<T> {
+    /// A worker (or a pair) was chosen.
+    Routed(T),
+    /// None can take it now: wait for the fleet to change (a worker joins or recovers),
+    /// until this instant.
+    Wait {
+        until: Duration,
+    },
+    GiveUp(GiveUp),
+}
+
 /// What follows a request leaving its worker.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Leaving {

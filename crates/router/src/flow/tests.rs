@@ -168,8 +168,76 @@ fn with_no_worker_left_a_request_tries_its_failed_ones_then_waits_its_queue_time
         NoWorker::GiveUp(GiveUp::NoOtherWorker)
     );
     // A worker found meanwhile starts the wait afresh next time.
-    life.routed();
+    let routed: Result<_, ()> = life.route(t(45), |_| Ok(Some(())));
+    assert_eq!(routed, Ok(Routing::Routed(())));
     assert_eq!(life.no_worker(true, t(50)), NoWorker::Wait { until: t(80) });
+}
+
+#[test]
+fn routing_excludes_the_failed_workers_then_tries_them_then_waits() {
+    let mut shell = Recorder::default();
+    let mut life = life(3, 3);
+    let t = Duration::from_secs;
+    // A fresh request is routed with nothing excluded; none left: no workers at all.
+    let mut asked: Vec<Vec<WorkerId>> = Vec::new();
+    let routed: Result<Routing<()>, ()> = life.route(t(0), |exclude| {
+        asked.push(exclude.to_vec());
+        Ok(None)
+    });
+    assert_eq!(routed, Ok(Routing::GiveUp(GiveUp::NoWorkers)));
+    assert_eq!(asked, vec![Vec::<WorkerId>::new()]);
+    // After failing on w(1): routed away from it, then (none other) with it, then waits.
+    let refused = TryFailure::Refused(EngineError::Disconnected);
+    assert!(life.try_failed(w(1), refused, &mut shell).is_ok());
+    asked.clear();
+    let routed: Result<Routing<()>, ()> = life.route(t(10), |exclude| {
+        asked.push(exclude.to_vec());
+        Ok(None)
+    });
+    assert_eq!(routed, Ok(Routing::Wait { until: t(40) }));
+    assert_eq!(asked, vec![vec![w(1)], vec![]]);
+    // The worker it failed on takes it when asked with none excluded.
+    let routed: Result<Routing<WorkerId>, ()> =
+        life.route(t(20), |exclude| Ok((exclude.is_empty()).then_some(w(1))));
+    assert_eq!(routed, Ok(Routing::Routed(w(1))));
+    // The shell's error ends routing as it is.
+    let routed: Result<Routing<()>, &str> = life.route(t(20), |_| Err("invalid prompt"));
+    assert_eq!(routed, Err("invalid prompt"));
+    // Past its queue timeout it gives up.
+    let routed: Result<Routing<()>, ()> = life.route(t(25), |_| Ok(None));
+    assert_eq!(routed, Ok(Routing::Wait { until: t(55) }));
+    let routed: Result<Routing<()>, ()> = life.route(t(55), |_| Ok(None));
+    assert_eq!(routed, Ok(Routing::GiveUp(GiveUp::NoOtherWorker)));
+}
+
+#[test]
+fn a_reroute_releases_the_routers_records_and_counts_no_try() {
+    let mut shell = Recorder::default();
+    let mut life = life(1, 3);
+    life.reroute(&mut shell);
+    life.reroute(&mut shell);
+    assert_eq!(shell.released, 2);
+    assert!(shell.failures.is_empty());
+    assert!(life.exclusions().is_empty());
+    // Its one try is still there.
+    let refused = TryFailure::Refused(EngineError::Disconnected);
+    assert!(matches!(
+        life.try_failed(w(1), refused, &mut shell),
+        Err(GiveUp::Exhausted(_))
+    ));
+}
+
+#[test]
+fn a_prefill_token_ends_the_request_on_a_stop_token_or_its_last_token() {
+    let mut shell = Recorder::default();
+    // At most 4 tokens, stopping after 99.
+    let mut life = life(3, 3);
+    assert_eq!(life.ended_by_prefill_token(99), Some(FinishReason::Stop));
+    assert_eq!(life.ended_by_prefill_token(5), None);
+    // Moved after 3 tokens: the prefill's token is its last.
+    life.tokens(&[1, 2, 3], &mut shell);
+    assert_eq!(life.ended_by_prefill_token(5), Some(FinishReason::Length));
+    assert_eq!(life.ended_by_prefill_token(99), Some(FinishReason::Stop));
 }
 
 #[test]

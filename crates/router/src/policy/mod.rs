@@ -10,9 +10,9 @@
 //! - [`choice`]: picking among costs (cheapest, ties, softmax), shared by the policies.
 //!
 //! The list below ([`policies!`]) is the one place a policy is named: its kind, its name in
-//! configuration and on the command line, and how it is built from [`RouterConfig`]. A
+//! configuration and on the command line, and how it is built from [`PolicySettings`]. A
 //! policy's knobs live in its own config struct, in its own file, embedded in
-//! `RouterConfig` (`[frontend.router.<policy>]` in a configuration file).
+//! `crate::RouterConfig` (`[frontend.router.<policy>]` in a configuration file).
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,8 +21,6 @@ use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
 use switchyard_core::perf::{PerfModel, StepShape};
 use switchyard_core::{WorkerId, WorkerKey};
-
-use crate::router::RouterConfig;
 
 pub mod cache_aware;
 pub mod choice;
@@ -156,6 +154,14 @@ pub trait Policy: Send + fmt::Debug {
     fn select(&mut self, selection: &Selection<'_>, rng: &mut SmallRng) -> Option<usize>;
 }
 
+/// The settings policies are built with: their parts of [`crate::RouterConfig`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicySettings {
+    pub kv: KvPolicyConfig,
+    pub latency: LatencyPolicyConfig,
+    pub cache_aware: CacheAwareConfig,
+}
+
 /// Declares the policies: each one's kind, its name, and how it is built.
 macro_rules! policies {
     ($( $(#[$doc:meta])* $kind:ident = $name:literal => $build:expr ),+ $(,)?) => {
@@ -178,8 +184,8 @@ macro_rules! policies {
         }
 
         /// Builds a policy with its settings from `config`.
-        pub fn build(kind: PolicyKind, config: &RouterConfig) -> Box<dyn Policy> {
-            let build: fn(&RouterConfig) -> Box<dyn Policy> = match kind {
+        pub fn build(kind: PolicyKind, config: &PolicySettings) -> Box<dyn Policy> {
+            let build: fn(&PolicySettings) -> Box<dyn Policy> = match kind {
                 $(PolicyKind::$kind => $build,)+
             };
             build(config)

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use switchyard_core::{RequestId, SequenceHash, WorkerId, WorkerKey};
 
-use super::registry::{CacheView, HealthState, JoinRefused, WorkerSpec};
+use super::health::HealthState;
+use super::registry::{CacheView, JoinRefused, WorkerSpec};
 use super::{RoutingCore, WorkerChanges, degradation};
 use crate::policy::RoutingOverrides;
 use crate::router::{RouteDecision, RouteRequest};

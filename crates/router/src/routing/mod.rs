@@ -6,9 +6,11 @@
 //! It holds, one file per responsibility:
 //! - [`fleet`]: workers joining, leaving, draining; the [`registry`] of their roles,
 //!   health, block-size agreement; which cache view each is seen through;
-//! - [`observe`]: what requests and canaries show of the workers' health ([`health`]),
-//!   stall timeouts, and the fleet's [`degradation`] level;
-//! - [`admit`]: the priority queue in front of routing ([`admission`]);
+//! - [`health`]: each worker's health state machine, and (in `health/in_core.rs`) what
+//!   requests and canaries show of the workers, stall timeouts, and the fleet's
+//!   [`degradation`] level;
+//! - [`admission`]: the priority queue in front of routing, and (in
+//!   `admission/in_core.rs`) when the fleet is busy;
 //! - [`route`]: the decisions: a worker, a (prefill, decode) pair, joint media routing;
 //! - [`lifecycle`]: what a routed request does to its worker's load until it ends, and the
 //!   fleet-wide migration budget;
@@ -21,13 +23,11 @@
 //! request ending, a worker joining) the caller asks `next_admitted` again.
 
 pub mod admission;
-pub mod admit;
 pub mod degradation;
 pub mod encoders;
 pub mod fleet;
 pub mod health;
 pub mod lifecycle;
-pub mod observe;
 pub mod registry;
 pub mod route;
 

@@ -17,7 +17,8 @@ use serde::Serialize;
 use switchyard_core::{WorkerId, WorkerKey, WorkerRole};
 use thiserror::Error;
 
-use super::health::WorkerHealth;
+use super::health::{HealthState, WorkerHealth};
+use crate::router::CacheViewMode;
 
 /// What a worker announces about itself, as far as routing is concerned.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,37 +64,6 @@ impl WorkerSpec {
     }
 }
 
-/// How much the router trusts a worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HealthState {
-    #[default]
-    Healthy,
-    /// A recent failure: still routed to, at reduced weight.
-    Suspicious,
-    /// Repeated failures: no new requests.
-    Unhealthy,
-}
-
-impl HealthState {
-    /// The share of traffic the state allows, relative to a healthy worker.
-    pub fn weight(self) -> f64 {
-        match self {
-            HealthState::Healthy => 1.0,
-            HealthState::Suspicious => 0.5,
-            HealthState::Unhealthy => 0.0,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            HealthState::Healthy => "healthy",
-            HealthState::Suspicious => "suspicious",
-            HealthState::Unhealthy => "unhealthy",
-        }
-    }
-}
-
 /// Where the router's knowledge of a worker's cache comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -101,18 +71,6 @@ pub enum CacheView {
     /// The worker's KV events.
     Events,
     /// Prompts routed to it, assumed cached for a while (it publishes no events).
-    Approximate,
-}
-
-/// Which cache view workers get.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CacheViewMode {
-    /// Events for workers that publish them, the approximate view for the others.
-    #[default]
-    Auto,
-    /// The approximate view for every worker, whatever it publishes (how a router without
-    /// an event plane, such as SGLang's, sees the fleet).
     Approximate,
 }
 

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use rand::Rng;
-use switchyard_core::{RequestId, TokenBlocks, WorkerId, WorkerKey};
+use switchyard_core::{MediaSpan, RequestId, TokenBlocks, WorkerId, WorkerKey};
 
 use super::RoutingCore;
-use super::registry::{CacheView, HealthState, WorkerEntry};
+use super::health::HealthState;
+use super::registry::{CacheView, WorkerEntry};
 use crate::indexer::OverlapScores;
 use crate::policy::RoutingOverrides;
 use crate::router::{RouteDecision, RouteError, RouteRequest};
@@ -74,6 +75,18 @@ pub enum LocalReason {
     HeldMedia,
 }
 
+impl LocalReason {
+    /// Its name in metrics and reports (`local_short`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            LocalReason::Short => "local_short",
+            LocalReason::Saturated => "local_saturated",
+            LocalReason::Unavailable => "local_unavailable",
+            LocalReason::HeldMedia => "local_media",
+        }
+    }
+}
+
 /// A request to route.
 #[derive(Debug, Clone, Copy)]
 pub struct RouteQuery<'a> {
@@ -115,6 +128,36 @@ impl RoutingCore {
         self.router.record(&request, &decision, now)?;
         self.record_approx(query, &decision, now);
         Ok(decision)
+    }
+
+    /// Joint routing of a prompt with `media`: the worker
+    /// predicted to give the first token soonest when it holds the media's KV already (so
+    /// encoding them would be wasted: the request is to go there), given `encode` until the
+    /// media could reach any other worker. None when that worker needs the media encoded,
+    /// when no worker could serve them from its cache (see
+    /// [`crate::flow::media::held_blocks`]), or when none serves.
+    pub fn sooner_holder(
+        &mut self,
+        id: RequestId,
+        blocks: &TokenBlocks,
+        media: &[MediaSpan],
+        events: &OverlapScores,
+        encode: Duration,
+        now: Duration,
+    ) -> Option<WorkerId> {
+        let end = media.iter().map(MediaSpan::end).max()?;
+        let needed =
+            crate::flow::media::held_blocks(end, blocks.total_tokens() as u64, self.block_size())?;
+        let query = RouteQuery {
+            id,
+            blocks,
+            overrides: RoutingOverrides::default(),
+            exclude: &[],
+        };
+        match self.joint_media_choice(&query, events, needed, encode, now)? {
+            (holder, false) => Some(holder),
+            (_, true) => None,
+        }
     }
 
     /// Joint routing of a request with media (without recording it): the `latency`

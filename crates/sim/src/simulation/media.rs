@@ -5,11 +5,9 @@ use std::collections::HashMap;
 
 use switchyard_core::{MediaSpan, RequestId, WorkerId};
 use switchyard_multimodal::store::{Acquired, FeatureState, FeatureStore};
-use switchyard_router::flow;
 use switchyard_router::routing::encoders::{
     EncoderCost, EncoderLedger, EncoderPolicy, EncoderPool, MediaWork, Started, job_estimate_ms,
 };
-use switchyard_router::{RouteQuery, RoutingOverrides};
 
 use super::{Event, Fleet, Outcome, Slot, micros, slot_of};
 
@@ -25,27 +23,15 @@ impl Fleet<'_> {
         encode: std::time::Duration,
     ) -> Option<WorkerId> {
         let request = &self.workload.requests[index as usize];
-        let end = request.media.iter().map(MediaSpan::end).max()?;
-        let needed = flow::media::held_blocks(
-            end,
-            request.prompt.total_tokens() as u64,
-            self.workload.block_size,
-        )?;
-        let now = self.now;
         let overlaps = self.indexer.find_matches_blocks(&request.prompt);
-        let query = RouteQuery {
-            id: RequestId(u64::from(index)),
-            blocks: &request.prompt,
-            overrides: RoutingOverrides::default(),
-            exclude: &[],
-        };
-        match self
-            .core
-            .joint_media_choice(&query, &overlaps, needed, encode, now)?
-        {
-            (worker, false) => Some(worker),
-            (_, true) => None,
-        }
+        self.core.sooner_holder(
+            RequestId(u64::from(index)),
+            &request.prompt,
+            &request.media,
+            &overlaps,
+            encode,
+            self.now,
+        )
     }
 
     /// A request with media meets the encoders, as the frontend's encode stage has it: the
@@ -93,7 +79,8 @@ impl Fleet<'_> {
     }
 
     /// Whether requests go to their LLM worker while their media is encoded (a remote
-    /// prefill among them waits for the media: see [`flow::media::waits_for_media`]).
+    /// prefill among them waits for the media: see
+    /// [`switchyard_router::flow::media::waits_for_media`]).
     pub(super) fn overlaps(&self) -> bool {
         self.config.encoders.as_ref().is_some_and(|e| e.overlap)
     }

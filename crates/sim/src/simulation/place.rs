@@ -10,10 +10,10 @@ use switchyard_core::protocol::EngineError;
 use switchyard_core::{MediaSpan, RequestId, Token, TokenBlocks, WorkerId};
 use switchyard_mocker::MockRequest;
 use switchyard_mocker::tokens::{TokenRules, token_at};
-use switchyard_router::flow::{self, GiveUp, NoWorker, Shell, TryFailure};
+use switchyard_router::flow::{self, GiveUp, Routing, Shell, TryFailure};
 use switchyard_router::routing::health::{Failure, HealthChange};
 use switchyard_router::{
-    HealthState, LocalReason, PairDecision, RequestLife, RouteQuery, RoutingCore, RoutingOverrides,
+    HealthState, PairDecision, RequestLife, RouteQuery, RoutingCore, RoutingOverrides,
 };
 
 use super::media::Media;
@@ -183,57 +183,47 @@ impl Fleet<'_> {
         let id = RequestId(u64::from(index));
         let mut mock = self.mock_for(index, prompt, max_output_tokens, generated);
         let holder = self.requests[index as usize].holder;
-        let mut unexcluded = false;
+        let overrides = RoutingOverrides {
+            worker: holder,
+            held_media: holder.is_some(),
+            ..RoutingOverrides::default()
+        };
         loop {
-            let exclude: Vec<WorkerId> = if unexcluded {
-                Vec::new()
-            } else {
-                self.lives[index as usize].exclusions().to_vec()
-            };
             let overlaps = self.indexer.find_matches_blocks(&mock.prompt);
-            let query = RouteQuery {
-                id,
-                blocks: &mock.prompt,
-                overrides: RoutingOverrides {
-                    media_pending: mock.media_gate.is_some(),
-                    max_tokens: Some(mock.max_output_tokens),
-                    worker: holder,
-                    held_media: holder.is_some(),
-                    ..RoutingOverrides::default()
-                },
-                exclude: &exclude,
+            let overrides = RoutingOverrides {
+                media_pending: mock.media_gate.is_some(),
+                max_tokens: Some(mock.max_output_tokens),
+                ..overrides
             };
-            let Ok((
+            let (core, now) = (&mut self.core, self.now);
+            let routed = self.lives[index as usize].route(now, |exclude| {
+                let query = RouteQuery {
+                    id,
+                    blocks: &mock.prompt,
+                    overrides,
+                    exclude,
+                };
+                Ok::<_, std::convert::Infallible>(core.route_pair(&query, &overlaps, now).ok())
+            });
+            let (
                 PairDecision {
                     decode: decision,
                     prefill,
                 },
                 local,
-            )) = self.core.route_pair(&query, &overlaps, self.now)
-            else {
-                match self.lives[index as usize].no_worker(unexcluded, self.now) {
-                    NoWorker::RouteUnexcluded => {
-                        unexcluded = true;
-                        continue;
-                    }
-                    NoWorker::Wait { until } => return self.wait_for_worker(index, until),
-                    NoWorker::GiveUp(give_up) => return self.give_up(index, &give_up),
-                }
+            ) = match routed {
+                Ok(Routing::Routed(routed)) => routed,
+                Ok(Routing::Wait { until }) => return self.wait_for_worker(index, until),
+                Ok(Routing::GiveUp(give_up)) => return self.give_up(index, &give_up),
+                Err(never) => match never {},
             };
-            self.lives[index as usize].routed();
-            unexcluded = false;
-            match local {
-                Some(LocalReason::Short) => self.disagg.local_short += 1,
-                Some(LocalReason::Saturated) => self.disagg.local_saturated += 1,
-                Some(LocalReason::Unavailable) => self.disagg.local_unavailable += 1,
-                Some(LocalReason::HeldMedia) => self.disagg.local_media += 1,
-                None => {}
+            if let Some(local) = local {
+                self.disagg.count_local(local);
             }
             if flow::media::waits_for_media(prefill.is_some(), mock.media_gate.is_some()) {
                 // A prefill worker hands over a finished prompt: routed again once its
                 // media are encoded.
-                self.core.finish(id);
-                self.core.prefill_finished(id);
+                self.with_life(index, |life, shell| life.reroute(shell));
                 self.requests[index as usize].route_when_encoded = true;
                 return;
             }

@@ -41,9 +41,7 @@ impl Fleet<'_> {
             // A remote prefill's token: it ends the request only on a stop token or when
             // it is the last one it may have.
             let finish = match remote {
-                Some(_) if token.finish == Some(FinishReason::Stop) => token.finish,
-                Some(_) if self.lives[index].tokens_left() <= 1 => Some(FinishReason::Length),
-                Some(_) => None,
+                Some(_) => self.lives[index].ended_by_prefill_token(token.token),
                 None => token.finish,
             };
             let mut decode_lost = None;

@@ -25,6 +25,8 @@
 //! new request past `busy_prefill_share` of the target counts as busy, so the queue forms
 //! here, where it is predicted, rather than in the engines.
 
+mod in_core;
+
 use std::collections::VecDeque;
 use std::time::Duration;
 

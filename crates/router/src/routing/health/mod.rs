@@ -30,6 +30,8 @@
 //! latency times `stall_factor`, at least `stall_floor`) is stalled; the first token gets
 //! `first_token_timeout`.
 
+mod in_core;
+
 use std::time::Duration;
 
 use rand::Rng;
@@ -37,8 +39,38 @@ use rand::rngs::SmallRng;
 use serde::{Deserialize, Serialize};
 use switchyard_core::Token;
 
-use super::registry::HealthState;
 use crate::InvalidConfig;
+
+/// How much the router trusts a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthState {
+    #[default]
+    Healthy,
+    /// A recent failure: still routed to, at reduced weight.
+    Suspicious,
+    /// Repeated failures: no new requests.
+    Unhealthy,
+}
+
+impl HealthState {
+    /// The share of traffic the state allows, relative to a healthy worker.
+    pub fn weight(self) -> f64 {
+        match self {
+            HealthState::Healthy => 1.0,
+            HealthState::Suspicious => 0.5,
+            HealthState::Unhealthy => 0.0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HealthState::Healthy => "healthy",
+            HealthState::Suspicious => "suspicious",
+            HealthState::Unhealthy => "unhealthy",
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,13 +1,14 @@
-//! Admission: the priority queue in front of routing, and when the fleet is busy.
+//! The routing core's side of admission: when the fleet is busy, and each request put
+//! through the queue ([`super::AdmissionQueue`]) with the fleet's state.
 
 use std::time::Duration;
 
 use switchyard_core::{Priority, RequestId};
 
-use super::RoutingCore;
-use super::admission::{Admission, AdmissionQueue, Fleet};
-use super::degradation;
-use super::registry::WorkerEntry;
+use super::{Admission, AdmissionQueue, Fleet};
+use crate::routing::RoutingCore;
+use crate::routing::degradation;
+use crate::routing::registry::WorkerEntry;
 
 impl RoutingCore {
     /// Whether every worker that may take requests is at or above its busy threshold: KV

@@ -1,13 +1,13 @@
-//! What requests and canaries show of the workers: their health, how long their streams
-//! may go silent, and the fleet's degradation level.
+//! The routing core's side of health: what requests and canaries show of the workers
+//! (their health, how long their streams may go silent, the fleet's degradation level),
+//! fed to each worker's state machine ([`super::WorkerHealth`]).
 
 use std::time::Duration;
 
 use switchyard_core::{Token, WorkerId};
 
-use super::health::{self, Failure, HealthChange, HealthConfig};
-use super::registry::HealthState;
-use super::{RoutingCore, degradation};
+use super::{self as health, Failure, HealthChange, HealthConfig, HealthState};
+use crate::routing::{RoutingCore, degradation};
 
 impl RoutingCore {
     /// Sets a worker's health state by hand (an operator's decision, a test). Returns
