@@ -6,7 +6,7 @@
 //!   crash detection delay (the connection drops); the worker's requests move elsewhere and
 //!   compute their prompt and the tokens already streamed again (re-prefill).
 //! - `hang`: the engine stops producing anything while looking alive. The frontend notices
-//!   after the stall timeout. Its KV cache is still in device memory, readable by a one-sided
+//!   when its first stream's stall timer runs out. Its KV cache is still in device memory, readable by a one-sided
 //!   transfer, so a request may move with its KV instead of computing it again.
 //! - `drain`: the worker is taken away on notice (a spot instance reclaimed, a node drained):
 //!   its requests move at once, with their KV.
@@ -23,11 +23,18 @@
 //! - **How a failure is found.** The servers find a failed worker through what its
 //!   requests and canaries show: dispatch deadlines, the stall timer, breakers opened by
 //!   failures in a row (see `switchyard_router::routing::health`). Here a crash is found
-//!   after a fixed `crash_detection` delay (standing for the connection's drop), a hang
-//!   after the worker's stall timeout (the timer a stream would run), a drain at once. A
+//!   after a fixed `crash_detection` delay (standing for the connection's drop), a drain
+//!   at once, and a hang when the first of the worker's streams is due by the frontend's
+//!   own rules (`switchyard_router::flow::stall`: its last token plus the stall timeout,
+//!   or its first token's wait, longer while prefill is queued there): that stream finds
+//!   the worker idle, a hang opens the breaker at once, and every stream leaves. The
+//!   servers' streams leave in the order their tasks wake; here in request order. A
 //!   request's failures still open breakers through its life, and a worker whose breaker
 //!   opens first is taken out then. A worker that comes back rejoins as a new one, routable
 //!   at once: the servers' half-open breaker and canary are not modelled.
+//! - **What a hang is.** Here the engine stops. `serve`'s injected hang (the worker's
+//!   `Fault::Hang`) withholds the worker's answers while its engine goes on computing and
+//!   publishing KV events; a real hang is closer to this model.
 //! - **Moves by KV transfer.** `serve` always moves a request by computing its prompt and
 //!   streamed tokens again on the new worker: no engine it drives can read another's KV.
 //!   With a link configured, the simulator stands for a fleet whose engines can (a

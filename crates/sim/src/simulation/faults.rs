@@ -7,7 +7,7 @@ use std::time::Duration;
 use switchyard_core::protocol::EngineError;
 use switchyard_core::{RequestId, WorkerId};
 use switchyard_mocker::MockEngine;
-use switchyard_router::flow::{Leave, Leaving, TryFailure};
+use switchyard_router::flow::{Leave, Leaving, TryFailure, stall};
 use switchyard_router::routing::health::Failure;
 
 use super::{Event, Fleet, Outcome, Slot, StepOutput, worker_key, worker_spec};
@@ -38,16 +38,75 @@ impl Fleet<'_> {
         if self.config.disagg.is_some() && !fault.kind.kv_survives() {
             self.transfers_lost(slot);
         }
-        let worker = worker_key(slot as u32).worker_id;
         let noticed = match fault.kind {
-            FaultKind::Crash => self.config.faults.crash_detection,
-            FaultKind::Hang => self.core.stall_timeout(worker),
-            FaultKind::Drain => Duration::ZERO,
+            FaultKind::Crash => self.now + self.config.faults.crash_detection,
+            FaultKind::Hang => self.first_stream_due(slot).0,
+            FaultKind::Drain => self.now,
         };
-        if noticed.is_zero() {
+        if noticed <= self.now {
             self.take_out(slot);
         } else {
-            self.schedule(self.now + noticed, Event::Detected(slot as u32));
+            self.schedule(noticed, Event::Detected(slot as u32));
+        }
+    }
+
+    /// When the first of the streams on the worker in `slot` is due to have a token by
+    /// the frontend's timers, and since when it waits: one that had a token in its
+    /// attempt waits the worker's stall timeout from its last token, one that had none
+    /// waits for its first token from when it was sent (see
+    /// `switchyard_router::flow::stall`). A hung worker is found when the first is due:
+    /// its stream finds the worker idle, which opens its breaker at once, and the others
+    /// leave with it.
+    fn first_stream_due(&self, slot: usize) -> (Duration, Duration) {
+        let key = worker_key(slot as u32);
+        let stall = self.core.stall_timeout(key.worker_id);
+        let first_token = stall::first_token_wait(
+            self.core.health_config().first_token_timeout,
+            self.core.queued_prefill_time(key.worker_id, self.now),
+        );
+        self.requests
+            .iter()
+            .zip(&self.lives)
+            .filter(|(r, _)| r.worker == Some(key) && r.outcome == Outcome::Pending)
+            .map(|(r, life)| {
+                if life.attempt_tokens() > 0 {
+                    (r.last_token + stall, r.last_token)
+                } else {
+                    (r.placed_at + first_token, r.placed_at)
+                }
+            })
+            .min()
+            .unwrap_or((self.now + stall, self.now))
+    }
+
+    /// A hung worker's first stream is due: as the frontend's stream does, it waits on
+    /// while the worker's queued prefill is predicted to hold its tokens back (within the
+    /// first-token timeout since its last token), else the worker is found hung.
+    pub(super) fn stream_due(&mut self, slot: usize) {
+        let worker = worker_key(slot as u32).worker_id;
+        let (_, since) = self.first_stream_due(slot);
+        let extra = stall::extra_wait(
+            self.now.saturating_sub(since),
+            self.core.queued_prefill_time(worker, self.now),
+            self.core.health_config().first_token_timeout,
+        );
+        match extra {
+            Some(extra) if !extra.is_zero() => {
+                self.schedule(self.now + extra, Event::Detected(slot as u32))
+            }
+            _ => self.take_out(slot),
+        }
+    }
+
+    /// A failed worker's detection delay is over: a hang's stream may wait on.
+    pub(super) fn found(&mut self, slot: usize) {
+        match self.slots[slot] {
+            Slot::Failed {
+                kind: FaultKind::Hang,
+                detected: false,
+                ..
+            } => self.stream_due(slot),
+            _ => self.take_out(slot),
         }
     }
 

@@ -516,7 +516,7 @@ impl<'a> Fleet<'a> {
                 }
             }
             Event::Fault(i) => self.strike(i as usize),
-            Event::Detected(slot) => self.take_out(slot as usize),
+            Event::Detected(slot) => self.found(slot as usize),
             Event::Recover(slot) => self.bring_back(slot as usize),
             Event::TransferDone(index, moves) => self.transfer_done(index, moves),
             Event::PlannerPull => self.planner_pull(),

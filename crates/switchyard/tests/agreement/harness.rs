@@ -22,12 +22,13 @@ pub const SLOWDOWN: u32 = 1000;
 /// The `bytes` tokenizer's end of sequence, as the frontend passes it to engines.
 pub const EOS: u32 = 257;
 
-/// A worker crash during the run: the worker (numbered from 1) and when, from the first
-/// arrival's reference instant.
+/// A worker failing during the run (a crash or a hang): the worker (numbered from 1) and
+/// when, from the first arrival's reference instant.
 #[derive(Debug, Clone, Copy)]
-pub struct Crash {
+pub struct WorkerFault {
     pub worker: u32,
     pub at: Duration,
+    pub kind: FaultKind,
 }
 
 /// What happened to one request.
@@ -86,7 +87,7 @@ pub fn config(workers: u32, max_num_seqs: u32) -> Config {
 pub async fn serve(
     requests: &[PromptRequest],
     config: &Config,
-    crash: Option<Crash>,
+    fault: Option<WorkerFault>,
 ) -> Vec<Outcome> {
     let deployment = switchyard::deploy::start_local(config.clone())
         .await
@@ -96,13 +97,18 @@ pub async fn serve(
     tokio::time::sleep(Duration::from_secs(1)).await;
     frontend.set_next_request_id(0);
     let start = tokio::time::Instant::now();
-    if let Some(crash) = crash {
-        let faults = deployment.workers[crash.worker as usize - 1]
+    if let Some(fault) = fault {
+        let faults = deployment.workers[fault.worker as usize - 1]
             .faults()
             .clone();
+        let kind = match fault.kind {
+            FaultKind::Crash => Fault::Crash,
+            FaultKind::Hang => Fault::Hang,
+            FaultKind::Drain => unimplemented!("a drain is not a worker fault"),
+        };
         tokio::spawn(async move {
-            tokio::time::sleep_until(start + crash.at).await;
-            faults.start(Fault::Crash);
+            tokio::time::sleep_until(start + fault.at).await;
+            faults.start(kind);
         });
     }
     let tasks: Vec<_> = requests
@@ -199,14 +205,14 @@ async fn one(
 pub fn sim(
     requests: &[PromptRequest],
     config: &Config,
-    crash: Option<Crash>,
+    fault: Option<WorkerFault>,
 ) -> (Vec<Outcome>, switchyard_sim::SimReport) {
     let faults = FaultConfig {
-        schedule: crash
-            .map(|c| ScheduledFault {
-                worker: c.worker,
-                kind: FaultKind::Crash,
-                at: c.at,
+        schedule: fault
+            .map(|f| ScheduledFault {
+                worker: f.worker,
+                kind: f.kind,
+                at: f.at,
                 down_for: None,
             })
             .into_iter()

@@ -3,7 +3,8 @@
 //! `switchyard sim`'s settings, gives the same routing decisions, the same tokens per
 //! request, and the same times, for plain text, admission queueing and shedding, images
 //! encoded beside the LLM workers, a worker crashing under its streams, and prefill/decode
-//! pairs.
+//! pairs; and for a worker that hangs, until its streams move (the two model a hang
+//! differently from then on: see that test).
 //!
 //! The engines run 1,000 times slower than the model on both sides (see
 //! [`harness::SLOWDOWN`]), so the tolerance, a millisecond, is a microsecond of model time.
@@ -18,7 +19,8 @@ use switchyard_core::protocol::Prompt;
 use switchyard_core::{MediaSpan, Modality, Priority};
 use switchyard_sim::PromptRequest;
 
-use harness::{Crash, ONE_HOP, Outcome, SLOWDOWN, assert_agree, config, serve, sim};
+use harness::{ONE_HOP, Outcome, SLOWDOWN, WorkerFault, assert_agree, config, serve, sim};
+use switchyard_sim::FaultKind;
 
 /// A slice with shared prefixes (four families of system prompts and conversations that
 /// come back), prompts of 40 to 1,500 tokens, outputs of 4 to 120, arrivals at uneven
@@ -187,9 +189,10 @@ async fn a_workers_streams_move_alike_when_it_crashes() {
     // they resume elsewhere after the tokens they streamed, the same way on both sides.
     let requests = workload(80, 19, 5_000);
     let config = config(4, 64);
-    let crash = Crash {
+    let crash = WorkerFault {
         worker: 2,
         at: Duration::from_millis(150) * SLOWDOWN,
+        kind: FaultKind::Crash,
     };
     let served_outcomes = serve(&requests, &config, Some(crash)).await;
     let (simulated, report) = sim(&requests, &config, Some(crash));
@@ -198,6 +201,77 @@ async fn a_workers_streams_move_alike_when_it_crashes() {
     assert_eq!(report.completed, 80, "{:?}", report.failed_by_reason);
     assert_eq!(served(&served_outcomes), 80);
     assert_agree(&served_outcomes, &simulated, ONE_HOP);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hung_worker_is_found_and_left_alike_until_its_streams_move() {
+    // Worker 2 stops answering with several streams under way. Until the first of its
+    // streams is due (its last token plus the stall timeout: `flow::stall`), both sides
+    // agree on every request; then its streams resume elsewhere after the tokens they
+    // streamed, on both sides, and every request completes with the same tokens.
+    //
+    // After that instant the two differ, by the models of a hang (see
+    // `switchyard_sim::faults`): `serve`'s injected hang withholds the worker's answers
+    // while its engine goes on computing (its KV events still arrive), and its streams
+    // leave in the order their tasks wake; the simulator freezes the engine and moves the
+    // streams in request order. The moved requests land on other workers in another
+    // order, and every request still running is timed differently from then on.
+    let requests = workload(80, 19, 5_000);
+    let config = config(4, 64);
+    let hang = WorkerFault {
+        worker: 2,
+        at: Duration::from_millis(150) * SLOWDOWN,
+        kind: FaultKind::Hang,
+    };
+    let served_outcomes = serve(&requests, &config, Some(hang)).await;
+    let (simulated, report) = sim(&requests, &config, Some(hang));
+    let failures = report.failures.as_ref().unwrap();
+    assert!(failures.migrations >= 3, "{failures:?}");
+    assert_eq!(report.completed, 80, "{:?}", report.failed_by_reason);
+    assert_eq!(served(&served_outcomes), 80);
+    // No stream is due before a stall timeout after its last token, which came within an
+    // engine step (well under a tenth of the timeout here) before the hang.
+    let found_after = hang.at + config.frontend.health.stall_floor * 9 / 10;
+    let mut compared = (0, 0);
+    for (i, (a, b)) in served_outcomes.iter().zip(&simulated).enumerate() {
+        let (
+            Outcome::Served {
+                worker: w1,
+                completion_tokens: c1,
+                ttft: t1,
+                e2e: e1,
+                ..
+            },
+            Outcome::Served {
+                worker: w2,
+                completion_tokens: c2,
+                ttft: t2,
+                e2e: e2,
+                ..
+            },
+        ) = (a, b)
+        else {
+            unreachable!("every request is served");
+        };
+        assert_eq!(c1, c2, "request {i}: served {a:?}, simulated {b:?}");
+        let arrival = requests[i].arrival;
+        if arrival + *t1 < hang.at {
+            compared.0 += 1;
+            assert!(
+                t1.abs_diff(*t2) <= ONE_HOP,
+                "request {i}: first token after {t1:?} served, {t2:?} simulated"
+            );
+        }
+        if arrival + *e1 < found_after {
+            compared.1 += 1;
+            assert_eq!(w1, w2, "request {i}: served {a:?}, simulated {b:?}");
+            assert!(
+                e1.abs_diff(*e2) <= ONE_HOP,
+                "request {i}: end to end {e1:?} served, {e2:?} simulated"
+            );
+        }
+    }
+    assert!(compared.0 >= 10 && compared.1 >= 5, "{compared:?}");
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
