@@ -5,19 +5,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use switchyard_core::protocol::{
-    EngineError, GenerateOutput, GenerateRequest, KvHandle, MediaInput, Phase, Prompt, Resume,
-    SamplingParams,
-};
+use switchyard_core::protocol::{MediaInput, Prompt, SamplingParams};
 use switchyard_core::{RequestId, Token, WorkerKey};
 use switchyard_router::RoutingOverrides;
-use switchyard_router::flow::{self, RequestLife, Routing, TryFailure};
+use switchyard_router::flow::{RequestLife, Routing, TryFailure};
 use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::encode::{MediaStatus, resize_media};
+use super::tries::Tried;
 use super::{Frontend, PipelineShell, Prepared, given_up};
 use crate::feature_store::StagingRefused;
 use crate::media::OnEncoderFailure;
@@ -47,8 +44,8 @@ pub(super) struct RequestRun {
     pub(super) frontend: Arc<Frontend>,
     pub(super) id: RequestId,
     prompt: Prompt,
-    max_tokens: u32,
-    sampling: SamplingParams,
+    pub(super) max_tokens: u32,
+    pub(super) sampling: SamplingParams,
     overrides: RoutingOverrides,
     pub(super) arrived: Instant,
     /// Output tokens delivered so far: a move resumes after them.
@@ -174,7 +171,7 @@ impl RequestRun {
 
     /// The embeddings of `prompt`'s media, one per span, for a worker that merges them;
     /// none when any is missing (the worker then needs their KV cached, or refuses).
-    fn media_inputs(&self, prompt: &Prompt) -> Vec<MediaInput> {
+    pub(super) fn media_inputs(&self, prompt: &Prompt) -> Vec<MediaInput> {
         prompt
             .media
             .iter()
@@ -220,7 +217,7 @@ impl RequestRun {
     }
 
     /// Waits until its media are encoded, or could not be (see [`Self::media_pending`]).
-    async fn media_settled(&mut self) -> Result<(), ApiError> {
+    pub(super) async fn media_settled(&mut self) -> Result<(), ApiError> {
         while self.media_pending()? == Some(true) {
             let Some(media) = &mut self.media else {
                 break;
@@ -236,8 +233,6 @@ impl RequestRun {
     /// trying other workers when one cannot take it (what to try, and when to stop, is its
     /// life's to decide: see [`switchyard_router::flow`]).
     pub(super) async fn dispatch(&mut self) -> Result<Attempt, ApiError> {
-        let frontend = Arc::clone(&self.frontend);
-        let config = frontend.config.migration;
         let mut tries = 0u32;
         let mut backoff: Option<Duration> = None;
         loop {
@@ -245,175 +240,48 @@ impl RequestRun {
                 tokio::time::sleep(wait).await;
             }
             tries += 1;
-            // Media that go with the request take staging memory first (media still
-            // encoding take it when they are ready).
-            let pending = self.media_pending()? == Some(true);
-            if !pending {
-                self.stage_media().await?;
-            }
-            let overrides = RoutingOverrides {
-                media_pending: pending,
-                max_tokens: Some(self.life.tokens_left()),
-                ..self.overrides
-            };
-            let prompt = self.current_prompt();
-            let sent_version = self.prompt_version;
-            let routed = self.route(&prompt, overrides, tries).await?;
-            // From here on the request holds a router slot, released by the guard.
-            if self.guard.is_none() {
-                self.guard = Some(InFlight::new(Arc::clone(&frontend), self.id, self.arrived));
-            }
-            let worker = routed.decision.worker;
-            let generated = self.generated.len() as u32;
-            if let Some(local) = routed.local {
-                frontend.metrics.count_prefill(local.name());
-            }
-            let pending = self.media_pending()? == Some(true);
-            if flow::media::waits_for_media(routed.prefill.is_some(), pending) {
-                // A prefill worker hands over a finished prompt: its media come first (the
-                // pair is chosen again once they are, its prompt may have changed).
-                self.life.reroute(&mut PipelineShell(&frontend));
-                self.media_settled().await?;
-                continue;
-            }
-            if let Some((prefill_instance, prefill)) = &routed.prefill {
-                let done = self
-                    .remote_prefill(prefill_instance, prefill.worker, &prompt, generated)
-                    .await;
-                match done {
-                    Ok((first_token, mut kv, cached_tokens)) => {
-                        self.life.prefill_handed_over(&mut PipelineShell(&frontend));
-                        frontend.metrics.count_prefill("remote");
-                        frontend.metrics.count_dispatch(prefill.worker, true);
-                        frontend.metrics.count_dispatch(worker, true);
-                        kv.address = prefill_instance.address.clone();
-                        let outage = frontend.routing.outages(worker.worker_id);
-                        let stream = self.decode_stream(
-                            &routed.instance,
-                            worker,
-                            prompt,
-                            (first_token, kv, cached_tokens),
-                        );
-                        self.life.under_way();
-                        return Ok(Attempt {
-                            worker,
-                            stream,
-                            outage,
-                            progress: frontend.routing.progress(worker.worker_id),
-                            handoff: true,
-                            media_on: None,
-                            prompt_version: self.prompt_version,
-                        });
-                    }
-                    Err(failure) => {
-                        // The prefill worker failed it: that worker is left out, and the
-                        // pair is chosen afresh.
-                        frontend.metrics.count_prefill("failed");
-                        frontend.metrics.count_dispatch(prefill.worker, false);
-                        tracing::warn!(worker = %prefill.worker.worker_id, ?failure, "the prefill worker failed the request");
-                        backoff = self.try_failed(prefill.worker, failure)?;
-                        continue;
-                    }
+            let (routed, prompt, version) = self.route_next(tries).await?;
+            let tried = match &routed.prefill {
+                Some((instance, prefill)) => {
+                    let prefill = (instance.clone(), prefill.worker);
+                    self.try_pair(&routed, prefill, prompt).await?
                 }
-            }
-            let mut prompt = prompt;
-            if routed.instance.prompt_text {
-                // Its engine takes text: the prompt as rendered, special tokens included.
-                match frontend.preprocessor.render_tokens(&prompt.token_ids) {
-                    Ok(text) => prompt.text = Some(text),
-                    Err(e) => {
-                        self.life.abandoned(&mut PipelineShell(&frontend));
-                        return Err(ApiError::internal(format!(
-                            "Cannot render the prompt as text: {e}"
-                        )));
-                    }
-                }
-            }
-            let media_pending = match self.media_pending() {
-                Ok(pending) => pending == Some(true),
-                Err(e) => {
-                    self.life.abandoned(&mut PipelineShell(&frontend));
-                    return Err(e);
-                }
+                None => self.try_worker(&routed, prompt, version).await?,
             };
-            if self.prompt_version != sent_version {
-                // Its media changed (encoded smaller, or dropped) since it was routed:
-                // routed again (not a failed try).
-                self.life.reroute(&mut PipelineShell(&frontend));
-                continue;
-            }
-            // A worker that merges the media's embeddings gets them (once they are there).
-            let media_inputs = if routed.instance.media_embeddings && !media_pending {
-                self.media_inputs(&prompt)
-            } else {
-                Vec::new()
-            };
-            // Sent ahead of its media: where its engine stops until they are ready.
-            let gate = media_pending
-                .then(|| prompt.media.iter().map(|m| m.offset).min())
-                .flatten()
-                .map(|from| (prompt.len() as u64, u64::from(from)));
-            let request = GenerateRequest {
-                id: self.id,
-                prompt,
-                max_tokens: self.life.tokens_left().max(1),
-                sampling: self.sampling.clone(),
-                dp_rank: worker.dp_rank,
-                resume: (generated > 0).then_some(Resume { generated }),
-                phase: Phase::Aggregated,
-                media_inputs,
-                media_pending,
-            };
-            // Subscribe before sending: an outage during the call is not missed.
-            let mut outage = frontend.routing.outages(worker.worker_id);
-            // The worker's span of the request is a child of this one.
-            let dispatch_span = tracing::info_span!(
-                parent: &self.span,
-                "dispatch",
-                worker = %worker.worker_id,
-                resumed_after = generated,
-            );
-            let sent = tokio::select! {
-                sent = tokio::time::timeout(
-                    config.dispatch_timeout,
-                    tracing::Instrument::instrument(
-                        frontend.requests.generate(&routed.instance, request),
-                        dispatch_span,
-                    ),
-                ) => match sent {
-                    Ok(Ok(stream)) => Ok(stream),
-                    Ok(Err(error)) => Err(TryFailure::Refused(error)),
-                    // Nothing answered in time: gone, or too busy to take a request.
-                    Err(_) => Err(TryFailure::TimedOut(config.dispatch_timeout)),
-                },
-                // The worker was found unhealthy meanwhile: do not wait on it (whoever
-                // found it counted the failure).
-                Ok(()) = outage.changed() => Err(TryFailure::FoundUnhealthy),
-            };
-            match sent {
-                Ok(stream) => {
-                    frontend.metrics.count_dispatch(worker, true);
-                    if let Some((tokens, from)) = gate {
-                        frontend.routing.media_pending(self.id, tokens, from);
-                    }
-                    self.life.under_way();
-                    return Ok(Attempt {
-                        worker,
-                        stream,
-                        outage,
-                        progress: frontend.routing.progress(worker.worker_id),
-                        handoff: false,
-                        media_on: media_pending.then(|| routed.instance.clone()),
-                        prompt_version: sent_version,
-                    });
-                }
-                Err(failure) => {
-                    frontend.metrics.count_dispatch(worker, false);
-                    tracing::warn!(worker = %worker.worker_id, ?failure, "cannot dispatch to the worker");
-                    backoff = self.try_failed(worker, failure)?;
-                }
+            match tried {
+                Tried::UnderWay(attempt) => return Ok(*attempt),
+                Tried::Failed(worker, failure) => backoff = self.try_failed(worker, failure)?,
+                Tried::Again => {}
             }
         }
+    }
+
+    /// Stages its media and routes it, resumed after what was generated: the choice, the
+    /// prompt it goes with, and that prompt's version (see [`Self::prompt_version`]).
+    async fn route_next(&mut self, tries: u32) -> Result<(Routed, Prompt, u32), ApiError> {
+        // Media that go with the request take staging memory first (media still
+        // encoding take it when they are ready).
+        let pending = self.media_pending()? == Some(true);
+        if !pending {
+            self.stage_media().await?;
+        }
+        let overrides = RoutingOverrides {
+            media_pending: pending,
+            max_tokens: Some(self.life.tokens_left()),
+            ..self.overrides
+        };
+        let prompt = self.current_prompt();
+        let version = self.prompt_version;
+        let routed = self.route(&prompt, overrides, tries).await?;
+        // From here on the request holds a router slot, released by the guard.
+        if self.guard.is_none() {
+            let frontend = Arc::clone(&self.frontend);
+            self.guard = Some(InFlight::new(frontend, self.id, self.arrived));
+        }
+        if let Some(local) = routed.local {
+            self.frontend.metrics.count_prefill(local.name());
+        }
+        Ok((routed, prompt, version))
     }
 
     /// A try on `worker` failed: what its life says follows (a backoff before the next
@@ -488,135 +356,6 @@ impl RequestRun {
             let left = until.saturating_sub(self.arrived.elapsed());
             let _ = tokio::time::timeout(left.min(NO_WORKER_POLL), changed).await;
         }
-    }
-
-    /// Has the prompt computed on a prefill worker: its first token, the handle to its KV,
-    /// and the prompt tokens it found cached; or the error, with how it counts against the
-    /// worker.
-    async fn remote_prefill(
-        &self,
-        instance: &WorkerInstance,
-        worker: WorkerKey,
-        prompt: &Prompt,
-        generated: u32,
-    ) -> Result<(Token, KvHandle, u32), TryFailure> {
-        let frontend = &self.frontend;
-        let request = GenerateRequest {
-            id: self.id,
-            prompt: prompt.clone(),
-            max_tokens: 1,
-            sampling: self.sampling.clone(),
-            dp_rank: worker.dp_rank,
-            resume: (generated > 0).then_some(Resume { generated }),
-            phase: Phase::PrefillOnly,
-            // Its media are encoded by now (it waited for them).
-            media_inputs: if instance.media_embeddings {
-                self.media_inputs(prompt)
-            } else {
-                Vec::new()
-            },
-            media_pending: false,
-        };
-        let span = tracing::info_span!(
-            parent: &self.span,
-            "prefill",
-            worker = %worker.worker_id,
-        );
-        let work = async {
-            let mut stream = frontend.requests.generate(instance, request).await?;
-            match stream.next().await {
-                Some(Ok(GenerateOutput::PrefillDone {
-                    first_token,
-                    kv,
-                    cached_tokens,
-                })) => Ok((first_token, kv, cached_tokens)),
-                Some(Ok(other)) => Err(EngineError::Internal(format!(
-                    "the prefill worker answered with {other:?}"
-                ))),
-                Some(Err(e)) => Err(e),
-                None => Err(EngineError::Disconnected),
-            }
-        };
-        let limit =
-            frontend.config.migration.dispatch_timeout + frontend.routing.first_token_timeout();
-        let mut outage = frontend.routing.outages(worker.worker_id);
-        tokio::select! {
-            done = tokio::time::timeout(limit, tracing::Instrument::instrument(work, span)) => {
-                match done {
-                    Ok(Ok(done)) => Ok(done),
-                    Ok(Err(error)) => Err(TryFailure::Refused(error)),
-                    Err(_) => Err(TryFailure::TimedOut(limit)),
-                }
-            }
-            // Whoever found it counted the failure.
-            Ok(()) = outage.changed() => Err(TryFailure::FoundUnhealthy),
-        }
-    }
-
-    /// The stream of a disaggregated request: the first token, from its prefill, at once;
-    /// then what the decode worker generates once it has pulled the KV. A request whose
-    /// first token ends it goes no further.
-    fn decode_stream(
-        &self,
-        instance: &WorkerInstance,
-        worker: WorkerKey,
-        mut prompt: Prompt,
-        (first_token, kv, cached_tokens): (Token, KvHandle, u32),
-    ) -> ResponseStream {
-        let generated = self.generated.len() as u32;
-        let left = self.max_tokens.saturating_sub(generated).max(1);
-        let first = GenerateOutput::Tokens {
-            token_ids: vec![first_token],
-            cached_tokens: Some(cached_tokens),
-        };
-        if let Some(reason) = self.life.ended_by_prefill_token(first_token) {
-            let finished = GenerateOutput::Finished {
-                reason,
-                completion_tokens: 1,
-                cached_tokens: None,
-            };
-            return futures::stream::iter([Ok(first), Ok(finished)]).boxed();
-        }
-        prompt.token_ids.push(first_token);
-        let request = GenerateRequest {
-            id: self.id,
-            prompt,
-            max_tokens: left - 1,
-            sampling: self.sampling.clone(),
-            dp_rank: worker.dp_rank,
-            resume: Some(Resume {
-                generated: generated + 1,
-            }),
-            phase: Phase::Decode { kv },
-            media_inputs: Vec::new(),
-            media_pending: false,
-        };
-        let frontend = Arc::clone(&self.frontend);
-        let instance = instance.clone();
-        let handed_over = Instant::now();
-        let rest = futures::stream::once(async move {
-            let opened = frontend.requests.generate(&instance, request).await;
-            (opened, frontend)
-        })
-        .flat_map(move |(opened, frontend)| match opened {
-            Ok(stream) => {
-                let mut first = true;
-                stream
-                    .inspect(move |_| {
-                        if std::mem::take(&mut first) {
-                            frontend
-                                .metrics
-                                .disagg_handoff
-                                .observe(handed_over.elapsed().as_secs_f64());
-                        }
-                    })
-                    .boxed()
-            }
-            Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
-        });
-        futures::stream::once(futures::future::ready(Ok(first)))
-            .chain(rest)
-            .boxed()
     }
 }
 

@@ -22,6 +22,7 @@ mod dispatch;
 pub mod encode;
 pub use encode::WARNING_HEADER;
 mod stream;
+mod tries;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -259,6 +260,10 @@ impl Shell for PipelineShell<'_> {
 
     fn prefill_released(&mut self, id: RequestId) {
         self.0.routing.prefill_finished(id);
+    }
+
+    fn hold_prefill(&mut self, id: RequestId, prompt_tokens: u64, media_from: u64) {
+        self.0.routing.media_pending(id, prompt_tokens, media_from);
     }
 
     fn prefill_done(&mut self, id: RequestId) {

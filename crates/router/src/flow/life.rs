@@ -215,14 +215,25 @@ impl RequestLife {
         Ok(backoff)
     }
 
-    /// Its remote prefill handed over: the prefill worker no longer counts it.
-    pub fn prefill_handed_over(&mut self, shell: &mut impl Shell) {
-        shell.prefill_released(self.id);
+    /// Its worker took it (its stream is open): the round of tries ends. A prompt sent
+    /// ahead of its media (`ahead_of_media`: its length, and where its media start) has
+    /// the part from its media on held back until they are ready.
+    pub fn sent(&mut self, ahead_of_media: Option<(u64, u32)>, shell: &mut impl Shell) {
+        if let Some((prompt_tokens, from)) = ahead_of_media {
+            shell.hold_prefill(self.id, prompt_tokens, u64::from(from));
+        }
+        self.under_way();
     }
 
-    /// The request is under way on its worker (its stream is open): the round of tries
-    /// ends.
-    pub fn under_way(&mut self) {
+    /// Its remote prefill handed over: the prefill worker no longer counts it, and it is
+    /// under way on its decode worker.
+    pub fn handed_over(&mut self, shell: &mut impl Shell) {
+        shell.prefill_released(self.id);
+        self.under_way();
+    }
+
+    /// The request is under way on its worker: the round of tries ends.
+    pub(super) fn under_way(&mut self) {
         self.failed_tries = 0;
         self.exempt = 0;
         self.unservable = None;

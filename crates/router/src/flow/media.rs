@@ -17,6 +17,12 @@ pub fn held_blocks(media_end: u64, prompt_tokens: u64, block_size: u32) -> Optio
     (needed > 0 && needed <= reusable).then(|| u32::try_from(needed).unwrap_or(u32::MAX))
 }
 
+/// Where a prompt sent to its worker ahead of its media (still being encoded) stops
+/// computing until they are ready: its first media position.
+pub fn gate(media: &[switchyard_core::MediaSpan]) -> Option<u32> {
+    media.iter().map(|span| span.offset).min()
+}
+
 /// Whether a request sent ahead of its media (still being encoded) must wait for them
 /// before going to the pair it was routed to: a remote prefill worker hands over a
 /// finished prompt, so it needs the media first; a worker that prefills the request itself

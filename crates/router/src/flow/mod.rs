@@ -54,6 +54,9 @@ pub trait Shell {
     fn release(&mut self, id: RequestId);
     /// Its remote prefill is over: the prefill worker no longer counts it.
     fn prefill_released(&mut self, id: RequestId);
+    /// It went to its worker ahead of its media: of its `prompt_tokens`, those from
+    /// `media_from` on wait for them, outside the worker's queued prefill.
+    fn hold_prefill(&mut self, id: RequestId, prompt_tokens: u64, media_from: u64);
     /// Its worker computed its prompt (the attempt's first token came).
     fn prefill_done(&mut self, id: RequestId);
     /// A failure of the worker's own making.

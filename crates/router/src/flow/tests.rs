@@ -13,6 +13,7 @@ use crate::routing::health::Failure;
 struct Recorder {
     released: u32,
     prefill_released: u32,
+    held: Vec<(u64, u64)>,
     prefill_done: u32,
     failures: Vec<(WorkerId, Failure)>,
     successes: Vec<WorkerId>,
@@ -26,6 +27,9 @@ impl Shell for Recorder {
     }
     fn prefill_released(&mut self, _: RequestId) {
         self.prefill_released += 1;
+    }
+    fn hold_prefill(&mut self, _: RequestId, prompt_tokens: u64, media_from: u64) {
+        self.held.push((prompt_tokens, media_from));
     }
     fn prefill_done(&mut self, _: RequestId) {
         self.prefill_done += 1;
@@ -247,7 +251,7 @@ fn moves_are_bounded_by_the_requests_limit_and_the_fleets_budget() {
         ..Recorder::default()
     };
     let mut life = life(3, 2);
-    life.under_way();
+    life.sent(None, &mut shell);
     assert!(life.tokens(&[5], &mut shell), "the attempt's first token");
     assert!(!life.tokens(&[6], &mut shell));
     assert_eq!(shell.prefill_done, 1);
@@ -257,7 +261,7 @@ fn moves_are_bounded_by_the_requests_limit_and_the_fleets_budget() {
     );
     assert_eq!(shell.failures, [(w(1), Failure::Disconnected)]);
     assert_eq!((life.moves(), life.generated()), (1, 2));
-    life.under_way();
+    life.sent(None, &mut shell);
     // The budget is spent: the next move is refused, whatever the request's own limit.
     assert_eq!(
         life.left(w(2), Leave::Outage, &mut shell),
@@ -353,4 +357,26 @@ fn success_counts_for_the_worker_and_releases_the_request() {
     life.finished(w(4), &mut shell);
     assert_eq!(shell.successes, [w(4)]);
     assert_eq!(shell.released, 1);
+}
+
+#[test]
+fn a_prompt_sent_ahead_of_its_media_has_the_rest_held_and_each_send_ends_a_round() {
+    let mut shell = Recorder::default();
+    let mut life = life(2, 3);
+    let refused = || TryFailure::Refused(EngineError::Disconnected);
+    assert!(life.try_failed(w(1), refused(), &mut shell).is_ok());
+    // Sent with its media from position 40 of 100 still encoding.
+    life.sent(Some((100, 40)), &mut shell);
+    assert_eq!(shell.held, [(100, 40)]);
+    // A new round: one failed try does not exhaust it.
+    assert!(life.try_failed(w(2), refused(), &mut shell).is_ok());
+    // A remote prefill's handover releases the prefill worker and ends the round too.
+    life.handed_over(&mut shell);
+    assert_eq!(shell.prefill_released, 1);
+    assert!(life.try_failed(w(3), refused(), &mut shell).is_ok());
+    assert!(matches!(
+        life.try_failed(w(4), refused(), &mut shell),
+        Err(GiveUp::Exhausted(_))
+    ));
+    assert_eq!(shell.held.len(), 1, "only a send ahead of media holds");
 }

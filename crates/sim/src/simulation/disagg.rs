@@ -72,10 +72,7 @@ impl Fleet<'_> {
         ends: bool,
     ) -> bool {
         let id = RequestId(u64::from(index));
-        self.with_life(index, |life, shell| {
-            life.prefill_handed_over(shell);
-            life.under_way();
-        });
+        self.with_life(index, |life, shell| life.handed_over(shell));
         self.prefill_ids.remove(&id.prefill_stage());
         self.requests[index as usize].remote_prefill = None;
         if ends {

@@ -90,11 +90,7 @@ impl Fleet<'_> {
         if self.requests[index as usize].encoding == 0 || !self.overlaps() {
             return None;
         }
-        self.workload.requests[index as usize]
-            .media
-            .iter()
-            .map(|span| span.offset)
-            .min()
+        switchyard_router::flow::media::gate(&self.workload.requests[index as usize].media)
     }
 
     /// The encoder finished a batch: a job whose every item is encoded is answered, and

@@ -7,13 +7,14 @@ use std::time::Duration;
 use rand::Rng;
 use rand::rngs::SmallRng;
 use switchyard_core::protocol::EngineError;
-use switchyard_core::{MediaSpan, RequestId, Token, TokenBlocks, WorkerId};
+use switchyard_core::{MediaSpan, RequestId, Token, TokenBlocks, WorkerId, WorkerKey};
 use switchyard_mocker::MockRequest;
 use switchyard_mocker::tokens::{TokenRules, token_at};
 use switchyard_router::flow::{self, GiveUp, Routing, Shell, TryFailure};
 use switchyard_router::routing::health::{Failure, HealthChange};
 use switchyard_router::{
-    HealthState, PairDecision, RequestLife, RouteQuery, RoutingCore, RoutingOverrides,
+    HealthState, LocalReason, PairDecision, RequestLife, RouteDecision, RouteQuery, RoutingCore,
+    RoutingOverrides,
 };
 
 use super::media::Media;
@@ -37,6 +38,10 @@ impl Shell for SimShell<'_> {
 
     fn prefill_released(&mut self, id: RequestId) {
         self.core.prefill_finished(id);
+    }
+
+    fn hold_prefill(&mut self, id: RequestId, prompt_tokens: u64, media_from: u64) {
+        self.core.media_pending(id, prompt_tokens, media_from);
     }
 
     fn prefill_done(&mut self, id: RequestId) {
@@ -180,148 +185,177 @@ impl Fleet<'_> {
         generated: u32,
         kv_tokens: u32,
     ) {
-        let id = RequestId(u64::from(index));
         let mut mock = self.mock_for(index, prompt, max_output_tokens, generated);
-        let holder = self.requests[index as usize].holder;
-        let overrides = RoutingOverrides {
-            worker: holder,
-            held_media: holder.is_some(),
-            ..RoutingOverrides::default()
-        };
         loop {
-            let overlaps = self.indexer.find_matches_blocks(&mock.prompt);
-            let overrides = RoutingOverrides {
-                media_pending: mock.media_gate.is_some(),
-                max_tokens: Some(mock.max_output_tokens),
-                ..overrides
-            };
-            let (core, now) = (&mut self.core, self.now);
-            let routed = self.lives[index as usize].route(now, |exclude| {
-                let query = RouteQuery {
-                    id,
-                    blocks: &mock.prompt,
-                    overrides,
-                    exclude,
-                };
-                Ok::<_, std::convert::Infallible>(core.route_pair(&query, &overlaps, now).ok())
-            });
-            let (
-                PairDecision {
-                    decode: decision,
-                    prefill,
-                },
-                local,
-            ) = match routed {
-                Ok(Routing::Routed(routed)) => routed,
-                Ok(Routing::Wait { until }) => return self.wait_for_worker(index, until),
-                Ok(Routing::GiveUp(give_up)) => return self.give_up(index, &give_up),
-                Err(never) => match never {},
+            let Some((PairDecision { decode, prefill }, local)) = self.route_for(index, &mock)
+            else {
+                return;
             };
             if let Some(local) = local {
                 self.disagg.count_local(local);
             }
-            if flow::media::waits_for_media(prefill.is_some(), mock.media_gate.is_some()) {
-                // A prefill worker hands over a finished prompt: routed again once its
-                // media are encoded.
-                self.with_life(index, |life, shell| life.reroute(shell));
-                self.requests[index as usize].route_when_encoded = true;
+            let failed = match prefill {
+                _ if flow::media::waits_for_media(prefill.is_some(), mock.media_gate.is_some()) => {
+                    // A prefill worker hands over a finished prompt: routed again once its
+                    // media are encoded.
+                    self.with_life(index, |life, shell| life.reroute(shell));
+                    self.requests[index as usize].route_when_encoded = true;
+                    return;
+                }
+                Some(prefill) => self
+                    .start_remote_prefill(index, &mock, decode.worker, prefill.worker)
+                    .err(),
+                None => self.try_on(index, &decode, mock, kv_tokens),
+            };
+            let Some((worker, failure)) = failed else {
+                return;
+            };
+            if !self.try_failed(index, worker, failure) {
                 return;
             }
-            if let Some(prefill) = prefill {
-                match self.start_remote_prefill(index, &mock, decision.worker, prefill.worker) {
-                    Ok(()) => return,
-                    Err((worker, failure)) => {
-                        if self.try_failed(index, worker, failure) {
-                            continue;
-                        }
-                        return;
-                    }
-                }
-            }
-            let slot = slot_of(decision.worker);
-            match self.slots[slot] {
-                // A crashed worker refuses the connection.
-                Slot::Failed {
-                    kind: FaultKind::Crash,
-                    ..
-                } => {
-                    let refused =
-                        TryFailure::Refused(EngineError::Unreachable("the worker crashed".into()));
-                    if self.try_failed(index, decision.worker.worker_id, refused) {
-                        continue;
-                    }
-                    return;
-                }
-                // A hung worker takes it and does nothing: it moves when the hang is found.
-                Slot::Failed { .. } => {
-                    self.requests[index as usize].worker = Some(decision.worker);
-                    self.per_worker_requests[slot] += 1;
-                    self.lives[index as usize].under_way();
-                    return;
-                }
-                // Neither is registered with the core, which cannot route to them.
-                Slot::Starting | Slot::Retired => {
-                    unreachable!("routed to a worker the core does not know")
-                }
-                Slot::Up | Slot::Draining => {}
-            }
-            if kv_tokens > 0
-                && let Some(link) = self.config.faults.link
-            {
-                // Re-prefill what the target lacks, or send the KV over: the cheaper.
-                let bytes = u64::from(kv_tokens) * self.config.faults.kv_bytes_per_token;
-                let transfer = self.engine_time(link.transfer_time(bytes));
-                let recompute = self.engine_time(Duration::from_secs_f64(
-                    self.config
-                        .perf_of(slot)
-                        .prefill_ms(decision.prefill_tokens.min(u64::from(u32::MAX)) as u32)
-                        / 1e3,
-                ));
-                if transfer < recompute {
-                    self.failures.by_transfer += 1;
-                    self.failures.transferred_bytes += bytes;
-                    mock.imported_tokens = kv_tokens;
-                    let moves = self.requests[index as usize].moves;
-                    self.requests[index as usize].worker = Some(decision.worker);
-                    self.per_worker_requests[slot] += 1;
-                    self.lives[index as usize].under_way();
-                    self.transfers.insert(index, (moves, slot, mock));
-                    self.schedule(self.now + transfer, Event::TransferDone(index, moves));
-                    return;
-                }
-            }
-            if generated > 0 {
-                self.failures.by_reprefill += 1;
-                self.failures.recomputed_tokens += decision.prefill_tokens;
-            }
-            let gate = mock
-                .media_gate
-                .map(|g| (mock.prompt.total_tokens() as u64, u64::from(g)));
-            match self.engines[slot].add_request(mock) {
-                Ok(()) => {
-                    if let Some((tokens, from)) = gate {
-                        self.core.media_pending(id, tokens, from);
-                    }
-                    let state = &mut self.requests[index as usize];
-                    state.placed_at = self.now;
-                    state.worker = Some(decision.worker);
-                    self.per_worker_requests[slot] += 1;
-                    self.lives[index as usize].under_way();
-                    if self.step_end[slot].is_none() {
-                        self.start_step(slot, self.now);
-                    }
-                    return;
-                }
-                Err(rejected) => {
-                    let refused = TryFailure::Refused(rejected.engine_error());
-                    if !self.try_failed(index, decision.worker.worker_id, refused) {
-                        return;
-                    }
-                    let (prompt, left, generated) = self.resumed(index);
-                    mock = self.mock_for(index, prompt, left, generated);
-                }
-            }
+            let (prompt, left, generated) = self.resumed(index);
+            mock = self.mock_for(index, prompt, left, generated);
         }
+    }
+
+    /// Routes the request as its life decides: a worker (or a pair) and why a request for
+    /// a decode worker is prefilled there, if it is; none when it waits for a worker or
+    /// gave up.
+    fn route_for(
+        &mut self,
+        index: u32,
+        mock: &MockRequest,
+    ) -> Option<(PairDecision, Option<LocalReason>)> {
+        let holder = self.requests[index as usize].holder;
+        let overrides = RoutingOverrides {
+            worker: holder,
+            held_media: holder.is_some(),
+            media_pending: mock.media_gate.is_some(),
+            max_tokens: Some(mock.max_output_tokens),
+            ..RoutingOverrides::default()
+        };
+        let overlaps = self.indexer.find_matches_blocks(&mock.prompt);
+        let (core, now) = (&mut self.core, self.now);
+        let routed = self.lives[index as usize].route(now, |exclude| {
+            let query = RouteQuery {
+                id: mock.id,
+                blocks: &mock.prompt,
+                overrides,
+                exclude,
+            };
+            Ok::<_, std::convert::Infallible>(core.route_pair(&query, &overlaps, now).ok())
+        });
+        match routed {
+            Ok(Routing::Routed(routed)) => Some(routed),
+            Ok(Routing::Wait { until }) => {
+                self.wait_for_worker(index, until);
+                None
+            }
+            Ok(Routing::GiveUp(give_up)) => {
+                self.give_up(index, &give_up);
+                None
+            }
+            Err(never) => match never {},
+        }
+    }
+
+    /// Hands the request to the engine it was routed to (its KV sent over instead of
+    /// computed again, when that is cheaper); the try's failure when the engine cannot
+    /// take it.
+    fn try_on(
+        &mut self,
+        index: u32,
+        decision: &RouteDecision,
+        mut mock: MockRequest,
+        kv_tokens: u32,
+    ) -> Option<(WorkerId, TryFailure)> {
+        let worker = decision.worker;
+        let slot = slot_of(worker);
+        match self.slots[slot] {
+            // A crashed worker refuses the connection.
+            Slot::Failed {
+                kind: FaultKind::Crash,
+                ..
+            } => {
+                let refused =
+                    TryFailure::Refused(EngineError::Unreachable("the worker crashed".into()));
+                return Some((worker.worker_id, refused));
+            }
+            // A hung worker takes it and does nothing: it moves when the hang is found.
+            Slot::Failed { .. } => {
+                self.bind(index, worker);
+                return None;
+            }
+            // Neither is registered with the core, which cannot route to them.
+            Slot::Starting | Slot::Retired => {
+                unreachable!("routed to a worker the core does not know")
+            }
+            Slot::Up | Slot::Draining => {}
+        }
+        if kv_tokens > 0
+            && let Some(transfer) = self.cheaper_transfer(slot, decision, kv_tokens)
+        {
+            mock.imported_tokens = kv_tokens;
+            let moves = self.requests[index as usize].moves;
+            self.bind(index, worker);
+            self.transfers.insert(index, (moves, slot, mock));
+            self.schedule(self.now + transfer, Event::TransferDone(index, moves));
+            return None;
+        }
+        if mock.generated > 0 {
+            self.failures.by_reprefill += 1;
+            self.failures.recomputed_tokens += decision.prefill_tokens;
+        }
+        let ahead_of_media = mock
+            .media_gate
+            .map(|gate| (mock.prompt.total_tokens() as u64, gate));
+        if let Err(rejected) = self.engines[slot].add_request(mock) {
+            return Some((
+                worker.worker_id,
+                TryFailure::Refused(rejected.engine_error()),
+            ));
+        }
+        self.requests[index as usize].placed_at = self.now;
+        self.requests[index as usize].worker = Some(worker);
+        self.per_worker_requests[slot] += 1;
+        self.with_life(index, |life, shell| life.sent(ahead_of_media, shell));
+        if self.step_end[slot].is_none() {
+            self.start_step(slot, self.now);
+        }
+        None
+    }
+
+    /// The request is bound to `worker`, under way there without an engine step of its
+    /// own yet (its engine hangs, or its KV is on its way).
+    fn bind(&mut self, index: u32, worker: WorkerKey) {
+        self.requests[index as usize].worker = Some(worker);
+        self.per_worker_requests[slot_of(worker)] += 1;
+        self.with_life(index, |life, shell| life.sent(None, shell));
+    }
+
+    /// How long sending `kv_tokens` of a moved request's KV to the engine in `slot` takes,
+    /// when that is sooner than computing it again there; counted as a transfer.
+    fn cheaper_transfer(
+        &mut self,
+        slot: usize,
+        decision: &RouteDecision,
+        kv_tokens: u32,
+    ) -> Option<Duration> {
+        let link = self.config.faults.link?;
+        let bytes = u64::from(kv_tokens) * self.config.faults.kv_bytes_per_token;
+        let transfer = self.engine_time(link.transfer_time(bytes));
+        let recompute = self.engine_time(Duration::from_secs_f64(
+            self.config
+                .perf_of(slot)
+                .prefill_ms(decision.prefill_tokens.min(u64::from(u32::MAX)) as u32)
+                / 1e3,
+        ));
+        if transfer >= recompute {
+            return None;
+        }
+        self.failures.by_transfer += 1;
+        self.failures.transferred_bytes += bytes;
+        Some(transfer)
     }
 
     /// A try of request `index` on `worker` failed: its life decides. Returns whether to
