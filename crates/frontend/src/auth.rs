@@ -258,15 +258,6 @@ pub async fn authenticate(
         };
         return ApiError::unauthorized(message).into_response();
     };
-    if let Some(bucket) = &state.requests
-        && let Err(not_until) = bucket.check()
-    {
-        frontend
-            .metrics
-            .count_tenant(&state.tenant, "requests_per_minute");
-        let wait = not_until.wait_time_from(DefaultClock::default().now());
-        return limited("requests_per_minute", wait).into_response();
-    }
     let slot = match state.max_concurrent {
         Some(max) => {
             let before = state.active.fetch_add(1, Ordering::AcqRel);
@@ -285,6 +276,17 @@ pub async fn authenticate(
         }
         None => None,
     };
+    // After the concurrency check: a request refused for one limit spends no other's
+    // budget (the slot it took is freed with it).
+    if let Some(bucket) = &state.requests
+        && let Err(not_until) = bucket.check()
+    {
+        frontend
+            .metrics
+            .count_tenant(&state.tenant, "requests_per_minute");
+        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        return limited("requests_per_minute", wait).into_response();
+    }
     request.extensions_mut().insert(Grant(Arc::clone(&state)));
     let response = next.run(request).await;
     frontend.metrics.count_tenant(

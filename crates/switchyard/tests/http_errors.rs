@@ -349,6 +349,9 @@ async fn bodies_not_declared_as_json_are_415_and_echoed_input_is_capped() {
         Some("text/plain"),
         Some("application/x-www-form-urlencoded"),
         Some("multipart/form-data; boundary=x"),
+        // JSON is UTF-8 only.
+        Some("application/json; charset=latin-1"),
+        Some("application/json; charset=\"UTF-16\""),
         None,
     ] {
         let mut request = client().post(url(&d, "/v1/chat/completions"));
@@ -362,14 +365,20 @@ async fn bodies_not_declared_as_json_are_415_and_echoed_input_is_capped() {
         assert_eq!(b["error"]["code"], "unsupported_media_type");
     }
     // JSON with parameters, in any case, is JSON.
-    let response = client()
-        .post(url(&d, "/v1/chat/completions"))
-        .header("content-type", "Application/JSON; charset=utf-8")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
+    for content_type in [
+        "Application/JSON; charset=utf-8",
+        "application/json;charset=\"UTF-8\"",
+        "application/json; foo=bar",
+    ] {
+        let response = client()
+            .post(url(&d, "/v1/chat/completions"))
+            .header("content-type", content_type)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{content_type}");
+    }
     // A 100 KB model name is not sent back whole.
     let long = "m".repeat(100_000);
     let (s, _, b) = post(&d, "/v1/chat/completions", &chat(&long, "hi", 4)).await;

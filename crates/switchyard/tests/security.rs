@@ -52,6 +52,12 @@ tokens_per_minute = 100
 key = "sk-solo"
 tenant = "solo"
 max_concurrent = 1
+
+[[keys]]
+key = "sk-both"
+tenant = "both"
+max_concurrent = 1
+requests_per_minute = 2
 "#,
     )
     .unwrap();
@@ -140,6 +146,31 @@ max_concurrent = 1
     assert!(streamed.ends_with("data: [DONE]\n\n"), "{streamed}");
     let (s, _, b) = call(&d, Some("sk-solo"), &completion(2)).await;
     assert_eq!(s, 200, "{b}");
+
+    // A request refused for one limit spends no other: refusals for concurrency leave
+    // the requests-per-minute budget whole.
+    let open = client()
+        .post(url(&d, "/v1/completions"))
+        .bearer_auth("sk-both")
+        .json(&stream_body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status().as_u16(), 200);
+    for _ in 0..3 {
+        let (s, _, b) = call(&d, Some("sk-both"), &completion(2)).await;
+        assert_eq!(s, 429, "{b}");
+        assert!(
+            b["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("in flight"),
+            "{b}"
+        );
+    }
+    open.text().await.unwrap();
+    let (s, _, b) = call(&d, Some("sk-both"), &completion(2)).await;
+    assert_eq!(s, 200, "the second of two requests a minute: {b}");
 
     // Tenants in the metrics: outcomes and tokens.
     let text = scrape(&url(&d, "/metrics")).await;

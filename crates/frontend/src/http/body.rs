@@ -85,10 +85,18 @@ fn timed_out(rejection: &BytesRejection) -> bool {
     false
 }
 
-/// `application/json`, with parameters (`; charset=utf-8`) or not, any case.
+/// `application/json`, with parameters or not, any case; a charset, if given, is UTF-8 (the
+/// only one JSON may use, RFC 8259).
 fn is_json(content_type: &str) -> bool {
-    content_type
-        .split(';')
+    let mut parts = content_type.split(';');
+    let json = parts
         .next()
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    json && parts.all(|parameter| match parameter.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            let value = value.trim().trim_matches('"');
+            value.eq_ignore_ascii_case("utf-8") || value.eq_ignore_ascii_case("utf8")
+        }
+        _ => true,
+    })
 }

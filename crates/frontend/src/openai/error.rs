@@ -134,7 +134,7 @@ impl ApiError {
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "invalid_request_error",
             Some("unsupported_media_type"),
-            format!("The request has {declared}; send the body as `application/json`"),
+            format!("The request has {declared}; send the body as `application/json`, in UTF-8"),
         )
     }
 
