@@ -26,6 +26,21 @@ async fn call(
     (status, headers, value)
 }
 
+/// Opens a 200-token stream under `key` (its body not yet read).
+async fn open_stream(d: &switchyard::deploy::Deployment, key: &str) -> reqwest::Response {
+    let mut body = completion(200);
+    body["stream"] = json!(true);
+    let open = client()
+        .post(url(d, "/v1/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status().as_u16(), 200);
+    open
+}
+
 fn completion(max_tokens: u32) -> Value {
     json!({"model": MODEL, "prompt": "hello there", "max_tokens": max_tokens, "ignore_eos": true})
 }
@@ -123,16 +138,7 @@ requests_per_minute = 2
 
     // Concurrent requests: a second one while a stream is open is refused; once the stream
     // ends, the slot is free again.
-    let mut stream_body = completion(200);
-    stream_body["stream"] = json!(true);
-    let open = client()
-        .post(url(&d, "/v1/completions"))
-        .bearer_auth("sk-solo")
-        .json(&stream_body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(open.status().as_u16(), 200);
+    let open = open_stream(&d, "sk-solo").await;
     let (s, _, b) = call(&d, Some("sk-solo"), &completion(2)).await;
     assert_eq!(s, 429, "{b}");
     assert!(
@@ -149,14 +155,7 @@ requests_per_minute = 2
 
     // A request refused for one limit spends no other: refusals for concurrency leave
     // the requests-per-minute budget whole.
-    let open = client()
-        .post(url(&d, "/v1/completions"))
-        .bearer_auth("sk-both")
-        .json(&stream_body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(open.status().as_u16(), 200);
+    let open = open_stream(&d, "sk-both").await;
     for _ in 0..3 {
         let (s, _, b) = call(&d, Some("sk-both"), &completion(2)).await;
         assert_eq!(s, 429, "{b}");

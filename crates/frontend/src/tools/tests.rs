@@ -65,17 +65,23 @@ fn assemble(parts: &[Part]) -> (String, String, Vec<(String, String, String)>) {
     (content, reasoning, calls)
 }
 
-fn streamed(parsers: &Parsers, tools: &ToolRequest, text: &str, cuts: &[usize]) -> Vec<Part> {
-    let mut parser = parsers.for_answer(Some(tools));
+/// Where a text is cut into chunks: `cuts` folded into it, on character boundaries, with
+/// its start and end.
+fn cut_points(text: &str, cuts: &[usize]) -> Vec<usize> {
     let mut bounds: Vec<usize> = cuts
         .iter()
         .map(|&c| c % (text.len() + 1))
         .filter(|&c| text.is_char_boundary(c))
         .collect();
-    bounds.push(0);
-    bounds.push(text.len());
+    bounds.extend([0, text.len()]);
     bounds.sort_unstable();
     bounds.dedup();
+    bounds
+}
+
+fn streamed(parsers: &Parsers, tools: &ToolRequest, text: &str, cuts: &[usize]) -> Vec<Part> {
+    let mut parser = parsers.for_answer(Some(tools));
+    let bounds = cut_points(text, cuts);
     block_on(async {
         let mut parts = Vec::new();
         for pair in bounds.windows(2) {
@@ -332,14 +338,7 @@ proptest! {
     #[test]
     fn recut_keeps_the_text(text in "[a<>\\[{\n é€😀]{0,60}", cuts in prop::collection::vec(0usize..240, 0..8)) {
         let mut recut = Recut::default();
-        let mut bounds: Vec<usize> = cuts
-            .iter()
-            .map(|&c| c % (text.len() + 1))
-            .filter(|&c| text.is_char_boundary(c))
-            .collect();
-        bounds.extend([0, text.len()]);
-        bounds.sort_unstable();
-        bounds.dedup();
+        let bounds = cut_points(&text, &cuts);
         let mut out = String::new();
         for pair in bounds.windows(2) {
             out.extend(recut.push(&text[pair[0]..pair[1]]));
@@ -386,14 +385,7 @@ proptest! {
         let (text, expected) = default_format(&content, &calls);
         let whole = block_on(parsers.for_answer(Some(&tools)).parse_whole(text.clone()));
         let mut parser = parsers.for_answer(Some(&tools));
-        let mut bounds: Vec<usize> = cuts
-            .iter()
-            .map(|&c| c % (text.len() + 1))
-            .filter(|&c| text.is_char_boundary(c))
-            .collect();
-        bounds.extend([0, text.len()]);
-        bounds.sort_unstable();
-        bounds.dedup();
+        let bounds = cut_points(&text, &cuts);
         let parts = block_on(async {
             let mut parts = Vec::new();
             for pair in bounds.windows(2) {
