@@ -40,7 +40,7 @@ pub mod routing;
 pub mod settings;
 
 pub use active::{ActiveSequences, WorkerLoad};
-pub use flow::{GiveUp, Leave, Leaving, MigrationConfig, NoWorker, RequestLife, Shell, TryFailure};
+pub use flow::{GiveUp, Leave, MigrationConfig, RequestLife, Shell, TryFailure};
 pub use indexer::{
     ApplyOutcome, EventGap, Indexer, IndexerConfig, IndexerStats, OverlapScores, WorkerSnapshot,
 };

@@ -8,7 +8,7 @@ use std::time::Duration;
 use switchyard_core::protocol::{MediaInput, Prompt, SamplingParams};
 use switchyard_core::{RequestId, Token, WorkerKey};
 use switchyard_router::RoutingOverrides;
-use switchyard_router::flow::{RequestLife, Routing, TryFailure};
+use switchyard_router::flow::{Event, GiveUp, RequestLife, Step, TryFailure};
 use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -52,7 +52,8 @@ pub(super) struct RequestRun {
     pub(super) generated: Vec<Token>,
     /// Its life's decisions and counts: tries, exclusions, moves.
     pub(super) life: RequestLife,
-    /// Frees the request's router slot and counts it out, however it ends.
+    /// Counts the request out, however it ends; while it is there, the request may hold
+    /// router records (released by its life when it is dropped).
     guard: Option<InFlight>,
     tenant: Option<Arc<str>>,
     /// The request's trace span.
@@ -69,6 +70,12 @@ pub(super) struct RequestRun {
 
 impl Drop for RequestRun {
     fn drop(&mut self) {
+        // However it ends (its client gone included), its life lets its records go.
+        if self.guard.is_some() {
+            let frontend = Arc::clone(&self.frontend);
+            self.life
+                .step(Event::Abandoned, &mut PipelineShell(&frontend));
+        }
         self.span
             .record("completion_tokens", self.generated.len() as u64);
         if let Some(tenant) = &self.tenant {
@@ -234,13 +241,11 @@ impl RequestRun {
     /// life's to decide: see [`switchyard_router::flow`]).
     pub(super) async fn dispatch(&mut self) -> Result<Attempt, ApiError> {
         let mut tries = 0u32;
-        let mut backoff: Option<Duration> = None;
         loop {
-            if let Some(wait) = backoff.take() {
-                tokio::time::sleep(wait).await;
-            }
             tries += 1;
-            let (routed, prompt, version) = self.route_next(tries).await?;
+            let Some((routed, prompt, version)) = self.route_next(tries).await? else {
+                continue;
+            };
             let tried = match &routed.prefill {
                 Some((instance, prefill)) => {
                     let prefill = (instance.clone(), prefill.worker);
@@ -250,15 +255,16 @@ impl RequestRun {
             };
             match tried {
                 Tried::UnderWay(attempt) => return Ok(*attempt),
-                Tried::Failed(worker, failure) => backoff = self.try_failed(worker, failure)?,
+                Tried::Failed(worker, failure) => self.try_failed(worker, failure).await?,
                 Tried::Again => {}
             }
         }
     }
 
     /// Stages its media and routes it, resumed after what was generated: the choice, the
-    /// prompt it goes with, and that prompt's version (see [`Self::prompt_version`]).
-    async fn route_next(&mut self, tries: u32) -> Result<(Routed, Prompt, u32), ApiError> {
+    /// prompt it goes with, and that prompt's version (see [`Self::prompt_version`]); none
+    /// when it is to be routed again at once (its media came first).
+    async fn route_next(&mut self, tries: u32) -> Result<Option<(Routed, Prompt, u32)>, ApiError> {
         // Media that go with the request take staging memory first (media still
         // encoding take it when they are ready).
         let pending = self.media_pending()? == Some(true);
@@ -272,48 +278,60 @@ impl RequestRun {
         };
         let prompt = self.current_prompt();
         let version = self.prompt_version;
-        let routed = self.route(&prompt, overrides, tries).await?;
-        // From here on the request holds a router slot, released by the guard.
+        let Some(routed) = self.route(&prompt, overrides, tries).await? else {
+            return Ok(None);
+        };
+        // From here on the request may hold router records, released however it ends.
         if self.guard.is_none() {
             let frontend = Arc::clone(&self.frontend);
-            self.guard = Some(InFlight::new(frontend, self.id, self.arrived));
+            self.guard = Some(InFlight::new(frontend, self.arrived));
         }
         if let Some(local) = routed.local {
             self.frontend.metrics.count_prefill(local.name());
         }
-        Ok((routed, prompt, version))
+        Ok(Some((routed, prompt, version)))
     }
 
-    /// A try on `worker` failed: what its life says follows (a backoff before the next
-    /// try, or the error it gives up with).
-    fn try_failed(
-        &mut self,
-        worker: WorkerKey,
-        failure: TryFailure,
-    ) -> Result<Option<Duration>, ApiError> {
+    /// A try on `worker` failed: what its life says follows (routed again at once, or
+    /// after a backoff, or the error it gives up with).
+    async fn try_failed(&mut self, worker: WorkerKey, failure: TryFailure) -> Result<(), ApiError> {
         let frontend = Arc::clone(&self.frontend);
-        let mut shell = PipelineShell(&frontend);
-        self.life
-            .try_failed(worker.worker_id, failure, &mut shell)
-            .map_err(|give_up| {
-                given_up(
-                    give_up,
-                    frontend.config.admission.retry_after,
-                    &frontend.metrics,
-                )
-            })
+        let failed = Event::TryFailed {
+            worker: worker.worker_id,
+            failure,
+        };
+        match self.life.step(failed, &mut PipelineShell(&frontend)) {
+            Step::Route => Ok(()),
+            Step::BackOff(backoff) => {
+                tokio::time::sleep(backoff).await;
+                Ok(())
+            }
+            Step::GiveUp(give_up) => Err(self.given_up(give_up)),
+            step => Err(unexpected(step)),
+        }
+    }
+
+    /// The error a request gives up with.
+    pub(super) fn given_up(&self, give_up: GiveUp) -> ApiError {
+        let frontend = &self.frontend;
+        given_up(
+            give_up,
+            frontend.config.admission.retry_after,
+            &frontend.metrics,
+        )
     }
 
     /// Picks a worker (or a pair) for the request, away from those that failed it. When
     /// none can take it, a request under way waits for one to join or recover, looking
     /// again at every change of the fleet (and twice a second, for breakers that
-    /// half-open), as long as its life allows.
+    /// half-open), as long as its life allows. None: a pair was chosen while its media are
+    /// still being encoded; they are now, and it is to be routed again.
     async fn route(
         &mut self,
         prompt: &Prompt,
         overrides: RoutingOverrides,
         attempt: u32,
-    ) -> Result<Routed, ApiError> {
+    ) -> Result<Option<Routed>, ApiError> {
         let frontend = Arc::clone(&self.frontend);
         let route_span = tracing::info_span!(parent: &self.span, "route", attempt);
         let mut waiting = false;
@@ -321,32 +339,48 @@ impl RequestRun {
             let changed = frontend.routing.fleet_changed();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let decided = std::time::Instant::now();
-            let routed = self.life.route(self.arrived.elapsed(), |exclude| {
+            let until = loop {
+                let decided = std::time::Instant::now();
+                let exclude = self.life.exclusions();
                 let routed = route_span
                     .in_scope(|| frontend.routing.route(self.id, prompt, overrides, exclude));
-                match routed {
-                    Ok(routed) => Ok(Some(routed)),
-                    Err(RouteFailure::InvalidPrompt(message)) => Err(ApiError::invalid(message)),
-                    Err(RouteFailure::Internal(message)) => Err(ApiError::internal(message)),
-                    Err(RouteFailure::NoWorkers) => Ok(None),
-                }
-            })?;
-            let until = match routed {
-                Routing::Routed(routed) => {
-                    frontend
-                        .metrics
-                        .routing_decision
-                        .observe(decided.elapsed().as_secs_f64());
-                    return Ok(routed);
-                }
-                Routing::Wait { until } => until,
-                Routing::GiveUp(give_up) => {
-                    return Err(given_up(
-                        give_up,
-                        frontend.config.admission.retry_after,
-                        &frontend.metrics,
-                    ));
+                let (routed, event) = match routed {
+                    Ok(routed) => {
+                        let pair = routed.prefill.is_some();
+                        let media_pending = overrides.media_pending;
+                        (
+                            Some(routed),
+                            Event::Routed {
+                                pair,
+                                media_pending,
+                            },
+                        )
+                    }
+                    Err(RouteFailure::InvalidPrompt(message)) => {
+                        return Err(ApiError::invalid(message));
+                    }
+                    Err(RouteFailure::Internal(message)) => {
+                        return Err(ApiError::internal(message));
+                    }
+                    Err(RouteFailure::NoWorkers) => {
+                        let now = self.arrived.elapsed();
+                        (None, Event::NoWorker { now })
+                    }
+                };
+                match (self.life.step(event, &mut PipelineShell(&frontend)), routed) {
+                    (Step::Route, _) => {}
+                    (Step::Send, Some(routed)) => {
+                        let decided = decided.elapsed().as_secs_f64();
+                        frontend.metrics.routing_decision.observe(decided);
+                        return Ok(Some(routed));
+                    }
+                    (Step::AwaitMedia, _) => {
+                        self.media_settled().await?;
+                        return Ok(None);
+                    }
+                    (Step::Wait { until }, _) => break until,
+                    (Step::GiveUp(give_up), _) => return Err(self.given_up(give_up)),
+                    (step, _) => return Err(unexpected(step)),
                 }
             };
             if !waiting {
@@ -359,27 +393,29 @@ impl RequestRun {
     }
 }
 
-/// Frees the router slot and counts the request out, however it ends.
+/// A step its life does not take after the event it was told: a defect, reported as an
+/// internal error rather than a panic.
+pub(super) fn unexpected(step: Step) -> ApiError {
+    ApiError::internal(format!(
+        "the request's life took an unexpected step: {step:?}"
+    ))
+}
+
+/// Counts the request out, however it ends.
 struct InFlight {
     frontend: Arc<Frontend>,
-    id: RequestId,
     started: Instant,
 }
 
 impl InFlight {
-    fn new(frontend: Arc<Frontend>, id: RequestId, started: Instant) -> Self {
+    fn new(frontend: Arc<Frontend>, started: Instant) -> Self {
         frontend.metrics.in_flight.inc();
-        InFlight {
-            frontend,
-            id,
-            started,
-        }
+        InFlight { frontend, started }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.frontend.routing.finish(self.id);
         self.frontend.metrics.in_flight.dec();
         self.frontend
             .metrics

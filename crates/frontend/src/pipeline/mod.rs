@@ -31,7 +31,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use switchyard_core::protocol::{Prompt, SamplingParams};
 use switchyard_core::{Priority, RequestId, Token, WorkerKey};
-use switchyard_router::flow::{GiveUp, Shell};
+use switchyard_router::flow::{self, GiveUp, Shell};
 use switchyard_router::routing::health::Failure;
 use switchyard_router::{Rejection, RoutingOverrides};
 use switchyard_runtime::RequestPlane;
@@ -379,7 +379,8 @@ impl Frontend {
         let prompt_tokens = prepared.prompt.len() as u32;
         prepared.span.record("prompt_tokens", prompt_tokens);
         let mut run = RequestRun::new(Arc::clone(self), id, &prepared, arrived);
-        run.life.start(&mut PipelineShell(self));
+        run.life
+            .step(flow::Event::Admitted, &mut PipelineShell(self));
         let attempt = run.dispatch().await?;
         drop(ticket);
         self.metrics.input_tokens.inc_by(u64::from(prompt_tokens));

@@ -15,10 +15,10 @@ use switchyard_core::{Token, WorkerId, WorkerKey};
 use switchyard_router::routing::health::Failure;
 use tokio::time::{Instant, Sleep};
 
-use switchyard_router::flow::{Leave, Leaving, RequestLife, stall};
+use switchyard_router::flow::{Event, Leave, Step, stall};
 
 use super::dispatch::{Attempt, RequestRun};
-use super::{Piece, PipelineShell, given_up};
+use super::{Piece, PipelineShell};
 use crate::openai::ApiError;
 use crate::openai::response::Usage;
 use crate::preprocess::IncrementalDecoder;
@@ -181,9 +181,12 @@ impl Streaming {
                     "The worker answered with output this frontend does not expect.",
                 )),
                 Woken::Item(Some(Err(error))) => {
-                    self.leave(worker, why_of(&error), |life, w, shell| {
-                        life.stream_error(w, &error, shell)
-                    })
+                    let worker_id = worker.worker_id;
+                    let event = Event::StreamError {
+                        worker: worker_id,
+                        error: &error,
+                    };
+                    self.leave(worker, why_of(&error), event)
                 }
                 // The stream ended without finishing: the worker was lost.
                 Woken::Item(None) => self.move_on(Leave::Failed(Failure::Disconnected)),
@@ -195,10 +198,13 @@ impl Streaming {
                         Some(last) if self.run.life.attempt_tokens() > 0 => last.elapsed(),
                         _ => self.stall,
                     };
-                    let idle = self.run.frontend.routing.progress(worker.worker_id).idle();
-                    self.leave(worker, "stalled", |life, w, shell| {
-                        life.stalled(w, waited, idle, shell)
-                    });
+                    let worker_idle = self.run.frontend.routing.progress(worker.worker_id).idle();
+                    let event = Event::Stalled {
+                        worker: worker.worker_id,
+                        waited,
+                        worker_idle,
+                    };
+                    self.leave(worker, "stalled", event);
                 }
                 // Already counted against the worker by whoever found it unhealthy.
                 Woken::Outage => self.move_on(Leave::Outage),
@@ -233,7 +239,10 @@ impl Streaming {
                 // it goes again with the new one (dropping the attempt cancels it there;
                 // the text computed meanwhile is in its prefix cache).
                 self.attempt = None;
-                self.run.frontend.routing.finish(self.run.id);
+                let frontend = std::sync::Arc::clone(&self.run.frontend);
+                self.run
+                    .life
+                    .step(Event::PromptChanged, &mut PipelineShell(&frontend));
                 self.prompt_tokens = self.run.prompt_tokens();
             }
             Ok(_) => {
@@ -346,32 +355,24 @@ impl Streaming {
         let Some(worker) = self.attempt.as_ref().map(|a| a.worker) else {
             return;
         };
-        self.leave(worker, why.name(), |life, w, shell| {
-            life.left(w, why, shell)
-        });
+        let left = Event::Left {
+            worker: worker.worker_id,
+            why,
+        };
+        self.leave(worker, why.name(), left);
     }
 
-    /// Leaves the current worker as its life decides (`decide`, for a reason named `why`):
+    /// Leaves the current worker as its life decides (told `event`, for a reason named `why`):
     /// the request moves on (the next round dispatches elsewhere), or fails if it may not
     /// move again. A request whose tokens all arrived (the worker was lost between its
     /// last token and its `Finished`) is complete instead: moved, it would be asked for a
     /// token past its end.
-    fn leave(
-        &mut self,
-        worker: WorkerKey,
-        why: &'static str,
-        decide: impl FnOnce(&mut RequestLife, WorkerId, &mut PipelineShell<'_>) -> Leaving,
-    ) {
+    fn leave(&mut self, worker: WorkerKey, why: &'static str, event: Event<'_>) {
         // Dropping its stream cancels the request on that worker, if it is still there.
         self.attempt = None;
         let frontend = std::sync::Arc::clone(&self.run.frontend);
-        let leaving = decide(
-            &mut self.run.life,
-            worker.worker_id,
-            &mut PipelineShell(&frontend),
-        );
-        match leaving {
-            Leaving::Complete(reason) => {
+        match self.run.life.step(event, &mut PipelineShell(&frontend)) {
+            Step::Finish(reason) => {
                 tracing::info!(
                     request = %self.run.id,
                     worker = %worker.worker_id,
@@ -380,7 +381,7 @@ impl Streaming {
                 );
                 self.complete(reason);
             }
-            Leaving::Move => {
+            Step::Move => {
                 tracing::warn!(
                     request = %self.run.id,
                     worker = %worker.worker_id,
@@ -391,11 +392,8 @@ impl Streaming {
                 frontend.metrics.count_migration(why);
                 self.moved_at = Some(Instant::now());
             }
-            Leaving::GiveUp(give_up) => self.fail(given_up(
-                give_up,
-                frontend.config.admission.retry_after,
-                &frontend.metrics,
-            )),
+            Step::GiveUp(give_up) => self.fail(self.run.given_up(give_up)),
+            step => self.fail(super::dispatch::unexpected(step)),
         }
     }
 
@@ -404,7 +402,7 @@ impl Streaming {
         let frontend = std::sync::Arc::clone(&self.run.frontend);
         self.run
             .life
-            .finished(worker, &mut PipelineShell(&frontend));
+            .step(Event::Finished { worker }, &mut PipelineShell(&frontend));
     }
 
     /// New output: its tokens, and its text when the engine sent text (else it is decoded
@@ -418,7 +416,11 @@ impl Streaming {
         };
         let worker = attempt.worker;
         attempt.progress.mark(now);
-        if self.run.life.tokens(tokens, &mut PipelineShell(&frontend)) {
+        let step = self
+            .run
+            .life
+            .step(Event::Tokens(tokens), &mut PipelineShell(&frontend));
+        if step == Step::Prefilled {
             // This worker has computed the (possibly resumed) prompt, media included.
             self.run.media_prefilled();
             if let Some(moved) = self.moved_at.take() {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use switchyard_core::protocol::{
-    EngineError, GenerateOutput, GenerateRequest, KvHandle, Phase, Prompt, Resume,
+    EngineError, FinishReason, GenerateOutput, GenerateRequest, KvHandle, Phase, Prompt, Resume,
 };
 use switchyard_core::{Token, WorkerKey};
-use switchyard_router::flow::{self, TryFailure};
+use switchyard_router::flow::{self, Event, Step, TryFailure};
 use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::time::Instant;
 
@@ -24,16 +24,14 @@ pub(super) enum Tried {
     UnderWay(Box<Attempt>),
     /// A worker failed it: its life decides what follows.
     Failed(WorkerKey, TryFailure),
-    /// It is routed again at once, no try counted (its prompt changed behind it, or its
-    /// media came first).
+    /// It is routed again at once, no try counted (its prompt changed behind it).
     Again,
 }
 
 impl RequestRun {
     /// A try on a (prefill, decode) pair: its prompt computed on the prefill worker, then
-    /// its stream from the decode worker, which pulls the KV. Its media, if still being
-    /// encoded, come first (the pair is chosen again once they are: its prompt may have
-    /// changed).
+    /// its stream from the decode worker, which pulls the KV (its media are encoded by
+    /// now: its life had it wait for them).
     pub(super) async fn try_pair(
         &mut self,
         routed: &Routed,
@@ -41,12 +39,6 @@ impl RequestRun {
         prompt: Prompt,
     ) -> Result<Tried, ApiError> {
         let frontend = Arc::clone(&self.frontend);
-        let pending = self.media_pending()? == Some(true);
-        if flow::media::waits_for_media(true, pending) {
-            self.life.reroute(&mut PipelineShell(&frontend));
-            self.media_settled().await?;
-            return Ok(Tried::Again);
-        }
         let worker = routed.decision.worker;
         let generated = self.generated.len() as u32;
         let done = self
@@ -63,7 +55,12 @@ impl RequestRun {
                 return Ok(Tried::Failed(prefill, failure));
             }
         };
-        self.life.handed_over(&mut PipelineShell(&frontend));
+        let handed_over = Event::HandedOver { token: first_token };
+        let ends = match self.life.step(handed_over, &mut PipelineShell(&frontend)) {
+            Step::Stream => None,
+            Step::Finish(reason) => Some(reason),
+            step => return Err(super::dispatch::unexpected(step)),
+        };
         frontend.metrics.count_prefill("remote");
         frontend.metrics.count_dispatch(prefill, true);
         frontend.metrics.count_dispatch(worker, true);
@@ -74,6 +71,7 @@ impl RequestRun {
             worker,
             prompt,
             (first_token, kv, cached_tokens),
+            ends,
         );
         Ok(Tried::UnderWay(Box::new(Attempt {
             worker,
@@ -104,7 +102,8 @@ impl RequestRun {
             match frontend.preprocessor.render_tokens(&prompt.token_ids) {
                 Ok(text) => prompt.text = Some(text),
                 Err(e) => {
-                    self.life.abandoned(&mut PipelineShell(&frontend));
+                    self.life
+                        .step(Event::Abandoned, &mut PipelineShell(&frontend));
                     return Err(ApiError::internal(format!(
                         "Cannot render the prompt as text: {e}"
                     )));
@@ -114,12 +113,14 @@ impl RequestRun {
         let media_pending = match self.media_pending() {
             Ok(pending) => pending == Some(true),
             Err(e) => {
-                self.life.abandoned(&mut PipelineShell(&frontend));
+                self.life
+                    .step(Event::Abandoned, &mut PipelineShell(&frontend));
                 return Err(e);
             }
         };
         if self.prompt_version() != version {
-            self.life.reroute(&mut PipelineShell(&frontend));
+            self.life
+                .step(Event::PromptChanged, &mut PipelineShell(&frontend));
             return Ok(Tried::Again);
         }
         // A worker that merges the media's embeddings gets them (once they are there).
@@ -178,8 +179,8 @@ impl RequestRun {
             }
         };
         frontend.metrics.count_dispatch(worker, true);
-        self.life
-            .sent(ahead_of_media, &mut PipelineShell(&frontend));
+        let sent = Event::Sent { ahead_of_media };
+        self.life.step(sent, &mut PipelineShell(&frontend));
         Ok(Tried::UnderWay(Box::new(Attempt {
             worker,
             stream,
@@ -256,13 +257,14 @@ impl RequestRun {
 
     /// The stream of a disaggregated request: the first token, from its prefill, at once;
     /// then what the decode worker generates once it has pulled the KV. A request whose
-    /// first token ends it goes no further.
+    /// first token ends it (`ends`, as its life decided) goes no further.
     fn decode_stream(
         &self,
         instance: &WorkerInstance,
         worker: WorkerKey,
         mut prompt: Prompt,
         (first_token, kv, cached_tokens): (Token, KvHandle, u32),
+        ends: Option<FinishReason>,
     ) -> ResponseStream {
         let generated = self.generated.len() as u32;
         let left = self.max_tokens.saturating_sub(generated).max(1);
@@ -270,7 +272,7 @@ impl RequestRun {
             token_ids: vec![first_token],
             cached_tokens: Some(cached_tokens),
         };
-        if let Some(reason) = self.life.ended_by_prefill_token(first_token) {
+        if let Some(reason) = ends {
             let finished = GenerateOutput::Finished {
                 reason,
                 completion_tokens: 1,

@@ -5,13 +5,11 @@ use std::time::Duration;
 use switchyard_core::protocol::{EngineError, FinishReason};
 use switchyard_core::{RequestId, Token, WorkerId};
 
-use super::stall;
-use super::{
-    GiveUp, Leave, Leaving, MigrationConfig, NoWorker, Routing, Shell, TryFailure, failure_of,
-};
+use super::{GiveUp, Leave, MigrationConfig, Shell, Step, TryFailure, failure_of};
 use crate::routing::RoutingConfig;
 
-/// One request's life. The shell calls it at each event; it decides what follows.
+/// One request's life. The shell tells it each event ([`Self::step`]); it decides what
+/// follows.
 #[derive(Debug, Clone)]
 pub struct RequestLife {
     id: RequestId,
@@ -35,6 +33,9 @@ pub struct RequestLife {
     unservable: Option<String>,
     /// Since when no worker could take it, while it waits for one.
     no_worker_since: Option<Duration>,
+    /// While none could be chosen away from the workers that failed it: those are tried
+    /// again.
+    unexcluded: bool,
     /// Tokens from the current attempt.
     attempt_tokens: u32,
 }
@@ -61,13 +62,9 @@ impl RequestLife {
             exempt: 0,
             unservable: None,
             no_worker_since: None,
+            unexcluded: false,
             attempt_tokens: 0,
         }
-    }
-
-    /// The request starts (admitted): the fleet may move this many more requests.
-    pub fn start(&mut self, shell: &mut impl Shell) {
-        shell.credit_migration();
     }
 
     pub fn id(&self) -> RequestId {
@@ -94,83 +91,57 @@ impl RequestLife {
         self.attempt_tokens
     }
 
-    /// Workers not to route it to: those that failed it.
+    /// Workers not to route it to: those that failed it (none, while its life says they
+    /// may be tried again).
     pub fn exclusions(&self) -> &[WorkerId] {
-        &self.failed
+        if self.unexcluded { &[] } else { &self.failed }
     }
 
-    /// No worker could be chosen (with the exclusions, or, if `unexcluded`, with none) at
-    /// `now`.
-    pub fn no_worker(&mut self, unexcluded: bool, now: Duration) -> NoWorker {
+    /// No worker could be chosen, away from [`Self::exclusions`], at `now`. A request not
+    /// yet under way gives up; one under way is routed again with none excluded (one that
+    /// failed it may be healthy again), then waits for a worker as long as a queued request
+    /// would.
+    pub(super) fn no_worker(&mut self, now: Duration) -> Step {
         let under_way = !self.failed.is_empty() && self.unservable.is_none();
         if !under_way {
-            return NoWorker::GiveUp(match &self.unservable {
+            return Step::GiveUp(match &self.unservable {
                 Some(message) => GiveUp::Unservable(message.clone()),
                 None if self.failed.is_empty() => GiveUp::NoWorkers,
                 None => GiveUp::NoOtherWorker,
             });
         }
-        if !unexcluded {
-            return NoWorker::RouteUnexcluded;
+        self.unexcluded = !self.unexcluded;
+        if self.unexcluded {
+            return Step::Route;
         }
         let since = *self.no_worker_since.get_or_insert(now);
         let until = since + self.queue_timeout;
         if now < until {
-            NoWorker::Wait { until }
+            Step::Wait { until }
         } else {
-            NoWorker::GiveUp(GiveUp::NoOtherWorker)
+            Step::GiveUp(GiveUp::NoOtherWorker)
         }
     }
 
-    /// Routes it: `route` is asked for a worker away from those that failed it (with none
-    /// excluded, when its life says they may be tried again) and answers `None` when no
-    /// worker can be chosen. When none can, the request waits for one or gives up, as its
-    /// life decides ([`Self::no_worker`]) at `now`.
-    pub fn route<T, E>(
-        &mut self,
-        now: Duration,
-        mut route: impl FnMut(&[WorkerId]) -> Result<Option<T>, E>,
-    ) -> Result<Routing<T>, E> {
-        let mut unexcluded = false;
-        loop {
-            let exclude = if unexcluded {
-                &[][..]
-            } else {
-                &self.failed[..]
-            };
-            if let Some(routed) = route(exclude)? {
-                self.no_worker_since = None;
-                return Ok(Routing::Routed(routed));
-            }
-            match self.no_worker(unexcluded, now) {
-                NoWorker::RouteUnexcluded => unexcluded = true,
-                NoWorker::Wait { until } => return Ok(Routing::Wait { until }),
-                NoWorker::GiveUp(give_up) => return Ok(Routing::GiveUp(give_up)),
-            }
-        }
-    }
-
-    /// It is routed again before it was sent (its prompt changed behind it, or it waits
-    /// for its media first): the router's records of the last routing are released, and
-    /// no try is counted.
-    pub fn reroute(&mut self, shell: &mut impl Shell) {
-        shell.release(self.id);
+    /// A worker was chosen: the next time none can be, the wait starts afresh.
+    pub(super) fn routed(&mut self) {
+        self.no_worker_since = None;
+        self.unexcluded = false;
     }
 
     /// A try on `worker` failed before the request was under way there: counted against
     /// the worker if it is at fault, the worker excluded, the router's records released.
-    /// Returns how long to wait before the next try (none: try at once), or why it gives
-    /// up.
-    pub fn try_failed(
+    /// It is routed again at once, after a backoff, or gives up.
+    pub(super) fn try_failed(
         &mut self,
         worker: WorkerId,
         failure: TryFailure,
         shell: &mut impl Shell,
-    ) -> Result<Option<Duration>, GiveUp> {
+    ) -> Step {
         shell.release(self.id);
         let (error, counted) = match failure {
             TryFailure::Refused(EngineError::Invalid(message)) => {
-                return Err(GiveUp::Invalid(message));
+                return Step::GiveUp(GiveUp::Invalid(message));
             }
             TryFailure::Refused(error) => {
                 let counted = failure_of(&error);
@@ -202,7 +173,7 @@ impl RequestLife {
         };
         self.failed.push(worker);
         if self.failed_tries.saturating_sub(self.exempt) >= self.config.max_dispatch_attempts {
-            return Err(match &self.unservable {
+            return Step::GiveUp(match &self.unservable {
                 Some(message) => GiveUp::Unservable(message.clone()),
                 None => GiveUp::Exhausted(error.to_string()),
             });
@@ -210,26 +181,11 @@ impl RequestLife {
         // A request that streamed nothing yet backs off, longer at each failed try; one
         // under way (moved) goes on at once, and so does one that every worker so far
         // could not serve (it looks for one that can).
-        let backoff = (self.generated == 0 && self.unservable.is_none())
-            .then(|| self.config.backoff(self.failed_tries, shell.unit_random()));
-        Ok(backoff)
-    }
-
-    /// Its worker took it (its stream is open): the round of tries ends. A prompt sent
-    /// ahead of its media (`ahead_of_media`: its length, and where its media start) has
-    /// the part from its media on held back until they are ready.
-    pub fn sent(&mut self, ahead_of_media: Option<(u64, u32)>, shell: &mut impl Shell) {
-        if let Some((prompt_tokens, from)) = ahead_of_media {
-            shell.hold_prefill(self.id, prompt_tokens, u64::from(from));
+        if self.generated == 0 && self.unservable.is_none() {
+            Step::BackOff(self.config.backoff(self.failed_tries, shell.unit_random()))
+        } else {
+            Step::Route
         }
-        self.under_way();
-    }
-
-    /// Its remote prefill handed over: the prefill worker no longer counts it, and it is
-    /// under way on its decode worker.
-    pub fn handed_over(&mut self, shell: &mut impl Shell) {
-        shell.prefill_released(self.id);
-        self.under_way();
     }
 
     /// The request is under way on its worker: the round of tries ends.
@@ -238,12 +194,13 @@ impl RequestLife {
         self.exempt = 0;
         self.unservable = None;
         self.no_worker_since = None;
+        self.unexcluded = false;
         self.attempt_tokens = 0;
     }
 
     /// Tokens arrived from its worker. Returns whether they are the attempt's first (its
     /// worker computed the prompt, as the shell was told).
-    pub fn tokens(&mut self, tokens: &[Token], shell: &mut impl Shell) -> bool {
+    pub(super) fn tokens(&mut self, tokens: &[Token], shell: &mut impl Shell) -> bool {
         let first = self.attempt_tokens == 0;
         if first {
             shell.prefill_done(self.id);
@@ -270,16 +227,10 @@ impl RequestLife {
         }
     }
 
-    /// The shell ends it for a reason of its own (its prompt cannot be rendered, its media
-    /// failed): the router's records are released.
-    pub fn abandoned(&mut self, shell: &mut impl Shell) {
-        shell.release(self.id);
-    }
-
     /// Whether the token a remote prefill computed (its attempt's first, not yet counted
-    /// with [`Self::tokens`]) ends the request: a token it stops after, or the last it may
-    /// have. Otherwise its decode worker goes on from it.
-    pub fn ended_by_prefill_token(&self, token: Token) -> Option<FinishReason> {
+    /// as [`super::Event::Tokens`]) ends the request: a token it stops after, or the last
+    /// it may have. Otherwise its decode worker goes on from it.
+    pub(super) fn ended_by_prefill_token(&self, token: Token) -> Option<FinishReason> {
         if self.stop_token_ids.contains(&token) {
             Some(FinishReason::Stop)
         } else if self.tokens_left() <= 1 {
@@ -289,66 +240,29 @@ impl RequestLife {
         }
     }
 
-    /// Its worker said it completed.
-    pub fn finished(&mut self, worker: WorkerId, shell: &mut impl Shell) {
-        shell.count_success(worker);
-        shell.release(self.id);
-    }
-
     /// It leaves `worker`: complete if its tokens all arrived, else moved to another (or
     /// not, past its own limit or the fleet's budget).
-    pub fn left(&mut self, worker: WorkerId, why: Leave, shell: &mut impl Shell) -> Leaving {
+    pub(super) fn left(&mut self, worker: WorkerId, why: Leave, shell: &mut impl Shell) -> Step {
         shell.release(self.id);
         if let Leave::Failed(failure) = why {
             shell.count_failure(worker, failure);
         }
         if let Some(reason) = self.ended_by_tokens() {
-            return Leaving::Complete(reason);
+            return Step::Finish(reason);
         }
         if why != Leave::KvLost {
             self.failed.push(worker);
         }
         if self.moves >= self.config.max_migrations {
-            return Leaving::GiveUp(GiveUp::MoveLimit {
+            return Step::GiveUp(GiveUp::MoveLimit {
                 workers: self.moves + 1,
             });
         }
         if !shell.spend_migration() {
-            return Leaving::GiveUp(GiveUp::MoveBudget);
+            return Step::GiveUp(GiveUp::MoveBudget);
         }
         self.moves += 1;
         self.under_way();
-        Leaving::Move
-    }
-
-    /// Its stream on `worker` got no token for `waited` (the worker produced none on any
-    /// stream for `worker_idle`): counted against the worker (stalled, or hung), then it
-    /// leaves.
-    pub fn stalled(
-        &mut self,
-        worker: WorkerId,
-        waited: Duration,
-        worker_idle: Duration,
-        shell: &mut impl Shell,
-    ) -> Leaving {
-        let failure = stall::stall_failure(waited, worker_idle);
-        self.left(worker, Leave::Failed(failure), shell)
-    }
-
-    /// Its stream's error: it leaves the worker, or gives up when no other would do
-    /// better.
-    pub fn stream_error(
-        &mut self,
-        worker: WorkerId,
-        error: &EngineError,
-        shell: &mut impl Shell,
-    ) -> Leaving {
-        match Leave::of_error(error) {
-            Some(why) => self.left(worker, why, shell),
-            None => {
-                shell.release(self.id);
-                Leaving::GiveUp(GiveUp::Refused(error.to_string()))
-            }
-        }
+        Step::Move
     }
 }

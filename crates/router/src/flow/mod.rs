@@ -6,24 +6,25 @@
 //! 1. **Routed** away from the workers that failed it ([`RequestLife::exclusions`]). When
 //!    none is left, a request that already failed somewhere tries those again; one that is
 //!    under way waits for a worker to join or recover, as long as a queued request would
-//!    ([`RequestLife::no_worker`]).
+//!    ([`Event::NoWorker`]).
 //! 2. **Tried**: sent (its prompt first to a prefill worker, when disaggregated). A try that
 //!    fails is counted against the worker when the worker is at fault, excludes it, and
 //!    is retried after a backoff while nothing was generated; after
 //!    `max_dispatch_attempts` failed tries the request gives up. A worker found unhealthy
 //!    by others while the request was on its way is excluded but the try does not count
-//!    ([`RequestLife::try_failed`]).
+//!    ([`Event::TryFailed`]).
 //! 3. **Under way**: its tokens stream; the first of each attempt means the worker computed
 //!    its prompt. A stream that gets no token in time is stalled, or its worker hangs
 //!    ([`stall`]).
 //! 4. **Moved** when its worker fails: it resumes on another with the tokens delivered so
 //!    far, within `max_migrations` and the fleet-wide budget; one whose tokens all arrived
-//!    is complete instead ([`RequestLife::left`]).
+//!    is complete instead ([`Event::Left`]).
 //! 5. **Done**: complete, counted as a success of its worker, or given up ([`GiveUp`]).
 //!
-//! The life makes the decisions and keeps the counts; the shell driving it (the
-//! frontend's pipeline, the simulator) does the I/O and keeps the time, and is told what to
-//! record through [`Shell`].
+//! The life makes the decisions and keeps the counts, in one function
+//! ([`RequestLife::step`]: an [`Event`] in, the [`Step`] that follows out); the shell
+//! driving it (the frontend's pipeline, the simulator) does the I/O and keeps the time, and
+//! is told what to record through [`Shell`].
 //!
 //! - [`config`]: the migration settings and the fleet-wide budget.
 //! - [`stall`]: deadlines and whose fault a silent stream is.
@@ -33,6 +34,7 @@ pub mod config;
 mod life;
 pub mod media;
 pub mod stall;
+mod step;
 
 use std::time::Duration;
 
@@ -42,6 +44,7 @@ use switchyard_core::protocol::EngineError;
 
 pub use config::{MigrationBudget, MigrationConfig};
 pub use life::RequestLife;
+pub use step::{Event, Step};
 
 use crate::routing::health::Failure;
 
@@ -170,41 +173,6 @@ impl GiveUp {
             GiveUp::MoveBudget => "move_budget",
         }
     }
-}
-
-/// What a request does when no worker can be chosen for it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NoWorker {
-    /// Route it again with no worker excluded: one that failed it may be healthy again.
-    RouteUnexcluded,
-    /// Wait for the fleet to change (a worker joins or recovers), until this instant.
-    Wait {
-        until: Duration,
-    },
-    GiveUp(GiveUp),
-}
-
-/// What routing a request came to ([`RequestLife::route`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Routing<T> {
-    /// A worker (or a pair) was chosen.
-    Routed(T),
-    /// None can take it now: wait for the fleet to change (a worker joins or recovers),
-    /// until this instant.
-    Wait {
-        until: Duration,
-    },
-    GiveUp(GiveUp),
-}
-
-/// What follows a request leaving its worker.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Leaving {
-    /// Its tokens all arrived: it is complete, as if its worker had said so.
-    Complete(switchyard_core::protocol::FinishReason),
-    /// Route it again (resumed after the tokens delivered).
-    Move,
-    GiveUp(GiveUp),
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! Disaggregated requests: a prompt computed on a prefill worker, its KV pulled by the
 //! decode worker, which generates the rest.
 
-use switchyard_core::protocol::EngineError;
+use switchyard_core::protocol::{EngineError, FinishReason};
 use switchyard_core::{RequestId, Token, WorkerId, WorkerKey};
 use switchyard_mocker::MockRequest;
-use switchyard_router::flow::{Leave, TryFailure};
+use switchyard_router::flow::{Event as LifeEvent, Leave, Step, TryFailure};
 
 use super::{Event, Fleet, Slot, micros, slot_of};
 use crate::faults::FaultKind;
@@ -61,28 +61,31 @@ impl Fleet<'_> {
 
     /// A remote prefill produced the request's next token (its first, or the first after
     /// a move): the request is under way on its decode worker, which (unless that token
-    /// ends it) pulls the KV blocks it lacks and then generates the rest. Returns whether
-    /// the decode worker is gone (the request then leaves it, once the token is counted).
+    /// ends it) pulls the KV blocks it lacks and then generates the rest. Returns how that
+    /// token ends the request, if it does, and whether the decode worker is gone (the
+    /// request then leaves it, once the token is counted).
     pub(super) fn remote_prefill_done(
         &mut self,
         index: u32,
         token: Token,
         pslot: usize,
         dslot: usize,
-        ends: bool,
-    ) -> bool {
+    ) -> (Option<FinishReason>, bool) {
         let id = RequestId(u64::from(index));
-        self.with_life(index, |life, shell| life.handed_over(shell));
+        let handed_over = LifeEvent::HandedOver { token };
+        let step = self.with_life(index, |life, shell| life.step(handed_over, shell));
         self.prefill_ids.remove(&id.prefill_stage());
         self.requests[index as usize].remote_prefill = None;
-        if ends {
-            return false;
+        match step {
+            Step::Stream => {}
+            Step::Finish(reason) => return (Some(reason), false),
+            step => unreachable!("a handover does not lead to {step:?}"),
         }
         if !matches!(self.slots[dslot], Slot::Up | Slot::Draining) {
-            return true;
+            return (None, true);
         }
         let Some(disagg) = self.config.disagg else {
-            return false;
+            return (None, false);
         };
         let (mut prompt, left, generated) = self.resumed(index);
         let prompt_tokens = prompt.total_tokens() as u32;
@@ -109,7 +112,7 @@ impl Fleet<'_> {
         let moves = state.moves;
         self.transfers.insert(index, (moves, dslot, mock));
         self.schedule(self.now + transfer, Event::TransferDone(index, moves));
-        false
+        (None, false)
     }
 
     /// The prefill worker in `slot` failed: the decode workers pulling KV from it find it

@@ -7,7 +7,7 @@ use std::time::Duration;
 use switchyard_core::protocol::EngineError;
 use switchyard_core::{RequestId, WorkerId};
 use switchyard_mocker::MockEngine;
-use switchyard_router::flow::{Leave, Leaving, TryFailure, stall};
+use switchyard_router::flow::{Event as LifeEvent, Leave, Step, TryFailure, stall};
 use switchyard_router::routing::health::Failure;
 
 use super::{Event, Fleet, Outcome, Slot, StepOutput, worker_key, worker_spec};
@@ -214,10 +214,12 @@ impl Fleet<'_> {
         }
         state.caught = true;
         self.failures.interrupted += 1;
-        match self.with_life(index, |life, shell| life.left(worker, why, shell)) {
-            Leaving::GiveUp(give_up) => return self.give_up(index, &give_up),
-            Leaving::Complete(reason) => return self.complete(index, reason, self.now),
-            Leaving::Move => {}
+        let left = LifeEvent::Left { worker, why };
+        match self.with_life(index, |life, shell| life.step(left, shell)) {
+            Step::GiveUp(give_up) => return self.give_up(index, &give_up),
+            Step::Finish(reason) => return self.complete(index, reason, self.now),
+            Step::Move => {}
+            step => unreachable!("leaving a worker does not lead to {step:?}"),
         }
         self.requests[index as usize].moves += 1;
         let (prompt, left, generated) = self.resumed(index);

@@ -10,7 +10,7 @@ use switchyard_core::protocol::EngineError;
 use switchyard_core::{MediaSpan, RequestId, Token, TokenBlocks, WorkerId, WorkerKey};
 use switchyard_mocker::MockRequest;
 use switchyard_mocker::tokens::{TokenRules, token_at};
-use switchyard_router::flow::{self, GiveUp, Routing, Shell, TryFailure};
+use switchyard_router::flow::{Event as LifeEvent, GiveUp, Shell, Step, TryFailure};
 use switchyard_router::routing::health::{Failure, HealthChange};
 use switchyard_router::{
     HealthState, LocalReason, PairDecision, RequestLife, RouteDecision, RouteQuery, RoutingCore,
@@ -106,7 +106,7 @@ impl Fleet<'_> {
     /// joint routing, a worker holding its media already is predicted to be sooner), and
     /// to its worker (at once, with overlap; once encoded, without).
     pub(super) fn dispatch(&mut self, index: u32) {
-        self.with_life(index, |life, shell| life.start(shell));
+        self.with_life(index, |life, shell| life.step(LifeEvent::Admitted, shell));
         let request = &self.workload.requests[index as usize];
         if !request.media.is_empty() {
             self.media.requests += 1;
@@ -195,13 +195,6 @@ impl Fleet<'_> {
                 self.disagg.count_local(local);
             }
             let failed = match prefill {
-                _ if flow::media::waits_for_media(prefill.is_some(), mock.media_gate.is_some()) => {
-                    // A prefill worker hands over a finished prompt: routed again once its
-                    // media are encoded.
-                    self.with_life(index, |life, shell| life.reroute(shell));
-                    self.requests[index as usize].route_when_encoded = true;
-                    return;
-                }
                 Some(prefill) => self
                     .start_remote_prefill(index, &mock, decode.worker, prefill.worker)
                     .err(),
@@ -219,8 +212,8 @@ impl Fleet<'_> {
     }
 
     /// Routes the request as its life decides: a worker (or a pair) and why a request for
-    /// a decode worker is prefilled there, if it is; none when it waits for a worker or
-    /// gave up.
+    /// a decode worker is prefilled there, if it is; none when it waits (for a worker, or
+    /// for its media) or gave up.
     fn route_for(
         &mut self,
         index: u32,
@@ -235,27 +228,40 @@ impl Fleet<'_> {
             ..RoutingOverrides::default()
         };
         let overlaps = self.indexer.find_matches_blocks(&mock.prompt);
-        let (core, now) = (&mut self.core, self.now);
-        let routed = self.lives[index as usize].route(now, |exclude| {
+        loop {
             let query = RouteQuery {
                 id: mock.id,
                 blocks: &mock.prompt,
                 overrides,
-                exclude,
+                exclude: self.lives[index as usize].exclusions(),
             };
-            Ok::<_, std::convert::Infallible>(core.route_pair(&query, &overlaps, now).ok())
-        });
-        match routed {
-            Ok(Routing::Routed(routed)) => Some(routed),
-            Ok(Routing::Wait { until }) => {
-                self.wait_for_worker(index, until);
-                None
+            let routed = self.core.route_pair(&query, &overlaps, self.now).ok();
+            let event = match &routed {
+                Some((pair, _)) => LifeEvent::Routed {
+                    pair: pair.prefill.is_some(),
+                    media_pending: mock.media_gate.is_some(),
+                },
+                None => LifeEvent::NoWorker { now: self.now },
+            };
+            match self.with_life(index, |life, shell| life.step(event, shell)) {
+                Step::Route => {}
+                Step::Send => return routed,
+                // A prefill worker hands over a finished prompt: routed again once its
+                // media are encoded.
+                Step::AwaitMedia => {
+                    self.requests[index as usize].route_when_encoded = true;
+                    return None;
+                }
+                Step::Wait { until } => {
+                    self.wait_for_worker(index, until);
+                    return None;
+                }
+                Step::GiveUp(give_up) => {
+                    self.give_up(index, &give_up);
+                    return None;
+                }
+                step => unreachable!("routing a request does not lead to {step:?}"),
             }
-            Ok(Routing::GiveUp(give_up)) => {
-                self.give_up(index, &give_up);
-                None
-            }
-            Err(never) => match never {},
         }
     }
 
@@ -318,7 +324,8 @@ impl Fleet<'_> {
         self.requests[index as usize].placed_at = self.now;
         self.requests[index as usize].worker = Some(worker);
         self.per_worker_requests[slot] += 1;
-        self.with_life(index, |life, shell| life.sent(ahead_of_media, shell));
+        let sent = LifeEvent::Sent { ahead_of_media };
+        self.with_life(index, |life, shell| life.step(sent, shell));
         if self.step_end[slot].is_none() {
             self.start_step(slot, self.now);
         }
@@ -330,7 +337,10 @@ impl Fleet<'_> {
     fn bind(&mut self, index: u32, worker: WorkerKey) {
         self.requests[index as usize].worker = Some(worker);
         self.per_worker_requests[slot_of(worker)] += 1;
-        self.with_life(index, |life, shell| life.sent(None, shell));
+        let sent = LifeEvent::Sent {
+            ahead_of_media: None,
+        };
+        self.with_life(index, |life, shell| life.step(sent, shell));
     }
 
     /// How long sending `kv_tokens` of a moved request's KV to the engine in `slot` takes,
@@ -361,16 +371,18 @@ impl Fleet<'_> {
     /// A try of request `index` on `worker` failed: its life decides. Returns whether to
     /// try again at once (else it waits out a backoff, or gave up).
     pub(super) fn try_failed(&mut self, index: u32, worker: WorkerId, failure: TryFailure) -> bool {
-        match self.with_life(index, |life, shell| life.try_failed(worker, failure, shell)) {
-            Ok(None) => true,
-            Ok(Some(backoff)) => {
+        let failed = LifeEvent::TryFailed { worker, failure };
+        match self.with_life(index, |life, shell| life.step(failed, shell)) {
+            Step::Route => true,
+            Step::BackOff(backoff) => {
                 self.schedule(self.now + backoff, Event::Retry(index));
                 false
             }
-            Err(give_up) => {
+            Step::GiveUp(give_up) => {
                 self.give_up(index, &give_up);
                 false
             }
+            step => unreachable!("a failed try does not lead to {step:?}"),
         }
     }
 

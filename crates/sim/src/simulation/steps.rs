@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use switchyard_core::KvEvent;
 use switchyard_core::protocol::FinishReason;
-use switchyard_router::flow::Leave;
+use switchyard_router::flow::{Event as LifeEvent, Leave, Step};
 use switchyard_router::routing::health::Failure;
 
 use super::{Fleet, Outcome, Slot, media_class, micros, slot_of, worker_key};
@@ -38,26 +38,20 @@ impl Fleet<'_> {
             let remote = self.requests[index]
                 .remote_prefill
                 .filter(|&(pslot, _)| pslot == slot);
-            // A remote prefill's token: it ends the request only on a stop token or when
-            // it is the last one it may have.
-            let finish = match remote {
-                Some(_) => self.lives[index].ended_by_prefill_token(token.token),
-                None => token.finish,
-            };
+            let mut finish = token.finish;
             let mut decode_lost = None;
-            if let Some((pslot, dslot)) = remote
-                && self.remote_prefill_done(
-                    index as u32,
-                    token.token,
-                    pslot,
-                    dslot,
-                    finish.is_some(),
-                )
-            {
-                decode_lost = Some(worker_key(dslot as u32).worker_id);
+            if let Some((pslot, dslot)) = remote {
+                // A remote prefill's token: it ends the request only on a stop token or
+                // when it is the last one it may have.
+                let lost;
+                (finish, lost) = self.remote_prefill_done(index as u32, token.token, pslot, dslot);
+                if lost {
+                    decode_lost = Some(worker_key(dslot as u32).worker_id);
+                }
             }
+            let tokens = LifeEvent::Tokens(std::slice::from_ref(&token.token));
             let first_of_attempt = self.with_life_at(index as u32, now, |life, shell| {
-                life.tokens(std::slice::from_ref(&token.token), shell)
+                life.step(tokens, shell) == Step::Prefilled
             });
             let state = &mut self.requests[index];
             if let Some(since) = state.interrupted_at.take() {
@@ -96,9 +90,10 @@ impl Fleet<'_> {
             self.report.output_tokens += 1;
             if let Some(reason) = finish {
                 if let Some(worker) = state.worker {
-                    self.with_life_at(index as u32, now, |life, shell| {
-                        life.finished(worker.worker_id, shell)
-                    });
+                    let finished = LifeEvent::Finished {
+                        worker: worker.worker_id,
+                    };
+                    self.with_life_at(index as u32, now, |life, shell| life.step(finished, shell));
                 }
                 self.complete(index as u32, reason, now);
                 freed = true;
