@@ -75,6 +75,8 @@ impl Engine for CandleWorker {
             prompt_text: false,
             media_embeddings: true,
             modalities: switchyard_core::Modalities::default(),
+            constraints: switchyard_core::protocol::ConstraintKinds::NONE,
+            vocabularies: &[],
         }
     }
 

@@ -1,5 +1,6 @@
 //! Switchyard's shared vocabulary: no I/O, no clocks, no policy.
 //!
+//! - [`builtin_vocab`]: the built-in byte-level vocabulary (`serve` without model files).
 //! - [`hash`]: local block hashes and chained sequence hashes, compatible with Dynamo
 //!   (XXH3-64, seed 1337, token ids as u32 little-endian).
 //! - [`blocks`]: a token sequence cut into fixed-size blocks, with the partial last block
@@ -18,6 +19,7 @@
 //!   JSON and MessagePack encodings.
 
 pub mod blocks;
+pub mod builtin_vocab;
 pub mod event;
 pub mod hash;
 pub mod load;

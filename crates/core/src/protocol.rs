@@ -298,6 +298,121 @@ pub struct SamplingParams {
     /// Additive biases on token logits, in [-100, 100], sorted by token; -100 bans a token.
     #[serde(default)]
     pub logit_bias: Vec<(Token, f32)>,
+    /// What the answer must be (structured output); only workers that enforce its kind
+    /// get the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Constraint>,
+    /// The name of the vocabulary the request's token ids are in, when the frontend knows
+    /// one (an engine enforcing a constraint over token ids needs to know what they spell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary: Option<String>,
+}
+
+/// What an engine may generate for a request: an answer it ends with `stop` is in the
+/// constraint's language (one cut by its token budget ends with `length`). Enforced by
+/// masking every step's tokens; the grammar's end is the answer's end.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON value valid under this JSON Schema (its JSON text).
+    JsonSchema(String),
+    /// Text that this regular expression matches in full (Rust `regex` syntax).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text in the language of this grammar, in the Lark syntax of `llguidance`.
+    Grammar(String),
+}
+
+impl Constraint {
+    pub fn kind(&self) -> ConstraintKind {
+        match self {
+            Constraint::JsonObject => ConstraintKind::JsonObject,
+            Constraint::JsonSchema(_) => ConstraintKind::JsonSchema,
+            Constraint::Regex(_) => ConstraintKind::Regex,
+            Constraint::Choice(_) => ConstraintKind::Choice,
+            Constraint::Grammar(_) => ConstraintKind::Grammar,
+        }
+    }
+}
+
+/// The kinds of [`Constraint`], as a worker states which it enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConstraintKind {
+    JsonObject,
+    JsonSchema,
+    Regex,
+    Choice,
+    Grammar,
+}
+
+impl ConstraintKind {
+    pub const ALL: [ConstraintKind; 5] = [
+        ConstraintKind::JsonObject,
+        ConstraintKind::JsonSchema,
+        ConstraintKind::Regex,
+        ConstraintKind::Choice,
+        ConstraintKind::Grammar,
+    ];
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ConstraintKind::JsonObject => "json_object",
+            ConstraintKind::JsonSchema => "json_schema",
+            ConstraintKind::Regex => "regex",
+            ConstraintKind::Choice => "choice",
+            ConstraintKind::Grammar => "grammar",
+        }
+    }
+}
+
+/// The constraint kinds a worker enforces (on the wire, a list of their names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Vec<ConstraintKind>", into = "Vec<ConstraintKind>")]
+pub struct ConstraintKinds(u8);
+
+impl ConstraintKinds {
+    pub const NONE: ConstraintKinds = ConstraintKinds(0);
+
+    pub fn all() -> Self {
+        ConstraintKind::ALL.into_iter().collect()
+    }
+
+    pub fn contains(self, kind: ConstraintKind) -> bool {
+        self.0 & kind.bit() != 0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl FromIterator<ConstraintKind> for ConstraintKinds {
+    fn from_iter<I: IntoIterator<Item = ConstraintKind>>(kinds: I) -> Self {
+        ConstraintKinds(kinds.into_iter().fold(0, |bits, kind| bits | kind.bit()))
+    }
+}
+
+impl From<Vec<ConstraintKind>> for ConstraintKinds {
+    fn from(kinds: Vec<ConstraintKind>) -> Self {
+        kinds.into_iter().collect()
+    }
+}
+
+impl From<ConstraintKinds> for Vec<ConstraintKind> {
+    fn from(kinds: ConstraintKinds) -> Self {
+        ConstraintKind::ALL
+            .into_iter()
+            .filter(|&kind| kinds.contains(kind))
+            .collect()
+    }
 }
 
 impl SamplingParams {

@@ -244,6 +244,25 @@ fn common(
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
     check_unsupported(&params)?;
+    let constraint = crate::constraint::constraint(&params.structured)?;
+    if let Some((constraint, param)) = &constraint {
+        let kind = constraint.kind();
+        let vocabulary = frontend.preprocessor.vocabulary();
+        if frontend.routing.unable(kind, vocabulary).is_none() {
+            return Err(ApiError::invalid_param(
+                param,
+                format!(
+                    "no worker serving this model enforces `{}` constraints{}",
+                    kind.name(),
+                    if vocabulary.is_none() {
+                        " over this model's tokenizer"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+    }
     let logit_bias = logit_bias(&params, frontend.preprocessor.vocab_size())?;
     for (name, value) in [
         ("frequency_penalty", params.frequency_penalty),
@@ -388,6 +407,11 @@ fn common(
             frequency_penalty: params.frequency_penalty.map(|v| v as f32),
             presence_penalty: params.presence_penalty.map(|v| v as f32),
             logit_bias,
+            vocabulary: constraint
+                .as_ref()
+                .and_then(|_| frontend.preprocessor.vocabulary())
+                .map(str::to_owned),
+            constraint: constraint.map(|(constraint, _)| constraint),
             stop_token_ids: if params.ignore_eos == Some(true) {
                 Vec::new()
             } else {
@@ -481,35 +505,6 @@ fn check_unsupported(params: &CommonParams) -> Result<(), ApiError> {
     }
     if params.web_search {
         return unsupported("web_search_options", "web search is not supported".into());
-    }
-    if let Some(name) = params.guided {
-        return unsupported(
-            name,
-            format!("`{name}` (structured output) is not supported yet"),
-        );
-    }
-    if let Some(format) = &params.response_format {
-        match format.kind.as_str() {
-            "text" => {}
-            "json_object" | "json_schema" => {
-                return unsupported(
-                    "response_format",
-                    format!(
-                        "`response_format` `{}` (structured output) is not supported",
-                        format.kind
-                    ),
-                );
-            }
-            other => {
-                return unsupported(
-                    "response_format",
-                    format!(
-                        "unknown `response_format` type `{}`; expected text, json_object or json_schema",
-                        crate::openai::error::echo(other)
-                    ),
-                );
-            }
-        }
     }
     if let Some(modalities) = &params.modalities
         && let Some(other) = modalities.iter().find(|m| m.as_str() != "text")

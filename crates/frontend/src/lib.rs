@@ -19,6 +19,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod constraint;
 pub mod convert;
 pub mod feature_store;
 pub mod http;

@@ -34,6 +34,7 @@ use crate::config::{EngineArgs, InvalidArgs};
 use crate::perf::{PerfModel, StepShape};
 use crate::sequence::Sequence;
 use crate::tokens::TokenRules;
+use switchyard_grammar::Guide;
 
 mod alloc;
 mod media;
@@ -75,6 +76,10 @@ pub struct MockRequest {
     /// Its media's first position and positions in all, for staging (see
     /// [`EngineArgs::staging_tokens`]); none: no media, or staging not modelled.
     pub media: Option<(u32, u32)>,
+    /// Its constraint (structured output), having taken the output generated before this
+    /// request: the draws keep to it, and its end ends the request (see
+    /// [`crate::tokens::token_guided`]).
+    pub guide: Option<Box<Guide>>,
 }
 
 impl MockRequest {
@@ -92,6 +97,7 @@ impl MockRequest {
             imported_tokens: 0,
             media_gate: None,
             media: None,
+            guide: None,
         }
     }
 }
@@ -311,6 +317,7 @@ impl MockEngine {
             arrival: self.arrivals,
             sent_ahead: request.media_gate.is_some(),
             behind: None,
+            guide: request.guide,
         });
         self.arrivals += 1;
         if request.media_gate.is_none() && request.media.is_some() {

@@ -54,6 +54,8 @@ pub struct Sequence {
     /// the earlier ones still computing their prompts (see
     /// [`crate::EngineArgs::defer_ready_media`]).
     pub behind: Option<u64>,
+    /// Its constraint, where it stands in it.
+    pub guide: Option<Box<switchyard_grammar::Guide>>,
 }
 
 impl Sequence {

@@ -9,6 +9,8 @@
 use rustc_hash::FxHashMap;
 use switchyard_core::Token;
 use switchyard_core::protocol::SamplingParams;
+use switchyard_grammar::guide::pressure;
+use switchyard_grammar::{Guide, Pick};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Size of the vocabulary tokens are drawn from.
@@ -181,6 +183,33 @@ pub fn token_under(
     nth_allowed(j.min(u64::from(plain) - 1), &in_vocab)
 }
 
+/// The token at absolute `position` under `guide`, a request's constraint: the draw of
+/// [`token_under`], kept when the constraint allows it, else another allowed token, drawn
+/// uniformly; leaning more and more to the token that ends the constraint soonest as the
+/// `(generated, budget)` output tokens run out (see [`switchyard_grammar::Guide::pick`] and
+/// [`switchyard_grammar::guide::pressure`]). Still a pure function of the seed, the key, the
+/// position and the output so far. On a draw the matcher cannot make, the token that ends
+/// the sequence, as an error.
+pub fn token_guided(
+    seed: u64,
+    stream_key: u64,
+    position: u32,
+    rules: &TokenRules,
+    counts: &FxHashMap<Token, u32>,
+    guide: &mut Guide,
+    (generated, budget): (u32, u32),
+) -> Result<Token, Token> {
+    let pick = Pick {
+        plain: token_under(seed, stream_key, position, rules, counts),
+        close: unit(seed ^ CLOSE_SALT, stream_key, position),
+        other: unit(seed ^ OTHER_SALT, stream_key, position),
+        pressure: pressure(generated, budget),
+    };
+    guide.pick(&pick).map_err(|_| guide.eos())
+}
+
+const CLOSE_SALT: u64 = 0x2545_f491_4f6c_dd1d;
+const OTHER_SALT: u64 = 0x6a09_e667_f3bc_c909;
 const MASS_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
 const PLAIN_SALT: u64 = 0x5851_f42d_4c95_7f2d;
 

@@ -779,3 +779,59 @@ proptest::proptest! {
         proptest::prop_assert_eq!(e.staged_tokens(), 0);
     }
 }
+
+/// The request keyed 5 under a JSON constraint, resumed after `generated` of `earlier`'s
+/// tokens (the guide having taken them), on a fresh engine: its tokens.
+fn constrained_run(prompt: &[u32], earlier: &[u32], max_output_tokens: u32) -> Vec<TokenOutput> {
+    let grammars = switchyard_grammar::Grammars::builtin().unwrap();
+    let constraint = switchyard_core::protocol::Constraint::JsonSchema(
+        r#"{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a","b"]}"#.into(),
+    );
+    let mut guide = grammars.guide(&constraint).unwrap();
+    guide.take(earlier).unwrap();
+    let mut whole = prompt.to_vec();
+    whole.extend_from_slice(earlier);
+    let mut e = engine(EngineArgs {
+        block_size: 4,
+        ..EngineArgs::default()
+    });
+    e.add_request(MockRequest {
+        generated: earlier.len() as u32,
+        stream_key: 5,
+        guide: Some(Box::new(guide)),
+        ..request(1, &whole, 4, max_output_tokens - earlier.len() as u32)
+    })
+    .unwrap();
+    run(&mut e).0
+}
+
+#[test]
+fn a_constrained_request_ends_with_its_constraint_and_resumes_on_another_engine_the_same() {
+    let prompt: Vec<u32> = (1..=10).collect();
+    let whole = constrained_run(&prompt, &[], 200);
+    let last = whole.last().unwrap();
+    assert_eq!(last.token, switchyard_core::builtin_vocab::EOS);
+    assert_eq!(
+        last.finish,
+        Some(FinishReason::Stop),
+        "the constraint's end ends it"
+    );
+    let vocabulary = switchyard_grammar::Vocabulary::builtin();
+    let text: Vec<u8> = whole[..whole.len() - 1]
+        .iter()
+        .flat_map(|t| vocabulary.tokens[t.token as usize].clone())
+        .collect();
+    let value: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert!(value["a"].is_number() && value["b"].is_string(), "{value}");
+    // Moved after a few tokens: the rest is what the first engine drew.
+    let tokens: Vec<u32> = whole.iter().map(|t| t.token).collect();
+    for cut in [1, 3, tokens.len() / 2] {
+        let rest = constrained_run(&prompt, &tokens[..cut], 200);
+        let rest: Vec<u32> = rest.iter().map(|t| t.token).collect();
+        assert_eq!(rest, tokens[cut..], "resumed after {cut}");
+    }
+    // A budget that ends first: cut short, and said so.
+    let short = constrained_run(&prompt, &[], 3);
+    assert_eq!(short.len(), 3);
+    assert_eq!(short.last().unwrap().finish, Some(FinishReason::Length));
+}

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use switchyard_core::protocol::{ConstraintKind, ConstraintKinds};
 use switchyard_core::{Modalities, WorkerId, WorkerRole};
 use thiserror::Error;
 use tokio::sync::watch;
@@ -58,6 +59,14 @@ pub struct WorkerInstance {
     /// What an encoder worker encodes (every modality unless it says).
     #[serde(default, skip_serializing_if = "Modalities::is_all")]
     pub modalities: Modalities,
+    /// The constraint kinds its engine enforces (structured output).
+    #[serde(default, skip_serializing_if = "ConstraintKinds::is_empty")]
+    pub constraints: ConstraintKinds,
+    /// The vocabularies it enforces constraints over, by name, when it enforces them over
+    /// token ids (a frontend sends it constrained requests only in one of them); none for
+    /// an engine that takes text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vocabularies: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -83,7 +92,16 @@ impl WorkerInstance {
             prompt_text: false,
             media_embeddings: false,
             modalities: Modalities::default(),
+            constraints: ConstraintKinds::NONE,
+            vocabularies: Vec::new(),
         }
+    }
+
+    /// Whether its engine enforces `kind` for a frontend whose vocabulary is `vocabulary`.
+    pub fn enforces(&self, kind: ConstraintKind, vocabulary: Option<&str>) -> bool {
+        self.constraints.contains(kind)
+            && (self.vocabularies.is_empty()
+                || vocabulary.is_some_and(|v| self.vocabularies.iter().any(|w| w == v)))
     }
 }
 

@@ -88,10 +88,8 @@ async fn invalid_values_are_400_naming_the_parameter() {
             "repetition_penalty",
         ),
         (base(json!({"min_tokens": 3})), "min_tokens"),
-        (
-            base(json!({"guided_json": {"type": "object"}})),
-            "guided_json",
-        ),
+        (base(json!({"guided_json": {"type": "foo"}})), "guided_json"),
+        (base(json!({"guided_regex": "a(b"})), "guided_regex"),
         (
             base(json!({"web_search_options": {}})),
             "web_search_options",
@@ -140,12 +138,12 @@ async fn invalid_values_are_400_naming_the_parameter() {
             "logit_bias",
         ),
         (
-            base(json!({"response_format": {"type": "json_object"}})),
+            base(json!({"response_format": {"type": "xml"}})),
             "response_format",
         ),
         (
-            base(json!({"response_format": {"type": "json_schema", "json_schema": {}}})),
-            "response_format",
+            base(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})),
+            "response_format.json_schema.schema",
         ),
         (
             base(json!({"functions": [{"name": "f", "parameters": {}}]})),

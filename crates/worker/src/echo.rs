@@ -43,6 +43,8 @@ impl Engine for Echo {
             prompt_text: false,
             media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
+            constraints: switchyard_core::protocol::ConstraintKinds::NONE,
+            vocabularies: &[],
         }
     }
 

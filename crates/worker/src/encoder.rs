@@ -153,6 +153,8 @@ impl Engine for MockEncoder {
             prompt_text: false,
             media_embeddings: false,
             modalities: self.config.models.modality_set(),
+            constraints: switchyard_core::protocol::ConstraintKinds::NONE,
+            vocabularies: &[],
         }
     }
 

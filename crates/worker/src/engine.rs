@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest};
+use switchyard_core::protocol::{ConstraintKinds, EngineError, GenerateOutput, GenerateRequest};
 use switchyard_core::{KvEvent, LoadSnapshot, Modalities, RequestId, SequenceHash, WorkerRole};
 use switchyard_runtime::{EngineService, ResponseStream};
 use tokio::sync::{mpsc, watch};
@@ -48,6 +48,11 @@ pub struct EngineCapabilities {
     pub media_embeddings: bool,
     /// What it encodes, for an encoder (every modality unless it says).
     pub modalities: Modalities,
+    /// The constraint kinds it enforces (structured output).
+    pub constraints: ConstraintKinds,
+    /// The vocabularies of the token ids it enforces them over; none for an engine that
+    /// takes text.
+    pub vocabularies: &'static [&'static str],
 }
 
 /// A started engine, as the host uses it.

@@ -324,6 +324,12 @@ fn instance(
         prompt_text: capabilities.prompt_text,
         media_embeddings: capabilities.media_embeddings,
         modalities: capabilities.modalities,
+        constraints: capabilities.constraints,
+        vocabularies: capabilities
+            .vocabularies
+            .iter()
+            .map(|&v| v.to_owned())
+            .collect(),
         dp_size: capabilities.dp_size.max(1),
         // Random per start: a worker restarted under the same id is told apart.
         incarnation: rand::random::<u64>(),

@@ -8,6 +8,7 @@ use switchyard_core::protocol::{EngineError, GenerateRequest, Phase, TokenOutput
 use switchyard_core::{
     KvEvent, LoadSnapshot, RequestId, SequenceHash, WorkerKey, WorkerRole, blocks_for,
 };
+use switchyard_grammar::{GrammarError, Grammars, Guide};
 use switchyard_mocker::tokens::TokenRules;
 use switchyard_mocker::{MockEngine, MockRequest, PerfModel, Rejected, StepOutput};
 use tokio::sync::mpsc;
@@ -60,6 +61,9 @@ impl Engine for Mocker {
             prompt_text: false,
             media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
+            // It knows what the built-in vocabularies' tokens spell.
+            constraints: switchyard_core::protocol::ConstraintKinds::all(),
+            vocabularies: switchyard_grammar::Grammars::BUILT_IN,
         }
     }
 
@@ -161,6 +165,7 @@ impl StepEngine for SteppedMocker {
         } else {
             Vec::new()
         };
+        let guide = guide(&request)?;
         let mock = MockRequest {
             id: request.id,
             prompt,
@@ -181,6 +186,7 @@ impl StepEngine for SteppedMocker {
             media: (imported_tokens == 0)
                 .then(|| switchyard_core::MediaSpan::extent(&request.prompt.media))
                 .flatten(),
+            guide,
         };
         self.stalled = false;
         self.engine.add_request(mock).map_err(engine_error)
@@ -226,4 +232,33 @@ impl StepEngine for SteppedMocker {
     fn held_prefix(&self, blocks: &[SequenceHash]) -> u32 {
         self.engine.block_manager().cached_prefix(blocks) as u32
     }
+}
+
+/// The request's constraint, compiled over its vocabulary (one of the built-in ones; once
+/// per distinct constraint in the process), past the output a resumed request already
+/// generated.
+fn guide(request: &GenerateRequest) -> Result<Option<Box<Guide>>, EngineError> {
+    let Some(constraint) = &request.sampling.constraint else {
+        return Ok(None);
+    };
+    let refused = |error: GrammarError| match error {
+        GrammarError::Invalid(message) | GrammarError::Rejected(message) => {
+            EngineError::Invalid(format!("the request's constraint: {message}"))
+        }
+        GrammarError::Internal(message) => EngineError::Internal(message),
+    };
+    let vocabulary = request.sampling.vocabulary.as_deref().unwrap_or_default();
+    let Some(grammars) = Grammars::named(vocabulary) else {
+        return Err(EngineError::Unsupported(format!(
+            "this worker enforces constraints over the built-in vocabularies only, not `{vocabulary}`"
+        )));
+    };
+    let mut guide = grammars
+        .map_err(refused)?
+        .guide(constraint)
+        .map_err(refused)?;
+    let ids = &request.prompt.token_ids;
+    let generated = (request.generated() as usize).min(ids.len());
+    guide.take(&ids[ids.len() - generated..]).map_err(refused)?;
+    Ok(Some(Box::new(guide)))
 }

@@ -64,7 +64,7 @@ macro_rules! request_body {
             pub verbosity: Option<String>,
             #[schema(value_type = Option<Object>)]
             pub web_search_options: Option<serde_json::Map<String, serde_json::Value>>,
-            /// vLLM's structured-output parameters (refused until constrained decoding).
+            /// vLLM's structured-output parameters (see [`crate::constraint`]).
             #[schema(value_type = Option<Object>)]
             pub guided_json: Option<serde_json::Value>,
             pub guided_regex: Option<String>,
@@ -95,7 +95,6 @@ macro_rules! request_body {
                     presence_penalty: self.presence_penalty,
                     logit_bias: self.logit_bias.clone(),
                     top_logprobs: self.top_logprobs,
-                    response_format: self.response_format.clone(),
                     modalities: self.modalities.clone(),
                     audio: self.audio.clone(),
                     ignore_eos: self.ignore_eos,
@@ -105,15 +104,14 @@ macro_rules! request_body {
                     reasoning_effort: self.reasoning_effort.clone(),
                     verbosity: self.verbosity.clone(),
                     web_search: self.web_search_options.is_some(),
-                    guided: [
-                        ("guided_json", self.guided_json.is_some()),
-                        ("guided_regex", self.guided_regex.is_some()),
-                        ("guided_choice", self.guided_choice.is_some()),
-                        ("guided_grammar", self.guided_grammar.is_some()),
-                        ("structured_outputs", self.structured_outputs.is_some()),
-                    ]
-                    .into_iter()
-                    .find_map(|(name, set)| set.then_some(name)),
+                    structured: crate::constraint::Structured {
+                        response_format: self.response_format.clone(),
+                        guided_json: self.guided_json.clone(),
+                        guided_regex: self.guided_regex.clone(),
+                        guided_choice: self.guided_choice.clone(),
+                        guided_grammar: self.guided_grammar.clone(),
+                        structured_outputs: self.structured_outputs.clone(),
+                    },
                     switchyard: self.switchyard.clone(),
                 }
             }
@@ -166,7 +164,6 @@ pub struct CommonParams {
     pub presence_penalty: Option<f64>,
     pub logit_bias: Option<HashMap<String, f64>>,
     pub top_logprobs: Option<u32>,
-    pub response_format: Option<ResponseFormat>,
     pub modalities: Option<Vec<String>>,
     pub audio: Option<serde_json::Value>,
     pub ignore_eos: Option<bool>,
@@ -177,8 +174,8 @@ pub struct CommonParams {
     pub verbosity: Option<String>,
     /// `web_search_options` was given.
     pub web_search: bool,
-    /// The first of vLLM's structured-output parameters given.
-    pub guided: Option<&'static str>,
+    /// OpenAI's and vLLM's structured-output parameters.
+    pub structured: crate::constraint::Structured,
     pub switchyard: Option<Extension>,
 }
 
@@ -207,9 +204,23 @@ pub struct StreamOptions {
 /// `response_format`: `{"type": "text"}` is plain generation; `json_object` and
 /// `json_schema` ask for structured output.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`: the schema the answer must follow, named.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    pub description: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub schema: Option<serde_json::Value>,
+    /// Enforced whatever it says: every answer that ends with `stop` follows the schema.
+    pub strict: Option<bool>,
 }
 
 /// `stop`: a string or up to four strings.

@@ -341,7 +341,15 @@ impl RequestRun {
             changed.as_mut().enable();
             let until = loop {
                 let decided = std::time::Instant::now();
-                let exclude = self.life.exclusions();
+                // A constrained request goes only to workers that enforce its constraint.
+                let unable = self.sampling.constraint.as_ref().map(|constraint| {
+                    let vocabulary = frontend.preprocessor.vocabulary();
+                    let unable = frontend.routing.unable(constraint.kind(), vocabulary);
+                    let mut exclude = self.life.exclusions().to_vec();
+                    exclude.extend(unable.unwrap_or_default());
+                    exclude
+                });
+                let exclude = unable.as_deref().unwrap_or(self.life.exclusions());
                 let routed = route_span
                     .in_scope(|| frontend.routing.route(self.id, prompt, overrides, exclude));
                 let (routed, event) = match routed {

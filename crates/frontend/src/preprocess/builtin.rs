@@ -1,21 +1,20 @@
-//! The built-in byte-level tokenizer, so `switchyard serve` runs without model files.
-//!
-//! Ids 0..=255 are the bytes 0x00..=0xFF, and encoding is a string's UTF-8 bytes, so any text
-//! round-trips exactly. 256 and 257 are the special `<|bos|>` and `<|eos|>`, which decode to
-//! nothing. Every id from 258 up decodes to a common English word with a leading space, so
-//! the mocker's uniformly drawn ids read as words.
+//! The built-in byte-level tokenizer, so `switchyard serve` runs without model files, over
+//! the vocabulary of `switchyard_core::builtin_vocab`: encoding is a string's UTF-8 bytes, so
+//! any text round-trips exactly; decoding spells each token (special ones as nothing).
 
-use super::builtin_words::WORDS;
+use switchyard_core::builtin_vocab::{self, Piece};
+#[cfg(test)]
+use switchyard_core::builtin_vocab::{FIRST_WORD, words::WORDS};
+
 use super::error::PreprocessError;
 use super::utf8_stream::Utf8Stream;
 
 /// Size of the built-in vocabulary: valid ids are `0..BUILTIN_VOCAB_SIZE`.
-pub const BUILTIN_VOCAB_SIZE: u32 = 32_000;
+pub const BUILTIN_VOCAB_SIZE: u32 = builtin_vocab::VOCAB_SIZE;
 /// Beginning of sequence (special: decodes to nothing; `encode` never produces it).
-pub const BUILTIN_BOS: u32 = 256;
+pub const BUILTIN_BOS: u32 = builtin_vocab::BOS;
 /// End of sequence (special: decodes to nothing); the built-in stop token.
-pub const BUILTIN_EOS: u32 = 257;
-const FIRST_WORD: u32 = 258;
+pub const BUILTIN_EOS: u32 = builtin_vocab::EOS;
 
 /// What one built-in token stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,18 +34,11 @@ impl BuiltinTokenizer {
     }
 
     pub(crate) fn piece(self, id: u32) -> Result<BuiltinPiece, PreprocessError> {
-        if let Ok(byte) = u8::try_from(id) {
-            return Ok(BuiltinPiece::Byte(byte));
-        }
-        match id {
-            BUILTIN_BOS | BUILTIN_EOS => Ok(BuiltinPiece::Special),
-            FIRST_WORD..BUILTIN_VOCAB_SIZE => {
-                let index = (id - FIRST_WORD) as usize % WORDS.len();
-                Ok(BuiltinPiece::Word(
-                    WORDS.get(index).copied().unwrap_or_default(),
-                ))
-            }
-            _ => Err(PreprocessError::UnknownToken {
+        match builtin_vocab::piece(id) {
+            Some(Piece::Byte(byte)) => Ok(BuiltinPiece::Byte(byte)),
+            Some(Piece::Special(_)) => Ok(BuiltinPiece::Special),
+            Some(Piece::Word(word)) => Ok(BuiltinPiece::Word(word)),
+            None => Err(PreprocessError::UnknownToken {
                 id,
                 vocab_size: BUILTIN_VOCAB_SIZE,
             }),

@@ -6,7 +6,8 @@
 //! `tokenizers` crate, the Jinja chat template through minijinja with Python compatibility).
 //!
 //! Layout:
-//! - `builtin`: the built-in vocabulary; `builtin_words` the words its upper ids decode to.
+//! - `builtin`: the built-in vocabulary's tokenizer (the vocabulary itself is
+//!   `switchyard_core::builtin_vocab`).
 //! - `hf`: the Hugging Face tokenizer; `hf_stream` its incremental decoder.
 //! - `utf8_stream`: lossy UTF-8 decoding of a byte stream that arrives in pieces.
 //! - `decoder`: [`IncrementalDecoder`], one per response stream.
@@ -15,7 +16,6 @@
 //! - `error`: [`PreprocessError`].
 
 mod builtin;
-mod builtin_words;
 mod config_files;
 mod decoder;
 mod error;
@@ -36,15 +36,15 @@ pub use template::{ChatMessage, TemplateFunction, TemplateToolCall};
 use builtin::BuiltinTokenizer;
 use hf::HfTokenizer;
 use hf_stream::HfStream;
+use switchyard_core::builtin_vocab::{self, smollm2};
 use template::ChatTemplate;
 
-/// SmolLM2-135M-Instruct's tokenizer files (from its GGUF's metadata, see
-/// `assets/smollm2/README.md`).
+/// SmolLM2-135M-Instruct's tokenizer files (see `switchyard_core::builtin_vocab::smollm2`).
 const SMOLLM2: model_dir::EmbeddedModel<'static> = model_dir::EmbeddedModel {
     label: "<built-in smollm2>",
-    tokenizer: include_str!("../../assets/smollm2/tokenizer.json"),
-    tokenizer_config: include_str!("../../assets/smollm2/tokenizer_config.json"),
-    config: include_str!("../../assets/smollm2/config.json"),
+    tokenizer: smollm2::TOKENIZER,
+    tokenizer_config: smollm2::TOKENIZER_CONFIG,
+    config: smollm2::CONFIG,
 };
 
 /// Turns chat messages into prompt tokens and generated tokens back into text for one model.
@@ -55,6 +55,8 @@ pub struct Preprocessor {
     template: ChatTemplate,
     eos_token_ids: Vec<u32>,
     context_length: u32,
+    /// The name of its vocabulary, when workers may know it too (a built-in one).
+    vocabulary: Option<&'static str>,
 }
 
 #[derive(Debug)]
@@ -72,6 +74,7 @@ impl Preprocessor {
             template: ChatTemplate::Simple,
             eos_token_ids: vec![BUILTIN_EOS],
             context_length,
+            vocabulary: Some(builtin_vocab::NAME),
         }
     }
 
@@ -85,6 +88,7 @@ impl Preprocessor {
             template: files.template,
             eos_token_ids: files.eos_token_ids,
             context_length: files.context_length,
+            vocabulary: Some(smollm2::NAME),
         })
     }
 
@@ -112,6 +116,7 @@ impl Preprocessor {
             template: files.template,
             eos_token_ids: files.eos_token_ids,
             context_length: files.context_length,
+            vocabulary: None,
         })
     }
 
@@ -129,6 +134,7 @@ impl Preprocessor {
             template: files.template,
             eos_token_ids: files.eos_token_ids,
             context_length: files.context_length,
+            vocabulary: None,
         })
     }
 
@@ -239,6 +245,12 @@ impl Preprocessor {
 
     pub fn context_length(&self) -> u32 {
         self.context_length
+    }
+
+    /// The name of its vocabulary when workers may know it too (a built-in one): a
+    /// worker enforcing constraints over token ids must be in the same vocabulary.
+    pub fn vocabulary(&self) -> Option<&'static str> {
+        self.vocabulary
     }
 
     /// One past the largest token id: every id the tokenizer knows is below it.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use switchyard_core::protocol::Prompt;
+use switchyard_core::protocol::{ConstraintKind, Prompt};
 use switchyard_core::{RequestId, WorkerId, blocks_for};
 use switchyard_router::{LocalReason, RouteDecision, RouteError, RouteQuery, RoutingOverrides};
 use switchyard_runtime::WorkerInstance;
@@ -49,6 +49,18 @@ impl RoutingService {
             return None;
         }
         core.sooner_holder(RequestId(0), &blocks, &prompt.media, &overlaps, encode, now)
+    }
+
+    /// The workers that cannot enforce a constraint of `kind` over the frontend's
+    /// `vocabulary` (to leave out when routing such a request); none when there are
+    /// workers and none of them can.
+    pub fn unable(&self, kind: ConstraintKind, vocabulary: Option<&str>) -> Option<Vec<WorkerId>> {
+        let instances = self.instances.read();
+        let (able, unable): (Vec<_>, Vec<_>) = instances
+            .values()
+            .partition(|instance| instance.enforces(kind, vocabulary));
+        (!able.is_empty() || unable.is_empty())
+            .then(|| unable.iter().map(|i| i.worker_id).collect())
     }
 
     /// Picks a worker for a prompt, other than those in `exclude` (workers that just failed

@@ -10,7 +10,7 @@ use super::alloc::{allocate, release};
 use super::{MockEngine, StepOutput};
 use crate::config::PreemptionMode;
 use crate::perf::StepShape;
-use crate::tokens::token_under;
+use crate::tokens::{token_guided, token_under};
 
 impl MockEngine {
     /// Runs one step starting at `now`.
@@ -233,17 +233,43 @@ impl MockEngine {
                 self.unstage(id, tokens);
             }
             let seq = &mut self.running[i];
-            let token = token_under(
-                self.seed,
-                seq.stream_key,
-                seq.num_tokens(),
-                &seq.rules,
-                &seq.counts,
-            );
+            let position = seq.num_tokens();
+            let drawn = match seq.guide.as_deref_mut() {
+                None => Ok(token_under(
+                    self.seed,
+                    seq.stream_key,
+                    position,
+                    &seq.rules,
+                    &seq.counts,
+                )),
+                Some(guide) => token_guided(
+                    self.seed,
+                    seq.stream_key,
+                    position,
+                    &seq.rules,
+                    &seq.counts,
+                    guide,
+                    (
+                        seq.output_offset + seq.generated,
+                        seq.output_offset + seq.max_output_tokens,
+                    ),
+                ),
+            };
+            // A constraint's end is the answer's end; a draw its matcher could not make
+            // (never expected) ends the answer as cut short, never as complete.
+            let (token, ended) = match (drawn, seq.guide.as_deref()) {
+                (Ok(token), Some(guide)) if token == guide.eos() => {
+                    (token, Some(FinishReason::Stop))
+                }
+                (Ok(token), _) => (token, None),
+                (Err(eos), _) => (eos, Some(FinishReason::Length)),
+            };
             if seq.rules.reshapes() {
                 *seq.counts.entry(token).or_insert(0) += 1;
             }
-            let finish = if seq.stop_token_ids.contains(&token) {
+            let finish = if ended.is_some() {
+                ended
+            } else if seq.stop_token_ids.contains(&token) {
                 Some(FinishReason::Stop)
             } else if seq.generated + 1 == seq.max_output_tokens {
                 Some(FinishReason::Length)

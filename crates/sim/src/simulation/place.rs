@@ -171,6 +171,8 @@ impl Fleet<'_> {
             imported_tokens: 0,
             media_gate: self.media_gate(index),
             media: MediaSpan::extent(&self.workload.requests[index as usize].media),
+            // Traces carry no constraints.
+            guide: None,
         }
     }
 

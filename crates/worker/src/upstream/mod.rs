@@ -181,6 +181,8 @@ impl Engine for OpenAiUpstream {
             prompt_text: self.config.prompt == PromptFormat::Text,
             media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
+            constraints: switchyard_core::protocol::ConstraintKinds::NONE,
+            vocabularies: &[],
         }
     }
 

@@ -1,4 +1,4 @@
-//! The words that the built-in tokenizer's word ids decode to.
+//! The words that the built-in vocabulary's word ids spell.
 //!
 //! The mocker draws token ids uniformly from the whole vocabulary, so most of what it generates
 //! lands on these ids; common English words make its output read as text in a demo instead of
@@ -6,7 +6,7 @@
 //! built-in word id decodes to.
 
 /// Common English words, lowercase ASCII letters only, no duplicates.
-pub(super) const WORDS: &[&str] = &[
+pub const WORDS: &[&str] = &[
     "the", "of", "and", "to", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are",
     "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by",
     "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when",

@@ -1,0 +1,96 @@
+//! A vocabulary as `llguidance` sees it: the bytes each token stands for, and which ends
+//! the sequence.
+
+use std::sync::Arc;
+
+use switchyard_core::Token;
+use switchyard_core::builtin_vocab::{self, Piece, smollm2};
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+
+/// The bytes of every token of a model's vocabulary, by id; special tokens (which never
+/// stand for text) marked as `llguidance` expects, so no grammar allows them as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vocabulary {
+    /// Names the vocabulary: a worker and a frontend agree on what a token means only when
+    /// their vocabularies have the same name.
+    pub name: String,
+    pub tokens: Vec<Vec<u8>>,
+    /// The token that ends a sequence (what a finished constraint is followed by).
+    pub eos: Token,
+}
+
+/// The byte `llguidance` puts before a special token's name.
+const SPECIAL: u8 = TokTrie::SPECIAL_TOKEN_MARKER;
+
+impl Vocabulary {
+    /// The built-in byte-level vocabulary (`switchyard serve` without model files; see
+    /// [`switchyard_core::builtin_vocab`]).
+    pub fn builtin() -> Self {
+        let tokens = (0..builtin_vocab::VOCAB_SIZE)
+            .map(|id| match builtin_vocab::piece(id) {
+                Some(Piece::Byte(byte)) => vec![byte],
+                Some(Piece::Word(word)) => {
+                    let mut bytes = Vec::with_capacity(word.len() + 1);
+                    bytes.push(b' ');
+                    bytes.extend_from_slice(word.as_bytes());
+                    bytes
+                }
+                Some(Piece::Special(name)) => {
+                    let mut bytes = vec![SPECIAL];
+                    bytes.extend_from_slice(name.as_bytes());
+                    bytes
+                }
+                None => Vec::new(),
+            })
+            .collect();
+        Vocabulary {
+            name: builtin_vocab::NAME.to_owned(),
+            tokens,
+            eos: builtin_vocab::EOS,
+        }
+    }
+
+    /// SmolLM2's vocabulary (the default tokenizer of `switchyard serve`; see
+    /// [`switchyard_core::builtin_vocab::smollm2`]): its byte-level BPE tokens as bytes,
+    /// its special tokens marked, `<|im_end|>` ending a sequence.
+    pub fn smollm2() -> Result<Self, String> {
+        let tokenizer: serde_json::Value = serde_json::from_str(smollm2::TOKENIZER)
+            .map_err(|e| format!("SmolLM2's tokenizer.json: {e}"))?;
+        let tokens = llguidance::token_bytes_from_tokenizer_json(&tokenizer)
+            .map_err(|e| format!("SmolLM2's tokenizer.json: {e}"))?;
+        Ok(Vocabulary {
+            name: smollm2::NAME.to_owned(),
+            tokens,
+            eos: smollm2::EOS,
+        })
+    }
+
+    /// The vocabulary as `llguidance` takes it.
+    pub(crate) fn env(&self) -> TokEnv {
+        let info = TokRxInfo::new(self.tokens.len() as u32, self.eos);
+        Arc::new(Env {
+            trie: TokTrie::from(&info, &self.tokens),
+        })
+    }
+}
+
+/// A vocabulary whose text is split greedily (longest token first): `llguidance` needs a
+/// tokenizer only for text a grammar forces, and told the split is not canonical, it lets
+/// the model choose how to spell it.
+struct Env {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, bytes: &[u8]) -> Vec<TokenId> {
+        self.trie.greedy_tokenize(bytes)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
+}
