@@ -28,6 +28,21 @@ pub use model::{Gguf, Model, ModelError, ModelShape};
 pub struct CandleWorker {
     engine: CandleEngine,
     config: CandleConfig,
+    /// The vocabulary it enforces constraints over, by name (none: it enforces none).
+    vocabularies: &'static [&'static str],
+}
+
+/// Constraints over the model's vocabulary (its GGUF tokenizer's tokens, its end of
+/// sequence), or why they cannot be.
+fn grammars(gguf: &Gguf) -> Result<Arc<switchyard_grammar::Grammars>, String> {
+    let files = gguf.tokenizer_files().map_err(|e| e.to_string())?;
+    let eos = gguf
+        .eos_token()
+        .ok_or("the model names no end-of-sequence token")?;
+    let vocabulary = switchyard_grammar::Vocabulary::from_tokenizer_json(&files.tokenizer, eos)?;
+    switchyard_grammar::Grammars::new(&vocabulary)
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
 }
 
 impl CandleWorker {
@@ -50,9 +65,21 @@ impl CandleWorker {
         if let Some(perf) = perf {
             engine = engine.with_timing(perf);
         }
+        match grammars(&gguf) {
+            Ok(grammars) => engine = engine.with_grammars(grammars),
+            Err(why) => {
+                tracing::warn!(%why, "the model's vocabulary cannot be read for constraints: this worker enforces none")
+            }
+        }
+        // Named once per worker start, for the capabilities it announces.
+        let vocabularies: &'static [&'static str] = match engine.vocabulary() {
+            Some(name) => Box::leak(vec![&*Box::leak(name.into())].into_boxed_slice()),
+            None => &[],
+        };
         Ok(CandleWorker {
             engine,
             config: config.clone(),
+            vocabularies,
         })
     }
 
@@ -75,8 +102,12 @@ impl Engine for CandleWorker {
             prompt_text: false,
             media_embeddings: true,
             modalities: switchyard_core::Modalities::default(),
-            constraints: switchyard_core::protocol::ConstraintKinds::NONE,
-            vocabularies: &[],
+            constraints: if self.vocabularies.is_empty() {
+                switchyard_core::protocol::ConstraintKinds::NONE
+            } else {
+                switchyard_core::protocol::ConstraintKinds::all()
+            },
+            vocabularies: self.vocabularies,
         }
     }
 

@@ -124,6 +124,27 @@ impl Guide {
         Ok(self.mask()?.to_list())
     }
 
+    /// Leaves the logits of the tokens it allows next and sets the others to −∞ (tokens
+    /// beyond its vocabulary included): only the end of the sequence once it is complete.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        if self.is_done() {
+            for (token, logit) in logits.iter_mut().enumerate() {
+                if token as u32 != self.eos {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+            return Ok(());
+        }
+        let mask = self.mask()?;
+        let known = mask.len();
+        for (token, logit) in logits.iter_mut().enumerate() {
+            if token >= known || !mask.is_allowed(token as u32) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
     fn mask(&mut self) -> Result<SimpleVob, GrammarError> {
         self.matcher
             .compute_mask()

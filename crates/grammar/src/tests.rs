@@ -233,3 +233,45 @@ fn smollm2s_vocabulary_marks_its_special_tokens_and_answers_in_it_are_valid() {
     }
     assert!(Grammars::named("another-model").is_none());
 }
+
+#[test]
+fn a_tokenizer_json_is_named_by_what_its_tokens_spell() {
+    let smollm2 = switchyard_core::builtin_vocab::smollm2::TOKENIZER;
+    let read = Vocabulary::from_tokenizer_json(smollm2, 2).expect("reads");
+    assert_eq!(
+        Some(read.name.clone()),
+        vocab::name_of_tokenizer_json(smollm2)
+    );
+    assert!(read.name.starts_with("xxh3:"), "{}", read.name);
+    assert_eq!(read.tokens, Vocabulary::smollm2().expect("reads").tokens);
+    // One token spelled differently is another vocabulary.
+    let mut other = read.tokens.clone();
+    other[100].push(b'x');
+    assert_ne!(vocab::fingerprint(&other), read.name);
+    assert!(Vocabulary::from_tokenizer_json(smollm2, 1 << 20).is_err());
+    assert!(Vocabulary::from_tokenizer_json("{", 2).is_err());
+}
+
+#[test]
+fn masked_logits_keep_only_what_the_constraint_allows() {
+    let mut guide = grammars()
+        .guide(&Constraint::Choice(vec!["ab".into(), "b".into()]))
+        .expect("compiles");
+    let mut logits = vec![1.0f32; builtin_vocab::VOCAB_SIZE as usize + 8];
+    guide.mask_logits(&mut logits).expect("masks");
+    let kept: Vec<usize> = (0..logits.len())
+        .filter(|&t| logits[t].is_finite())
+        .collect();
+    assert_eq!(kept, [usize::from(b'a'), usize::from(b'b')]);
+    guide.take(&[u32::from(b'b')]).expect("allowed");
+    let mut logits = vec![1.0f32; 300];
+    guide.mask_logits(&mut logits).expect("masks");
+    let kept: Vec<usize> = (0..logits.len())
+        .filter(|&t| logits[t].is_finite())
+        .collect();
+    assert_eq!(
+        kept,
+        [builtin_vocab::EOS as usize],
+        "complete: only the end"
+    );
+}

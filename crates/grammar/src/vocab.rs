@@ -65,6 +65,26 @@ impl Vocabulary {
         })
     }
 
+    /// A Hugging Face `tokenizer.json`'s vocabulary (byte-level BPE or with byte
+    /// fallback), named by [`fingerprint`] of its tokens, `eos` ending a sequence.
+    pub fn from_tokenizer_json(tokenizer: &str, eos: Token) -> Result<Self, String> {
+        let json: serde_json::Value =
+            serde_json::from_str(tokenizer).map_err(|e| format!("tokenizer.json: {e}"))?;
+        let tokens = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| format!("tokenizer.json: {e}"))?;
+        if eos as usize >= tokens.len() {
+            return Err(format!(
+                "its end-of-sequence token {eos} is past its {} tokens",
+                tokens.len()
+            ));
+        }
+        Ok(Vocabulary {
+            name: fingerprint(&tokens),
+            tokens,
+            eos,
+        })
+    }
+
     /// The vocabulary as `llguidance` takes it.
     pub(crate) fn env(&self) -> TokEnv {
         let info = TokRxInfo::new(self.tokens.len() as u32, self.eos);
@@ -72,6 +92,25 @@ impl Vocabulary {
             trie: TokTrie::from(&info, &self.tokens),
         })
     }
+}
+
+/// Names a vocabulary by what its tokens spell: `xxh3:` and the XXH3-64 of every token's
+/// length and bytes, in id order. Two tokenizers whose tokens spell the same bytes get the
+/// same name, whatever files they came from.
+pub fn fingerprint(tokens: &[Vec<u8>]) -> String {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for token in tokens {
+        hasher.update(&(token.len() as u32).to_le_bytes());
+        hasher.update(token);
+    }
+    format!("xxh3:{:016x}", hasher.digest())
+}
+
+/// The name of a `tokenizer.json`'s vocabulary ([`fingerprint`]), if `llguidance` reads it.
+pub fn name_of_tokenizer_json(tokenizer: &str) -> Option<String> {
+    let json: serde_json::Value = serde_json::from_str(tokenizer).ok()?;
+    let tokens = llguidance::token_bytes_from_tokenizer_json(&json).ok()?;
+    Some(fingerprint(&tokens))
 }
 
 /// A vocabulary whose text is split greedily (longest token first): `llguidance` needs a

@@ -272,3 +272,60 @@ async fn a_real_encoders_embeddings_are_merged_into_the_real_models_prefill() {
         .await
         .unwrap();
 }
+
+/// Structured output on the real model: its logits are masked by the constraint, so every
+/// answer that ends with `stop` follows it (one cut by `max_tokens` ends with `length`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_models_answers_follow_their_constraints() {
+    let d = serve("1").await;
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": false,
+    });
+    let ask = |seed: u64, extra: serde_json::Value| {
+        let mut body = json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Give a person's name and age as JSON."}],
+            "max_tokens": 64,
+            "seed": seed,
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let format = json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "person", "schema": schema}}});
+    let mut stopped = 0;
+    for seed in 0..4 {
+        let (status, _, body) =
+            support::post(&d, "/v1/chat/completions", &ask(seed, format.clone())).await;
+        assert_eq!(status, 200, "{body}");
+        let choice = &body["choices"][0];
+        let text = choice["message"]["content"].as_str().unwrap();
+        match choice["finish_reason"].as_str().unwrap() {
+            "stop" => {
+                stopped += 1;
+                let value: serde_json::Value =
+                    serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+                assert!(value["name"].is_string() && value["age"].is_i64(), "{text}");
+                assert_eq!(value.as_object().unwrap().len(), 2, "{text}");
+            }
+            "length" => {}
+            other => panic!("finish_reason {other}: {body}"),
+        }
+    }
+    eprintln!("{stopped} of 4 schema answers ended with stop");
+    let choices = ["red", "green", "blue"];
+    let extra = json!({"structured_outputs": {"choice": choices}});
+    let (status, _, body) = support::post(&d, "/v1/chat/completions", &ask(7, extra)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
+    let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(choices.contains(&text), "{text:?}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

@@ -31,12 +31,14 @@ mod sequence;
 mod step;
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use candle_core::Tensor;
 use hashlink::LinkedHashMap;
 use switchyard_core::perf::PerfModel;
 use switchyard_core::protocol::{EngineError, GenerateRequest};
 use switchyard_core::{KvEvent, KvEventData, StorageTier, WorkerKey};
+use switchyard_grammar::{GrammarError, Grammars, Guide};
 
 use crate::model::Model;
 use cache::PrefixCache;
@@ -64,6 +66,9 @@ pub struct CandleEngine {
     timing: Option<(PerfModel, u32)>,
     /// Media projectors by encoder width (see [`Model::media_projector`]).
     projectors: HashMap<usize, Tensor>,
+    /// Constraints compiled over the model's vocabulary, when it has one `llguidance`
+    /// reads (see [`Self::with_grammars`]).
+    grammars: Option<Arc<Grammars>>,
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -97,7 +102,45 @@ impl CandleEngine {
             per_token: None,
             timing: None,
             projectors: HashMap::new(),
+            grammars: None,
         }
+    }
+
+    /// Enforces constraints (structured output) over the model's vocabulary: each step's
+    /// logits are masked to what a request's constraint allows. No steering: an answer cut
+    /// by its budget ends with `length`, never as a complete one.
+    pub fn with_grammars(mut self, grammars: Arc<Grammars>) -> Self {
+        self.grammars = Some(grammars);
+        self
+    }
+
+    /// The name of the vocabulary it enforces constraints over, if it does.
+    pub fn vocabulary(&self) -> Option<&str> {
+        self.grammars.as_deref().map(Grammars::vocabulary)
+    }
+
+    /// The request's guide under its constraint, past the output a resumed request already
+    /// generated; none without a constraint.
+    fn guide(&self, request: &GenerateRequest) -> Result<Option<Box<Guide>>, EngineError> {
+        let Some(constraint) = &request.sampling.constraint else {
+            return Ok(None);
+        };
+        let Some(grammars) = self
+            .grammars
+            .as_ref()
+            .filter(|g| request.sampling.vocabulary.as_deref() == Some(g.vocabulary()))
+        else {
+            return Err(EngineError::Unsupported(
+                "this engine enforces constraints over its model's vocabulary only".into(),
+            ));
+        };
+        let refused =
+            |e: GrammarError| EngineError::Invalid(format!("the request's constraint: {e}"));
+        let mut guide = grammars.guide(constraint).map_err(refused)?;
+        let ids = &request.prompt.token_ids;
+        let generated = (request.generated() as usize).min(ids.len());
+        guide.take(&ids[ids.len() - generated..]).map_err(refused)?;
+        Ok(Some(Box::new(guide)))
     }
 
     /// The input embeddings of `request`'s media spans, from the embeddings it carries.

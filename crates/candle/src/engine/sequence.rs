@@ -25,6 +25,8 @@ pub(super) struct Sequence {
     pub(super) hold: Option<usize>,
     /// It came with media and no embeddings: the prefix cache must hold up to here.
     pub(super) needs_cached: usize,
+    /// Its constraint, where it stands in it.
+    pub(super) guide: Option<Box<switchyard_grammar::Guide>>,
 }
 
 impl Sequence {

@@ -74,8 +74,10 @@ impl StepEngine for CandleEngine {
             }
             needs_cached = end;
         }
+        let guide = self.guide(&request)?;
         let tokens = request.prompt.token_ids.clone();
         self.waiting.push_back(Sequence {
+            guide,
             media,
             hold,
             needs_cached,
@@ -244,6 +246,12 @@ impl StepEngine for CandleEngine {
                 continue;
             };
             let seq = &mut self.running[i];
+            // Under a constraint, only what it allows next (a matcher that fails ends the
+            // answer as cut short: never as complete).
+            let mut broken = seq
+                .guide
+                .as_deref_mut()
+                .is_some_and(|guide| guide.mask_logits(&mut logits).is_err());
             let history = &seq.tokens[seq.prompt_len..];
             let token = sample(
                 &mut logits,
@@ -252,12 +260,21 @@ impl StepEngine for CandleEngine {
                 seq.request.stream_key(),
                 seq.generated,
             );
+            if let Some(guide) = seq.guide.as_deref_mut() {
+                broken |= guide.take(&[token]).is_err();
+            }
+            let done = seq
+                .guide
+                .as_deref()
+                .is_some_and(|g| g.is_done() || token == g.eos());
             let index = seq.generated;
             seq.generated += 1;
             seq.tokens.push(token);
             seq.blocks.extend(&[token]);
             let produced = seq.generated - seq.request.generated();
-            let finish = if seq.request.sampling.stop_token_ids.contains(&token) {
+            let finish = if broken {
+                Some(FinishReason::Length)
+            } else if done || seq.request.sampling.stop_token_ids.contains(&token) {
                 Some(FinishReason::Stop)
             } else if produced >= seq.request.max_tokens || seq.tokens.len() >= context {
                 Some(FinishReason::Length)

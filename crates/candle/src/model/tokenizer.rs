@@ -17,6 +17,12 @@ pub struct TokenizerFiles {
 }
 
 impl Gguf {
+    /// The id of the token that ends a sequence (`tokenizer.ggml.eos_token_id`).
+    pub fn eos_token(&self) -> Option<u32> {
+        let id = self.number("tokenizer.ggml.eos_token_id").ok()?;
+        (id >= 0.0 && id <= f64::from(u32::MAX)).then_some(id as u32)
+    }
+
     /// The tokenizer files of a GGUF model with a byte-level BPE tokenizer
     /// (`tokenizer.ggml.model = "gpt2"`): vocabulary, merges and the added tokens
     /// (control tokens special), with the pre-tokenizer `tokenizer.ggml.pre` names (`smollm`:

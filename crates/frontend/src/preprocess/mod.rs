@@ -47,6 +47,12 @@ const SMOLLM2: model_dir::EmbeddedModel<'static> = model_dir::EmbeddedModel {
     config: smollm2::CONFIG,
 };
 
+/// The name of a `tokenizer.json`'s vocabulary (what its tokens spell, fingerprinted), as
+/// engines that enforce constraints over it name it.
+fn vocabulary_of(tokenizer: &str) -> Option<String> {
+    switchyard_grammar::vocab::name_of_tokenizer_json(tokenizer)
+}
+
 /// Turns chat messages into prompt tokens and generated tokens back into text for one model.
 /// Immutable once built: share it behind an `Arc`.
 #[derive(Debug)]
@@ -55,8 +61,9 @@ pub struct Preprocessor {
     template: ChatTemplate,
     eos_token_ids: Vec<u32>,
     context_length: u32,
-    /// The name of its vocabulary, when workers may know it too (a built-in one).
-    vocabulary: Option<&'static str>,
+    /// The name of its vocabulary, when workers may know it too (a built-in one, or one
+    /// named by what its tokens spell).
+    vocabulary: Option<String>,
 }
 
 #[derive(Debug)]
@@ -74,7 +81,7 @@ impl Preprocessor {
             template: ChatTemplate::Simple,
             eos_token_ids: vec![BUILTIN_EOS],
             context_length,
-            vocabulary: Some(builtin_vocab::NAME),
+            vocabulary: Some(builtin_vocab::NAME.to_owned()),
         }
     }
 
@@ -88,7 +95,7 @@ impl Preprocessor {
             template: files.template,
             eos_token_ids: files.eos_token_ids,
             context_length: files.context_length,
-            vocabulary: Some(smollm2::NAME),
+            vocabulary: Some(smollm2::NAME.to_owned()),
         })
     }
 
@@ -116,7 +123,7 @@ impl Preprocessor {
             template: files.template,
             eos_token_ids: files.eos_token_ids,
             context_length: files.context_length,
-            vocabulary: None,
+            vocabulary: vocabulary_of(tokenizer),
         })
     }
 
@@ -129,12 +136,13 @@ impl Preprocessor {
     /// error. Reads the files once; nothing is fetched from the network.
     pub fn from_dir(dir: &Path, context_length: Option<u32>) -> Result<Self, PreprocessError> {
         let files = model_dir::load(dir, context_length)?;
+        let tokenizer = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap_or_default();
         Ok(Self {
             tokenizer: Tokenizer::Hf(Arc::new(files.tokenizer)),
             template: files.template,
             eos_token_ids: files.eos_token_ids,
             context_length: files.context_length,
-            vocabulary: None,
+            vocabulary: vocabulary_of(&tokenizer),
         })
     }
 
@@ -249,8 +257,8 @@ impl Preprocessor {
 
     /// The name of its vocabulary when workers may know it too (a built-in one): a
     /// worker enforcing constraints over token ids must be in the same vocabulary.
-    pub fn vocabulary(&self) -> Option<&'static str> {
-        self.vocabulary
+    pub fn vocabulary(&self) -> Option<&str> {
+        self.vocabulary.as_deref()
     }
 
     /// One past the largest token id: every id the tokenizer knows is below it.
