@@ -386,3 +386,99 @@ async fn dropping_the_stream_cancels_upstream_and_load_is_counted() {
     assert!((load.borrow().kv_usage() - 0.5).abs() < 1e-9);
     cancel.cancel();
 }
+
+#[tokio::test]
+async fn constraints_go_upstream_in_its_dialect_or_not_at_all() {
+    use switchyard_core::protocol::{Constraint, ConstraintKind};
+    use switchyard_worker::upstream::ConstraintDialect;
+    let up = Arc::new(Upstream::default());
+    let url = serve(Arc::clone(&up)).await;
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let schema = r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#;
+    let constrained = |constraint: Constraint| {
+        let mut r = request(Some("hi"));
+        r.sampling.constraint = Some(constraint);
+        r
+    };
+    let mut bodies = Vec::new();
+    for dialect in [ConstraintDialect::Vllm, ConstraintDialect::Sglang] {
+        let config = OpenAiConfig {
+            upstream: url.clone(),
+            constraints: dialect,
+            ..OpenAiConfig::default()
+        };
+        let engine = OpenAiUpstream::new(WorkerKey::new(1, 0), "m", config).unwrap();
+        let kinds = engine.capabilities().constraints;
+        assert!(
+            kinds.contains(ConstraintKind::JsonSchema) && kinds.contains(ConstraintKind::Choice)
+        );
+        assert!(
+            !kinds.contains(ConstraintKind::Grammar),
+            "Lark grammars are not passed"
+        );
+        let engine = Box::new(engine)
+            .start(&tracker, cancel.clone())
+            .await
+            .unwrap();
+        for constraint in [
+            Constraint::JsonSchema(schema.into()),
+            Constraint::Choice(vec!["a.b".into(), "c|d".into()]),
+            Constraint::JsonObject,
+            Constraint::Regex("[0-9]+".into()),
+        ] {
+            answer(&engine, constrained(constraint)).await;
+            bodies.push(up.bodies.lock().last().unwrap().clone());
+        }
+        let refused = engine
+            .service
+            .generate(constrained(Constraint::Grammar("start: \"x\"".into())))
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(refused, EngineError::Unsupported(_)), "{refused}");
+    }
+    let schema: Value = serde_json::from_str(schema).unwrap();
+    assert_eq!(bodies[0]["structured_outputs"], json!({"json": schema}));
+    assert_eq!(
+        bodies[1]["structured_outputs"],
+        json!({"choice": ["a.b", "c|d"]})
+    );
+    assert_eq!(
+        bodies[2]["structured_outputs"],
+        json!({"json_object": true})
+    );
+    assert_eq!(bodies[3]["structured_outputs"], json!({"regex": "[0-9]+"}));
+    assert_eq!(
+        bodies[4]["json_schema"]
+            .as_str()
+            .map(|t| serde_json::from_str::<Value>(t).unwrap()),
+        Some(schema)
+    );
+    assert_eq!(bodies[5]["regex"], r"(a\.b|c\|d)");
+    assert_eq!(bodies[6]["json_schema"], r#"{"type":"object"}"#);
+    assert_eq!(bodies[7]["regex"], "[0-9]+");
+    // Told none: it states no kinds, and a constrained request that reaches it anyway is
+    // refused, never answered unconstrained.
+    let plain = OpenAiUpstream::new(
+        WorkerKey::new(2, 0),
+        "m",
+        OpenAiConfig {
+            upstream: url.clone(),
+            ..OpenAiConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(plain.capabilities().constraints.is_empty());
+    let plain = Box::new(plain)
+        .start(&tracker, cancel.clone())
+        .await
+        .unwrap();
+    let refused = plain
+        .service
+        .generate(constrained(Constraint::JsonObject))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(refused, EngineError::Unsupported(_)), "{refused}");
+    cancel.cancel();
+}

@@ -115,6 +115,11 @@ pub struct WorkerArgs {
     /// SGLang, llama.cpp's server: exact).
     #[arg(long, value_parser = ["text", "token-ids"])]
     upstream_prompt: Option<String>,
+    /// OpenAI engine: how the upstream is told a request's constraint (structured
+    /// output): `vllm` (`structured_outputs`), `sglang` (`json_schema`, `regex`) or `none`
+    /// (constrained requests go to other workers).
+    #[arg(long, value_parser = ["none", "vllm", "sglang"])]
+    upstream_constraints: Option<String>,
     /// OpenAI engine: the engine's KV event publisher (zmq://HOST:PORT, vLLM's format).
     #[arg(long)]
     kv_events: Option<String>,
@@ -175,6 +180,7 @@ impl WorkerArgs {
             &openai("prompt"),
             self.upstream_prompt.as_deref().map(|p| p.replace('-', "_")),
         );
+        o.set_some(&openai("constraints"), self.upstream_constraints.clone());
         o.set_some(&openai("kv_events"), self.kv_events.clone());
         o.set_some(&openai("kv_events_replay"), self.kv_events_replay.clone());
         o.set_some(&openai("block_size"), self.block_size.map(i64::from));

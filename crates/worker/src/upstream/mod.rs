@@ -14,9 +14,11 @@
 //! from the engine's ZMQ publisher when `kv_events` names one (vLLM, SGLang), else none and
 //! the router keeps its approximate view of this worker's cache.
 //!
+//! - `constraint`: structured output in the upstream's own fields (vLLM's, SGLang's).
 //! - `stream`: one request: its body upstream, and the streamed answer as generate output.
 //! - `load`: the load reports, from the upstream's metrics or the requests in flight.
 
+mod constraint;
 mod load;
 mod stream;
 
@@ -36,6 +38,7 @@ use tokio_util::task::TaskTracker;
 use crate::engine::{Engine, EngineCapabilities, RunningEngine};
 pub use crate::error::UpstreamConfigError;
 use crate::error::WorkerError;
+pub use constraint::ConstraintDialect;
 pub use load::load_from_metrics;
 use load::watch_load;
 use stream::UpstreamService;
@@ -80,6 +83,8 @@ pub struct OpenAiConfig {
     /// Longest wait for the upstream's response headers.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// How the upstream is told a request's constraint (structured output), if at all.
+    pub constraints: ConstraintDialect,
 }
 
 impl Default for OpenAiConfig {
@@ -96,6 +101,7 @@ impl Default for OpenAiConfig {
             max_num_seqs: None,
             metrics_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
+            constraints: ConstraintDialect::None,
         }
     }
 }
@@ -181,7 +187,8 @@ impl Engine for OpenAiUpstream {
             prompt_text: self.config.prompt == PromptFormat::Text,
             media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
-            constraints: switchyard_core::protocol::ConstraintKinds::NONE,
+            // It enforces them over text, whatever the frontend's vocabulary.
+            constraints: self.config.constraints.kinds(),
             vocabularies: &[],
         }
     }
@@ -206,6 +213,7 @@ impl Engine for OpenAiUpstream {
                 .unwrap_or_else(|| self.model.clone()),
             api_key: self.config.api_key.clone(),
             prompt: self.config.prompt,
+            constraints: self.config.constraints,
             in_flight: Arc::clone(&in_flight),
             timeout: self.config.connect_timeout,
         });

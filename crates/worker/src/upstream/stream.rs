@@ -26,6 +26,7 @@ pub(super) struct UpstreamService {
     pub(super) model: String,
     pub(super) api_key: Option<String>,
     pub(super) prompt: PromptFormat,
+    pub(super) constraints: super::ConstraintDialect,
     pub(super) in_flight: Arc<AtomicU32>,
     pub(super) timeout: Duration,
 }
@@ -92,6 +93,10 @@ impl UpstreamService {
                 if let Some(value) = value {
                     map.insert(name.into(), value);
                 }
+            }
+            if let Some(constraint) = &s.constraint {
+                let (name, value) = self.constraints.field(constraint)?;
+                map.insert(name.into(), value);
             }
         }
         Ok(body)
