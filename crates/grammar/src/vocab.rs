@@ -54,24 +54,18 @@ impl Vocabulary {
     /// [`switchyard_core::builtin_vocab::smollm2`]): its byte-level BPE tokens as bytes,
     /// its special tokens marked, `<|im_end|>` ending a sequence.
     pub fn smollm2() -> Result<Self, String> {
-        let tokenizer: serde_json::Value = serde_json::from_str(smollm2::TOKENIZER)
-            .map_err(|e| format!("SmolLM2's tokenizer.json: {e}"))?;
-        let tokens = llguidance::token_bytes_from_tokenizer_json(&tokenizer)
-            .map_err(|e| format!("SmolLM2's tokenizer.json: {e}"))?;
+        let vocabulary = Self::from_tokenizer_json(smollm2::TOKENIZER, smollm2::EOS)
+            .map_err(|e| format!("SmolLM2's {e}"))?;
         Ok(Vocabulary {
             name: smollm2::NAME.to_owned(),
-            tokens,
-            eos: smollm2::EOS,
+            ..vocabulary
         })
     }
 
     /// A Hugging Face `tokenizer.json`'s vocabulary (byte-level BPE or with byte
     /// fallback), named by [`fingerprint`] of its tokens, `eos` ending a sequence.
     pub fn from_tokenizer_json(tokenizer: &str, eos: Token) -> Result<Self, String> {
-        let json: serde_json::Value =
-            serde_json::from_str(tokenizer).map_err(|e| format!("tokenizer.json: {e}"))?;
-        let tokens = llguidance::token_bytes_from_tokenizer_json(&json)
-            .map_err(|e| format!("tokenizer.json: {e}"))?;
+        let tokens = token_bytes(tokenizer)?;
         if eos as usize >= tokens.len() {
             return Err(format!(
                 "its end-of-sequence token {eos} is past its {} tokens",
@@ -108,9 +102,16 @@ pub fn fingerprint(tokens: &[Vec<u8>]) -> String {
 
 /// The name of a `tokenizer.json`'s vocabulary ([`fingerprint`]), if `llguidance` reads it.
 pub fn name_of_tokenizer_json(tokenizer: &str) -> Option<String> {
-    let json: serde_json::Value = serde_json::from_str(tokenizer).ok()?;
-    let tokens = llguidance::token_bytes_from_tokenizer_json(&json).ok()?;
-    Some(fingerprint(&tokens))
+    token_bytes(tokenizer)
+        .ok()
+        .map(|tokens| fingerprint(&tokens))
+}
+
+/// What each token of a `tokenizer.json` spells, special tokens marked.
+fn token_bytes(tokenizer: &str) -> Result<Vec<Vec<u8>>, String> {
+    let json: serde_json::Value =
+        serde_json::from_str(tokenizer).map_err(|e| format!("tokenizer.json: {e}"))?;
+    llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| format!("tokenizer.json: {e}"))
 }
 
 /// A vocabulary whose text is split greedily (longest token first): `llguidance` needs a
