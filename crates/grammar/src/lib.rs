@@ -10,8 +10,10 @@
 //! - [`vocab`]: a vocabulary as the bytes of each token, and the built-in one.
 //! - [`compile`]: a constraint into a grammar, the cache, and checking a constraint.
 //! - [`guide`]: one request's matcher and the draw under it.
+//! - [`gbnf`]: a constraint as a GBNF grammar, for llama.cpp's servers.
 
 pub mod compile;
+pub mod gbnf;
 pub mod guide;
 pub mod vocab;
 

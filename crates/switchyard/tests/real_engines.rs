@@ -228,6 +228,153 @@ async fn a_llama_cpp_server_serves_through_an_openai_worker() {
     .await;
 }
 
+/// Structured output through llama.cpp: the worker tells the server each constraint as a
+/// GBNF grammar (`--upstream-constraints llamacpp`), and the server's answers follow them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llama_cpp_server_answers_under_schemas_regexes_and_choices() {
+    let cluster = Cluster::start();
+    let llama = LlamaServer::start(cluster.dir.path());
+    llama.wait_ready().await;
+    let frontend = cluster.frontend("frontend", 0);
+    let upstream = llama.url("");
+    let _worker = cluster.worker_with(
+        "worker-llama",
+        &[
+            "--engine",
+            "openai",
+            "--upstream",
+            &upstream,
+            "--upstream-constraints",
+            "llamacpp",
+            "--worker-id",
+            "6",
+        ],
+    );
+    wait_for_workers(&frontend, 1, Duration::from_secs(30)).await;
+    let ask = |body: Value| {
+        let url = frontend.url("/v1/chat/completions");
+        async move {
+            let response = support::client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let answer: Value = response.json().await.unwrap();
+            assert_eq!(status, 200, "{answer}");
+            answer
+        }
+    };
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "population": {"type": "integer", "minimum": 0},
+            "coastal": {"type": "boolean"},
+            "rivers": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 2},
+        },
+        "required": ["city", "population", "coastal", "rivers"],
+        "additionalProperties": false,
+    });
+    for (question, stream) in [("Describe Paris.", false), ("Describe Lisbon.", true)] {
+        let body = json!({
+            "model": "switchyard-mock",
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": 96,
+            "temperature": 0.0,
+            "stream": stream,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": true}},
+        });
+        let (text, finish) = if stream {
+            let response = support::client()
+                .post(frontend.url("/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let raw = response.text().await.unwrap();
+            let streamed = support::parse_stream(&raw);
+            assert!(streamed.errors.is_empty() && streamed.done, "{raw}");
+            let choices = support::streamed_choices(&support::sse_chunks(&raw), "delta");
+            let (text, reasons, _) = choices.into_iter().next().unwrap();
+            (text, reasons.last().cloned().unwrap_or_default())
+        } else {
+            let answer = ask(body).await;
+            let choice = &answer["choices"][0];
+            (
+                choice["message"]["content"].as_str().unwrap().to_owned(),
+                choice["finish_reason"].as_str().unwrap().to_owned(),
+            )
+        };
+        eprintln!("{question} -> {text}");
+        assert_eq!(finish, "stop", "{text:?}");
+        let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let object = value.as_object().unwrap();
+        let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["city", "population", "coastal", "rivers"], "{text}");
+        assert!(
+            object["city"]
+                .as_str()
+                .is_some_and(|c| c.chars().count() <= 24),
+            "{text}"
+        );
+        assert!(object["population"].is_u64(), "{text}");
+        assert!(object["coastal"].is_boolean(), "{text}");
+        let rivers = object["rivers"].as_array().unwrap();
+        assert!(
+            rivers.len() <= 2 && rivers.iter().all(Value::is_string),
+            "{text}"
+        );
+    }
+
+    // A regular expression and a choice, in vLLM's spellings.
+    let answer = ask(json!({
+        "model": "switchyard-mock",
+        "messages": [{"role": "user", "content": "Give a date."}],
+        "max_tokens": 32,
+        "temperature": 0.0,
+        "guided_regex": "20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]",
+    }))
+    .await;
+    let date = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    eprintln!("a date -> {date}");
+    let whole = regex::Regex::new("^20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]$").unwrap();
+    assert!(whole.is_match(date), "{answer}");
+    let answer = ask(json!({
+        "model": "switchyard-mock",
+        "messages": [{"role": "user", "content": "Is Paris in France?"}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "guided_choice": ["yes, it is", "no"],
+    }))
+    .await;
+    let choice = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(["yes, it is", "no"].contains(&choice), "{answer}");
+
+    // A schema keyword a GBNF grammar cannot say here is a 400 naming it.
+    let response = support::client()
+        .post(frontend.url("/v1/chat/completions"))
+        .json(&json!({
+            "model": "switchyard-mock",
+            "messages": messages(),
+            "max_tokens": 8,
+            "guided_json": {"type": "string", "format": "date"},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`format`"),
+        "{error}"
+    );
+}
+
 /// Two workers in front of engines that publish vLLM's KV events over ZMQ: the frontend
 /// indexes what the engines say they cache (stores, then removals) and routes a prompt to
 /// the worker holding it.

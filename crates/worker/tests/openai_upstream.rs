@@ -401,7 +401,11 @@ async fn constraints_go_upstream_in_its_dialect_or_not_at_all() {
         r
     };
     let mut bodies = Vec::new();
-    for dialect in [ConstraintDialect::Vllm, ConstraintDialect::Sglang] {
+    for dialect in [
+        ConstraintDialect::Vllm,
+        ConstraintDialect::Sglang,
+        ConstraintDialect::LlamaCpp,
+    ] {
         let config = OpenAiConfig {
             upstream: url.clone(),
             constraints: dialect,
@@ -452,11 +456,43 @@ async fn constraints_go_upstream_in_its_dialect_or_not_at_all() {
         bodies[4]["json_schema"]
             .as_str()
             .map(|t| serde_json::from_str::<Value>(t).unwrap()),
-        Some(schema)
+        Some(schema.clone())
     );
     assert_eq!(bodies[5]["regex"], r"(a\.b|c\|d)");
     assert_eq!(bodies[6]["json_schema"], r#"{"type":"object"}"#);
     assert_eq!(bodies[7]["regex"], "[0-9]+");
+    // llama.cpp: each as the GBNF grammar the translation prints.
+    for (body, constraint) in bodies[8..].iter().zip([
+        Constraint::JsonSchema(serde_json::to_string(&schema).unwrap()),
+        Constraint::Choice(vec!["a.b".into(), "c|d".into()]),
+        Constraint::JsonObject,
+        Constraint::Regex("[0-9]+".into()),
+    ]) {
+        let expected = switchyard_grammar::gbnf::gbnf(&constraint).unwrap();
+        assert_eq!(body["grammar"], expected, "{constraint:?}");
+        assert!(expected.starts_with("root ::= "), "{expected}");
+    }
+    // A schema the translation cannot say is the client's to change.
+    let config = OpenAiConfig {
+        upstream: url.clone(),
+        constraints: ConstraintDialect::LlamaCpp,
+        ..OpenAiConfig::default()
+    };
+    let engine = Box::new(OpenAiUpstream::new(WorkerKey::new(3, 0), "m", config).unwrap())
+        .start(&tracker, cancel.clone())
+        .await
+        .unwrap();
+    let dated = r#"{"type":"string","format":"date"}"#;
+    let refused = engine
+        .service
+        .generate(constrained(Constraint::JsonSchema(dated.into())))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&refused, EngineError::Invalid(m) if m.contains("`format`")),
+        "{refused}"
+    );
     // Told none: it states no kinds, and a constrained request that reaches it anyway is
     // refused, never answered unconstrained.
     let plain = OpenAiUpstream::new(

@@ -116,9 +116,9 @@ pub struct WorkerArgs {
     #[arg(long, value_parser = ["text", "token-ids"])]
     upstream_prompt: Option<String>,
     /// OpenAI engine: how the upstream is told a request's constraint (structured
-    /// output): `vllm` (`structured_outputs`), `sglang` (`json_schema`, `regex`) or `none`
-    /// (constrained requests go to other workers).
-    #[arg(long, value_parser = ["none", "vllm", "sglang"])]
+    /// output): `vllm` (`structured_outputs`), `sglang` (`json_schema`, `regex`),
+    /// `llamacpp` (a GBNF `grammar`) or `none` (constrained requests go to other workers).
+    #[arg(long, value_parser = ["none", "vllm", "sglang", "llamacpp"])]
     upstream_constraints: Option<String>,
     /// OpenAI engine: the engine's KV event publisher (zmq://HOST:PORT, vLLM's format).
     #[arg(long)]

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use switchyard_core::protocol::{Constraint, ConstraintKind, ConstraintKinds, EngineError};
+use switchyard_grammar::gbnf;
 
 /// How the upstream takes a constraint (structured output).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,15 +18,20 @@ pub enum ConstraintDialect {
     /// SGLang: `json_schema` (the schema's text) or `regex`; a choice as a regular
     /// expression of its escaped alternatives.
     Sglang,
+    /// llama.cpp's servers (llama-server, llama-cpp-python's): a GBNF `grammar`, translated
+    /// here ([`switchyard_grammar::gbnf`]); a schema with keywords it does not read is
+    /// refused by name.
+    #[serde(rename = "llamacpp")]
+    LlamaCpp,
 }
 
 impl ConstraintDialect {
     /// The kinds it passes on. Grammars are not: this project's are in `llguidance`'s Lark
-    /// syntax, which neither server's default backend reads.
+    /// syntax, which no server's default backend reads.
     pub fn kinds(self) -> ConstraintKinds {
         match self {
             ConstraintDialect::None => ConstraintKinds::NONE,
-            ConstraintDialect::Vllm | ConstraintDialect::Sglang => [
+            ConstraintDialect::Vllm | ConstraintDialect::Sglang | ConstraintDialect::LlamaCpp => [
                 ConstraintKind::JsonObject,
                 ConstraintKind::JsonSchema,
                 ConstraintKind::Regex,
@@ -67,11 +73,16 @@ impl ConstraintDialect {
                     choices.iter().map(|c| regex_syntax::escape(c)).collect();
                 ("regex", json!(format!("({})", alternatives.join("|"))))
             }
-            _ => {
+            (_, Constraint::Grammar(_)) | (ConstraintDialect::None, _) => {
                 return Err(EngineError::Unsupported(format!(
                     "this worker's upstream is not told `{}` constraints",
                     constraint.kind().name()
                 )));
+            }
+            (ConstraintDialect::LlamaCpp, constraint) => {
+                // What the translation cannot say is the request's to change: a 400 naming it.
+                let grammar = gbnf::gbnf(constraint).map_err(|e| EngineError::Invalid(e.0))?;
+                ("grammar", json!(grammar))
             }
         })
     }
