@@ -22,6 +22,11 @@ class Person(pydantic.BaseModel):
     nickname: str | None
 
 
+class GetWeather(pydantic.BaseModel):
+    city: str
+    days: int
+
+
 def check(condition, message):
     if not condition:
         raise AssertionError(message)
@@ -77,6 +82,24 @@ def main(base_url, model):
             check(False, f"{body} was not refused")
         except openai.BadRequestError as e:
             check(e.body.get("param") == param, f"{body}: {e.body}")
+    # Forced tool calls, in the SDK's tool loop: a strict pydantic tool, `required` then a
+    # named function; each call parses into the model; the tool's result goes back in.
+    tools = [openai.pydantic_function_tool(GetWeather)]
+    for i, choice in enumerate(["required", {"type": "function", "function": {"name": "GetWeather"}}]):
+        messages = user(i)
+        r = client.chat.completions.parse(model=model, messages=messages, tools=tools, tool_choice=choice, seed=i)
+        check(r.choices[0].finish_reason == "tool_calls", f"forced: {r.choices[0]}")
+        calls = r.choices[0].message.tool_calls
+        check(calls and all(isinstance(c.function.parsed_arguments, GetWeather) for c in calls), f"forced calls: {calls}")
+        messages.append({"role": "assistant", "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in calls]})
+        for call in calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "18 degrees"})
+        final = client.chat.completions.create(
+            model=model, messages=messages, tools=tools, tool_choice="none", seed=i, max_tokens=30
+        )
+        check(final.choices[0].finish_reason in ("stop", "length"), f"after the tool: {final.choices[0]}")
     print("all checks passed")
 
 

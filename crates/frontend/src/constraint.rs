@@ -6,6 +6,9 @@
 //! - vLLM: `structured_outputs` `{"json" | "regex" | "choice" | "grammar" | "json_object"}`,
 //!   and the older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 //!
+//! - A forced tool call (`tool_choice` `required` or a named function, see
+//!   [`crate::tools::forced`]) is one more.
+//!
 //! Grammars are in the Lark syntax of `llguidance`. At most one constraint per request;
 //! a malformed one is a 400 naming its parameter, before any worker sees it.
 
@@ -24,6 +27,8 @@ pub struct Structured {
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
     pub structured_outputs: Option<Map<String, Value>>,
+    /// A forced tool call's constraint (`tool_choice` `required` or a named function).
+    pub tool_choice: Option<Constraint>,
 }
 
 /// A constraint, and the parameter that asked for it (named in errors).
@@ -51,6 +56,9 @@ pub fn constraint(structured: &Structured) -> Result<Option<Asked>, ApiError> {
         for (key, value) in outputs {
             asked.extend(structured_output(key, value)?);
         }
+    }
+    if let Some(forced) = &structured.tool_choice {
+        asked.push((forced.clone(), "tool_choice"));
     }
     if let [(_, first), (_, second), ..] = asked[..] {
         return Err(ApiError::invalid_param(

@@ -157,7 +157,11 @@ pub fn chat(
         prompt.media = spans;
         prompt
     };
-    let (prepared, mode) = common(frontend, request.common(), prompt)?;
+    let mut params = request.common();
+    if let Some(tools) = &answer.tools {
+        params.structured.tool_choice = tools.constraint()?;
+    }
+    let (prepared, mode) = common(frontend, params, prompt)?;
     Ok((prepared, mode, answer))
 }
 

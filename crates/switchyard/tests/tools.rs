@@ -202,12 +202,16 @@ async fn a_tool_loop_history_is_accepted_and_checked() {
         b["error"]["param"],
         "messages[1].tool_calls[0].function.arguments"
     );
-    // `required` needs constrained decoding, which this engine does not have.
+    // A forced call is enforced by constrained decoding, which the echo engine does not do.
     let mut required = request(CALL);
     required["tool_choice"] = json!("required");
     let (s, _, b) = post(&d, "/v1/chat/completions", &required).await;
     assert_eq!(s, 400, "{b}");
     assert_eq!(b["error"]["param"], "tool_choice");
+    assert!(
+        b["error"]["message"].as_str().unwrap().contains("enforces"),
+        "{b}"
+    );
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

@@ -111,6 +111,7 @@ macro_rules! request_body {
                         guided_choice: self.guided_choice.clone(),
                         guided_grammar: self.guided_grammar.clone(),
                         structured_outputs: self.structured_outputs.clone(),
+                        tool_choice: None,
                     },
                     switchyard: self.switchyard.clone(),
                 }

@@ -5,8 +5,10 @@
 //! template without a tool section, writes the tools into the prompt in the default format.
 //! After: [`output`] splits the answer's text into reasoning, content and tool calls, whole or
 //! as it streams, with the parsers of the SGLang gateway's `tool-parser` and
-//! `reasoning-parser` crates ([`Parsers`] picks them).
+//! `reasoning-parser` crates ([`Parsers`] picks them). A forced call ([`forced`]) is
+//! constrained to JSON and parsed as such.
 
+pub mod forced;
 pub mod output;
 pub mod prompt;
 
@@ -151,14 +153,24 @@ impl Parsers {
         }
     }
 
-    /// Fresh parsers for one answer: reasoning when configured, tools when the request
-    /// lets the model call them.
+    /// Fresh parsers for one answer: reasoning when configured (unless the call is forced),
+    /// tools when the request lets the model call them.
     pub fn for_answer(&self, tools: Option<&ToolRequest>) -> output::AnswerParser {
-        let reasoning = self.reasoning_for_answer();
+        // A forced call is JSON from the first token: no reasoning comes before it.
+        let forced = tools.is_some_and(|t| matches!(t.choice, Choice::Required | Choice::Named(_)));
+        let reasoning = if forced {
+            None
+        } else {
+            self.reasoning_for_answer()
+        };
         let tools = tools
             .filter(|t| t.choice != Choice::None)
             .and_then(|request| {
-                let parser = self.tools.registry().create_parser(&self.tool_parser)?;
+                let parser: Box<dyn tool_parser::ToolParser> = match &request.choice {
+                    Choice::Named(name) => Box::new(forced::NamedCall::new(name)),
+                    Choice::Required => self.tools.registry().create_parser("json")?,
+                    _ => self.tools.registry().create_parser(&self.tool_parser)?,
+                };
                 Some(output::ToolState::new(parser, request))
             });
         output::AnswerParser::new(reasoning, tools)
@@ -166,12 +178,16 @@ impl Parsers {
 }
 
 /// What a request allows the model to do with its tools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
     /// Answer in text (`tool_choice: "none"`): the tools are not shown to the model.
     None,
     /// Call tools or answer in text, as the model decides.
     Auto,
+    /// Call one or more tools, and nothing else (`"required"`): enforced.
+    Required,
+    /// Call this function, and nothing else: enforced.
+    Named(String),
 }
 
 /// A chat request's tools, checked.
@@ -240,12 +256,6 @@ impl ToolRequest {
                     format!("two tools are named `{name}`"),
                 ));
             }
-            if tool.function.strict == Some(true) {
-                return Err(ApiError::invalid_param(
-                    &at("function.strict"),
-                    "`strict` arguments need constrained decoding, which no worker here offers yet (leave it out or send `false`)",
-                ));
-            }
             if let Some(parameters) = &tool.function.parameters
                 && !parameters.is_object()
             {
@@ -260,7 +270,7 @@ impl ToolRequest {
             Some(ToolChoiceIn::Mode(mode)) => match mode.as_str() {
                 "none" => Choice::None,
                 "auto" => Choice::Auto,
-                "required" => return Err(needs_constraints("`required`")),
+                "required" => Choice::Required,
                 other => {
                     return Err(ApiError::invalid_param(
                         "tool_choice",
@@ -287,11 +297,22 @@ impl ToolRequest {
                         ),
                     ));
                 }
-                return Err(needs_constraints("a named function"));
+                Choice::Named(named.function.name.clone())
             }
         };
+        // `strict` arguments are enforced when the call is forced (the answer is constrained
+        // to them); left to the model, a call's format is its own and no grammar for it is
+        // built here.
+        if matches!(choice, Choice::Auto)
+            && let Some(i) = tools.iter().position(|t| t.function.strict == Some(true))
+        {
+            return Err(ApiError::invalid_param(
+                &format!("tools[{i}].function.strict"),
+                "`strict` arguments are enforced only when `tool_choice` forces the call (`required` or a named function); leave `strict` out or send `false` with `auto`",
+            ));
+        }
         if tools.is_empty() {
-            if choice == Choice::Auto && request.tool_choice.is_some() {
+            if choice != Choice::None && request.tool_choice.is_some() {
                 return Err(ApiError::invalid_param(
                     "tool_choice",
                     "`tool_choice` is only allowed when `tools` are given",
@@ -306,6 +327,25 @@ impl ToolRequest {
         }))
     }
 
+    /// The constraint a forced call puts on the answer (see [`forced`]); none when the
+    /// model chooses.
+    pub fn constraint(&self) -> Result<Option<switchyard_core::protocol::Constraint>, ApiError> {
+        let schema = match &self.choice {
+            Choice::None | Choice::Auto => return Ok(None),
+            Choice::Named(name) => self
+                .tools
+                .iter()
+                .find(|t| &t.function.name == name)
+                .map(forced::named_schema)
+                .unwrap_or_else(|| serde_json::json!({"type": "object"})),
+            Choice::Required => forced::required_schema(&self.tools, self.parallel)
+                .map_err(|message| ApiError::invalid_param("tools", message))?,
+        };
+        Ok(Some(switchyard_core::protocol::Constraint::JsonSchema(
+            schema.to_string(),
+        )))
+    }
+
     /// The tools as the template reads them (OpenAI's objects).
     pub fn template_tools(&self) -> Vec<serde_json::Value> {
         if self.choice == Choice::None {
@@ -316,17 +356,6 @@ impl ToolRequest {
             .filter_map(|t| serde_json::to_value(t).ok())
             .collect()
     }
-}
-
-/// Forcing a call takes constrained decoding, which no engine here does yet: refused rather
-/// than hoped for.
-fn needs_constraints(what: &str) -> ApiError {
-    ApiError::invalid_param(
-        "tool_choice",
-        format!(
-            "`tool_choice` {what} forces a call, which needs constrained decoding; no worker here offers it yet (send `auto`)"
-        ),
-    )
 }
 
 #[cfg(test)]

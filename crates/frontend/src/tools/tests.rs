@@ -267,6 +267,15 @@ fn bad_tools_are_refused_naming_the_field() {
         .contains("parameters"));
     assert!(refused(serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "strict": true}}]}))
         .contains("tools[0].function.strict"));
+    // Forced, a strict function's arguments are enforced.
+    assert!(
+        ToolRequest::of(&request(
+            serde_json::json!({"tool_choice": "required", "tools": [
+            {"type": "function", "function": {"name": "f", "strict": true}}]})
+        ))
+        .unwrap()
+        .is_some()
+    );
     assert!(
         ToolRequest::of(&request(serde_json::json!({"tools": [
             {"type": "function", "function": {"name": "f", "strict": false}}]})))
@@ -277,10 +286,7 @@ fn bad_tools_are_refused_naming_the_field() {
         refused(serde_json::json!({"tools": tool("f"), "tool_choice": "sometimes"}))
             .contains("tool_choice")
     );
-    assert!(
-        refused(serde_json::json!({"tools": tool("f"), "tool_choice": "required"}))
-            .contains("constrained decoding")
-    );
+    assert!(refused(serde_json::json!({"tool_choice": "required"})).contains("only allowed"));
     assert!(
         refused(serde_json::json!({"tools": tool("f"),
         "tool_choice": {"type": "function", "function": {"name": "g"}}}))
@@ -406,5 +412,118 @@ proptest! {
             prop_assert_eq!(&whole.calls[i].function.name, name);
             prop_assert_eq!(&args(&whole.calls[i].function.arguments), arguments);
         }
+    }
+}
+
+/// Whether `text` is an answer the forced call's constraint allows (over the built-in
+/// vocabulary, whose first 256 ids are the bytes).
+fn allowed(tools: &ToolRequest, text: &str) -> bool {
+    let constraint = tools
+        .constraint()
+        .unwrap()
+        .expect("a forced call is constrained");
+    let grammars = switchyard_grammar::Grammars::builtin().unwrap();
+    let mut guide = grammars.guide(&constraint).unwrap();
+    let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
+    guide.take(&bytes).is_ok() && guide.is_accepting()
+}
+
+#[test]
+fn a_forced_call_is_constrained_to_the_tools_arguments() {
+    let auto = tool_request(serde_json::json!({}));
+    assert_eq!(auto.constraint().unwrap(), None);
+    let required = tool_request(serde_json::json!({"tool_choice": "required"}));
+    assert_eq!(required.choice, Choice::Required);
+    assert!(allowed(
+        &required,
+        r#"[{"name":"weather","parameters":{"city":"Oslo"}},{"name":"time","parameters":{}}]"#
+    ));
+    assert!(!allowed(
+        &required,
+        r#"[{"name":"weather","parameters":{"city":3}}]"#
+    ));
+    assert!(!allowed(&required, r#"[{"name":"rain","parameters":{}}]"#));
+    assert!(!allowed(&required, "[]"));
+    assert!(!allowed(&required, "It is sunny."));
+    let one =
+        tool_request(serde_json::json!({"tool_choice": "required", "parallel_tool_calls": false}));
+    assert!(allowed(&one, r#"[{"name":"time","parameters":{}}]"#));
+    assert!(!allowed(
+        &one,
+        r#"[{"name":"time","parameters":{}},{"name":"time","parameters":{}}]"#
+    ));
+    let named = tool_request(
+        serde_json::json!({"tool_choice": {"type": "function", "function": {"name": "weather"}}}),
+    );
+    assert_eq!(named.choice, Choice::Named("weather".into()));
+    assert!(allowed(&named, r#"{"city":"Oslo"}"#));
+    assert!(!allowed(&named, r#"{"city":false}"#));
+    // A function without parameters takes an object.
+    let time = tool_request(
+        serde_json::json!({"tool_choice": {"type": "function", "function": {"name": "time"}}}),
+    );
+    assert!(allowed(&time, "{}") && !allowed(&time, "[]"));
+}
+
+#[test]
+fn definitions_of_several_tools_meet_at_the_top_unless_they_differ() {
+    let with_defs = |name: &str, unit: &str| {
+        serde_json::json!({"type": "function", "function": {"name": name, "parameters": {
+            "type": "object",
+            "properties": {"t": {"$ref": "#/$defs/Temp"}},
+            "required": ["t"],
+            "$defs": {"Temp": {"type": "object", "properties": {unit: {"type": "number"}}, "required": [unit]}},
+        }}})
+    };
+    let body = |b: &str| serde_json::json!({"tool_choice": "required", "tools": [with_defs("a", "c"), with_defs("b", b)]});
+    let same = ToolRequest::of(&request(body("c"))).unwrap().unwrap();
+    assert!(allowed(
+        &same,
+        r#"[{"name":"b","parameters":{"t":{"c":1.5}}}]"#
+    ));
+    assert!(!allowed(&same, r#"[{"name":"b","parameters":{"t":{}}}]"#));
+    let differ = ToolRequest::of(&request(body("f"))).unwrap().unwrap();
+    let error = differ.constraint().unwrap_err();
+    assert!(error.body().contains("$defs/Temp"), "{}", error.body());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A forced answer, however cut, parses to the calls it holds: a named function's
+    /// whole answer is its arguments; `required`'s is an array of calls.
+    #[test]
+    fn forced_answers_parse_to_their_calls_however_cut(
+        cities in prop::collection::vec("[a-zA-Zé\\\" ]{0,10}", 1..4),
+        cuts in prop::collection::vec(0usize..400, 0..24),
+    ) {
+        let parsers = Parsers::new(&ChatConfig::default(), "m", None);
+        let named = tool_request(serde_json::json!({"tool_choice": {"type": "function", "function": {"name": "weather"}}}));
+        let arguments = serde_json::json!({"city": cities[0]}).to_string();
+        let whole = block_on(parsers.for_answer(Some(&named)).parse_whole(arguments.clone()));
+        prop_assert_eq!(whole.calls.len(), 1);
+        prop_assert_eq!(&whole.calls[0].function.name, "weather");
+        prop_assert_eq!(&whole.calls[0].function.arguments, &arguments);
+        prop_assert_eq!(&whole.content, "");
+        let (content, _, calls) = assemble(&streamed(&parsers, &named, &arguments, &cuts));
+        prop_assert_eq!(content, "");
+        prop_assert_eq!(calls.len(), 1);
+        prop_assert_eq!(&calls[0].1, "weather");
+        prop_assert_eq!(&calls[0].2, &arguments);
+
+        let required = tool_request(serde_json::json!({"tool_choice": "required"}));
+        let expected: Vec<serde_json::Value> = cities.iter().map(|c| serde_json::json!({"city": c})).collect();
+        let text = serde_json::Value::Array(
+            expected.iter().map(|a| serde_json::json!({"name": "weather", "parameters": a})).collect(),
+        ).to_string();
+        let whole = block_on(parsers.for_answer(Some(&required)).parse_whole(text.clone()));
+        let got: Vec<serde_json::Value> = whole.calls.iter().map(|c| args(&c.function.arguments)).collect();
+        prop_assert_eq!(&got, &expected, "{}", text);
+        prop_assert!(whole.calls.iter().all(|c| c.function.name == "weather"));
+        prop_assert_eq!(whole.content.trim(), "");
+        let (content, _, calls) = assemble(&streamed(&parsers, &required, &text, &cuts));
+        let got: Vec<serde_json::Value> = calls.iter().map(|c| args(&c.2)).collect();
+        prop_assert_eq!(&got, &expected, "{}", text);
+        prop_assert_eq!(content.trim(), "");
     }
 }
