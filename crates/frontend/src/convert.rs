@@ -159,7 +159,7 @@ pub fn chat(
     };
     let mut params = request.common();
     if let Some(tools) = &answer.tools {
-        params.structured.tool_choice = tools.constraint()?;
+        params.structured.tool_choice = tools.constraint(frontend.parsers.tool_parser())?;
     }
     let (prepared, mode) = common(frontend, params, prompt)?;
     Ok((prepared, mode, answer))

@@ -52,6 +52,18 @@ async fn serves_a_real_model_to_the_openai_client() {
         .unwrap();
 }
 
+/// Tool calls on the real model: the openai client's tool loop (`required`, a named
+/// function, a strict tool left to the model) and an OpenAI Agents SDK agent run to its
+/// final answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_model_calls_tools_for_the_client_and_an_agent() {
+    let d = serve("1").await;
+    support::python_checks(&d, "agent_tools_e2e.py", "smollm2").await;
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_long_prompt_goes_to_the_worker_holding_its_cache() {
     let d = serve("2").await;

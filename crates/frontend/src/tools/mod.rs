@@ -11,6 +11,7 @@
 pub mod forced;
 pub mod output;
 pub mod prompt;
+pub mod strict;
 
 use serde::{Deserialize, Serialize};
 
@@ -300,17 +301,6 @@ impl ToolRequest {
                 Choice::Named(named.function.name.clone())
             }
         };
-        // `strict` arguments are enforced when the call is forced (the answer is constrained
-        // to them); left to the model, a call's format is its own and no grammar for it is
-        // built here.
-        if matches!(choice, Choice::Auto)
-            && let Some(i) = tools.iter().position(|t| t.function.strict == Some(true))
-        {
-            return Err(ApiError::invalid_param(
-                &format!("tools[{i}].function.strict"),
-                "`strict` arguments are enforced only when `tool_choice` forces the call (`required` or a named function); leave `strict` out or send `false` with `auto`",
-            ));
-        }
         if tools.is_empty() {
             if choice != Choice::None && request.tool_choice.is_some() {
                 return Err(ApiError::invalid_param(
@@ -327,11 +317,38 @@ impl ToolRequest {
         }))
     }
 
-    /// The constraint a forced call puts on the answer (see [`forced`]); none when the
-    /// model chooses.
-    pub fn constraint(&self) -> Result<Option<switchyard_core::protocol::Constraint>, ApiError> {
+    /// The constraint the tools put on the answer: a forced call's (see [`forced`]); with
+    /// `auto` and a `strict` function, the grammar of text or calls in the model's format
+    /// `parser` (see [`strict`]), a 400 naming the function when that format has none.
+    pub fn constraint(
+        &self,
+        parser: &str,
+    ) -> Result<Option<switchyard_core::protocol::Constraint>, ApiError> {
+        use switchyard_core::protocol::Constraint;
         let schema = match &self.choice {
-            Choice::None | Choice::Auto => return Ok(None),
+            Choice::None => return Ok(None),
+            Choice::Auto => {
+                let Some(i) = self
+                    .tools
+                    .iter()
+                    .position(|t| t.function.strict == Some(true))
+                else {
+                    return Ok(None);
+                };
+                if !strict::FORMATS.contains(&parser) {
+                    return Err(ApiError::invalid_param(
+                        &format!("tools[{i}].function.strict"),
+                        format!(
+                            "`strict` arguments with `tool_choice` `auto` are enforced for the {} call format only, and this model writes `{parser}`'s; send `required` or a named function, or leave `strict` out",
+                            strict::FORMATS.join(", ")
+                        ),
+                    ));
+                }
+                return Ok(Some(Constraint::Grammar(strict::grammar(
+                    &self.tools,
+                    self.parallel,
+                ))));
+            }
             Choice::Named(name) => self
                 .tools
                 .iter()
@@ -341,9 +358,7 @@ impl ToolRequest {
             Choice::Required => forced::required_schema(&self.tools, self.parallel)
                 .map_err(|message| ApiError::invalid_param("tools", message))?,
         };
-        Ok(Some(switchyard_core::protocol::Constraint::JsonSchema(
-            schema.to_string(),
-        )))
+        Ok(Some(Constraint::JsonSchema(schema.to_string())))
     }
 
     /// The tools as the template reads them (OpenAI's objects).

@@ -265,8 +265,23 @@ fn bad_tools_are_refused_naming_the_field() {
     );
     assert!(refused(serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}))
         .contains("parameters"));
-    assert!(refused(serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "strict": true}}]}))
-        .contains("tools[0].function.strict"));
+    // With `auto`, a strict function needs a format with a grammar.
+    let strict = ToolRequest::of(&request(
+        serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "strict": true}}]}),
+    ))
+    .unwrap()
+    .unwrap();
+    assert!(
+        strict
+            .constraint("llama")
+            .unwrap_err()
+            .body()
+            .contains("tools[0].function.strict")
+    );
+    assert!(matches!(
+        strict.constraint("qwen").unwrap(),
+        Some(switchyard_core::protocol::Constraint::Grammar(_))
+    ));
     // Forced, a strict function's arguments are enforced.
     assert!(
         ToolRequest::of(&request(
@@ -415,13 +430,13 @@ proptest! {
     }
 }
 
-/// Whether `text` is an answer the forced call's constraint allows (over the built-in
-/// vocabulary, whose first 256 ids are the bytes).
+/// Whether `text` is an answer the tools' constraint allows (over the built-in vocabulary,
+/// whose first 256 ids are the bytes).
 fn allowed(tools: &ToolRequest, text: &str) -> bool {
     let constraint = tools
-        .constraint()
+        .constraint("qwen")
         .unwrap()
-        .expect("a forced call is constrained");
+        .expect("the answer is constrained");
     let grammars = switchyard_grammar::Grammars::builtin().unwrap();
     let mut guide = grammars.guide(&constraint).unwrap();
     let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
@@ -431,7 +446,7 @@ fn allowed(tools: &ToolRequest, text: &str) -> bool {
 #[test]
 fn a_forced_call_is_constrained_to_the_tools_arguments() {
     let auto = tool_request(serde_json::json!({}));
-    assert_eq!(auto.constraint().unwrap(), None);
+    assert_eq!(auto.constraint("qwen").unwrap(), None);
     let required = tool_request(serde_json::json!({"tool_choice": "required"}));
     assert_eq!(required.choice, Choice::Required);
     assert!(allowed(
@@ -483,7 +498,7 @@ fn definitions_of_several_tools_meet_at_the_top_unless_they_differ() {
     ));
     assert!(!allowed(&same, r#"[{"name":"b","parameters":{"t":{}}}]"#));
     let differ = ToolRequest::of(&request(body("f"))).unwrap().unwrap();
-    let error = differ.constraint().unwrap_err();
+    let error = differ.constraint("qwen").unwrap_err();
     assert!(error.body().contains("$defs/Temp"), "{}", error.body());
 }
 
@@ -526,4 +541,103 @@ proptest! {
         prop_assert_eq!(&got, &expected, "{}", text);
         prop_assert_eq!(content.trim(), "");
     }
+}
+
+#[test]
+fn strict_functions_with_auto_allow_text_or_valid_calls_in_the_hermes_format() {
+    let strict = |parallel: bool| {
+        ToolRequest::of(&request(serde_json::json!({
+            "parallel_tool_calls": parallel,
+            "tools": [
+                {"type": "function", "function": {"name": "weather", "strict": true, "parameters": {
+                    "type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"], "additionalProperties": false}}},
+                {"type": "function", "function": {"name": "time"}},
+            ],
+        })))
+        .unwrap()
+        .unwrap()
+    };
+    let tools = strict(true);
+    let call = |name: &str, arguments: &str| {
+        format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {arguments}}}\n</tool_call>")
+    };
+    let weather = call("weather", r#"{"city": "Oslo"}"#);
+    let time = call("time", r#"{"zone": 2}"#);
+    for text in [
+        String::new(),
+        "It is sunny.".to_owned(),
+        "if a < b then <b>bold</b>".to_owned(),
+        format!("Checking.{weather}"),
+        format!("{weather}\n{time}"),
+    ] {
+        assert!(allowed(&tools, &text), "{text:?}");
+    }
+    for text in [
+        call("weather", r#"{"city": 3}"#),
+        call("weather", r#"{"city": "Oslo", "days": 2}"#),
+        call("rain", "{}"),
+        format!("{weather} and then some text"),
+        format!("{weather}<tool_call>\n"),
+    ] {
+        assert!(!allowed(&tools, &text), "{text:?}");
+    }
+    assert!(!allowed(&strict(false), &format!("{weather}\n{time}")));
+    // What the grammar allows, the model's parser reads back as the calls.
+    let parsers = Parsers::new(&ChatConfig::default(), "m", None);
+    let answer = block_on(
+        parsers
+            .for_answer(Some(&tools))
+            .parse_whole(format!("Checking.{weather}\n{time}")),
+    );
+    assert_eq!(answer.content.trim(), "Checking.");
+    let names: Vec<&str> = answer
+        .calls
+        .iter()
+        .map(|c| c.function.name.as_str())
+        .collect();
+    assert_eq!(names, ["weather", "time"]);
+    assert_eq!(
+        args(&answer.calls[0].function.arguments),
+        serde_json::json!({"city": "Oslo"})
+    );
+}
+
+#[test]
+fn zz_debug_grammar() {
+    let grammars = switchyard_grammar::Grammars::builtin().unwrap();
+    let check = |g: &str, text: &str| {
+        let mut guide = grammars
+            .guide(&switchyard_core::protocol::Constraint::Grammar(g.into()))
+            .unwrap();
+        let bytes: Vec<u32> = text.bytes().map(u32::from).collect();
+        let ok = guide.take(&bytes).is_ok();
+        eprintln!(
+            "DEBUG {g:?} on {text:?}: took {ok}, accepting {}",
+            guide.is_accepting()
+        );
+    };
+    let open = r#"OPEN: ~/(?s:.*)<tool_call>(?s:.*)/ "<tool_call>\n""#;
+    check(&format!("start: OPEN \"x\"\n{open}"), "ab<tool_call>\nx");
+    check(&format!("start: OPEN \"x\"\n{open}"), "<tool_call>\nx");
+    check(
+        "start: OPEN \"x\"\nOPEN: /[a-z]*/ \"<tool_call>\\n\"",
+        "ab<tool_call>\nx",
+    );
+    check(
+        "start: OPEN \"x\"\nOPEN: /[a-z]*<tool_call>\\n/",
+        "ab<tool_call>\nx",
+    );
+    check(
+        "start: OPEN c\nc: %json {\"type\":\"object\"}\nOPEN: /[a-z]*<tool_call>\\n/",
+        "ab<tool_call>\n{}",
+    );
+    check(
+        "start: TEXT?\nTEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
+        "ab<tool_call>\n{}",
+    );
+    check(
+        "start: TEXT?\nTEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
+        "ab<tool",
+    );
 }

@@ -364,6 +364,8 @@ pub async fn python_checks(d: &Deployment, script: &str, model: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"), "{stdout}");
+    // What the script measured, for `--nocapture`.
+    eprintln!("{stdout}");
 }
 
 /// A PNG whose pixels depend on `seed`.
