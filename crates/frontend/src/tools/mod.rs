@@ -374,4 +374,6 @@ impl ToolRequest {
 }
 
 #[cfg(test)]
+mod format_tests;
+#[cfg(test)]
 mod tests;

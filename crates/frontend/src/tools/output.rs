@@ -105,11 +105,17 @@ fn call_id() -> String {
 /// The longest tag [`Recut`] waits for the end of.
 const MAX_TAG: usize = 64;
 
+/// The longest piece of plain text [`Recut`] gives, in characters.
+const MAX_PIECE: usize = 16;
+
 /// Streamed text cut again before it reaches the parsers, which expect the pieces of a
 /// token stream: a tag (`<tool_call>`, `</think>`: from `<` to the next `>`, up to
-/// [`MAX_TAG`] bytes) comes whole and alone, even when the engine's text split it or
-/// joined it to the text around it; pieces also end at a newline and before `[` and `{`
-/// (Mistral's `[TOOL_CALLS]`, JSON calls).
+/// [`MAX_TAG`] bytes) comes whole and alone; other pieces end at a newline, before `<`, `[`
+/// and `{` (Mistral's `[TOOL_CALLS]`, JSON calls), or after [`MAX_PIECE`] characters.
+///
+/// Where a piece ends depends on the text alone, never on how the engine's chunks split
+/// it: a piece whose end is not yet known is held. So an answer streamed in any chunks
+/// reaches the parsers as the same pieces as the whole answer, and parses the same.
 #[derive(Debug, Default)]
 pub struct Recut {
     held: String,
@@ -121,28 +127,10 @@ impl Recut {
         let mut pieces = Vec::new();
         let mut start = 0;
         while start < self.held.len() {
-            let rest = &self.held[start..];
-            let end = if rest.starts_with('<') {
-                match rest.find('>') {
-                    Some(close) if close < MAX_TAG => close + 1,
-                    // Wait for the tag's end.
-                    None if rest.len() < MAX_TAG => break,
-                    _ => 1,
-                }
-            } else {
-                // Past the first character (it may be `[` or `{`), whatever its width.
-                let first = rest.chars().next().map_or(1, char::len_utf8);
-                let stop = rest[first..]
-                    .find(['<', '[', '{', '\n'])
-                    .map_or(rest.len(), |at| at + first);
-                // A newline ends its piece.
-                match rest[..stop].find('\n') {
-                    Some(newline) => newline + 1,
-                    None if rest[stop..].starts_with('\n') => stop + 1,
-                    None => stop,
-                }
+            let Some(end) = piece_end(&self.held[start..]) else {
+                break;
             };
-            pieces.push(rest[..end].to_owned());
+            pieces.push(self.held[start..start + end].to_owned());
             start += end;
         }
         self.held.drain(..start);
@@ -153,6 +141,28 @@ impl Recut {
     pub fn flush(&mut self) -> Option<String> {
         (!self.held.is_empty()).then(|| std::mem::take(&mut self.held))
     }
+}
+
+/// Where the piece at the start of `rest` ends, if `rest` says so already.
+fn piece_end(rest: &str) -> Option<usize> {
+    if rest.starts_with('<') {
+        return match rest.find('>') {
+            Some(close) if close < MAX_TAG => Some(close + 1),
+            // Wait for the tag's end.
+            None if rest.len() < MAX_TAG => None,
+            _ => Some(1),
+        };
+    }
+    // Past the first character (it may be `[` or `{`); a newline ends its piece.
+    for (n, (at, c)) in rest.char_indices().enumerate() {
+        if n > 0 && matches!(c, '<' | '[' | '{') {
+            return Some(at);
+        }
+        if c == '\n' || n + 1 == MAX_PIECE {
+            return Some(at + c.len_utf8());
+        }
+    }
+    None
 }
 
 /// The parsers of one answer (one choice).

@@ -342,8 +342,7 @@ fn recut_keeps_tags_whole_and_apart() {
             "{\"a\": ",
             "[1]}",
             "</tool_call>",
-            "x",
-            "y ",
+            "xy ",
             "<"
         ]
     );
@@ -366,6 +365,21 @@ proptest! {
         }
         out.extend(recut.flush());
         prop_assert_eq!(out, text);
+    }
+
+    /// The pieces depend on the text alone: any chunks give the pieces of the whole.
+    #[test]
+    fn recut_pieces_do_not_depend_on_the_chunks(text in "[ab<>\\[{\n é€😀]{0,80}", cuts in prop::collection::vec(0usize..240, 0..12)) {
+        let pieces = |bounds: &[usize]| {
+            let mut recut = Recut::default();
+            let mut pieces = Vec::new();
+            for pair in bounds.windows(2) {
+                pieces.extend(recut.push(&text[pair[0]..pair[1]]));
+            }
+            pieces.extend(recut.flush());
+            pieces
+        };
+        prop_assert_eq!(pieces(&cut_points(&text, &cuts)), pieces(&[0, text.len()]));
     }
 }
 
