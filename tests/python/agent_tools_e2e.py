@@ -13,6 +13,7 @@ import sys
 
 import openai
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from streamed_message import streamed
 
 WEATHER = {
     "type": "function",
@@ -40,25 +41,6 @@ def city_of(name, arguments):
     parsed = json.loads(arguments)
     check(set(parsed) == {"city"} and isinstance(parsed["city"], str), f"arguments {arguments}")
     return parsed["city"]
-
-
-def streamed(client, **kwargs):
-    """The message a stream adds up to, accumulated as OpenAI's own examples do."""
-    content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        content += choice.delta.content or ""
-        for delta in choice.delta.tool_calls or []:
-            call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
-            call["id"] = call["id"] or delta.id
-            if delta.function and delta.function.name:
-                call["name"] += delta.function.name
-            if delta.function and delta.function.arguments:
-                call["arguments"] += delta.function.arguments
-        finish = choice.finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish
 
 
 def tool_loop(client, model):

@@ -9,6 +9,7 @@ import json
 import sys
 
 import openai
+from streamed_message import streamed
 
 TOOLS = [{
     "type": "function",
@@ -25,23 +26,6 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 def check(condition, message):
     if not condition:
         raise AssertionError(message)
-
-
-def streamed(client, **kwargs):
-    """The message a stream adds up to, accumulated as OpenAI's own examples do."""
-    content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        choice = chunk.choices[0]
-        content += choice.delta.content or ""
-        for delta in choice.delta.tool_calls or []:
-            call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
-            call["id"] = call["id"] or delta.id
-            if delta.function and delta.function.name:
-                call["name"] += delta.function.name
-            if delta.function and delta.function.arguments:
-                call["arguments"] += delta.function.arguments
-        finish = choice.finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish
 
 
 def main(base_url: str, model: str) -> None:
