@@ -136,12 +136,24 @@ impl Guide {
             return Ok(());
         }
         let mask = self.mask()?;
-        let known = mask.len();
-        for (token, logit) in logits.iter_mut().enumerate() {
-            if token >= known || !mask.is_allowed(token as u32) {
-                *logit = f32::NEG_INFINITY;
+        let known = mask.len().min(logits.len());
+        // A word of the mask at a time: most are all clear under a constraint (a fill), a
+        // few all set (left alone); only the rest bit by bit.
+        let (covered, beyond) = logits.split_at_mut(known);
+        for (chunk, &word) in covered.chunks_mut(32).zip(mask.as_slice()) {
+            match word {
+                0 => chunk.fill(f32::NEG_INFINITY),
+                u32::MAX => {}
+                _ => {
+                    for (bit, logit) in chunk.iter_mut().enumerate() {
+                        if word & (1 << bit) == 0 {
+                            *logit = f32::NEG_INFINITY;
+                        }
+                    }
+                }
             }
         }
+        beyond.fill(f32::NEG_INFINITY);
         Ok(())
     }
 

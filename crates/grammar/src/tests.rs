@@ -275,3 +275,29 @@ fn masked_logits_keep_only_what_the_constraint_allows() {
         "complete: only the end"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// At every step of an answer under a schema, the logits left finite are exactly the
+    /// tokens the guide allows (those the buffer holds: longer buffers lose their tail,
+    /// shorter ones keep their allowed tokens).
+    #[test]
+    fn masked_logits_are_the_allowed_tokens_at_every_step(draws in draws(), extra in -40i64..40) {
+        let constraint = Constraint::JsonSchema(PERSON.into());
+        let tokens = answer(&constraint, &draws, 64);
+        let mut guide = grammars().guide(&constraint).expect("compiles");
+        let size = (i64::from(builtin_vocab::VOCAB_SIZE) + extra) as usize;
+        for &token in &tokens {
+            let mut logits = vec![0.5f32; size];
+            guide.mask_logits(&mut logits).expect("masks");
+            let kept: Vec<u32> = (0..size as u32).filter(|&t| logits[t as usize].is_finite()).collect();
+            let allowed: Vec<u32> = guide.allowed().expect("allowed").into_iter().filter(|&t| (t as usize) < size).collect();
+            prop_assert_eq!(kept, allowed);
+            if token == guide.eos() {
+                break;
+            }
+            guide.take(&[token]).expect("taken");
+        }
+    }
+}
