@@ -245,42 +245,20 @@ impl Converter<'_> {
             let value = match object.get("additionalProperties") {
                 None | Some(Value::Bool(true)) => return Ok(self.any("object")),
                 Some(Value::Bool(false)) => {
-                    return Ok(Expr::Seq(vec![Expr::text("{"), ws, Expr::text("}")]));
+                    return Ok(delimited("{", Expr::empty(), "}", 0, Some(0)));
                 }
                 Some(schema) => self.schema(schema, &format!("{at}/additionalProperties"))?,
             };
-            let member = Expr::Seq(vec![
-                self.any("string"),
-                ws.clone(),
-                Expr::text(":"),
-                ws.clone(),
-                value,
-                ws.clone(),
-            ]);
+            let member = member(self.any("string"), value);
             let member = self.named("map", member);
-            return Ok(Expr::Seq(vec![
-                Expr::text("{"),
-                ws.clone(),
-                Expr::optional(Expr::Seq(vec![
-                    member.clone(),
-                    Expr::repeat(Expr::Seq(vec![Expr::text(","), ws, member]), 0, None),
-                ])),
-                Expr::text("}"),
-            ]));
+            return Ok(delimited("{", member, "}", 0, None));
         }
         let mut members = Vec::with_capacity(properties.len());
         for (name, schema) in properties {
             let value = self.schema(schema, &format!("{at}/properties/{name}"))?;
             members.push((
                 required.contains(&name.as_str()),
-                Expr::Seq(vec![
-                    Expr::text(Value::String(name.clone()).to_string()),
-                    ws.clone(),
-                    Expr::text(":"),
-                    ws.clone(),
-                    value,
-                    ws.clone(),
-                ]),
+                member(Expr::text(Value::String(name.clone()).to_string()), value),
             ));
         }
         self.objects += 1;
@@ -330,40 +308,16 @@ impl Converter<'_> {
         let ws = self.any("ws");
         let item = match object.get("items") {
             None | Some(Value::Bool(true)) => self.any("value"),
-            Some(Value::Bool(false)) => {
-                return Ok(Expr::Seq(vec![Expr::text("["), ws, Expr::text("]")]));
-            }
+            Some(Value::Bool(false)) => return Ok(delimited("[", Expr::empty(), "]", 0, Some(0))),
             Some(schema) => {
                 let item = self.schema(schema, &format!("{at}/items"))?;
                 self.named("item", item)
             }
         };
-        let item = Expr::Seq(vec![item, ws.clone()]);
-        let rest = |least: u32, most: Option<u32>| {
-            Expr::repeat(
-                Expr::Seq(vec![Expr::text(","), ws.clone(), item.clone()]),
-                least,
-                most,
-            )
-        };
         if max.is_some_and(|m| m < min) {
             return Err(refuse(at, "has `maxItems` below `minItems`"));
         }
-        if max == Some(0) {
-            return Ok(Expr::Seq(vec![Expr::text("["), ws, Expr::text("]")]));
-        }
-        let items = if min == 0 {
-            Expr::optional(Expr::Seq(vec![
-                item.clone(),
-                rest(0, max.map(|m| m.saturating_sub(1))),
-            ]))
-        } else {
-            Expr::Seq(vec![
-                item.clone(),
-                rest(min - 1, max.map(|m| m.saturating_sub(1))),
-            ])
-        };
-        Ok(Expr::Seq(vec![Expr::text("["), ws, items, Expr::text("]")]))
+        Ok(delimited("[", Expr::Seq(vec![item, ws]), "]", min, max))
     }
 
     fn string(&mut self, object: &Map<String, Value>, at: &str) -> Result<Expr, GbnfError> {
@@ -473,38 +427,13 @@ fn define_any(rules: &mut Rules) {
                 .to_vec(),
         ),
     );
-    let member = seq(vec![
-        rule("string"),
-        ws.clone(),
-        text(":"),
-        ws.clone(),
-        rule("value"),
-        ws.clone(),
-    ]);
     rules.define(
         "object",
-        seq(vec![
-            text("{"),
-            ws.clone(),
-            Expr::optional(seq(vec![
-                member.clone(),
-                Expr::repeat(seq(vec![text(","), ws.clone(), member]), 0, None),
-            ])),
-            text("}"),
-        ]),
+        delimited("{", member(rule("string"), rule("value")), "}", 0, None),
     );
-    let element = seq(vec![rule("value"), ws.clone()]);
     rules.define(
         "array",
-        seq(vec![
-            text("["),
-            ws.clone(),
-            Expr::optional(seq(vec![
-                element.clone(),
-                Expr::repeat(seq(vec![text(","), ws.clone(), element]), 0, None),
-            ])),
-            text("]"),
-        ]),
+        delimited("[", seq(vec![rule("value"), ws.clone()]), "]", 0, None),
     );
     rules.define(
         "string",
@@ -577,6 +506,42 @@ fn define_any(rules: &mut Rules) {
             seq(vec![text("\n"), Expr::repeat(text(" "), 0, Some(INDENT))]),
         ])),
     );
+}
+
+/// `open`, then between `min` and `max` of `item` separated by commas, then `close`, with
+/// whitespace after the opening and each comma (an item ends with its own).
+fn delimited(open: &str, item: Expr, close: &str, min: u32, max: Option<u32>) -> Expr {
+    let ws = Expr::rule("ws");
+    let (open, close) = (Expr::text(open), Expr::text(close));
+    if max == Some(0) {
+        return Expr::Seq(vec![open, ws, close]);
+    }
+    let rest = |least: u32| {
+        Expr::repeat(
+            Expr::Seq(vec![Expr::text(","), ws.clone(), item.clone()]),
+            least,
+            max.map(|m| m - 1),
+        )
+    };
+    let items = if min == 0 {
+        Expr::optional(Expr::Seq(vec![item.clone(), rest(0)]))
+    } else {
+        Expr::Seq(vec![item.clone(), rest(min - 1)])
+    };
+    Expr::Seq(vec![open, ws.clone(), items, close])
+}
+
+/// An object's member: `key`, a colon, `value`, with whitespace around the colon and after.
+fn member(key: Expr, value: Expr) -> Expr {
+    let ws = Expr::rule("ws");
+    Expr::Seq(vec![
+        key,
+        ws.clone(),
+        Expr::text(":"),
+        ws.clone(),
+        value,
+        ws,
+    ])
 }
 
 /// The types a schema without `type` is about, from its keywords (none: any value).
