@@ -30,21 +30,40 @@ pub fn named_schema(tool: &ToolIn) -> Value {
     parameters(tool)
 }
 
-/// The schema of a `required` answer: calls of the tools, with each tool's `$defs` moved to
-/// the top so its references still resolve; two tools defining one name differently is an
-/// error (naming the definition).
+/// The schema of a `required` answer: one or more calls (at most one without parallel
+/// calls), each as [`call_schema`] writes it with the arguments under `parameters`.
 pub fn required_schema(tools: &[ToolIn], parallel: bool) -> Result<Value, String> {
+    let (call, defs) = call_schema(tools, "parameters", parameters)?;
+    let mut schema = json!({"type": "array", "minItems": 1, "items": call});
+    if !parallel {
+        schema["maxItems"] = json!(1);
+    }
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    Ok(schema)
+}
+
+/// The schema of one call of any of `tools`: an object naming the tool and holding, under
+/// `key`, the arguments `arguments` gives for it. Each tool's `$defs` are taken out, to be
+/// put at the top of the whole schema so its references still resolve (returned beside
+/// it); two tools defining one name differently is an error naming the definition.
+pub fn call_schema(
+    tools: &[ToolIn],
+    key: &str,
+    arguments: impl Fn(&ToolIn) -> Value,
+) -> Result<(Value, Map<String, Value>), String> {
     let mut defs = Map::new();
     let mut calls = Vec::with_capacity(tools.len());
     for tool in tools {
-        let mut parameters = parameters(tool);
-        if let Some(Value::Object(own)) = parameters.as_object_mut().and_then(|p| p.remove("$defs"))
+        let mut arguments = arguments(tool);
+        if let Some(Value::Object(own)) = arguments.as_object_mut().and_then(|p| p.remove("$defs"))
         {
             for (name, schema) in own {
                 match defs.get(&name) {
                     Some(existing) if existing != &schema => {
                         return Err(format!(
-                            "two tools define `$defs/{name}` differently; a forced call needs one schema for both"
+                            "two tools define `$defs/{name}` differently; a constrained call needs one schema for both"
                         ));
                     }
                     _ => {
@@ -55,26 +74,12 @@ pub fn required_schema(tools: &[ToolIn], parallel: bool) -> Result<Value, String
         }
         calls.push(json!({
             "type": "object",
-            "properties": {
-                "name": {"const": tool.function.name},
-                "parameters": parameters,
-            },
-            "required": ["name", "parameters"],
+            "properties": {"name": {"const": tool.function.name}, key: arguments},
+            "required": ["name", key],
             "additionalProperties": false,
         }));
     }
-    let mut schema = json!({
-        "type": "array",
-        "minItems": 1,
-        "items": {"anyOf": calls},
-    });
-    if !parallel {
-        schema["maxItems"] = json!(1);
-    }
-    if !defs.is_empty() {
-        schema["$defs"] = Value::Object(defs);
-    }
-    Ok(schema)
+    Ok((json!({"anyOf": calls}), defs))
 }
 
 /// The parser of a named function's answer: all of it is the one call's arguments, streamed

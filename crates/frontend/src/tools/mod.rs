@@ -344,10 +344,9 @@ impl ToolRequest {
                         ),
                     ));
                 }
-                return Ok(Some(Constraint::Grammar(strict::grammar(
-                    &self.tools,
-                    self.parallel,
-                ))));
+                let grammar = strict::grammar(&self.tools, self.parallel)
+                    .map_err(|message| ApiError::invalid_param("tools", message))?;
+                return Ok(Some(Constraint::Grammar(grammar)));
             }
             Choice::Named(name) => self
                 .tools

@@ -18,31 +18,25 @@ use crate::openai::tools::ToolIn;
 /// The parsers whose format [`grammar`] writes.
 pub const FORMATS: [&str; 1] = ["qwen"];
 
-/// The grammar of an answer that may call `tools` in the Hermes format.
-pub fn grammar(tools: &[ToolIn], parallel: bool) -> String {
-    let calls: Vec<Value> = tools
-        .iter()
-        .map(|tool| {
-            let arguments = match (&tool.function.parameters, tool.function.strict) {
-                (Some(parameters), Some(true)) => parameters.clone(),
-                (None, Some(true)) => {
-                    json!({"type": "object", "properties": {}, "additionalProperties": false})
-                }
-                _ => json!({"type": "object"}),
-            };
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
-                "required": ["name", "arguments"],
-                "additionalProperties": false,
-            })
-        })
-        .collect();
-    let call = json!({"anyOf": calls});
+/// The grammar of an answer that may call `tools` in the Hermes format; an error when two
+/// tools define one `$defs` name differently.
+pub fn grammar(tools: &[ToolIn], parallel: bool) -> Result<String, String> {
+    let (mut call, defs) = super::forced::call_schema(tools, "arguments", |tool| {
+        match (&tool.function.parameters, tool.function.strict) {
+            (Some(parameters), Some(true)) => parameters.clone(),
+            (None, Some(true)) => {
+                json!({"type": "object", "properties": {}, "additionalProperties": false})
+            }
+            _ => json!({"type": "object"}),
+        }
+    })?;
+    if !defs.is_empty() {
+        call["$defs"] = Value::Object(defs);
+    }
     let more = if parallel { " more*" } else { "" };
     // Each lexeme is told apart by its start: the close of a call, then the open of the
     // next, are two.
-    format!(
+    Ok(format!(
         r#"start: TEXT? | OPEN call END{more}
 call: %json {call}
 more: NEXT call END
@@ -51,5 +45,5 @@ OPEN: /(?s:.*)<tool_call>\n/ & ~/(?s:.*)<tool_call>(?s:.*)<tool_call>(?s:.*)/
 END: "\n</tool_call>"
 NEXT: "\n<tool_call>\n"
 "#
-    )
+    ))
 }

@@ -514,6 +514,22 @@ fn definitions_of_several_tools_meet_at_the_top_unless_they_differ() {
     let differ = ToolRequest::of(&request(body("f"))).unwrap().unwrap();
     let error = differ.constraint("qwen").unwrap_err();
     assert!(error.body().contains("$defs/Temp"), "{}", error.body());
+    // With `auto` and strict tools, the Hermes grammar resolves them the same way.
+    let strict = |b: &str| {
+        let mut body = body(b);
+        body["tool_choice"] = serde_json::json!("auto");
+        for tool in body["tools"].as_array_mut().unwrap() {
+            tool["function"]["strict"] = serde_json::json!(true);
+        }
+        ToolRequest::of(&request(body)).unwrap().unwrap()
+    };
+    let call = |arguments: &str| {
+        format!("<tool_call>\n{{\"name\": \"b\", \"arguments\": {arguments}}}\n</tool_call>")
+    };
+    assert!(allowed(&strict("c"), &call(r#"{"t": {"c": 1.5}}"#)));
+    assert!(!allowed(&strict("c"), &call(r#"{"t": {}}"#)));
+    let error = strict("f").constraint("qwen").unwrap_err();
+    assert!(error.body().contains("$defs/Temp"), "{}", error.body());
 }
 
 proptest! {
