@@ -75,15 +75,7 @@ async fn a_stream_moved_off_a_crashed_worker_ends_as_the_same_valid_object() {
             "the moved stream drew what the first worker would have"
         );
     }
-    let metrics = scrape(&url(&d, "/metrics")).await;
-    assert!(
-        metric_value(
-            &metrics,
-            "switchyard_migrations_total",
-            Some("disconnected")
-        ) > 0.0,
-        "a stream moved"
-    );
+    assert_a_stream_moved(&d).await;
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

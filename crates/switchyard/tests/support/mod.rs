@@ -162,6 +162,17 @@ pub async fn scrape(url: &str) -> String {
         .expect("body")
 }
 
+/// Asserts that the deployment moved at least one stream off a worker that went away.
+pub async fn assert_a_stream_moved(d: &Deployment) {
+    let metrics = scrape(&url(d, "/metrics")).await;
+    let moved = metric_value(
+        &metrics,
+        "switchyard_migrations_total",
+        Some("disconnected"),
+    );
+    assert!(moved > 0.0, "a stream moved");
+}
+
 /// A metric (`name`, or counter `name_total`) in Prometheus text: summed over its series,
 /// or only those with `label` (like `worker="1/0"`); 0 when absent.
 pub fn metric_value(text: &str, name: &str, label: Option<&str>) -> f64 {
