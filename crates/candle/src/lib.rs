@@ -29,7 +29,7 @@ pub struct CandleWorker {
     engine: CandleEngine,
     config: CandleConfig,
     /// The vocabulary it enforces constraints over, by name (none: it enforces none).
-    vocabularies: &'static [&'static str],
+    vocabularies: Vec<String>,
 }
 
 /// Constraints over the model's vocabulary (its GGUF tokenizer's tokens, its end of
@@ -71,11 +71,7 @@ impl CandleWorker {
                 tracing::warn!(%why, "the model's vocabulary cannot be read for constraints: this worker enforces none")
             }
         }
-        // Named once per worker start, for the capabilities it announces.
-        let vocabularies: &'static [&'static str] = match engine.vocabulary() {
-            Some(name) => Box::leak(vec![&*Box::leak(name.into())].into_boxed_slice()),
-            None => &[],
-        };
+        let vocabularies = engine.vocabulary().map(str::to_owned).into_iter().collect();
         Ok(CandleWorker {
             engine,
             config: config.clone(),
@@ -107,7 +103,7 @@ impl Engine for CandleWorker {
             } else {
                 switchyard_core::protocol::ConstraintKinds::all()
             },
-            vocabularies: self.vocabularies,
+            vocabularies: self.vocabularies.clone(),
         }
     }
 

@@ -184,7 +184,12 @@ impl Guide {
             self.eos
         } else if pick.close < pick.pressure {
             self.closer(&mask)
-        } else if pick.plain != self.eos && mask.is_allowed(pick.plain) {
+        // The plain draw comes from the mocker's own vocabulary, which may be larger than
+        // the constraint's.
+        } else if pick.plain != self.eos
+            && (pick.plain as usize) < mask.len()
+            && mask.is_allowed(pick.plain)
+        {
             pick.plain
         } else {
             let n = ((pick.other * others as f64) as usize).min(others - 1);

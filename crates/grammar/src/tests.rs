@@ -29,7 +29,9 @@ fn answer(constraint: &Constraint, draws: &[(u32, f64, f64)], budget: u32) -> Ve
     for generated in 0..budget {
         let (plain, close, other) = draws[generated as usize % draws.len()];
         let pick = Pick {
-            plain: plain % builtin_vocab::VOCAB_SIZE,
+            // Some past the vocabulary: the mocker may draw from a larger one than the
+            // constraint's.
+            plain: plain % (2 * builtin_vocab::VOCAB_SIZE),
             close,
             other,
             pressure: pressure(generated, budget),
@@ -110,7 +112,9 @@ proptest! {
         for (generated, &expected) in whole.iter().enumerate().skip(cut) {
             let (plain, close, other) = draws[generated % draws.len()];
             let pick = Pick {
-                plain: plain % builtin_vocab::VOCAB_SIZE,
+                // Some past the vocabulary: the mocker may draw from a larger one than the
+            // constraint's.
+            plain: plain % (2 * builtin_vocab::VOCAB_SIZE),
                 close,
                 other,
                 pressure: pressure(generated as u32, 256),
@@ -300,4 +304,58 @@ proptest! {
             guide.take(&[token]).expect("taken");
         }
     }
+}
+
+#[test]
+fn a_model_directory_gives_its_vocabulary_and_end_of_sequence_token() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../frontend/tests/fixtures");
+    // `eos_token` as a string (ChatML: `<|im_end|>`, an added token) and as an object
+    // (Llama: `</s>`, a piece of the model's vocabulary).
+    for (model, eos) in [("chatml-bpe", 323), ("llama-spm", 2)] {
+        let dir = fixtures.join(model);
+        let read = Vocabulary::from_model_dir(&dir).expect("reads");
+        assert_eq!(read.eos, eos, "{model}");
+        let tokenizer = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+        assert_eq!(
+            Some(read.name.clone()),
+            vocab::name_of_tokenizer_json(&tokenizer)
+        );
+        let grammars = Grammars::new(&read).expect("compiles");
+        let mut guide = grammars
+            .guide(&Constraint::Choice(vec!["yes".into()]))
+            .unwrap();
+        assert!(!guide.allowed().unwrap().is_empty());
+    }
+    // Without `eos_token`: the first `eos_token_id` of generation_config.json, then
+    // config.json's.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = |name: &str| {
+        std::fs::copy(
+            fixtures.join("chatml-bpe").join(name),
+            dir.path().join(name),
+        )
+        .unwrap();
+    };
+    copy("tokenizer.json");
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    write("config.json", r#"{"eos_token_id": 321}"#);
+    assert_eq!(Vocabulary::from_model_dir(dir.path()).unwrap().eos, 321);
+    write("generation_config.json", r#"{"eos_token_id": [322, 321]}"#);
+    assert_eq!(Vocabulary::from_model_dir(dir.path()).unwrap().eos, 322);
+    // An end token the tokenizer lacks, none at all, a broken file, no tokenizer: each
+    // is an error naming the file.
+    write("tokenizer_config.json", r#"{"eos_token": "<|nope|>"}"#);
+    let error = Vocabulary::from_model_dir(dir.path()).unwrap_err();
+    assert!(error.contains("`<|nope|>` is not a token"), "{error}");
+    write("tokenizer_config.json", "{}");
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
+    std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
+    let error = Vocabulary::from_model_dir(dir.path()).unwrap_err();
+    assert!(error.contains("names no end-of-sequence token"), "{error}");
+    write("config.json", "{");
+    let error = Vocabulary::from_model_dir(dir.path()).unwrap_err();
+    assert!(error.contains("config.json"), "{error}");
+    let error = Vocabulary::from_model_dir(&dir.path().join("absent")).unwrap_err();
+    assert!(error.contains("tokenizer.json"), "{error}");
 }

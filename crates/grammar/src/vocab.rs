@@ -1,6 +1,7 @@
 //! A vocabulary as `llguidance` sees it: the bytes each token stands for, and which ends
 //! the sequence.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use switchyard_core::Token;
@@ -79,6 +80,52 @@ impl Vocabulary {
         })
     }
 
+    /// A Hugging Face model directory's vocabulary: its `tokenizer.json`, ending a
+    /// sequence with `tokenizer_config.json`'s `eos_token`, else the first `eos_token_id`
+    /// of `generation_config.json` or `config.json` (as the frontend reads the same
+    /// directory, so both stop on the same token).
+    pub fn from_model_dir(dir: &Path) -> Result<Self, String> {
+        let read = |name: &str| std::fs::read_to_string(dir.join(name));
+        let tokenizer = read("tokenizer.json")
+            .map_err(|e| format!("{}: {e}", dir.join("tokenizer.json").display()))?;
+        let json = |name: &str| -> Result<Option<serde_json::Value>, String> {
+            match read(name) {
+                Ok(text) => serde_json::from_str(&text)
+                    .map(Some)
+                    .map_err(|e| format!("{}: {e}", dir.join(name).display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(format!("{}: {e}", dir.join(name).display())),
+            }
+        };
+        let named =
+            json("tokenizer_config.json")?.and_then(|config| match config.get("eos_token")? {
+                serde_json::Value::String(text) => Some(text.clone()),
+                other => Some(other.get("content")?.as_str()?.to_owned()),
+            });
+        let eos = match named {
+            Some(text) => token_id(&tokenizer, &text).ok_or_else(|| {
+                format!(
+                    "{}: its eos_token `{text}` is not a token of tokenizer.json",
+                    dir.join("tokenizer_config.json").display()
+                )
+            })?,
+            None => ["generation_config.json", "config.json"]
+                .into_iter()
+                .map(json)
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .flatten()
+                .find_map(|config| first_id(config.get("eos_token_id")?))
+                .ok_or_else(|| {
+                    format!(
+                        "{} names no end-of-sequence token (eos_token in tokenizer_config.json, or eos_token_id)",
+                        dir.display()
+                    )
+                })?,
+        };
+        Self::from_tokenizer_json(&tokenizer, eos).map_err(|e| format!("{}: {e}", dir.display()))
+    }
+
     /// The vocabulary as `llguidance` takes it.
     pub(crate) fn env(&self) -> TokEnv {
         let info = TokRxInfo::new(self.tokens.len() as u32, self.eos);
@@ -112,6 +159,36 @@ fn token_bytes(tokenizer: &str) -> Result<Vec<Vec<u8>>, String> {
     let json: serde_json::Value =
         serde_json::from_str(tokenizer).map_err(|e| format!("tokenizer.json: {e}"))?;
     llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| format!("tokenizer.json: {e}"))
+}
+
+/// The id of the token that spells `text` in a `tokenizer.json`: an added token, else a
+/// piece of the model's vocabulary (a map for BPE and WordPiece, a list for Unigram).
+fn token_id(tokenizer: &str, text: &str) -> Option<Token> {
+    let json: serde_json::Value = serde_json::from_str(tokenizer).ok()?;
+    let added = json.get("added_tokens").and_then(|a| a.as_array());
+    let id = added
+        .into_iter()
+        .flatten()
+        .find(|token| token.get("content").and_then(|c| c.as_str()) == Some(text))
+        .and_then(|token| token.get("id")?.as_u64());
+    let id = id.or_else(|| match json.get("model")?.get("vocab")? {
+        serde_json::Value::Object(map) => map.get(text)?.as_u64(),
+        serde_json::Value::Array(pieces) => pieces
+            .iter()
+            .position(|piece| piece.get(0).and_then(|p| p.as_str()) == Some(text))
+            .map(|at| at as u64),
+        _ => None,
+    })?;
+    Token::try_from(id).ok()
+}
+
+/// An `eos_token_id` that is an id, or the first of a list of them.
+fn first_id(value: &serde_json::Value) -> Option<Token> {
+    let id = match value {
+        serde_json::Value::Array(ids) => ids.first()?.as_u64()?,
+        other => other.as_u64()?,
+    };
+    Token::try_from(id).ok()
 }
 
 /// A vocabulary whose text is split greedily (longest token first): `llguidance` needs a

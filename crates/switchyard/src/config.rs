@@ -220,7 +220,7 @@ impl Config {
     pub fn worker_config(&self) -> WorkerConfig {
         let engine = match self.workers.engine {
             _ if self.worker.role == switchyard_core::WorkerRole::Encoder => self.encoder_engine(),
-            EngineKind::Mocker => EngineConfig::Mocker(self.workers.mocker.clone()),
+            EngineKind::Mocker => EngineConfig::Mocker(self.mocker_config()),
             EngineKind::Echo => EngineConfig::Echo(self.workers.echo.clone()),
             EngineKind::Openai => EngineConfig::Openai(self.workers.openai.clone()),
             EngineKind::Candle => EngineConfig::Candle(self.workers.candle.clone()),
@@ -231,6 +231,16 @@ impl Config {
             engine,
             faults: self.worker.faults.clone(),
         }
+    }
+
+    /// The mocker's settings, enforcing constraints over the frontend's tokenizer when it
+    /// names no other (a model directory; a GGUF file's vocabulary it does not read).
+    fn mocker_config(&self) -> MockerConfig {
+        let mut mocker = self.workers.mocker.clone();
+        if mocker.tokenizer.is_none() {
+            mocker.tokenizer = self.frontend.tokenizer.clone().filter(|p| p.is_dir());
+        }
+        mocker
     }
 
     /// An encoder worker's engine: timed by the media settings, or real for the modalities

@@ -188,3 +188,72 @@ async fn the_openai_client_parses_structured_answers() {
         .await
         .unwrap();
 }
+
+/// One of the frontend crate's Hugging Face model directories.
+fn fixture(model: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../frontend/tests/fixtures")
+        .join(model)
+        .display()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mockers_enforce_constraints_over_the_frontends_tokenizer() {
+    // `serve --tokenizer DIR`: the mockers read the directory's vocabulary too.
+    let d = start(&[
+        ("WORKERS__COUNT", "2"),
+        ("FRONTEND__TOKENIZER", &fixture("chatml-bpe")),
+    ])
+    .await;
+    let format =
+        json!({"type": "json_schema", "json_schema": {"name": "yard", "schema": schema()}});
+    for seed in 0..4 {
+        let mut body = chat(MODEL, &format!("Describe yard {seed} as JSON."), 400);
+        body["seed"] = json!(seed);
+        body["response_format"] = format.clone();
+        let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(b["choices"][0]["finish_reason"], "stop", "{b}");
+        let whole = b["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_follows_schema(whole);
+        body["stream"] = json!(true);
+        let streamed = parse_stream(
+            &open_stream(&url(&d, "/v1/chat/completions"), &body)
+                .await
+                .finish()
+                .await,
+        );
+        assert!(
+            streamed.errors.is_empty() && streamed.done,
+            "{:?}",
+            streamed.errors
+        );
+        assert_eq!(streamed.text, whole, "streamed as answered whole");
+    }
+    let mut body = chat(MODEL, "Pick one.", 20);
+    body["guided_choice"] = json!(["north", "south"]);
+    let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{b}");
+    let answer = b["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer == "north" || answer == "south", "{b}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+
+    // Mockers told another vocabulary than the frontend's enforce nothing it tokenizes.
+    let d = start(&[
+        ("WORKERS__COUNT", "1"),
+        ("FRONTEND__TOKENIZER", &fixture("llama-spm")),
+        ("WORKERS__MOCKER__TOKENIZER", &fixture("chatml-bpe")),
+    ])
+    .await;
+    let mut body = chat(MODEL, "Answer.", 20);
+    body["response_format"] = json!({"type": "json_object"});
+    let (s, _, b) = post(&d, "/v1/chat/completions", &body).await;
+    assert_eq!(s, 400, "{b}");
+    assert_eq!(b["error"]["param"], "response_format", "{b}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

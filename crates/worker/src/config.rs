@@ -80,6 +80,10 @@ pub struct MockerConfig {
     pub load_report_interval: Duration,
     /// How KV moves to this worker when it decodes a request prefilled elsewhere.
     pub kv_transfer: KvTransferConfig,
+    /// A Hugging Face model directory (the frontend's `tokenizer`) whose vocabulary it
+    /// enforces constraints over, besides the built-in ones (`serve` passes the
+    /// frontend's).
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl Default for MockerConfig {
@@ -90,6 +94,7 @@ impl Default for MockerConfig {
             perf_profile: None,
             load_report_interval: Duration::from_millis(100),
             kv_transfer: KvTransferConfig::default(),
+            tokenizer: None,
         }
     }
 }

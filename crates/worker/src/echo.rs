@@ -44,7 +44,7 @@ impl Engine for Echo {
             media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
             constraints: switchyard_core::protocol::ConstraintKinds::NONE,
-            vocabularies: &[],
+            vocabularies: Vec::new(),
         }
     }
 

@@ -154,7 +154,7 @@ impl Engine for MockEncoder {
             media_embeddings: false,
             modalities: self.config.models.modality_set(),
             constraints: switchyard_core::protocol::ConstraintKinds::NONE,
-            vocabularies: &[],
+            vocabularies: Vec::new(),
         }
     }
 

@@ -27,7 +27,7 @@ use crate::driver::{DriverHandle, TokenStream};
 use crate::error::WorkerError;
 
 /// What an engine can do, as announced in discovery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineCapabilities {
     pub role: WorkerRole,
     /// It publishes KV events (else the router assumes what it routed there is cached).
@@ -52,7 +52,7 @@ pub struct EngineCapabilities {
     pub constraints: ConstraintKinds,
     /// The vocabularies of the token ids it enforces them over; none for an engine that
     /// takes text.
-    pub vocabularies: &'static [&'static str],
+    pub vocabularies: Vec<String>,
 }
 
 /// A started engine, as the host uses it.

@@ -325,11 +325,7 @@ fn instance(
         media_embeddings: capabilities.media_embeddings,
         modalities: capabilities.modalities,
         constraints: capabilities.constraints,
-        vocabularies: capabilities
-            .vocabularies
-            .iter()
-            .map(|&v| v.to_owned())
-            .collect(),
+        vocabularies: capabilities.vocabularies.clone(),
         dp_size: capabilities.dp_size.max(1),
         // Random per start: a worker restarted under the same id is told apart.
         incarnation: rand::random::<u64>(),

@@ -27,6 +27,8 @@ pub struct Mocker {
     engine: MockEngine,
     pace: Pace,
     transfer: KvTransferConfig,
+    /// The grammars of its tokenizer's vocabulary, when it was given one.
+    grammars: Option<Arc<Grammars>>,
 }
 
 impl Mocker {
@@ -38,10 +40,15 @@ impl Mocker {
             None => PerfModel::Polynomial,
         };
         config.kv_transfer.validate()?;
+        let grammars = match &config.tokenizer {
+            Some(dir) => Some(tokenizer_grammars(dir)?),
+            None => None,
+        };
         Ok(Mocker {
             engine: MockEngine::new(worker, config.args, perf, config.seed)?,
             pace: Pace::default(),
             transfer: config.kv_transfer,
+            grammars,
         })
     }
 }
@@ -61,9 +68,13 @@ impl Engine for Mocker {
             prompt_text: false,
             media_embeddings: false,
             modalities: switchyard_core::Modalities::default(),
-            // It knows what the built-in vocabularies' tokens spell.
+            // It knows what the built-in vocabularies' tokens spell, and its tokenizer's.
             constraints: switchyard_core::protocol::ConstraintKinds::all(),
-            vocabularies: switchyard_grammar::Grammars::BUILT_IN,
+            vocabularies: Grammars::BUILT_IN
+                .iter()
+                .map(|&name| name.to_owned())
+                .chain(self.grammars.iter().map(|g| g.vocabulary().to_owned()))
+                .collect(),
         }
     }
 
@@ -90,6 +101,7 @@ impl Engine for Mocker {
         let (events_tx, events) = mpsc::channel(EVENT_CAPACITY);
         let mut stepped = SteppedMocker::new(self.engine);
         stepped.pace = Some(self.pace);
+        stepped.grammars = self.grammars;
         let (handle, _task) = driver::spawn_timed(stepped, Some(events_tx), tracker, cancel);
         let load = handle.watch_load();
         Ok(RunningEngine {
@@ -108,6 +120,8 @@ pub struct SteppedMocker {
     out: StepOutput,
     /// Slows its steps down (fault injection).
     pace: Option<Pace>,
+    /// The grammars of its tokenizer's vocabulary, besides the built-in ones.
+    grammars: Option<Arc<Grammars>>,
     /// Its last step did nothing: every request it has waits on its media. It has no work
     /// until something changes (a request comes or goes, media arrive).
     stalled: bool,
@@ -119,6 +133,7 @@ impl SteppedMocker {
             engine,
             out: StepOutput::default(),
             pace: None,
+            grammars: None,
             stalled: false,
         }
     }
@@ -165,7 +180,7 @@ impl StepEngine for SteppedMocker {
         } else {
             Vec::new()
         };
-        let guide = guide(&request)?;
+        let guide = guide(&request, self.grammars.as_ref())?;
         let mock = MockRequest {
             id: request.id,
             prompt,
@@ -234,10 +249,22 @@ impl StepEngine for SteppedMocker {
     }
 }
 
-/// The request's constraint, compiled over its vocabulary (one of the built-in ones; once
-/// per distinct constraint in the process), past the output a resumed request already
+/// The grammars of the vocabulary of the model directory `dir`.
+fn tokenizer_grammars(dir: &std::path::Path) -> Result<Arc<Grammars>, WorkerError> {
+    let vocabulary = switchyard_grammar::Vocabulary::from_model_dir(dir)
+        .map_err(|e| WorkerError::Start(format!("workers.mocker.tokenizer: {e}")))?;
+    Grammars::new(&vocabulary)
+        .map(Arc::new)
+        .map_err(|e| WorkerError::Start(format!("workers.mocker.tokenizer: {e}")))
+}
+
+/// The request's constraint, compiled over its vocabulary (a built-in one, or `own`, its
+/// tokenizer's; once per distinct constraint), past the output a resumed request already
 /// generated.
-fn guide(request: &GenerateRequest) -> Result<Option<Box<Guide>>, EngineError> {
+fn guide(
+    request: &GenerateRequest,
+    own: Option<&Arc<Grammars>>,
+) -> Result<Option<Box<Guide>>, EngineError> {
     let Some(constraint) = &request.sampling.constraint else {
         return Ok(None);
     };
@@ -248,15 +275,18 @@ fn guide(request: &GenerateRequest) -> Result<Option<Box<Guide>>, EngineError> {
         GrammarError::Internal(message) => EngineError::Internal(message),
     };
     let vocabulary = request.sampling.vocabulary.as_deref().unwrap_or_default();
-    let Some(grammars) = Grammars::named(vocabulary) else {
-        return Err(EngineError::Unsupported(format!(
-            "this worker enforces constraints over the built-in vocabularies only, not `{vocabulary}`"
-        )));
+    let grammars = match own.filter(|g| g.vocabulary() == vocabulary) {
+        Some(grammars) => Arc::clone(grammars),
+        None => match Grammars::named(vocabulary) {
+            Some(grammars) => grammars.map_err(refused)?,
+            None => {
+                return Err(EngineError::Unsupported(format!(
+                    "this worker enforces constraints over the built-in vocabularies and its tokenizer's only, not `{vocabulary}`"
+                )));
+            }
+        },
     };
-    let mut guide = grammars
-        .map_err(refused)?
-        .guide(constraint)
-        .map_err(refused)?;
+    let mut guide = grammars.guide(constraint).map_err(refused)?;
     let ids = &request.prompt.token_ids;
     let generated = (request.generated() as usize).min(ids.len());
     guide.take(&ids[ids.len() - generated..]).map_err(refused)?;

@@ -86,6 +86,10 @@ pub struct WorkerArgs {
     /// How long a dead worker stays registered (e.g. 10s).
     #[arg(long)]
     lease_ttl: Option<String>,
+    /// Mocker: a Hugging Face model directory (the frontend's `--tokenizer`) whose
+    /// vocabulary it enforces constraints over, besides the built-in ones.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
     /// Mocker: KV cache capacity in blocks.
     #[arg(long)]
     num_gpu_blocks: Option<u32>,
@@ -168,6 +172,10 @@ impl WorkerArgs {
             self.num_gpu_blocks.map(i64::from),
         );
         o.set_some(&mocker("block_size"), self.block_size.map(i64::from));
+        o.set_some(
+            &mocker("tokenizer"),
+            self.tokenizer.as_ref().map(|p| p.display().to_string()),
+        );
         o.set_some(
             &["workers", "echo", "block_size"],
             self.block_size.map(i64::from),

@@ -189,7 +189,7 @@ impl Engine for OpenAiUpstream {
             modalities: switchyard_core::Modalities::default(),
             // It enforces them over text, whatever the frontend's vocabulary.
             constraints: self.config.constraints.kinds(),
-            vocabularies: &[],
+            vocabularies: Vec::new(),
         }
     }
 
