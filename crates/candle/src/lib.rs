@@ -34,7 +34,7 @@ pub struct CandleWorker {
 
 /// Constraints over the model's vocabulary (its GGUF tokenizer's tokens, its end of
 /// sequence), or why they cannot be.
-fn grammars(gguf: &Gguf) -> Result<Arc<switchyard_grammar::Grammars>, String> {
+pub fn grammars(gguf: &Gguf) -> Result<Arc<switchyard_grammar::Grammars>, String> {
     let files = gguf.tokenizer_files().map_err(|e| e.to_string())?;
     let eos = gguf
         .eos_token()
