@@ -436,6 +436,7 @@ fn common(
         features: Default::default(),
         hold: None,
         choice: 0,
+        keep_special_tokens: false,
     };
     Ok((prepared, mode))
 }

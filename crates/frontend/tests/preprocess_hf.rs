@@ -368,3 +368,32 @@ proptest! {
         check_stream(preprocessor, &tokens)?;
     }
 }
+
+#[test]
+fn special_tokens_are_text_when_kept_except_the_ones_that_end_the_answer() {
+    let preprocessor = chatml();
+    let (im_start, im_end) = (
+        id("chatml-bpe", "<|im_start|>"),
+        id("chatml-bpe", "<|im_end|>"),
+    );
+    let hello = preprocessor.encode("hello é").unwrap();
+    let mut tokens = vec![im_start];
+    tokens.extend(&hello);
+    tokens.push(im_start);
+    tokens.push(im_end);
+    let decode = |keep: Option<Vec<u32>>| {
+        let mut decoder = preprocessor.decoder_keeping_special(keep);
+        let mut text: String = tokens.iter().map(|&t| decoder.push(t).unwrap()).collect();
+        text.push_str(&decoder.finish());
+        text
+    };
+    assert_eq!(decode(None), "hello é");
+    assert_eq!(
+        decode(Some(vec![im_end])),
+        "<|im_start|>hello é<|im_start|>"
+    );
+    assert_eq!(
+        decode(Some(Vec::new())),
+        "<|im_start|>hello é<|im_start|><|im_end|>"
+    );
+}

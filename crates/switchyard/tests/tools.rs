@@ -350,3 +350,112 @@ async fn tokenize_counts_what_a_chat_completion_is_given() {
         .await
         .unwrap();
 }
+
+/// A model directory like the frontend's ChatML fixture, with Harmony's special tokens.
+fn harmony_model(dir: &std::path::Path) {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../frontend/tests/fixtures/chatml-bpe");
+    for name in ["tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(fixture.join(name), dir.join(name)).unwrap();
+    }
+    let text = std::fs::read_to_string(fixture.join("tokenizer.json")).unwrap();
+    let mut tokenizer: Value = serde_json::from_str(&text).unwrap();
+    let markers = [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|call|>",
+        "<|return|>",
+        "<|constrain|>",
+    ];
+    let added = tokenizer["added_tokens"].as_array_mut().unwrap();
+    for (marker, id) in markers.iter().zip(324..) {
+        added.push(
+            json!({"id": id, "content": marker, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = json!({"architectures": ["GptOssForCausalLM"], "eos_token_id": 323,
+        "max_position_embeddings": 8192, "vocab_size": 331});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+}
+
+#[tokio::test]
+async fn harmony_answers_come_back_as_reasoning_content_and_calls() {
+    let model = tempfile::tempdir().unwrap();
+    harmony_model(model.path());
+    let path = model.path().display().to_string();
+    let (d, _dir) = deployment(&[
+        ("FRONTEND__TOKENIZER", &path),
+        ("FRONTEND__CHAT__TOOL_CALL_PARSER", "harmony"),
+    ])
+    .await;
+    let answer = "<|channel|>analysis<|message|>The user wants the weather.<|end|>\
+        <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json\
+        <|message|>{\"city\": \"Paris\", \"days\": 2}<|call|>";
+    let (s, _, b) = post(&d, "/v1/chat/completions", &request(answer)).await;
+    assert_eq!(s, 200, "{b}");
+    let choice = &b["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{b}");
+    let message = &choice["message"];
+    assert_eq!(
+        message["reasoning_content"], "The user wants the weather.",
+        "{b}"
+    );
+    assert!(
+        message["content"].as_str().unwrap_or_default().is_empty(),
+        "{b}"
+    );
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{b}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(arguments(&calls[0]), json!({"city": "Paris", "days": 2}));
+
+    // Streamed: the call's id and name first, then its arguments.
+    let mut body = request(answer);
+    body["stream"] = json!(true);
+    let (_, events) = sse(&d, "/v1/chat/completions", &body).await;
+    let (mut reasoning, mut arguments_text, mut names) = (String::new(), String::new(), Vec::new());
+    let mut finish = None;
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let chunk: Value = serde_json::from_str(e).unwrap();
+        let choice = &chunk["choices"][0];
+        let delta = &choice["delta"];
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+        assert!(
+            delta["content"].as_str().unwrap_or_default().is_empty(),
+            "{chunk}"
+        );
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            if let Some(name) = call["function"]["name"].as_str() {
+                assert!(arguments_text.is_empty(), "the name comes first");
+                assert!(call["id"].is_string(), "{call}");
+                names.push(name.to_owned());
+            }
+            arguments_text.push_str(call["function"]["arguments"].as_str().unwrap_or_default());
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            finish = Some(reason.to_owned());
+        }
+    }
+    assert_eq!(reasoning, "The user wants the weather.");
+    assert_eq!(names, ["get_weather"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&arguments_text).unwrap(),
+        json!({"city": "Paris", "days": 2})
+    );
+    assert_eq!(finish.as_deref(), Some("tool_calls"));
+
+    // A final answer is content; its end token is not text.
+    let answer = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>";
+    let (_, _, b) = post(&d, "/v1/chat/completions", &request(answer)).await;
+    let message = &b["choices"][0]["message"];
+    assert_eq!(b["choices"][0]["finish_reason"], "stop", "{b}");
+    assert_eq!(message["content"], "It is sunny.", "{b}");
+    assert_eq!(message["reasoning_content"], "Easy.", "{b}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

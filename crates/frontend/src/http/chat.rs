@@ -69,6 +69,7 @@ pub async fn chat(
         )
         .await?;
         prepared.add_media(&ready);
+        prepared.keep_special_tokens = frontend.parsers.keeps_special_tokens(answer.tools.as_ref());
         let (warning, pending) = (ready.warning, ready.pending);
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared, mode.choices)?;

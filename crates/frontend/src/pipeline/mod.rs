@@ -96,6 +96,8 @@ pub struct Prepared {
     /// for all of them; the others skip admission, so that a request never waits for room
     /// its own earlier choices hold, and their prompt is not counted again for the tenant.
     pub choice: u32,
+    /// Its answer's special tokens are decoded as text (for a parser that reads them).
+    pub keep_special_tokens: bool,
 }
 
 impl Prepared {
@@ -114,6 +116,7 @@ impl Prepared {
             features: encode::MediaFeatures::default(),
             hold: None,
             choice: 0,
+            keep_special_tokens: false,
         }
     }
 
@@ -159,6 +162,7 @@ impl Prepared {
             features: self.features.clone(),
             hold: self.hold.clone(),
             choice: index,
+            keep_special_tokens: self.keep_special_tokens,
         }
     }
 }
@@ -389,7 +393,10 @@ impl Frontend {
                 .count_tenant_tokens(tenant, "prompt", u64::from(prompt_tokens));
         }
         let worker = attempt.worker;
-        let state = Streaming::new(run, attempt, prepared.stop, self.preprocessor.decoder());
+        // The tokens that end the answer are never its text.
+        let keep = (prepared.keep_special_tokens).then(|| prepared.sampling.stop_token_ids.clone());
+        let decoder = self.preprocessor.decoder_keeping_special(keep);
+        let state = Streaming::new(run, attempt, prepared.stop, decoder);
         Ok(Dispatched {
             id,
             worker,

@@ -25,14 +25,19 @@ pub(crate) struct HfStream {
     /// `ids[read..]` are waiting. Tokens before the window can no longer change any output.
     ids: Vec<u32>,
     read: usize,
+    /// Special tokens are text (a format such as Harmony marks an answer's parts with
+    /// them), except these (the tokens that end the answer); none: they decode to nothing,
+    /// as `skip_special_tokens`.
+    keep_special: Option<Vec<u32>>,
 }
 
 impl HfStream {
-    pub(crate) fn new(tokenizer: Arc<HfTokenizer>) -> Self {
+    pub(crate) fn new(tokenizer: Arc<HfTokenizer>, keep_special: Option<Vec<u32>>) -> Self {
         Self {
             tokenizer,
             ids: Vec::new(),
             read: 0,
+            keep_special,
         }
     }
 
@@ -41,7 +46,17 @@ impl HfStream {
         // Decoding skips special tokens, so keeping them out of the window changes no text
         // and stops a run of them from growing it.
         if self.tokenizer.is_special(id) {
-            return Ok(String::new());
+            let kept = match &self.keep_special {
+                Some(but) => !but.contains(&id),
+                None => false,
+            };
+            if !kept {
+                return Ok(String::new());
+            }
+            // A special token stands alone: the text before it is complete.
+            let mut text = self.finish();
+            text.push_str(&self.tokenizer.decode_with_special(&[id])?);
+            return Ok(text);
         }
         self.ids.push(id);
         let emitted = self.tokenizer.decode_known(&self.ids[..self.read])?;

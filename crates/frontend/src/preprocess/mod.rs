@@ -234,12 +234,18 @@ impl Preprocessor {
         }
     }
 
-    /// A fresh incremental decoder for one response stream.
+    /// A fresh incremental decoder for one response stream, skipping special tokens.
     pub fn decoder(&self) -> IncrementalDecoder {
+        self.decoder_keeping_special(None)
+    }
+
+    /// [`Self::decoder`], with special tokens decoded as text when `keep_special` says,
+    /// except the ones it lists (the built-in tokenizer's are always skipped).
+    pub fn decoder_keeping_special(&self, keep_special: Option<Vec<u32>>) -> IncrementalDecoder {
         match &self.tokenizer {
             Tokenizer::Builtin(_) => IncrementalDecoder::builtin(),
             Tokenizer::Hf(tokenizer) => {
-                IncrementalDecoder::hf(HfStream::new(Arc::clone(tokenizer)))
+                IncrementalDecoder::hf(HfStream::new(Arc::clone(tokenizer), keep_special))
             }
         }
     }

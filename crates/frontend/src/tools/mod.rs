@@ -9,6 +9,7 @@
 //! constrained to JSON and parsed as such.
 
 pub mod forced;
+pub mod harmony;
 pub mod output;
 pub mod prompt;
 pub mod strict;
@@ -25,8 +26,9 @@ pub struct ChatConfig {
     /// A Jinja chat template file used instead of the model's (`--chat-template`).
     pub template: Option<std::path::PathBuf>,
     /// The tool-call format the model writes (`qwen` for Hermes-style `<tool_call>` tags,
-    /// `llama`, `mistral`, `deepseek`, `json`, `pythonic`, ...); by default the one the
-    /// model's name maps to, else `qwen` (the default prompt format's).
+    /// `llama`, `mistral`, `deepseek`, `json`, `pythonic`, `harmony` for gpt-oss, ...); by
+    /// default the one the model's name maps to (or `harmony` for a template that writes
+    /// `<|channel|>`), else `qwen` (the default prompt format's).
     pub tool_call_parser: Option<String>,
     /// The reasoning format (`deepseek_r1`, `qwen3`, `kimi`, ...); by default the one the
     /// model's name maps to, else none (no `reasoning_content`).
@@ -36,14 +38,17 @@ pub struct ChatConfig {
 /// The parser a template with no known format, and the default prompt format, use.
 pub const DEFAULT_TOOL_PARSER: &str = "qwen";
 
+/// gpt-oss's format ([`harmony`]), parsed here: it splits reasoning, content and calls.
+pub const HARMONY: &str = "harmony";
+
 impl ChatConfig {
     /// Parser names must be ones the parser crates know.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(name) = &self.tool_call_parser {
             let factory = tool_parser::ParserFactory::new();
-            if !factory.has_parser(name) {
+            if !factory.has_parser(name) && name != HARMONY {
                 return Err(format!(
-                    "frontend.chat.tool_call_parser: unknown parser `{name}`; known: {}",
+                    "frontend.chat.tool_call_parser: unknown parser `{name}`; known: {HARMONY}, {}",
                     factory.list_parsers().join(", ")
                 ));
             }
@@ -96,7 +101,13 @@ impl Parsers {
         let tool_parser = config
             .tool_call_parser
             .clone()
-            .filter(|name| tools.has_parser(name))
+            .filter(|name| tools.has_parser(name) || name == HARMONY)
+            .or_else(|| {
+                // gpt-oss by its name or its template's channels.
+                let channels = template.is_some_and(|t| t.contains("<|channel|>"));
+                (model.to_ascii_lowercase().contains("gpt-oss") || channels)
+                    .then(|| HARMONY.to_owned())
+            })
             .or_else(|| {
                 tools
                     .registry()
@@ -154,11 +165,19 @@ impl Parsers {
         }
     }
 
+    /// Whether answers are read in Harmony's format (gpt-oss, unless the call is forced):
+    /// their special tokens must be decoded as text.
+    pub fn keeps_special_tokens(&self, tools: Option<&ToolRequest>) -> bool {
+        self.tool_parser == HARMONY && !forced(tools)
+    }
+
     /// Fresh parsers for one answer: reasoning when configured (unless the call is forced),
     /// tools when the request lets the model call them.
     pub fn for_answer(&self, tools: Option<&ToolRequest>) -> output::AnswerParser {
-        // A forced call is JSON from the first token: no reasoning comes before it.
-        let forced = tools.is_some_and(|t| matches!(t.choice, Choice::Required | Choice::Named(_)));
+        let forced = forced(tools);
+        if self.tool_parser == HARMONY && !forced {
+            return output::AnswerParser::harmony(tools.filter(|t| t.choice != Choice::None));
+        }
         let reasoning = if forced {
             None
         } else {
@@ -176,6 +195,12 @@ impl Parsers {
             });
         output::AnswerParser::new(reasoning, tools)
     }
+}
+
+/// Whether the request forces a call: it is JSON from the first token, with no reasoning
+/// before it.
+fn forced(tools: Option<&ToolRequest>) -> bool {
+    tools.is_some_and(|t| matches!(t.choice, Choice::Required | Choice::Named(_)))
 }
 
 /// What a request allows the model to do with its tools.
@@ -374,5 +399,7 @@ impl ToolRequest {
 
 #[cfg(test)]
 mod format_tests;
+#[cfg(test)]
+mod harmony_tests;
 #[cfg(test)]
 mod tests;

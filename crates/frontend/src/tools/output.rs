@@ -98,7 +98,7 @@ impl std::fmt::Debug for ToolState {
 }
 
 /// A fresh id for a call.
-fn call_id() -> String {
+pub(super) fn call_id() -> String {
     format!("call_{:024x}", rand::random::<u128>() >> 32)
 }
 
@@ -169,6 +169,8 @@ fn piece_end(rest: &str) -> Option<usize> {
 pub struct AnswerParser {
     reasoning: Option<Box<dyn ReasoningParser>>,
     tools: Option<ToolState>,
+    /// gpt-oss's format, which says reasoning, content and calls apart itself.
+    harmony: Option<super::harmony::Harmony>,
     recut: Recut,
     /// A call was streamed: the answer ends with `finish_reason: "tool_calls"`.
     called: bool,
@@ -182,6 +184,7 @@ impl std::fmt::Debug for AnswerParser {
                 &self.reasoning.as_ref().map(|p| p.model_type().to_owned()),
             )
             .field("tools", &self.tools)
+            .field("harmony", &self.harmony)
             .field("recut", &self.recut)
             .field("called", &self.called)
             .finish()
@@ -196,9 +199,26 @@ impl AnswerParser {
         AnswerParser {
             reasoning,
             tools,
+            harmony: None,
             recut: Recut::default(),
             called: false,
         }
+    }
+
+    /// A parser of gpt-oss's Harmony format, its calls kept when the request has tools.
+    pub(super) fn harmony(tools: Option<&ToolRequest>) -> Self {
+        let parser =
+            super::harmony::Harmony::new(tools.is_some(), tools.is_none_or(|t| t.parallel));
+        AnswerParser {
+            harmony: Some(parser),
+            ..Self::new(None, None)
+        }
+    }
+
+    /// Whether the answer is read in Harmony's format: its special tokens must reach the
+    /// parser as text.
+    pub fn keeps_special_tokens(&self) -> bool {
+        self.harmony.is_some()
     }
 
     /// The prompt ends inside the reasoning (its template opened `<think>`): the answer
@@ -212,7 +232,7 @@ impl AnswerParser {
 
     /// Whether nothing is parsed (the text passes as it is).
     pub fn is_plain(&self) -> bool {
-        self.reasoning.is_none() && self.tools.is_none()
+        self.reasoning.is_none() && self.tools.is_none() && self.harmony.is_none()
     }
 
     /// Whether the answer called a tool so far.
@@ -248,6 +268,12 @@ impl AnswerParser {
     }
 
     async fn push_piece(&mut self, text: &str, parts: &mut Vec<Part>) {
+        if let Some(harmony) = &mut self.harmony {
+            let got = harmony.push(text);
+            self.called |= got.iter().any(|p| matches!(p, Part::Calls(_)));
+            parts.extend(got);
+            return;
+        }
         let normal = match &mut self.reasoning {
             None => text.to_owned(),
             Some(parser) => match parser.parse_reasoning_streaming_incremental(text) {
@@ -272,6 +298,12 @@ impl AnswerParser {
         let mut parts = Vec::new();
         if let Some(held) = self.recut.flush() {
             self.push_piece(&held, &mut parts).await;
+        }
+        if let Some(harmony) = &mut self.harmony {
+            let got = harmony.finish();
+            self.called |= got.iter().any(|p| matches!(p, Part::Calls(_)));
+            parts.extend(got);
+            return parts;
         }
         let mut normal = String::new();
         if let Some(parser) = &mut self.reasoning

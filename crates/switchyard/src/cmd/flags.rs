@@ -63,7 +63,7 @@ pub struct FrontendFlags {
     /// A Jinja chat template file used instead of the model's.
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
-    /// How the model writes tool calls (`qwen`, `llama`, `mistral`, `deepseek`, ...;
+    /// How the model writes tool calls (`qwen`, `llama`, `mistral`, `deepseek`, `harmony`, ...;
     /// default: from the model's name, else `qwen`).
     #[arg(long, value_name = "NAME")]
     tool_call_parser: Option<String>,
