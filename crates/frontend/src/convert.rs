@@ -141,6 +141,7 @@ pub fn chat(
             .encode(text)
             .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))
     };
+    refuse_by_length(frontend, prompt.len())?;
     let prompt = if media.is_empty() {
         Prompt::tokens(encode(&prompt)?)
     } else {
@@ -197,6 +198,7 @@ pub fn completion(
         ));
     }
     let encode = |text: &str| {
+        refuse_by_length(frontend, text.len())?;
         frontend
             .preprocessor
             .encode_completion_prompt(text)
@@ -229,6 +231,32 @@ pub fn completion(
         ));
     }
     common(frontend, params, Prompt::tokens(tokens))
+}
+
+/// Refuses a prompt text of `bytes` bytes that no tokenization fits in the context (or in
+/// `max_prompt_tokens`), before any tokenizing: see [`Preprocessor::fewest_tokens`].
+///
+/// [`Preprocessor::fewest_tokens`]: crate::preprocess::Preprocessor::fewest_tokens
+fn refuse_by_length(frontend: &Frontend, bytes: usize) -> Result<(), ApiError> {
+    let Some(fewest) = frontend.preprocessor.fewest_tokens(bytes) else {
+        return Ok(());
+    };
+    let context = frontend.preprocessor.context_length();
+    let known =
+        format!("the prompt has {bytes} bytes: at least {fewest} tokens at any tokenization");
+    if fewest >= u64::from(context) {
+        return Err(ApiError::context_length(format!(
+            "This model's maximum context length is {context} tokens, but {known}."
+        )));
+    }
+    if let Some(limit) = frontend.config.max_prompt_tokens
+        && fewest > u64::from(limit)
+    {
+        return Err(ApiError::context_length(format!(
+            "This server accepts prompts of at most {limit} tokens, but {known}."
+        )));
+    }
+    Ok(())
 }
 
 pub fn check_model(frontend: &Frontend, model: &str) -> Result<(), ApiError> {

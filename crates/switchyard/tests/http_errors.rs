@@ -639,6 +639,46 @@ async fn without_workers_health_and_requests_are_503() {
 }
 
 #[tokio::test]
+async fn a_prompt_no_tokenization_fits_is_refused_by_its_length() {
+    // SmolLM2's tokenizer (the default): byte-level, nothing dropped, so a token stands for
+    // at most its longest entry's bytes.
+    let d = start(&[("WORKERS__ENGINE", "echo"), ("WORKERS__COUNT", "1")]).await;
+    let huge = "hello ".repeat((10 << 20) / 6);
+    let bodies = [
+        (
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": huge, "max_tokens": 1}),
+        ),
+        ("/v1/chat/completions", chat(MODEL, &huge, 1)),
+    ];
+    for (path, body) in &bodies {
+        let (s, _, b) = post(&d, path, body).await;
+        assert_error(s, &b, 400, "invalid_request_error");
+        assert_eq!(b["error"]["code"], "context_length_exceeded", "{b}");
+        let message = b["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("at least") && message.contains("at any tokenization"),
+            "{message}"
+        );
+    }
+    // One the bound cannot refuse is tokenized and counted.
+    let long = "hello ".repeat(40_000);
+    let (s, _, b) = post(
+        &d,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": long, "max_tokens": 1}),
+    )
+    .await;
+    assert_error(s, &b, 400, "invalid_request_error");
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.contains("but the prompt has 400"), "{message}");
+    assert!(!message.contains("at any tokenization"), "{message}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn configured_prompt_and_output_caps_are_400_and_cap_the_default() {
     let d = start(&[
         ("WORKERS__ENGINE", "echo"),

@@ -33,6 +33,9 @@ pub(crate) struct HfTokenizer {
     /// Which ids below `vocab_size` exist (a vocabulary may have holes).
     known_ids: Vec<bool>,
     plain_prompt_policy: SpecialTokenPolicy,
+    /// The fewest input bytes per token, as a divisor, when it is known (see
+    /// [`super::bytes_bound`]).
+    bytes_per_token: Option<u64>,
 }
 
 impl fmt::Debug for HfTokenizer {
@@ -69,6 +72,10 @@ impl HfTokenizer {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
+        let bytes_per_token = serde_json::from_str(json).ok().and_then(|json| {
+            let longest = super::bytes_bound::longest_token(&json, &tokenizer);
+            super::bytes_bound::bytes_per_token(&json, longest)
+        });
         let ids: Vec<u32> = tokenizer.get_vocab(true).into_values().collect();
         let Some(max_id) = ids.iter().copied().max() else {
             return Err(PreprocessError::Tokenizer {
@@ -96,7 +103,13 @@ impl HfTokenizer {
             vocab_size,
             known_ids,
             plain_prompt_policy: SpecialTokenPolicy::PostProcessor,
+            bytes_per_token,
         })
+    }
+
+    /// The fewest tokens a text of `bytes` bytes can take, when that is known.
+    pub(crate) fn fewest_tokens(&self, bytes: usize) -> Option<u64> {
+        self.bytes_per_token.map(|per| bytes as u64 / per)
     }
 
     pub(crate) fn set_plain_prompt_policy(&mut self, policy: SpecialTokenPolicy) {

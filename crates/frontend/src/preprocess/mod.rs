@@ -16,6 +16,7 @@
 //! - `error`: [`PreprocessError`].
 
 mod builtin;
+mod bytes_bound;
 mod config_files;
 mod decoder;
 mod error;
@@ -272,6 +273,16 @@ impl Preprocessor {
         match &self.tokenizer {
             Tokenizer::Builtin(_) => BUILTIN_VOCAB_SIZE,
             Tokenizer::Hf(tokenizer) => tokenizer.vocab_size(),
+        }
+    }
+
+    /// The fewest tokens a prompt of `bytes` bytes can take at any tokenization, when the
+    /// tokenizer says (see `bytes_bound`): a longer prompt is refused before it is
+    /// tokenized. The built-in tokenizer makes one token of each byte.
+    pub fn fewest_tokens(&self, bytes: usize) -> Option<u64> {
+        match &self.tokenizer {
+            Tokenizer::Builtin(_) => Some(bytes as u64),
+            Tokenizer::Hf(tokenizer) => tokenizer.fewest_tokens(bytes),
         }
     }
 
