@@ -120,6 +120,102 @@ fn greedy_decoding_matches_llama_cpp_and_batching_changes_nothing() {
     assert_eq!(of(&alone_tokens, 20), of(&tokens, 13));
 }
 
+/// A token, its log probability, and the likeliest tokens' at its step.
+type Scored = (u32, f32, Vec<(u32, f32)>);
+
+/// The log probabilities of request `id`'s tokens.
+fn logprobs_of(tokens: &[TokenOutput], id: u64) -> Vec<Scored> {
+    tokens
+        .iter()
+        .filter(|t| t.request == RequestId(id))
+        .map(|t| {
+            let l = t.logprobs.as_deref().expect("log probabilities, as asked");
+            (t.token, l.logprob, l.top.clone())
+        })
+        .collect()
+}
+
+#[test]
+fn log_probabilities_are_the_models_and_batching_changes_them_little() {
+    let asking = |id: u64, prompt: Vec<u32>, n: u32| {
+        let mut r = greedy(id, prompt, 12);
+        r.sampling.logprobs = Some(n);
+        r
+    };
+    let mut alone = engine(config());
+    alone.add(asking(1, FRANCE.to_vec(), 5)).unwrap();
+    let (tokens, _) = run(&mut alone);
+    let single = logprobs_of(&tokens, 1);
+    assert_eq!(single.len(), 12);
+    for (token, logprob, top) in &single {
+        assert_eq!(top.len(), 5);
+        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1), "{top:?}");
+        assert!(
+            top.iter().all(|&(_, l)| l <= 0.0 && l.is_finite()),
+            "{top:?}"
+        );
+        let mass: f32 = top.iter().map(|&(_, l)| l.exp()).sum();
+        assert!(mass <= 1.0 + 1e-4, "{top:?}");
+        // Greedy: the token drawn is the likeliest.
+        assert_eq!((*token, *logprob), top[0]);
+    }
+    // "The capital of France is Paris.": the model is sure of "Paris".
+    let paris = single.iter().find(|t| t.0 == 7042).expect("Paris");
+    assert!(paris.1 > -0.5, "{paris:?}");
+
+    // In a batch, chunked: the same tokens, each with its log probability within 0.1. A
+    // batched step computes its logits along another path than a step of one sequence
+    // (the quantised weights dequantised, not the activations quantised): 0.03 apart on
+    // the first token here, and up to 0.27 on the alternatives, enough to reorder them.
+    let mut batched = engine(CandleConfig {
+        max_batched_tokens: 32,
+        max_num_seqs: 3,
+        step_target: std::time::Duration::from_secs(3600),
+        ..config()
+    });
+    batched.add(asking(10, long_prompt(90, 1), 3)).unwrap();
+    batched.add(asking(11, FRANCE.to_vec(), 5)).unwrap();
+    batched.add(greedy(12, long_prompt(50, 2), 8)).unwrap();
+    let (tokens, _) = run(&mut batched);
+    let batch = logprobs_of(&tokens, 11);
+    assert_eq!(batch.len(), single.len());
+    for ((token, logprob, top), (t, l, _)) in batch.iter().zip(&single) {
+        assert_eq!(token, t);
+        assert!((logprob - l).abs() < 0.1, "{logprob} against {l}");
+        assert_eq!(top.len(), 5);
+    }
+    assert!(logprobs_of(&tokens, 10).iter().all(|t| t.2.len() == 3));
+    // Not asked, not computed.
+    assert!(
+        tokens
+            .iter()
+            .filter(|t| t.request == RequestId(12))
+            .all(|t| t.logprobs.is_none())
+    );
+
+    // Under a constraint the token drawn may not be the model's likeliest: its own log
+    // probability is reported, under the model's distribution.
+    let mut constrained = engine(config());
+    let grammars = {
+        let gguf = Gguf::open(&model_path()).unwrap();
+        switchyard_candle::grammars(&gguf).unwrap()
+    };
+    constrained = constrained.with_grammars(std::sync::Arc::clone(&grammars));
+    let mut r = asking(30, FRANCE.to_vec(), 2);
+    r.sampling.constraint = Some(switchyard_core::protocol::Constraint::Choice(vec![
+        "Lyon".into(),
+    ]));
+    r.sampling.vocabulary = Some(grammars.vocabulary().to_owned());
+    constrained.add(r).unwrap();
+    let (tokens, _) = run(&mut constrained);
+    let first = &logprobs_of(&tokens, 30)[0];
+    assert_ne!(
+        first.0, first.2[0].0,
+        "the constraint overrode the model's choice"
+    );
+    assert!(first.1 < first.2[0].1, "{first:?}");
+}
+
 #[test]
 fn the_prefix_cache_skips_prefill_publishes_events_and_evicts() {
     let mut e = engine(config());

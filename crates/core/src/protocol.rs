@@ -306,6 +306,10 @@ pub struct SamplingParams {
     /// one (an engine enforcing a constraint over token ids needs to know what they spell).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocabulary: Option<String>,
+    /// Report each generated token's log probability, and the `n` likeliest tokens' at
+    /// each step (0: the generated token's only; see [`TokenLogprobs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
 }
 
 /// What an engine may generate for a request: an answer it ends with `stop` is in the
@@ -537,7 +541,7 @@ pub enum FinishReason {
 }
 
 /// One output token of an engine step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TokenOutput {
     pub request: RequestId,
     pub token: Token,
@@ -548,6 +552,18 @@ pub struct TokenOutput {
     pub cached_tokens: u32,
     /// Set on the request's last token.
     pub finish: Option<FinishReason>,
+    /// The token's log probability and the likeliest alternatives', when the request
+    /// asked ([`SamplingParams::logprobs`]).
+    pub logprobs: Option<Box<TokenLogprobs>>,
+}
+
+/// A generated token's log probability under the model's distribution (its raw logits,
+/// before penalties, biases, temperature and constraints), and the `n` likeliest tokens'
+/// the request asked for, likeliest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(Token, f32)>,
 }
 
 /// One item of an engine's response stream.
@@ -559,6 +575,10 @@ pub enum GenerateOutput {
     Tokens {
         token_ids: Vec<Token>,
         cached_tokens: Option<u32>,
+        /// One per token, when the request asked for them (none otherwise, and then the
+        /// field is not sent: a frontend older than it reads such frames).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<TokenLogprobs>,
     },
     /// New text, from engines that stream text rather than tokens (an OpenAI-compatible
     /// upstream). `tokens` is how many tokens it stands for, when the engine says.
@@ -704,6 +724,60 @@ mod tests {
         assert_eq!(plain, GenerateRequest::text(RequestId(1), vec![4], 2));
         assert_eq!(plain.stream_key(), 1);
         assert_eq!(back.generated(), 2);
+    }
+
+    #[test]
+    fn log_probabilities_travel_only_when_asked_and_old_frames_still_read() {
+        /// The frame as frontends and workers older than log probabilities know it.
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Old {
+            Tokens {
+                token_ids: Vec<Token>,
+                cached_tokens: Option<u32>,
+            },
+        }
+        let with = GenerateOutput::Tokens {
+            token_ids: vec![5],
+            cached_tokens: Some(2),
+            logprobs: vec![TokenLogprobs {
+                logprob: -0.25,
+                top: vec![(5, -0.25), (9, -1.5)],
+            }],
+        };
+        let bytes = rmp_serde::to_vec(&with).expect("encodes");
+        assert_eq!(
+            rmp_serde::from_slice::<GenerateOutput>(&bytes).ok(),
+            Some(with)
+        );
+        let without = GenerateOutput::Tokens {
+            token_ids: vec![5],
+            cached_tokens: None,
+            logprobs: Vec::new(),
+        };
+        let bytes = rmp_serde::to_vec(&without).expect("encodes");
+        let old = Old::Tokens {
+            token_ids: vec![5],
+            cached_tokens: None,
+        };
+        assert_eq!(rmp_serde::from_slice::<Old>(&bytes).ok(), Some(old));
+        let bytes = rmp_serde::to_vec(&Old::Tokens {
+            token_ids: vec![5],
+            cached_tokens: None,
+        })
+        .expect("encodes");
+        assert_eq!(
+            rmp_serde::from_slice::<GenerateOutput>(&bytes).ok(),
+            Some(without)
+        );
+        // A request that asks, named as on the request plane.
+        let mut request = GenerateRequest::text(RequestId(7), vec![1], 5);
+        request.sampling.logprobs = Some(3);
+        let bytes = rmp_serde::to_vec_named(&request).expect("encodes");
+        assert_eq!(
+            rmp_serde::from_slice::<GenerateRequest>(&bytes).ok(),
+            Some(request)
+        );
     }
 
     #[test]

@@ -438,6 +438,8 @@ fn common(
             seed: params.seed.map(|s| s as u64),
             frequency_penalty: params.frequency_penalty.map(|v| v as f32),
             presence_penalty: params.presence_penalty.map(|v| v as f32),
+            // Refused above until the answers carry them.
+            logprobs: None,
             logit_bias,
             vocabulary: constraint
                 .as_ref()

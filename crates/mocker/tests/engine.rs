@@ -43,7 +43,7 @@ fn run(engine: &mut MockEngine) -> (Vec<TokenOutput>, Vec<StepOutput>) {
         engine.step(now, &mut out);
         engine.validate().unwrap();
         now = out.finished_at();
-        tokens.extend(out.tokens.iter().copied());
+        tokens.extend(out.tokens.iter().cloned());
         steps.push(out);
         assert!(steps.len() < 100_000, "engine does not converge");
     }

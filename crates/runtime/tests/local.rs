@@ -68,6 +68,7 @@ impl EngineService for Fixed {
             Ok(GenerateOutput::Tokens {
                 token_ids: request.prompt.token_ids.clone(),
                 cached_tokens: Some(0),
+                logprobs: Vec::new(),
             }),
             Ok(GenerateOutput::Finished {
                 reason: FinishReason::Length,

@@ -307,6 +307,7 @@ impl EngineService for Ticker {
                     Ok(GenerateOutput::Tokens {
                         token_ids: vec![1],
                         cached_tokens: Some(0),
+                        logprobs: Vec::new(),
                     }),
                     Err(EngineError::Internal("the engine broke".into())),
                 ];
@@ -334,6 +335,7 @@ impl EngineService for Ticker {
             let tokens = GenerateOutput::Tokens {
                 token_ids: vec![i],
                 cached_tokens: (i == 0).then_some(0),
+                logprobs: Vec::new(),
             };
             Some((Ok(tokens), (i + 1, counter)))
         });

@@ -97,6 +97,7 @@ impl DisaggService {
                     GenerateOutput::Tokens {
                         token_ids,
                         cached_tokens,
+                        ..
                     } => {
                         if let Some(&first_token) = token_ids.first() {
                             return Ok(GenerateOutput::PrefillDone {

@@ -262,15 +262,16 @@ impl<E: StepEngine> Core<E> {
     fn deliver_tokens(&mut self) {
         for token in self.tokens.drain(..) {
             let finished = token.finish.is_some();
-            let gone = match self.streams.get(&token.request) {
+            let request = token.request;
+            let gone = match self.streams.get(&request) {
                 Some(stream) => stream.send(token).is_err(),
                 None => false,
             };
             if finished || gone {
-                self.streams.remove(&token.request);
+                self.streams.remove(&request);
             }
             if gone && !finished {
-                self.engine.cancel(token.request);
+                self.engine.cancel(request);
             }
         }
         // Clients that left while their request waited or prefilled.

@@ -103,6 +103,7 @@ impl EngineService for EchoService {
                 Ok(GenerateOutput::Tokens {
                     token_ids: vec![t],
                     cached_tokens: (i == 0).then_some(0),
+                    logprobs: Vec::new(),
                 })
             })
             .chain(std::iter::once(Ok(GenerateOutput::Finished {

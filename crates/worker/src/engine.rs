@@ -140,6 +140,7 @@ impl EngineService for StepService {
                         let item = GenerateOutput::Tokens {
                             token_ids: vec![t.token],
                             cached_tokens: (sent == 0).then_some(t.cached_tokens),
+                            logprobs: t.logprobs.map(|l| *l).into_iter().collect(),
                         };
                         let sent = sent + 1;
                         match t.finish {

@@ -42,7 +42,7 @@ use switchyard_grammar::{GrammarError, Grammars, Guide};
 
 use crate::model::Model;
 use cache::PrefixCache;
-pub use sampling::sample;
+pub use sampling::{Distribution, sample};
 use sequence::Sequence;
 
 pub use switchyard_worker::config::CandleConfig;

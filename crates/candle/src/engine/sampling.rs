@@ -90,3 +90,88 @@ pub fn sample(
     }
     candidates[probs.len() - 1].0
 }
+
+/// The model's distribution at one step, as log probabilities: the log of the softmax's
+/// normaliser over the raw logits, and the `n` likeliest tokens (likeliest first, the
+/// lower id first among equals) with theirs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Distribution {
+    log_normaliser: f64,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl Distribution {
+    pub fn of(logits: &[f32], n: usize) -> Self {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|l| l.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| f64::from(l - max).exp())
+            .sum();
+        let log_normaliser = f64::from(max) + sum.ln();
+        // A short sorted list: `n` is at most 20.
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+        if n > 0 {
+            for (id, &logit) in logits.iter().enumerate() {
+                if !logit.is_finite() || (top.len() == n && logit <= top[n - 1].1) {
+                    continue;
+                }
+                let at = top.partition_point(|&(_, l)| l >= logit);
+                top.insert(at, (id as u32, logit));
+                top.truncate(n);
+            }
+        }
+        let mut distribution = Distribution {
+            log_normaliser,
+            top: Vec::new(),
+        };
+        distribution.top = top
+            .into_iter()
+            .map(|(id, logit)| (id, distribution.logprob(logit)))
+            .collect();
+        distribution
+    }
+
+    /// The log probability of a token whose raw logit is `logit`.
+    pub fn logprob(&self, logit: f32) -> f32 {
+        (f64::from(logit) - self.log_normaliser) as f32
+    }
+}
+
+#[cfg(test)]
+mod distribution_tests {
+    use super::Distribution;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Against a naive model: every token's log probability, sorted.
+        #[test]
+        fn the_top_tokens_and_their_log_probabilities_are_the_softmaxs(
+            logits in prop::collection::vec(-30.0f32..30.0, 1..200),
+            n in 0usize..21,
+        ) {
+            let d = Distribution::of(&logits, n);
+            let total: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+            let mut naive: Vec<(u32, f64)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, f64::from(l).exp().ln() - total.ln()))
+                .collect();
+            naive.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            naive.truncate(n);
+            prop_assert_eq!(d.top.len(), naive.len());
+            for ((id, lp), (nid, nlp)) in d.top.iter().zip(&naive) {
+                prop_assert_eq!(id, nid);
+                prop_assert!((f64::from(*lp) - nlp).abs() < 1e-4, "{} against {}", lp, nlp);
+            }
+            for (i, &l) in logits.iter().enumerate() {
+                let exact = f64::from(l) - total.ln();
+                prop_assert!((f64::from(d.logprob(l)) - exact).abs() < 1e-4, "token {}", i);
+            }
+        }
+    }
+}

@@ -3,13 +3,18 @@
 //! pass, sampling and cache offers.
 
 use candle_core::Tensor;
-use switchyard_core::protocol::{EngineError, FinishReason, GenerateRequest, Phase, TokenOutput};
+use switchyard_core::protocol::{
+    EngineError, FinishReason, GenerateRequest, Phase, TokenLogprobs, TokenOutput,
+};
 use switchyard_core::{KvEvent, LoadSnapshot, RequestId, SequenceHash, blocks_for};
 use switchyard_worker::driver::StepEngine;
 
 use super::sequence::Sequence;
-use super::{CandleEngine, sample};
+use super::{CandleEngine, Distribution, sample};
 use crate::model::{SeqKv, StepInput};
+
+/// The most alternatives a step reports with a token's log probability (OpenAI's limit).
+const MAX_TOP_LOGPROBS: u32 = 20;
 
 impl StepEngine for CandleEngine {
     fn add(&mut self, request: GenerateRequest) -> Result<(), EngineError> {
@@ -127,6 +132,7 @@ impl StepEngine for CandleEngine {
                         index: seq.generated,
                         cached_tokens: 0,
                         finish: Some(FinishReason::Cancelled),
+                        logprobs: None,
                     });
                 }
                 Ok(seq) => self.running.push(seq),
@@ -234,6 +240,7 @@ impl StepEngine for CandleEngine {
                         index: seq.generated,
                         cached_tokens: seq.cached_tokens,
                         finish: Some(FinishReason::Cancelled),
+                        logprobs: None,
                     });
                 }
                 return std::time::Duration::ZERO;
@@ -246,6 +253,13 @@ impl StepEngine for CandleEngine {
                 continue;
             };
             let seq = &mut self.running[i];
+            // The model's own distribution, before constraints, biases and penalties.
+            let distribution = seq.request.sampling.logprobs.map(|n| {
+                (
+                    Distribution::of(&logits, n.min(MAX_TOP_LOGPROBS) as usize),
+                    logits.clone(),
+                )
+            });
             // Under a constraint, only what it allows next (a matcher that fails ends the
             // answer as cut short: never as complete).
             let mut broken = seq
@@ -287,6 +301,12 @@ impl StepEngine for CandleEngine {
                 index,
                 cached_tokens: seq.cached_tokens,
                 finish,
+                logprobs: distribution.map(|(d, raw)| {
+                    Box::new(TokenLogprobs {
+                        logprob: d.logprob(raw[token as usize]),
+                        top: d.top,
+                    })
+                }),
             });
             if finish.is_some() {
                 finished.push(i);

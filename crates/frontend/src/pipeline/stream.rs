@@ -148,6 +148,7 @@ impl Streaming {
                 Woken::Item(Some(Ok(GenerateOutput::Tokens {
                     token_ids,
                     cached_tokens,
+                    ..
                 }))) => self.on_tokens(&token_ids, cached_tokens, None),
                 // An engine that streams text (an OpenAI-compatible upstream): its tokens
                 // are counted (and kept, for a move to another worker) by tokenizing it.

@@ -271,6 +271,7 @@ impl RequestRun {
         let first = GenerateOutput::Tokens {
             token_ids: vec![first_token],
             cached_tokens: Some(cached_tokens),
+            logprobs: Vec::new(),
         };
         if let Some(reason) = ends {
             let finished = GenerateOutput::Finished {

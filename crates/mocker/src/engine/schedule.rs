@@ -282,6 +282,7 @@ impl MockEngine {
                 index: seq.output_offset + seq.generated,
                 cached_tokens: seq.cached_tokens.unwrap_or(0),
                 finish,
+                logprobs: None,
             });
             seq.generated += 1;
             self.stats.output_tokens += 1;
