@@ -48,6 +48,16 @@ pub fn sample(
     if temperature <= 0.0 || sampling.top_k == Some(1) {
         return argmax();
     }
+    let mut rng =
+        SmallRng::seed_from_u64(key ^ u64::from(position).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let draw: f32 = rng.random();
+    let whole = sampling.top_k.is_none_or(|k| k == 0) && sampling.top_p.is_none_or(|p| p >= 1.0);
+    if whole {
+        if !logits.iter().any(|l| l.is_finite()) {
+            return argmax();
+        }
+        return draw_in_order(logits, temperature, draw).unwrap_or_default();
+    }
     let mut candidates: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
@@ -78,9 +88,6 @@ pub fn sample(
         let total: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= total);
     }
-    let mut rng =
-        SmallRng::seed_from_u64(key ^ u64::from(position).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let draw: f32 = rng.random();
     let mut mass = 0.0;
     for (i, p) in probs.iter().enumerate() {
         mass += p;
@@ -89,6 +96,42 @@ pub fn sample(
         }
     }
     candidates[probs.len() - 1].0
+}
+
+/// The token at `draw` (in [0, 1)) of the cumulative softmax of `logits / temperature`,
+/// the tokens taken in id order: the whole distribution needs no sort. `logits` are
+/// overwritten with the weights. None when no logit is finite.
+fn draw_in_order(logits: &mut [f32], temperature: f32, draw: f32) -> Option<u32> {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| l.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return None;
+    }
+    let mut total = 0.0f64;
+    for logit in logits.iter_mut() {
+        *logit = if logit.is_finite() {
+            ((*logit - max) / temperature).exp()
+        } else {
+            0.0
+        };
+        total += f64::from(*logit);
+    }
+    let target = f64::from(draw) * total;
+    let mut mass = 0.0f64;
+    let mut last = None;
+    for (id, &weight) in logits.iter().enumerate() {
+        if weight > 0.0 {
+            mass += f64::from(weight);
+            last = Some(id as u32);
+            if target < mass {
+                return last;
+            }
+        }
+    }
+    last
 }
 
 /// The model's distribution at one step, as log probabilities: the log of the softmax's
@@ -144,8 +187,55 @@ impl Distribution {
 
 #[cfg(test)]
 mod distribution_tests {
-    use super::Distribution;
+    use super::{Distribution, draw_in_order};
     use proptest::prelude::*;
+
+    proptest! {
+        /// Against a naive model: the token whose cumulative softmax, in id order, first
+        /// passes the draw.
+        #[test]
+        fn a_draw_over_the_whole_distribution_is_its_inverse_cumulative(
+            logits in prop::collection::vec(prop_oneof![-20.0f32..20.0, Just(f32::NEG_INFINITY)], 1..100),
+            temperature in 0.1f32..3.0,
+            draw in 0.0f32..1.0,
+        ) {
+            let finite: Vec<(usize, f64)> = logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i, f64::from(l)))
+                .collect();
+            let got = draw_in_order(&mut logits.clone(), temperature, draw);
+            if finite.is_empty() {
+                prop_assert_eq!(got, None);
+                return Ok(());
+            }
+            let max = finite.iter().map(|f| f.1).fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = finite
+                .iter()
+                .map(|&(_, l)| ((l - max) / f64::from(temperature)).exp())
+                .collect();
+            let total: f64 = weights.iter().sum();
+            let mut mass = 0.0;
+            let mut naive = finite.last().unwrap().0;
+            for (w, &(i, _)) in weights.iter().zip(&finite) {
+                mass += w / total;
+                if f64::from(draw) < mass {
+                    naive = i;
+                    break;
+                }
+            }
+            // A draw within rounding of a boundary may fall on either side.
+            let at = |id: usize| finite.iter().position(|f| f.0 == id).unwrap();
+            let got = got.unwrap() as usize;
+            let before: f64 = weights[..at(got)].iter().sum::<f64>() / total;
+            let after = before + weights[at(got)] / total;
+            prop_assert!(
+                got == naive || (f64::from(draw) - before).abs() < 1e-5 || (f64::from(draw) - after).abs() < 1e-5,
+                "{} against {}", got, naive
+            );
+        }
+    }
 
     proptest! {
         /// Against a naive model: every token's log probability, sorted.
