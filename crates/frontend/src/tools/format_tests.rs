@@ -88,6 +88,20 @@ fn spaced(objects: &[Value]) -> String {
     objects.iter().map(one).collect::<Vec<_>>().join(", ")
 }
 
+/// Where `cuts` (any numbers) cut `text`: at character boundaries, its ends included, in
+/// order.
+pub(super) fn cut_at(text: &str, cuts: &[usize]) -> Vec<usize> {
+    let mut bounds: Vec<usize> = cuts
+        .iter()
+        .map(|&c| c % (text.len() + 1))
+        .filter(|&c| text.is_char_boundary(c))
+        .chain([0, text.len()])
+        .collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    bounds
+}
+
 fn parsers(format: &str) -> Parsers {
     let config = ChatConfig {
         tool_call_parser: Some(format.to_owned()),
@@ -168,14 +182,7 @@ proptest! {
             })
             .collect();
         let whole = parse(format, &text, &[0, text.len()]);
-        let mut bounds: Vec<usize> = cuts
-            .iter()
-            .map(|&c| c % (text.len() + 1))
-            .filter(|&c| text.is_char_boundary(c))
-            .chain([0, text.len()])
-            .collect();
-        bounds.sort_unstable();
-        bounds.dedup();
+        let bounds = cut_at(&text, &cuts);
         let streamed = parse(format, &text, &bounds);
         prop_assert_eq!(&whole, &streamed, "{} {:?} cut at {:?}", format, text, bounds);
         prop_assert_eq!(&whole.0, content.trim(), "{} {:?}", format, text);

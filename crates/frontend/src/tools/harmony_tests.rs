@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 use serde_json::json;
 
+use super::format_tests::cut_at;
 use super::output::{Answer, Part};
 use super::*;
 
@@ -152,14 +153,7 @@ proptest! {
         prop_assert_eq!(summary(&whole), expected(&messages, parallel), "{:?}", text);
         let ids: std::collections::HashSet<&str> = whole.calls.iter().map(|c| c.id.as_str()).collect();
         prop_assert_eq!(ids.len(), whole.calls.len(), "each call has its own id");
-        let mut bounds: Vec<usize> = cuts
-            .iter()
-            .map(|&c| c % (text.len() + 1))
-            .filter(|&c| text.is_char_boundary(c))
-            .chain([0, text.len()])
-            .collect();
-        bounds.sort_unstable();
-        bounds.dedup();
+        let bounds = cut_at(&text, &cuts);
         let streamed = parse(&text, &bounds, Some(&tools));
         prop_assert_eq!(summary(&streamed), summary(&whole), "{:?} cut at {:?}", text, bounds);
         // Byte by byte, where characters allow.
