@@ -261,6 +261,7 @@ pub mod samples {
             frequency_penalty: Some(0.5),
             presence_penalty: Some(-0.5),
             logit_bias: vec![(3, -100.0), (8, 2.5)],
+            logprobs: Some(3),
             ..SamplingParams::default()
         };
         full.dp_rank = 1;
@@ -286,6 +287,15 @@ pub mod samples {
             GenerateOutput::Tokens {
                 token_ids: vec![5, 6],
                 cached_tokens: Some(16),
+                logprobs: Vec::new(),
+            },
+            GenerateOutput::Tokens {
+                token_ids: vec![7],
+                cached_tokens: None,
+                logprobs: vec![switchyard_core::protocol::TokenLogprobs {
+                    logprob: -0.5,
+                    top: vec![(7, -0.5), (9, -1.25)],
+                }],
             },
             GenerateOutput::Text {
                 text: "hé".into(),
