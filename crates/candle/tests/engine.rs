@@ -47,6 +47,18 @@ const FRANCE_GREEDY: [u32; 24] = [
     3946, 288, 7198, 253,
 ];
 
+/// An engine that runs three sequences at once and prefills prompts in chunks of 32
+/// tokens: set by the token budget alone (paced by the measured step time, a loaded
+/// machine would chunk differently, and a near tie in the logits could fall either way).
+fn chunking() -> CandleEngine {
+    engine(CandleConfig {
+        max_batched_tokens: 32,
+        max_num_seqs: 3,
+        step_target: std::time::Duration::from_secs(3600),
+        ..config()
+    })
+}
+
 fn greedy(id: u64, prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
     let mut r = GenerateRequest::text(RequestId(id), prompt, max_tokens);
     r.sampling.temperature = Some(0.0);
@@ -93,17 +105,9 @@ fn greedy_decoding_matches_llama_cpp_and_batching_changes_nothing() {
         (0..24).collect::<Vec<_>>()
     );
 
-    // The same request among others, with prompts prefilled in chunks of 32 tokens over
-    // several steps while others decode.
-    // The chunks are set by the token budget alone: paced by the measured step time, a
-    // loaded machine would chunk the prompts differently, and a near tie in the logits can
-    // then fall either way.
-    let mut batched = engine(CandleConfig {
-        max_batched_tokens: 32,
-        max_num_seqs: 3,
-        step_target: std::time::Duration::from_secs(3600),
-        ..config()
-    });
+    // The same request among others, with prompts prefilled in chunks over several steps
+    // while others decode.
+    let mut batched = chunking();
     batched.add(greedy(10, long_prompt(90, 1), 12)).unwrap();
     batched.add(greedy(11, FRANCE.to_vec(), 24)).unwrap();
     batched.add(greedy(12, long_prompt(50, 2), 30)).unwrap();
@@ -167,12 +171,7 @@ fn log_probabilities_are_the_models_and_batching_changes_them_little() {
     // batched step computes its logits along another path than a step of one sequence
     // (the quantised weights dequantised, not the activations quantised): 0.03 apart on
     // the first token here, and up to 0.27 on the alternatives, enough to reorder them.
-    let mut batched = engine(CandleConfig {
-        max_batched_tokens: 32,
-        max_num_seqs: 3,
-        step_target: std::time::Duration::from_secs(3600),
-        ..config()
-    });
+    let mut batched = chunking();
     batched.add(asking(10, long_prompt(90, 1), 3)).unwrap();
     batched.add(asking(11, FRANCE.to_vec(), 5)).unwrap();
     batched.add(greedy(12, long_prompt(50, 2), 8)).unwrap();

@@ -39,7 +39,16 @@ fn id(model: &str, token: &str) -> u32 {
 
 /// Pushes every token and finishes; returns the pieces (the last one from `finish`).
 fn stream(preprocessor: &Preprocessor, tokens: &[u32]) -> Vec<String> {
-    let mut decoder = preprocessor.decoder();
+    stream_keeping(preprocessor, tokens, None)
+}
+
+/// [`stream`], with the special tokens `keep` says decoded as text.
+fn stream_keeping(
+    preprocessor: &Preprocessor,
+    tokens: &[u32],
+    keep: Option<Vec<u32>>,
+) -> Vec<String> {
+    let mut decoder = preprocessor.decoder_keeping_special(keep);
     let mut pieces: Vec<String> = tokens.iter().map(|&t| decoder.push(t).unwrap()).collect();
     pieces.push(decoder.finish());
     pieces
@@ -381,12 +390,7 @@ fn special_tokens_are_text_when_kept_except_the_ones_that_end_the_answer() {
     tokens.extend(&hello);
     tokens.push(im_start);
     tokens.push(im_end);
-    let decode = |keep: Option<Vec<u32>>| {
-        let mut decoder = preprocessor.decoder_keeping_special(keep);
-        let mut text: String = tokens.iter().map(|&t| decoder.push(t).unwrap()).collect();
-        text.push_str(&decoder.finish());
-        text
-    };
+    let decode = |keep| stream_keeping(preprocessor, &tokens, keep).concat();
     assert_eq!(decode(None), "hello é");
     assert_eq!(
         decode(Some(vec![im_end])),
