@@ -306,6 +306,10 @@ pub mod samples {
                 first_token: 9,
                 kv: kv_handle(),
                 cached_tokens: 0,
+                logprobs: Some(switchyard_core::protocol::TokenLogprobs {
+                    logprob: -0.25,
+                    top: vec![(9, -0.25)],
+                }),
             },
             GenerateOutput::Finished {
                 reason: FinishReason::Length,

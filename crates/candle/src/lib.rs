@@ -104,6 +104,7 @@ impl Engine for CandleWorker {
                 switchyard_core::protocol::ConstraintKinds::all()
             },
             vocabularies: self.vocabularies.clone(),
+            logprobs: true,
         }
     }
 

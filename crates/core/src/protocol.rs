@@ -592,6 +592,9 @@ pub enum GenerateOutput {
         first_token: Token,
         kv: KvHandle,
         cached_tokens: u32,
+        /// The first token's log probabilities, when the request asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<TokenLogprobs>,
     },
     /// An encoder's embeddings of the request's media items, one per media span in the
     /// spans' order ([`MediaInput::Embeddings`]), before it finishes; encoders that only

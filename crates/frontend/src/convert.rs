@@ -2,6 +2,7 @@
 
 use switchyard_core::protocol::{Prompt, SamplingParams};
 use switchyard_router::RoutingOverrides;
+use switchyard_runtime::discovery::Needs;
 
 use crate::media::MediaItem;
 use crate::openai::ApiError;
@@ -19,6 +20,8 @@ pub struct Mode {
     pub include_usage: bool,
     /// Choices to generate (OpenAI's `n`), each an engine request of its own.
     pub choices: u32,
+    /// Log probabilities asked: of each generated token and this many alternatives.
+    pub logprobs: Option<u32>,
 }
 
 /// The most choices one request may ask for (OpenAI's limit on `n`).
@@ -162,7 +165,8 @@ pub fn chat(
     if let Some(tools) = &answer.tools {
         params.structured.tool_choice = tools.constraint(frontend.parsers.tool_parser())?;
     }
-    let (prepared, mode) = common(frontend, params, prompt)?;
+    let logprobs = chat_logprobs(&params)?;
+    let (prepared, mode) = common(frontend, params, prompt, logprobs)?;
     Ok((prepared, mode, answer))
 }
 
@@ -230,7 +234,66 @@ pub fn completion(
             format!("token id {bad} is outside the vocabulary (size {vocab})"),
         ));
     }
-    common(frontend, params, Prompt::tokens(tokens))
+    let logprobs = completion_logprobs(&params)?;
+    common(frontend, params, Prompt::tokens(tokens), logprobs)
+}
+
+/// The most alternatives a request may ask log probabilities of (what the engines report).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20, with `logprobs` only): how
+/// many alternatives to report besides each generated token, if anything is to be.
+fn chat_logprobs(params: &CommonParams) -> Result<Option<u32>, ApiError> {
+    use serde_json::Value;
+    let asked = match &params.logprobs {
+        None | Some(Value::Null | Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!(
+                    "`logprobs` must be a boolean in a chat completion, got {}",
+                    crate::openai::error::echo(&other.to_string())
+                ),
+            ));
+        }
+    };
+    match params.top_logprobs {
+        Some(k) if k > MAX_TOP_LOGPROBS => Err(ApiError::invalid_param(
+            "top_logprobs",
+            format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
+        )),
+        Some(k) if k > 0 && !asked => Err(ApiError::invalid_param(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs` set to true",
+        )),
+        top => Ok(asked.then_some(top.unwrap_or(0))),
+    }
+}
+
+/// Completions' `logprobs`: how many alternatives to report besides each generated token
+/// (0 to 20; 0 reports the generated token's alone), if anything is to be.
+fn completion_logprobs(params: &CommonParams) -> Result<Option<u32>, ApiError> {
+    use serde_json::Value;
+    if params.top_logprobs.is_some_and(|k| k > 0) {
+        return Err(ApiError::invalid_param(
+            "top_logprobs",
+            "`top_logprobs` is a chat completion parameter; a completion takes the count in `logprobs`",
+        ));
+    }
+    match &params.logprobs {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(k)) if k.as_u64().is_some_and(|k| k <= u64::from(MAX_TOP_LOGPROBS)) => {
+            Ok(k.as_u64().map(|k| k as u32))
+        }
+        Some(other) => Err(ApiError::invalid_param(
+            "logprobs",
+            format!(
+                "`logprobs` must be an integer between 0 and {MAX_TOP_LOGPROBS} in a completion, got {}",
+                crate::openai::error::echo(&other.to_string())
+            ),
+        )),
+    }
 }
 
 /// Refuses a prompt text of `bytes` bytes that no tokenization fits in the context (or in
@@ -271,29 +334,47 @@ fn common(
     frontend: &Frontend,
     params: CommonParams,
     prompt_in: Prompt,
+    logprobs: Option<u32>,
 ) -> Result<(Prepared, Mode), ApiError> {
     if prompt_in.token_ids.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
     check_unsupported(&params)?;
     let constraint = crate::constraint::constraint(&params.structured)?;
-    if let Some((constraint, param)) = &constraint {
-        let kind = constraint.kind();
-        let vocabulary = frontend.preprocessor.vocabulary();
-        if frontend.routing.unable(kind, vocabulary).is_none() {
-            return Err(ApiError::invalid_param(
-                param,
-                format!(
-                    "no worker serving this model enforces `{}` constraints{}",
-                    kind.name(),
-                    if vocabulary.is_none() {
-                        " over this model's tokenizer"
-                    } else {
-                        ""
-                    }
-                ),
-            ));
-        }
+    let vocabulary = frontend.preprocessor.vocabulary();
+    let mut needs = Needs {
+        constraint: constraint.as_ref().map(|(c, _)| (c.kind(), vocabulary)),
+        logprobs: false,
+    };
+    if let Some((constraint, param)) = &constraint
+        && frontend.routing.unable(&needs).is_none()
+    {
+        return Err(ApiError::invalid_param(
+            param,
+            format!(
+                "no worker serving this model enforces `{}` constraints{}",
+                constraint.kind().name(),
+                if vocabulary.is_none() {
+                    " over this model's tokenizer"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    needs.logprobs = logprobs.is_some();
+    if needs.logprobs && frontend.routing.unable(&needs).is_none() {
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            format!(
+                "no worker serving this model reports log probabilities{}",
+                if needs.constraint.is_some() {
+                    " and enforces the request's constraint"
+                } else {
+                    ""
+                }
+            ),
+        ));
     }
     let logit_bias = logit_bias(&params, frontend.preprocessor.vocab_size())?;
     for (name, value) in [
@@ -427,6 +508,7 @@ fn common(
             .stream_options
             .is_some_and(|o| o.include_usage == Some(true)),
         choices: params.n.unwrap_or(1),
+        logprobs,
     };
     let prepared = Prepared {
         prompt: prompt_in,
@@ -438,8 +520,7 @@ fn common(
             seed: params.seed.map(|s| s as u64),
             frequency_penalty: params.frequency_penalty.map(|v| v as f32),
             presence_penalty: params.presence_penalty.map(|v| v as f32),
-            // Refused above until the answers carry them.
-            logprobs: None,
+            logprobs,
             logit_bias,
             vocabulary: constraint
                 .as_ref()
@@ -474,7 +555,6 @@ fn common(
 /// Parameters OpenAI defines that no Switchyard engine honours yet: a 400 naming each one
 /// when it asks for something (its neutral values pass), never silently ignored.
 fn check_unsupported(params: &CommonParams) -> Result<(), ApiError> {
-    use serde_json::Value;
     let unsupported = |param: &str, message: String| Err(ApiError::invalid_param(param, message));
     if let Some(n) = params.n
         && !(1..=MAX_CHOICES).contains(&n)
@@ -483,33 +563,6 @@ fn check_unsupported(params: &CommonParams) -> Result<(), ApiError> {
             "n",
             format!("`n` must be between 1 and {MAX_CHOICES}, got {n}"),
         );
-    }
-    match &params.logprobs {
-        None | Some(Value::Null | Value::Bool(false)) => {}
-        // `/v1/completions` takes a count (0 to 5); 0 asks for none.
-        Some(Value::Number(k)) if k.as_u64() == Some(0) => {}
-        Some(Value::Number(k)) if k.as_u64().is_none_or(|k| k > 5) => {
-            return unsupported(
-                "logprobs",
-                format!("`logprobs` must be between 0 and 5, got {k}"),
-            );
-        }
-        Some(_) => return unsupported("logprobs", "`logprobs` is not supported".into()),
-    }
-    match params.top_logprobs {
-        None | Some(0) => {}
-        Some(k) if k > 20 => {
-            return unsupported(
-                "top_logprobs",
-                format!("`top_logprobs` must be between 0 and 20, got {k}"),
-            );
-        }
-        Some(_) => {
-            return unsupported(
-                "top_logprobs",
-                "`top_logprobs` is not supported (no logprobs)".into(),
-            );
-        }
     }
     for (name, value, neutral) in [
         ("min_p", params.min_p, 0.0),

@@ -158,8 +158,19 @@ pub fn name_of_tokenizer_json(tokenizer: &str) -> Option<String> {
 fn token_bytes(tokenizer: &str) -> Result<Vec<Vec<u8>>, String> {
     let json: serde_json::Value =
         serde_json::from_str(tokenizer).map_err(|e| format!("tokenizer.json: {e}"))?;
-    llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| format!("tokenizer.json: {e}"))
+    token_bytes_of(&json)
 }
+
+/// What each token of a parsed `tokenizer.json` spells, by id (a byte-level BPE's `Ġa` is
+/// ` a`, a byte-fallback `<0x0A>` a newline); a special token's text is marked by a
+/// leading [`SPECIAL_MARK`].
+pub fn token_bytes_of(json: &serde_json::Value) -> Result<Vec<Vec<u8>>, String> {
+    llguidance::token_bytes_from_tokenizer_json(json).map_err(|e| format!("tokenizer.json: {e}"))
+}
+
+/// The byte [`token_bytes_of`] puts before a special token's text (never the first byte of
+/// UTF-8 text).
+pub const SPECIAL_MARK: u8 = llguidance::toktrie::TokTrie::SPECIAL_TOKEN_MARKER;
 
 /// The id of the token that spells `text` in a `tokenizer.json`: an added token, else a
 /// piece of the model's vocabulary (a map for BPE and WordPiece, a list for Unigram).

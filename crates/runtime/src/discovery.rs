@@ -67,6 +67,27 @@ pub struct WorkerInstance {
     /// an engine that takes text.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub vocabularies: Vec<String>,
+    /// Its engine reports each generated token's log probability and up to 20 likeliest
+    /// alternatives' (requests asking for them go only to such workers).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logprobs: bool,
+}
+
+/// What a request needs of the worker it goes to, beyond serving its model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs<'a> {
+    /// A constraint of this kind enforced over the frontend's vocabulary (when it has a
+    /// name workers know).
+    pub constraint: Option<(ConstraintKind, Option<&'a str>)>,
+    /// Log probabilities reported.
+    pub logprobs: bool,
+}
+
+impl Needs<'_> {
+    /// Whether any worker will do.
+    pub fn is_none(&self) -> bool {
+        self.constraint.is_none() && !self.logprobs
+    }
 }
 
 fn yes() -> bool {
@@ -94,6 +115,7 @@ impl WorkerInstance {
             modalities: Modalities::default(),
             constraints: ConstraintKinds::NONE,
             vocabularies: Vec::new(),
+            logprobs: false,
         }
     }
 
@@ -102,6 +124,14 @@ impl WorkerInstance {
         self.constraints.contains(kind)
             && (self.vocabularies.is_empty()
                 || vocabulary.is_some_and(|v| self.vocabularies.iter().any(|w| w == v)))
+    }
+
+    /// Whether it meets everything `needs` asks.
+    pub fn serves(&self, needs: &Needs<'_>) -> bool {
+        needs
+            .constraint
+            .is_none_or(|(kind, vocabulary)| self.enforces(kind, vocabulary))
+            && (self.logprobs || !needs.logprobs)
     }
 }
 

@@ -64,6 +64,17 @@ async fn the_real_model_calls_tools_for_the_client_and_an_agent() {
         .unwrap();
 }
 
+/// Log probabilities on the real model, read by the openai client (chat streamed and not,
+/// completions), and against llama.cpp's on the same GGUF and prompt tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_models_log_probabilities_reach_the_client_and_match_llama_cpp() {
+    let d = serve("1").await;
+    support::python_checks(&d, "logprobs_e2e.py", "smollm2").await;
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_long_prompt_goes_to_the_worker_holding_its_cache() {
     let d = serve("2").await;

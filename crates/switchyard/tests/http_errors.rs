@@ -68,7 +68,9 @@ async fn invalid_values_are_400_naming_the_parameter() {
         (base(json!({"top_k": -2})), "top_k"),
         (base(json!({"max_tokens": 0})), "max_tokens"),
         (base(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop"),
+        // No echo worker reports them; a chat takes a boolean.
         (base(json!({"logprobs": true})), "logprobs"),
+        (base(json!({"logprobs": 1})), "logprobs"),
         (base(json!({"tools": [{"type": "function"}]})), "tools[0]"),
         (
             base(json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]})),
@@ -208,8 +210,12 @@ async fn invalid_values_are_400_naming_the_parameter() {
         (json!({"best_of": 3}), "best_of"),
         (json!({"best_of": 30}), "best_of"),
         (json!({"suffix": "}"}), "suffix"),
+        // In range, but no echo worker reports them.
         (json!({"logprobs": 6}), "logprobs"),
-        (json!({"logprobs": 2}), "logprobs"),
+        (json!({"logprobs": 0}), "logprobs"),
+        (json!({"logprobs": 21}), "logprobs"),
+        (json!({"logprobs": true}), "logprobs"),
+        (json!({"top_logprobs": 2}), "top_logprobs"),
     ] {
         let mut body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 2});
         for (k, v) in extra.as_object().unwrap() {

@@ -97,13 +97,14 @@ impl DisaggService {
                     GenerateOutput::Tokens {
                         token_ids,
                         cached_tokens,
-                        ..
+                        logprobs,
                     } => {
                         if let Some(&first_token) = token_ids.first() {
                             return Ok(GenerateOutput::PrefillDone {
                                 first_token,
                                 kv: handle,
                                 cached_tokens: cached_tokens.unwrap_or(0),
+                                logprobs: logprobs.into_iter().next(),
                             });
                         }
                     }

@@ -45,6 +45,7 @@ impl Engine for Echo {
             modalities: switchyard_core::Modalities::default(),
             constraints: switchyard_core::protocol::ConstraintKinds::NONE,
             vocabularies: Vec::new(),
+            logprobs: false,
         }
     }
 

@@ -155,6 +155,7 @@ impl Engine for MockEncoder {
             modalities: self.config.models.modality_set(),
             constraints: switchyard_core::protocol::ConstraintKinds::NONE,
             vocabularies: Vec::new(),
+            logprobs: false,
         }
     }
 

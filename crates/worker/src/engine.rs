@@ -53,6 +53,11 @@ pub struct EngineCapabilities {
     /// The vocabularies of the token ids it enforces them over; none for an engine that
     /// takes text.
     pub vocabularies: Vec<String>,
+    /// It reports log probabilities when a request asks ([`SamplingParams::logprobs`]: the
+    /// generated token's and up to 20 alternatives').
+    ///
+    /// [`SamplingParams::logprobs`]: switchyard_core::protocol::SamplingParams::logprobs
+    pub logprobs: bool,
 }
 
 /// A started engine, as the host uses it.

@@ -326,6 +326,7 @@ fn instance(
         modalities: capabilities.modalities,
         constraints: capabilities.constraints,
         vocabularies: capabilities.vocabularies.clone(),
+        logprobs: capabilities.logprobs,
         dp_size: capabilities.dp_size.max(1),
         // Random per start: a worker restarted under the same id is told apart.
         incarnation: rand::random::<u64>(),

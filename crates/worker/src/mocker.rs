@@ -75,6 +75,7 @@ impl Engine for Mocker {
                 .map(|&name| name.to_owned())
                 .chain(self.grammars.iter().map(|g| g.vocabulary().to_owned()))
                 .collect(),
+            logprobs: false,
         }
     }
 

@@ -21,13 +21,14 @@ use crate::auth::Grant;
 use crate::convert::{self, Mode};
 use crate::media::OnEncoderFailure;
 use crate::openai::ApiError;
+use crate::openai::logprobs::ChatLogprobs;
 use crate::openai::request::ChatCompletionRequest;
 use crate::openai::response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
     Usage,
 };
 use crate::pipeline::encode::{MediaStatus, resized_warning, text_only_warning};
-use crate::pipeline::{Frontend, Generation, Piece, WARNING_HEADER};
+use crate::pipeline::{Frontend, Generation, Piece, Scored, WARNING_HEADER};
 use crate::tools::output::AnswerParser;
 
 /// Chat completion: JSON, or server-sent events when `stream` is true.
@@ -108,14 +109,17 @@ pub async fn chat(
         match collect_all(dispatched.generations).await {
             Ok((answers, usage)) => {
                 let mut choices = Vec::with_capacity(answers.len());
-                for ((text, reason), index) in answers.into_iter().zip(0..) {
+                for (answer, index) in answers.into_iter().zip(0..) {
                     let mut parser = parser();
-                    let whole = parser.parse_whole(text).await;
+                    let logprobs = mode
+                        .logprobs
+                        .map(|_| ChatLogprobs::of(&frontend.preprocessor, &answer.scored));
+                    let whole = parser.parse_whole(answer.text).await;
                     choices.push(ChatChoice {
                         index,
                         message: ChatMessageOut::of(whole),
-                        finish_reason: Some(parser.finish_reason(reason)),
-                        logprobs: None,
+                        finish_reason: Some(parser.finish_reason(answer.reason)),
+                        logprobs,
                     });
                 }
                 Json(ChatCompletion {
@@ -172,7 +176,10 @@ fn parsed(generation: Generation, parser: AnswerParser) -> Generation {
                 return None;
             }
             let out = match generation.next().await? {
-                Ok(Piece::Text(text)) => vec![Ok(Piece::Parts(parser.push(&text).await))],
+                Ok(Piece::Text { text, scored }) => vec![Ok(Piece::Parts {
+                    parts: parser.push(&text).await,
+                    scored,
+                })],
                 Ok(Piece::Finished {
                     reason,
                     usage,
@@ -186,7 +193,13 @@ fn parsed(generation: Generation, parser: AnswerParser) -> Generation {
                         worker,
                     };
                     return Some((
-                        vec![Ok(Piece::Parts(rest)), Ok(end)],
+                        vec![
+                            Ok(Piece::Parts {
+                                parts: rest,
+                                scored: Vec::new(),
+                            }),
+                            Ok(end),
+                        ],
                         (generation, parser, true),
                     ));
                 }
@@ -208,15 +221,15 @@ fn chat_stream(
     let created = unix_now();
     let model = frontend.config.model.clone();
     let chunk = Arc::new(
-        move |choice: Option<(u32, ChatDelta)>,
+        move |choice: Option<(u32, ChatDelta, Option<ChatLogprobs>)>,
               finish_reason: Option<&'static str>,
               usage: Option<Usage>| {
             let choices = choice
-                .map(|(index, delta)| ChatChunkChoice {
+                .map(|(index, delta, logprobs)| ChatChunkChoice {
                     index,
                     delta,
                     finish_reason,
-                    logprobs: None,
+                    logprobs,
                 })
                 .into_iter()
                 .collect();
@@ -237,7 +250,7 @@ fn chat_stream(
                 content: Some(String::new()),
                 ..ChatDelta::default()
             };
-            chunk(Some((index, delta)), None, None)
+            chunk(Some((index, delta, None)), None, None)
         })
         .collect();
     let usage_chunk = Arc::clone(&chunk);
@@ -247,24 +260,47 @@ fn chat_stream(
     sse(
         generations,
         opening,
-        move |index, piece| match piece {
-            Piece::Text(text) => {
-                let delta = ChatDelta {
-                    content: Some(text),
-                    ..ChatDelta::default()
-                };
-                vec![chunk(Some((index, delta)), None, None)]
-            }
-            Piece::Parts(parts) => parts
-                .into_iter()
-                .map(|part| chunk(Some((index, ChatDelta::of(part))), None, None))
-                .collect(),
-            Piece::Finished { reason, .. } => {
-                vec![chunk(
-                    Some((index, ChatDelta::default())),
-                    Some(reason),
-                    None,
-                )]
+        move |index, piece| {
+            // Log probabilities go with the first chunk of the text they came with (alone
+            // when the parsers hold that text back).
+            let logprobs = |scored: &[Scored]| {
+                mode.logprobs
+                    .map(|_| ChatLogprobs::of(&frontend.preprocessor, scored))
+            };
+            match piece {
+                Piece::Text { text, scored } => {
+                    let delta = ChatDelta {
+                        content: Some(text),
+                        ..ChatDelta::default()
+                    };
+                    vec![chunk(Some((index, delta, logprobs(&scored))), None, None)]
+                }
+                Piece::Parts { parts, scored } => {
+                    let mut scored = Some(scored);
+                    let mut chunks: Vec<_> = parts
+                        .into_iter()
+                        .map(|part| {
+                            let logprobs = scored.take().and_then(|s| logprobs(&s));
+                            chunk(Some((index, ChatDelta::of(part), logprobs)), None, None)
+                        })
+                        .collect();
+                    if let Some(scored) = scored.filter(|s| !s.is_empty()) {
+                        let logprobs = logprobs(&scored);
+                        chunks.push(chunk(
+                            Some((index, ChatDelta::default(), logprobs)),
+                            None,
+                            None,
+                        ));
+                    }
+                    chunks
+                }
+                Piece::Finished { reason, .. } => {
+                    vec![chunk(
+                        Some((index, ChatDelta::default(), None)),
+                        Some(reason),
+                        None,
+                    )]
+                }
             }
         },
         usage,

@@ -21,9 +21,10 @@ use super::service::unix_now;
 use crate::auth::Grant;
 use crate::convert::{self, Mode};
 use crate::openai::ApiError;
+use crate::openai::logprobs::CompletionLogprobs;
 use crate::openai::request::CompletionRequest;
 use crate::openai::response::{Completion, CompletionChoice, Usage};
-use crate::pipeline::{Frontend, Generation, Piece, Prepared};
+use crate::pipeline::{Frontend, Generation, Piece, Prepared, Scored};
 
 /// Bodies at least this large are converted (chat template, tokenizer) on the blocking
 /// pool: a long prompt takes milliseconds to tokenize, which must not stall the async
@@ -131,14 +132,17 @@ pub async fn completion(
         match collect_all(dispatched.generations).await {
             Ok((answers, usage)) => {
                 let model = frontend.config.model.clone();
+                let preprocessor = &frontend.preprocessor;
                 let choices = answers
                     .into_iter()
                     .zip(0..)
-                    .map(|((text, reason), index)| CompletionChoice {
+                    .map(|(answer, index)| CompletionChoice {
                         index,
-                        text,
-                        finish_reason: Some(reason),
-                        logprobs: None,
+                        logprobs: mode.logprobs.map(|top| {
+                            CompletionLogprobs::of(preprocessor, &answer.scored, top > 0)
+                        }),
+                        text: answer.text,
+                        finish_reason: Some(answer.reason),
                     })
                     .collect();
                 Json(Completion {
@@ -157,32 +161,46 @@ pub async fn completion(
     with_worker(response, worker)
 }
 
+/// One choice's whole answer.
+pub(super) struct Collected {
+    pub text: String,
+    pub reason: &'static str,
+    /// Its tokens' log probabilities, when the request asked.
+    pub scored: Vec<Scored>,
+    pub usage: Usage,
+}
+
 /// The whole response, for non-streamed requests.
-pub(super) async fn collect(
-    mut generation: Generation,
-) -> Result<(String, &'static str, Usage), ApiError> {
+pub(super) async fn collect(mut generation: Generation) -> Result<Collected, ApiError> {
     let mut text = String::new();
+    let mut all = Vec::new();
     while let Some(piece) = generation.next().await {
         match piece? {
-            Piece::Text(t) => text.push_str(&t),
+            Piece::Text { text: t, scored } => {
+                text.push_str(&t);
+                all.extend(scored);
+            }
             // Collected answers are parsed whole, after.
-            Piece::Parts(_) => {}
-            Piece::Finished { reason, usage, .. } => return Ok((text, reason, usage)),
+            Piece::Parts { .. } => {}
+            Piece::Finished { reason, usage, .. } => {
+                return Ok(Collected {
+                    text,
+                    reason,
+                    scored: all,
+                    usage,
+                });
+            }
         }
     }
     Err(ApiError::internal("The response ended early."))
 }
 
-/// Every choice's whole answer (text, finish reason), in order, and their usage together.
+/// Every choice's whole answer, in order, and their usage together.
 pub(super) async fn collect_all(
     generations: Vec<Generation>,
-) -> Result<(Vec<(String, &'static str)>, Usage), ApiError> {
+) -> Result<(Vec<Collected>, Usage), ApiError> {
     let answers = futures::future::try_join_all(generations.into_iter().map(collect)).await?;
-    let usage = combined(answers.iter().map(|(_, _, usage)| *usage));
-    let answers = answers
-        .into_iter()
-        .map(|(text, reason, _)| (text, reason))
-        .collect();
+    let usage = combined(answers.iter().map(|answer| answer.usage));
     Ok((answers, usage))
 }
 
@@ -369,15 +387,15 @@ fn completion_stream(
     let created = unix_now();
     let model = frontend.config.model.clone();
     let chunk = Arc::new(
-        move |choice: Option<(u32, String)>,
+        move |choice: Option<(u32, String, Option<CompletionLogprobs>)>,
               finish_reason: Option<&'static str>,
               usage: Option<Usage>| {
             let choices = choice
-                .map(|(index, text)| CompletionChoice {
+                .map(|(index, text, logprobs)| CompletionChoice {
                     index,
                     text,
                     finish_reason,
-                    logprobs: None,
+                    logprobs,
                 })
                 .into_iter()
                 .collect();
@@ -399,11 +417,20 @@ fn completion_stream(
         generations,
         Vec::new(),
         move |index, piece| match piece {
-            Piece::Text(text) => vec![chunk(Some((index, text)), None, None)],
+            Piece::Text { text, scored } => {
+                let logprobs = mode
+                    .logprobs
+                    .map(|top| CompletionLogprobs::of(&frontend.preprocessor, &scored, top > 0));
+                vec![chunk(Some((index, text, logprobs)), None, None)]
+            }
             // Only chat answers are parsed into parts.
-            Piece::Parts(_) => Vec::new(),
+            Piece::Parts { .. } => Vec::new(),
             Piece::Finished { reason, .. } => {
-                vec![chunk(Some((index, String::new())), Some(reason), None)]
+                vec![chunk(
+                    Some((index, String::new(), None)),
+                    Some(reason),
+                    None,
+                )]
             }
         },
         usage,

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::logprobs::{ChatLogprobs, CompletionLogprobs};
 use super::tools::{ToolCallDelta, ToolCallOut};
 use crate::tools::output::{Answer, Part};
 
@@ -67,7 +68,8 @@ pub struct ChatChoice {
     pub index: u32,
     pub message: ChatMessageOut,
     pub finish_reason: Option<&'static str>,
-    pub logprobs: Option<()>,
+    /// When the request asked (`logprobs: true`).
+    pub logprobs: Option<ChatLogprobs>,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -117,7 +119,8 @@ pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: ChatDelta,
     pub finish_reason: Option<&'static str>,
-    pub logprobs: Option<()>,
+    /// The log probabilities of the tokens this chunk's text came from, when asked.
+    pub logprobs: Option<ChatLogprobs>,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -136,7 +139,8 @@ pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
     pub finish_reason: Option<&'static str>,
-    pub logprobs: Option<()>,
+    /// When the request asked (`logprobs` a count).
+    pub logprobs: Option<CompletionLogprobs>,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]

@@ -9,6 +9,7 @@ use switchyard_core::protocol::{MediaInput, Prompt, SamplingParams};
 use switchyard_core::{RequestId, Token, WorkerKey};
 use switchyard_router::RoutingOverrides;
 use switchyard_router::flow::{Event, GiveUp, RequestLife, Step, TryFailure};
+use switchyard_runtime::discovery::Needs;
 use switchyard_runtime::{ResponseStream, WorkerInstance};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -341,12 +342,18 @@ impl RequestRun {
             changed.as_mut().enable();
             let until = loop {
                 let decided = std::time::Instant::now();
-                // A constrained request goes only to workers that enforce its constraint.
-                let unable = self.sampling.constraint.as_ref().map(|constraint| {
-                    let vocabulary = frontend.preprocessor.vocabulary();
-                    let unable = frontend.routing.unable(constraint.kind(), vocabulary);
+                // A constrained request goes only to workers that enforce its constraint,
+                // one asking for log probabilities only to workers that report them.
+                let needs =
+                    Needs {
+                        constraint: self.sampling.constraint.as_ref().map(|constraint| {
+                            (constraint.kind(), frontend.preprocessor.vocabulary())
+                        }),
+                        logprobs: self.sampling.logprobs.is_some(),
+                    };
+                let unable = (!needs.is_none()).then(|| {
                     let mut exclude = self.life.exclusions().to_vec();
-                    exclude.extend(unable.unwrap_or_default());
+                    exclude.extend(frontend.routing.unable(&needs).unwrap_or_default());
                     exclude
                 });
                 let exclude = unable.as_deref().unwrap_or(self.life.exclusions());

@@ -21,6 +21,7 @@ pub mod canary;
 mod dispatch;
 pub mod encode;
 pub use encode::WARNING_HEADER;
+mod scored;
 mod stream;
 mod tries;
 
@@ -29,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use switchyard_core::protocol::{Prompt, SamplingParams};
+use switchyard_core::protocol::{Prompt, SamplingParams, TokenLogprobs};
 use switchyard_core::{Priority, RequestId, Token, WorkerKey};
 use switchyard_router::flow::{self, GiveUp, Shell};
 use switchyard_router::routing::health::Failure;
@@ -167,13 +168,27 @@ impl Prepared {
     }
 }
 
+/// A generated token's log probabilities, as a response reports them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    pub token: Token,
+    /// Where its text starts in the answer, in characters.
+    pub offset: u32,
+    pub logprobs: TokenLogprobs,
+}
+
 /// A piece of a response.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
-    Text(String),
+    /// Answer text, with the log probabilities of the tokens whose text it completes (when
+    /// the request asked; they may come with no text, such as an end-of-sequence token's).
+    Text { text: String, scored: Vec<Scored> },
     /// A chat answer's text, parsed (reasoning, content, tool calls): the pipeline sends
     /// `Text`, the chat endpoint's parsers turn it into this ([`crate::tools::output`]).
-    Parts(Vec<crate::tools::output::Part>),
+    Parts {
+        parts: Vec<crate::tools::output::Part>,
+        scored: Vec<Scored>,
+    },
     Finished {
         reason: &'static str,
         usage: Usage,

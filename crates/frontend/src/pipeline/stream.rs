@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput};
+use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput, TokenLogprobs};
 use switchyard_core::{Token, WorkerId, WorkerKey};
 use switchyard_router::routing::health::Failure;
 use tokio::time::{Instant, Sleep};
@@ -18,6 +18,7 @@ use tokio::time::{Instant, Sleep};
 use switchyard_router::flow::{Event, Leave, Step, stall};
 
 use super::dispatch::{Attempt, RequestRun};
+use super::scored::Pending;
 use super::{Piece, PipelineShell};
 use crate::openai::ApiError;
 use crate::openai::response::Usage;
@@ -65,6 +66,8 @@ pub(super) struct Streaming {
     handoff: bool,
     /// The worker of the latest attempt.
     last_worker: Option<WorkerKey>,
+    /// Log probabilities whose token's text has not all gone out yet.
+    scored: Pending,
 }
 
 impl Streaming {
@@ -94,6 +97,7 @@ impl Streaming {
             ended: false,
             handoff: false,
             last_worker: None,
+            scored: Pending::default(),
         };
         streaming.start(attempt);
         streaming
@@ -148,8 +152,8 @@ impl Streaming {
                 Woken::Item(Some(Ok(GenerateOutput::Tokens {
                     token_ids,
                     cached_tokens,
-                    ..
-                }))) => self.on_tokens(&token_ids, cached_tokens, None),
+                    logprobs,
+                }))) => self.on_tokens(&token_ids, cached_tokens, None, &logprobs),
                 // An engine that streams text (an OpenAI-compatible upstream): its tokens
                 // are counted (and kept, for a move to another worker) by tokenizing it.
                 Woken::Item(Some(Ok(GenerateOutput::Text {
@@ -157,7 +161,7 @@ impl Streaming {
                     cached_tokens,
                     ..
                 }))) => match self.run.frontend.preprocessor.encode(&text) {
-                    Ok(token_ids) => self.on_tokens(&token_ids, cached_tokens, Some(&text)),
+                    Ok(token_ids) => self.on_tokens(&token_ids, cached_tokens, Some(&text), &[]),
                     Err(e) => self.fail(ApiError::internal(format!(
                         "Cannot tokenize the worker's output: {e}"
                     ))),
@@ -343,6 +347,14 @@ impl Streaming {
         if !self.ended {
             let rest = self.stop.flush();
             self.push_text(rest);
+            // What is left decoded to nothing (an end-of-sequence token).
+            let scored = self.scored.rest();
+            if !scored.is_empty() {
+                self.out.push_back(Ok(Piece::Text {
+                    text: String::new(),
+                    scored,
+                }));
+            }
             self.finish(if reason == FinishReason::Length {
                 "length"
             } else {
@@ -407,8 +419,14 @@ impl Streaming {
     }
 
     /// New output: its tokens, and its text when the engine sent text (else it is decoded
-    /// from the tokens).
-    fn on_tokens(&mut self, tokens: &[Token], cached: Option<u32>, text: Option<&str>) {
+    /// from the tokens), and their log probabilities when the engine sent them.
+    fn on_tokens(
+        &mut self,
+        tokens: &[Token],
+        cached: Option<u32>,
+        text: Option<&str>,
+        logprobs: &[TokenLogprobs],
+    ) {
         let frontend = std::sync::Arc::clone(&self.run.frontend);
         let metrics = &frontend.metrics;
         let now = Instant::now();
@@ -464,9 +482,18 @@ impl Streaming {
             return self.emit(text);
         }
         let mut text = String::new();
-        for &token in tokens {
+        let mut before = 0;
+        for (i, &token) in tokens.iter().enumerate() {
             match self.decoder.push(token) {
-                Ok(piece) => text.push_str(&piece),
+                Ok(piece) => {
+                    match logprobs.get(i) {
+                        Some(logprobs) => {
+                            before += self.scored.token(token, before, &piece, logprobs.clone())
+                        }
+                        None => before += piece.chars().count(),
+                    }
+                    text.push_str(&piece);
+                }
                 Err(e) => {
                     return self.fail(ApiError::internal(format!("Cannot decode the output: {e}")));
                 }
@@ -491,8 +518,10 @@ impl Streaming {
         }
     }
 
-    /// Passes text through the stop strings; a stop ends the response.
+    /// Passes text through the stop strings; a stop ends the response (the log
+    /// probabilities of the tokens it cut are dropped with them).
     fn emit(&mut self, text: &str) {
+        self.scored.decoded(text);
         match self.stop.push(text) {
             StopCheck::Emit(out) => self.push_text(out),
             StopCheck::Stopped(out) => {
@@ -505,9 +534,11 @@ impl Streaming {
         }
     }
 
+    /// Sends text on, with the log probabilities of the tokens whose text it completes.
     fn push_text(&mut self, text: String) {
-        if !text.is_empty() {
-            self.out.push_back(Ok(Piece::Text(text)));
+        let scored = self.scored.emitted(&text);
+        if !text.is_empty() || !scored.is_empty() {
+            self.out.push_back(Ok(Piece::Text { text, scored }));
         }
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use switchyard_core::protocol::{
     EngineError, FinishReason, GenerateOutput, GenerateRequest, KvHandle, Phase, Prompt, Resume,
+    TokenLogprobs,
 };
 use switchyard_core::{Token, WorkerKey};
 use switchyard_router::flow::{self, Event, Step, TryFailure};
@@ -17,6 +18,10 @@ use super::PipelineShell;
 use super::dispatch::{Attempt, RequestRun};
 use crate::openai::ApiError;
 use crate::routing::Routed;
+
+/// A prefill's answer: the first token, where its KV is, the prompt tokens it found
+/// cached, the first token's log probabilities (when asked).
+type Prefilled = (Token, KvHandle, u32, Option<TokenLogprobs>);
 
 /// What one try came to.
 pub(super) enum Tried {
@@ -44,7 +49,7 @@ impl RequestRun {
         let done = self
             .remote_prefill(&prefill_instance, prefill, &prompt, generated)
             .await;
-        let (first_token, mut kv, cached_tokens) = match done {
+        let (first_token, mut kv, cached_tokens, logprobs) = match done {
             Ok(done) => done,
             Err(failure) => {
                 // The prefill worker failed it: that worker is left out, and the pair is
@@ -70,7 +75,7 @@ impl RequestRun {
             &routed.instance,
             worker,
             prompt,
-            (first_token, kv, cached_tokens),
+            (first_token, kv, cached_tokens, logprobs),
             ends,
         );
         Ok(Tried::UnderWay(Box::new(Attempt {
@@ -201,7 +206,7 @@ impl RequestRun {
         worker: WorkerKey,
         prompt: &Prompt,
         generated: u32,
-    ) -> Result<(Token, KvHandle, u32), TryFailure> {
+    ) -> Result<Prefilled, TryFailure> {
         let frontend = &self.frontend;
         let request = GenerateRequest {
             id: self.id,
@@ -231,7 +236,8 @@ impl RequestRun {
                     first_token,
                     kv,
                     cached_tokens,
-                })) => Ok((first_token, kv, cached_tokens)),
+                    logprobs,
+                })) => Ok((first_token, kv, cached_tokens, logprobs)),
                 Some(Ok(other)) => Err(EngineError::Internal(format!(
                     "the prefill worker answered with {other:?}"
                 ))),
@@ -263,7 +269,7 @@ impl RequestRun {
         instance: &WorkerInstance,
         worker: WorkerKey,
         mut prompt: Prompt,
-        (first_token, kv, cached_tokens): (Token, KvHandle, u32),
+        (first_token, kv, cached_tokens, logprobs): Prefilled,
         ends: Option<FinishReason>,
     ) -> ResponseStream {
         let generated = self.generated.len() as u32;
@@ -271,7 +277,7 @@ impl RequestRun {
         let first = GenerateOutput::Tokens {
             token_ids: vec![first_token],
             cached_tokens: Some(cached_tokens),
-            logprobs: Vec::new(),
+            logprobs: logprobs.into_iter().collect(),
         };
         if let Some(reason) = ends {
             let finished = GenerateOutput::Finished {

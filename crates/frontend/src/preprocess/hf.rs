@@ -36,6 +36,9 @@ pub(crate) struct HfTokenizer {
     /// The fewest input bytes per token, as a divisor, when it is known (see
     /// [`super::bytes_bound`]).
     bytes_per_token: Option<u64>,
+    /// What each token spells, by id (special ones marked as `switchyard_grammar` marks
+    /// them); empty when `llguidance` cannot read the file.
+    token_bytes: Vec<Vec<u8>>,
 }
 
 impl fmt::Debug for HfTokenizer {
@@ -72,10 +75,15 @@ impl HfTokenizer {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
-        let bytes_per_token = serde_json::from_str(json).ok().and_then(|json| {
-            let longest = super::bytes_bound::longest_token(&json, &tokenizer);
-            super::bytes_bound::bytes_per_token(&json, longest)
+        let parsed: Option<serde_json::Value> = serde_json::from_str(json).ok();
+        let bytes_per_token = parsed.as_ref().and_then(|json| {
+            let longest = super::bytes_bound::longest_token(json, &tokenizer);
+            super::bytes_bound::bytes_per_token(json, longest)
         });
+        let token_bytes = parsed
+            .as_ref()
+            .and_then(|json| switchyard_grammar::vocab::token_bytes_of(json).ok())
+            .unwrap_or_default();
         let ids: Vec<u32> = tokenizer.get_vocab(true).into_values().collect();
         let Some(max_id) = ids.iter().copied().max() else {
             return Err(PreprocessError::Tokenizer {
@@ -104,6 +112,7 @@ impl HfTokenizer {
             known_ids,
             plain_prompt_policy: SpecialTokenPolicy::PostProcessor,
             bytes_per_token,
+            token_bytes,
         })
     }
 
@@ -126,6 +135,16 @@ impl HfTokenizer {
 
     pub(crate) fn token_to_id(&self, token: &str) -> Option<u32> {
         self.tokenizer.token_to_id(token)
+    }
+
+    /// What token `id` spells, as bytes (a special token's text as it is written); `None`
+    /// outside the vocabulary or when the file's tokens could not be read.
+    pub(crate) fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        let bytes = self.token_bytes.get(id as usize)?;
+        Some(match bytes.split_first() {
+            Some((&switchyard_grammar::vocab::SPECIAL_MARK, text)) => text,
+            _ => bytes,
+        })
     }
 
     pub(crate) fn is_special(&self, id: u32) -> bool {

@@ -175,6 +175,22 @@ impl Preprocessor {
         }
     }
 
+    /// What token `id` spells, as bytes (a byte-level BPE's `Ġhello` is ` hello`; a special
+    /// token's text as written); `None` outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        match &self.tokenizer {
+            Tokenizer::Builtin(tokenizer) => match tokenizer.piece(id).ok()? {
+                builtin::BuiltinPiece::Byte(byte) => Some(vec![byte]),
+                builtin::BuiltinPiece::Special => Some(Vec::new()),
+                builtin::BuiltinPiece::Word(word) => Some(format!(" {word}").into_bytes()),
+            },
+            Tokenizer::Hf(tokenizer) => tokenizer
+                .token_bytes(id)
+                .map(<[u8]>::to_vec)
+                .or_else(|| tokenizer.piece(id).map(String::into_bytes)),
+        }
+    }
+
     /// Whether the chat template reads a `tools` variable.
     pub fn template_handles_tools(&self) -> bool {
         self.template.handles_tools()

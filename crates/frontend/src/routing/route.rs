@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
-use switchyard_core::protocol::{ConstraintKind, Prompt};
+use switchyard_core::protocol::Prompt;
 use switchyard_core::{RequestId, WorkerId, blocks_for};
 use switchyard_router::{LocalReason, RouteDecision, RouteError, RouteQuery, RoutingOverrides};
 use switchyard_runtime::WorkerInstance;
+use switchyard_runtime::discovery::Needs;
 
 use super::RoutingService;
 
@@ -51,14 +52,13 @@ impl RoutingService {
         core.sooner_holder(RequestId(0), &blocks, &prompt.media, &overlaps, encode, now)
     }
 
-    /// The workers that cannot enforce a constraint of `kind` over the frontend's
-    /// `vocabulary` (to leave out when routing such a request); none when there are
-    /// workers and none of them can.
-    pub fn unable(&self, kind: ConstraintKind, vocabulary: Option<&str>) -> Option<Vec<WorkerId>> {
+    /// The workers that cannot meet what a request `needs` (to leave out when routing it);
+    /// none when there are workers and none of them can.
+    pub fn unable(&self, needs: &Needs<'_>) -> Option<Vec<WorkerId>> {
         let instances = self.instances.read();
         let (able, unable): (Vec<_>, Vec<_>) = instances
             .values()
-            .partition(|instance| instance.enforces(kind, vocabulary));
+            .partition(|instance| instance.serves(needs));
         (!able.is_empty() || unable.is_empty())
             .then(|| unable.iter().map(|i| i.worker_id).collect())
     }

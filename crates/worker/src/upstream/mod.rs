@@ -190,6 +190,8 @@ impl Engine for OpenAiUpstream {
             // It enforces them over text, whatever the frontend's vocabulary.
             constraints: self.config.constraints.kinds(),
             vocabularies: Vec::new(),
+            // Not yet passed through from the upstream's answers.
+            logprobs: false,
         }
     }
 
