@@ -80,6 +80,9 @@ pub struct MockRequest {
     /// request: the draws keep to it, and its end ends the request (see
     /// [`crate::tokens::token_guided`]).
     pub guide: Option<Box<Guide>>,
+    /// Report each output token's log probability and this many alternatives' (see
+    /// [`crate::logprobs`]).
+    pub logprobs: Option<u32>,
 }
 
 impl MockRequest {
@@ -98,6 +101,7 @@ impl MockRequest {
             media_gate: None,
             media: None,
             guide: None,
+            logprobs: None,
         }
     }
 }
@@ -318,6 +322,7 @@ impl MockEngine {
             sent_ahead: request.media_gate.is_some(),
             behind: None,
             guide: request.guide,
+            logprobs: request.logprobs,
         });
         self.arrivals += 1;
         if request.media_gate.is_none() && request.media.is_some() {

@@ -13,6 +13,7 @@
 pub mod blocks;
 pub mod config;
 pub mod engine;
+pub mod logprobs;
 pub mod perf;
 mod sequence;
 pub mod tokens;

@@ -56,6 +56,8 @@ pub struct Sequence {
     pub behind: Option<u64>,
     /// Its constraint, where it stands in it.
     pub guide: Option<Box<switchyard_grammar::Guide>>,
+    /// Report each token's log probability and this many alternatives'.
+    pub logprobs: Option<u32>,
 }
 
 impl Sequence {

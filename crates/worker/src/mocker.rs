@@ -75,7 +75,8 @@ impl Engine for Mocker {
                 .map(|&name| name.to_owned())
                 .chain(self.grammars.iter().map(|g| g.vocabulary().to_owned()))
                 .collect(),
-            logprobs: false,
+            // Its exact distribution (`switchyard_mocker::logprobs`).
+            logprobs: true,
         }
     }
 
@@ -203,6 +204,7 @@ impl StepEngine for SteppedMocker {
                 .then(|| switchyard_core::MediaSpan::extent(&request.prompt.media))
                 .flatten(),
             guide,
+            logprobs: request.sampling.logprobs,
         };
         self.stalled = false;
         self.engine.add_request(mock).map_err(engine_error)

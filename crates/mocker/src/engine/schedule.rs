@@ -9,6 +9,7 @@ use switchyard_core::{KvEvent, StorageTier};
 use super::alloc::{allocate, release};
 use super::{MockEngine, StepOutput};
 use crate::config::PreemptionMode;
+use crate::logprobs::logprobs;
 use crate::perf::StepShape;
 use crate::tokens::{token_guided, token_under};
 
@@ -234,6 +235,12 @@ impl MockEngine {
             }
             let seq = &mut self.running[i];
             let position = seq.num_tokens();
+            // What the constraint allows here, for the log probabilities (before the draw
+            // takes a token).
+            let allowed = match (seq.logprobs, seq.guide.as_deref_mut()) {
+                (Some(_), Some(guide)) => guide.allowed().ok(),
+                _ => None,
+            };
             let drawn = match seq.guide.as_deref_mut() {
                 None => Ok(token_under(
                     self.seed,
@@ -264,6 +271,10 @@ impl MockEngine {
                 (Ok(token), _) => (token, None),
                 (Err(eos), _) => (eos, Some(FinishReason::Length)),
             };
+            let logprobs = seq.logprobs.map(|n| {
+                let allowed = allowed.as_deref();
+                Box::new(logprobs(&seq.rules, &seq.counts, allowed, token, n))
+            });
             if seq.rules.reshapes() {
                 *seq.counts.entry(token).or_insert(0) += 1;
             }
@@ -282,7 +293,7 @@ impl MockEngine {
                 index: seq.output_offset + seq.generated,
                 cached_tokens: seq.cached_tokens.unwrap_or(0),
                 finish,
-                logprobs: None,
+                logprobs,
             });
             seq.generated += 1;
             self.stats.output_tokens += 1;

@@ -171,8 +171,9 @@ impl Fleet<'_> {
             imported_tokens: 0,
             media_gate: self.media_gate(index),
             media: MediaSpan::extent(&self.workload.requests[index as usize].media),
-            // Traces carry no constraints.
+            // Traces carry no constraints and ask for no log probabilities.
             guide: None,
+            logprobs: None,
         }
     }
 
