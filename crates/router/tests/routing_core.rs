@@ -8,6 +8,7 @@ use switchyard_core::{
     HashSeed, KvEvent, KvEventData, Priority, RequestId, StorageTier, StoredBlock, TokenBlocks,
     WorkerId, WorkerKey, WorkerRole,
 };
+use switchyard_router::routing::health::CanaryAnswer;
 use switchyard_router::{
     Admission, AdmissionConfig, CacheViewMode, HealthState, Indexer, IndexerConfig, JoinRefused,
     OverlapScores, PolicyKind, Rejection, RouteQuery, RouterConfig, RoutingConfig, RoutingCore,
@@ -326,15 +327,31 @@ fn failures_take_a_worker_out_of_rotation_and_a_canary_brings_it_back() {
     let mut due = core.due_canaries(4 * s);
     due.sort();
     assert_eq!(due, vec![WorkerId(1)], "an open breaker gets no canary");
-    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), 4 * s);
+    core.canary_finished(
+        WorkerId(1),
+        Ok(CanaryAnswer::new(vec![7, 8], s / 100)),
+        4 * s,
+    );
     assert!(core.due_canaries(10 * s).is_empty());
     // Worker 1, idle for 10 s, gets one; worker 2 still waits for its breaker.
     assert_eq!(core.due_canaries(14 * s), vec![WorkerId(1)]);
-    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), 14 * s);
+    core.canary_finished(
+        WorkerId(1),
+        Ok(CanaryAnswer::new(vec![7, 8], s / 100)),
+        14 * s,
+    );
     assert_eq!(core.due_canaries(80 * s), vec![WorkerId(1), WorkerId(2)]);
-    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), 80 * s);
+    core.canary_finished(
+        WorkerId(1),
+        Ok(CanaryAnswer::new(vec![7, 8], s / 100)),
+        80 * s,
+    );
     // Worker 2's probe answers what the fleet answers: it is healthy and routed to again.
-    let back = core.canary_finished(WorkerId(2), Ok((vec![7, 8], s / 100)), 80 * s);
+    let back = core.canary_finished(
+        WorkerId(2),
+        Ok(CanaryAnswer::new(vec![7, 8], s / 100)),
+        80 * s,
+    );
     assert_eq!(back.map(|c| c.to), Some(HealthState::Healthy));
     let picked: Vec<_> = (2000..2004)
         .map(|id| route(&mut core, id, &prompt, &none, &[]))
@@ -440,9 +457,9 @@ fn a_worker_answering_canaries_unlike_the_fleet_is_taken_out_at_once() {
     }
     let s = Duration::from_secs(1);
     assert_eq!(core.due_canaries(s).len(), 3);
-    core.canary_finished(WorkerId(1), Ok((vec![7, 8], s / 100)), s);
-    core.canary_finished(WorkerId(2), Ok((vec![7, 8], s / 100)), s);
-    let odd = core.canary_finished(WorkerId(3), Ok((vec![7, 9], s / 100)), s);
+    core.canary_finished(WorkerId(1), Ok(CanaryAnswer::new(vec![7, 8], s / 100)), s);
+    core.canary_finished(WorkerId(2), Ok(CanaryAnswer::new(vec![7, 8], s / 100)), s);
+    let odd = core.canary_finished(WorkerId(3), Ok(CanaryAnswer::new(vec![7, 9], s / 100)), s);
     assert_eq!(odd.map(|c| c.to), Some(HealthState::Unhealthy));
     assert_eq!(core.routable_workers(), 2);
 }

@@ -280,8 +280,9 @@ async fn dispatched(d: &Deployment, worker: WorkerId) -> f64 {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_answering_wrong_tokens_is_caught_by_the_canary() {
+/// Three mocker workers with canaries every second, each having answered its first
+/// (recorded as its expected answer).
+async fn checked_every_second() -> Deployment {
     let d = start(&[
         ("WORKERS__COUNT", "3"),
         ("WORKERS__MOCKER__SPEEDUP_RATIO", "10"),
@@ -289,7 +290,6 @@ async fn a_worker_answering_wrong_tokens_is_caught_by_the_canary() {
         ("FRONTEND__HEALTH__CANARY_IDLE", "1s"),
     ])
     .await;
-    // Every worker answers a first canary (recorded as its expected answer).
     let start = Instant::now();
     loop {
         let text = scrape(&url(&d, "/metrics")).await;
@@ -299,12 +299,18 @@ async fn a_worker_answering_wrong_tokens_is_caught_by_the_canary() {
         assert!(start.elapsed() < Duration::from_secs(10), "{text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let corrupt = WorkerId(2);
-    inject(&d, corrupt, Fault::Corrupt);
-    let found = until_status(&d, corrupt, "unhealthy", Duration::from_secs(5)).await;
+    d
+}
+
+/// `fault` on worker 2 is caught by its next canary as wrong output: it is out of
+/// rotation, the others stay in.
+async fn assert_caught_by_the_canary(d: &Deployment, fault: Fault) {
+    let bad = WorkerId(2);
+    inject(d, bad, fault);
+    let found = until_status(d, bad, "unhealthy", Duration::from_secs(5)).await;
     // Within one check interval (plus the check itself).
-    assert!(found <= Duration::from_millis(1500), "{found:?}");
-    let text = scrape(&url(&d, "/metrics")).await;
+    assert!(found <= Duration::from_millis(1500), "{fault}: {found:?}");
+    let text = scrape(&url(d, "/metrics")).await;
     assert!(
         metric_value(
             &text,
@@ -313,9 +319,38 @@ async fn a_worker_answering_wrong_tokens_is_caught_by_the_canary() {
         ) >= 1.0
     );
     for other in [WorkerId(1), WorkerId(3)] {
-        assert_eq!(status_of(&d, other).await, "healthy");
+        assert_eq!(status_of(d, other).await, "healthy");
     }
-    // It is not trusted again while corrupt: its half-open probes fail too.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_answering_wrong_tokens_is_caught_by_the_canary() {
+    let d = checked_every_second().await;
+    assert_caught_by_the_canary(&d, Fault::Corrupt).await;
+    d.shutdown(SHUTDOWN_GRACE).await.unwrap();
+}
+
+/// Logits perturbed without changing a greedy token: only the canaries' log probabilities
+/// show it. A drift within `health.canary_logprob_tolerance` (0.5) is not corruption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_logits_drift_is_caught_by_the_canary() {
+    let d = checked_every_second().await;
+    inject(&d, WorkerId(2), Fault::Drift { by: 0.3 });
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(status_of(&d, WorkerId(2)).await, "healthy");
+    assert_caught_by_the_canary(&d, Fault::Drift { by: 1.0 }).await;
+    // Out of rotation: new requests go to the others.
+    let before = dispatched(&d, WorkerId(2)).await;
+    for i in 0..6 {
+        let (status, _, body) = post(
+            &d,
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": prompt(i), "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(dispatched(&d, WorkerId(2)).await, before);
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 

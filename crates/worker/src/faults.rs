@@ -8,6 +8,9 @@
 //!   everything held goes out, like a process stopped with SIGSTOP and continued.
 //! - `slow:K`: the engine's steps take K times longer (engines on the step driver).
 //! - `corrupt`: wrong tokens, silently (each token id off by one).
+//! - `drift:D`: the right tokens, but every log probability reported D lower (D > 0), as
+//!   from logits perturbed without changing their order: corruption only log probabilities
+//!   show.
 //! - `refuse`: new requests are refused as if the port were closed.
 //! - `truncate`: every stream ends right after its last token, without the record that
 //!   says it finished, as when a worker dies between the two (the answer is whole).
@@ -25,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use parking_lot::Mutex;
-use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest};
+use switchyard_core::protocol::{EngineError, GenerateOutput, GenerateRequest, TokenLogprobs};
 use switchyard_runtime::{EngineService, ResponseStream};
 use thiserror::Error;
 use tokio::sync::Notify;
@@ -42,6 +45,7 @@ pub enum Fault {
     Corrupt,
     Refuse,
     Truncate,
+    Drift { by: f64 },
 }
 
 impl Fault {
@@ -53,6 +57,7 @@ impl Fault {
             Fault::Corrupt => CORRUPT,
             Fault::Refuse => REFUSING,
             Fault::Truncate => TRUNCATING,
+            Fault::Drift { .. } => DRIFTING,
         }
     }
 }
@@ -66,6 +71,7 @@ impl fmt::Display for Fault {
             Fault::Corrupt => f.write_str("corrupt"),
             Fault::Refuse => f.write_str("refuse"),
             Fault::Truncate => f.write_str("truncate"),
+            Fault::Drift { by } => write!(f, "drift:{by}"),
         }
     }
 }
@@ -122,7 +128,7 @@ pub struct FaultSettings {
 
 #[derive(Debug, Error, PartialEq)]
 #[error(
-    "invalid fault `{spec}`: {reason} (expected KIND[:ARG][@AT][+FOR] with KIND one of crash, hang, slow:FACTOR, corrupt, refuse, truncate; e.g. hang@10s+5s)"
+    "invalid fault `{spec}`: {reason} (expected KIND[:ARG][@AT][+FOR] with KIND one of crash, hang, slow:FACTOR, corrupt, drift:D, refuse, truncate; e.g. hang@10s+5s)"
 )]
 pub struct InvalidFault {
     spec: String,
@@ -168,6 +174,17 @@ impl FromStr for FaultSpec {
                 }
             },
             ("slow", None) => return Err(invalid("slow needs a factor, as in slow:4".into())),
+            ("drift", Some(by)) => match by.parse::<f64>() {
+                Ok(by) if by > 0.0 && by.is_finite() => Fault::Drift { by },
+                _ => {
+                    return Err(invalid(format!(
+                        "the drift `{by}` must be a positive number of nats"
+                    )));
+                }
+            },
+            ("drift", None) => {
+                return Err(invalid("drift needs an amount, as in drift:0.5".into()));
+            }
             (other, Some(_))
                 if ["crash", "hang", "corrupt", "refuse", "truncate"].contains(&other) =>
             {
@@ -188,6 +205,7 @@ const SLOW: u8 = 4;
 const CORRUPT: u8 = 8;
 const REFUSING: u8 = 16;
 const TRUNCATING: u8 = 32;
+const DRIFTING: u8 = 64;
 
 /// How a crash plays out.
 #[derive(Debug, Clone)]
@@ -211,11 +229,13 @@ struct Inner {
     flags: AtomicU8,
     /// The engine's pace: a factor on its step times (f64 bits).
     pace: Pace,
+    /// How much lower log probabilities are reported under `drift` (f64 bits).
+    drift: AtomicU64,
     /// Woken when a fault ends (hung streams go on) or the worker crashes.
     changed: Notify,
     crash: Mutex<CrashMode>,
     /// Each injection's generation: a timed fault ends only if nothing replaced it.
-    generation: Mutex<[u64; 6]>,
+    generation: Mutex<[u64; 7]>,
 }
 
 /// A factor on an engine's step times, shared with whoever slows it down.
@@ -247,6 +267,8 @@ pub struct ActiveFaults {
     pub corrupt: bool,
     pub refusing: bool,
     pub truncating: bool,
+    /// How much lower log probabilities are reported (0: not drifting).
+    pub drift: f64,
 }
 
 fn slot(fault: Fault) -> usize {
@@ -261,9 +283,10 @@ impl Faults {
             inner: Arc::new(Inner {
                 flags: AtomicU8::new(0),
                 pace,
+                drift: AtomicU64::new(0f64.to_bits()),
                 changed: Notify::new(),
                 crash: Mutex::new(crash),
-                generation: Mutex::new([0; 6]),
+                generation: Mutex::new([0; 7]),
             }),
         }
     }
@@ -286,6 +309,11 @@ impl Faults {
             corrupt: flags & CORRUPT != 0,
             refusing: flags & REFUSING != 0,
             truncating: flags & TRUNCATING != 0,
+            drift: if flags & DRIFTING != 0 {
+                self.drift()
+            } else {
+                0.0
+            },
         }
     }
 
@@ -299,6 +327,9 @@ impl Faults {
         };
         if let Fault::Slow { factor } = fault {
             self.inner.pace.set(factor);
+        }
+        if let Fault::Drift { by } = fault {
+            self.inner.drift.store(by.to_bits(), Ordering::Relaxed);
         }
         self.inner.flags.fetch_or(fault.flag(), Ordering::AcqRel);
         if fault == Fault::Crash {
@@ -342,6 +373,7 @@ impl Faults {
             Fault::Corrupt,
             Fault::Refuse,
             Fault::Truncate,
+            Fault::Drift { by: 0.0 },
         ] {
             self.end(fault);
         }
@@ -378,6 +410,10 @@ impl Faults {
                 }
             });
         }
+    }
+
+    fn drift(&self) -> f64 {
+        f64::from_bits(self.inner.drift.load(Ordering::Relaxed))
     }
 
     /// Waits while the worker hangs; false if it crashed meanwhile.
@@ -418,6 +454,23 @@ fn corrupt(output: &mut GenerateOutput) {
         for t in token_ids {
             *t = if *t > 0 { *t - 1 } else { *t + 1 };
         }
+    }
+}
+
+/// Every log probability reported `by` lower.
+fn drift(output: &mut GenerateOutput, by: f64) {
+    let shift = |l: &mut TokenLogprobs| {
+        l.logprob -= by as f32;
+        for (_, logprob) in &mut l.top {
+            *logprob -= by as f32;
+        }
+    };
+    match output {
+        GenerateOutput::Tokens { logprobs, .. } => logprobs.iter_mut().for_each(shift),
+        GenerateOutput::PrefillDone {
+            logprobs: Some(l), ..
+        } => shift(l),
+        _ => {}
     }
 }
 
@@ -476,6 +529,11 @@ impl EngineService for FaultyService {
                     && let Ok(output) = &mut item
                 {
                     corrupt(output);
+                }
+                if faults.flags() & DRIFTING != 0
+                    && let Ok(output) = &mut item
+                {
+                    drift(output, faults.drift());
                 }
                 if faults.flags() & TRUNCATING != 0
                     && matches!(item, Ok(GenerateOutput::Finished { .. }))
@@ -645,6 +703,7 @@ mod tests {
             "crash@1s",
             "refuse",
             "truncate@2s",
+            "drift:0.5+10s",
         ] {
             assert_eq!(s(text).unwrap().to_string(), text);
         }
@@ -655,6 +714,8 @@ mod tests {
             ("hang:3", "takes no argument"),
             ("hang@soon", "not a duration"),
             ("crash+5s", "takes no +FOR"),
+            ("drift", "needs an amount"),
+            ("drift:-1", "positive number"),
         ] {
             let e = s(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");

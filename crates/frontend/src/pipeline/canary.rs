@@ -1,7 +1,8 @@
 //! Canary checks: a short fixed prompt sent straight to each worker, greedy, with a fixed
 //! seed and a few tokens, when the routing core says one is due (on a timer, sooner for an
-//! idle worker, and to probe a half-open breaker). The answer and its latency go back to
-//! the core, which judges them (see `switchyard_router::routing::health`).
+//! idle worker, and to probe a half-open breaker). The answer, its log probabilities (from
+//! a worker that reports them) and its latency go back to the core, which judges them (see
+//! `switchyard_router::routing::health`).
 //!
 //! Canaries bypass routing and admission: they must reach the worker they check, whatever
 //! its load or state, and they are too small to matter to either.
@@ -10,11 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_core::Token;
 use switchyard_core::protocol::{
     EngineError, FinishReason, GenerateOutput, GenerateRequest, SamplingParams,
 };
-use switchyard_router::routing::health::Failure;
+use switchyard_router::routing::health::{CanaryAnswer, Failure};
 use switchyard_runtime::WorkerInstance;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,8 +29,9 @@ const CANARY_SEED: u64 = 0x6361_6e61_7279;
 
 /// What a canary came back with, before it is judged.
 enum Answer {
-    /// Its tokens and how long they took.
-    Tokens(Vec<Token>, Duration),
+    /// Its tokens (with their log probabilities, from a worker that reports them) and how
+    /// long they took.
+    Tokens(CanaryAnswer),
     Failed(Failure),
     /// Nothing to judge: the worker is draining, overloaded (back-pressure is not a
     /// failure), or refused the canary itself.
@@ -64,18 +65,13 @@ async fn check(frontend: &Frontend, instance: WorkerInstance) {
     let worker = instance.worker_id;
     let answer = ask(frontend, &instance).await;
     let outcome = match answer {
-        Answer::Tokens(tokens, latency) => {
-            match frontend
-                .routing
-                .canary_finished(worker, Ok((tokens, latency)))
-            {
-                Some(failure) => {
-                    frontend.metrics.count_failure(worker, failure.name());
-                    failure.name()
-                }
-                None => "passed",
+        Answer::Tokens(answer) => match frontend.routing.canary_finished(worker, Ok(answer)) {
+            Some(failure) => {
+                frontend.metrics.count_failure(worker, failure.name());
+                failure.name()
             }
-        }
+            None => "passed",
+        },
         Answer::Failed(failure) => {
             frontend.metrics.count_failure(worker, failure.name());
             frontend.routing.canary_finished(worker, Err(failure));
@@ -101,6 +97,9 @@ async fn ask(frontend: &Frontend, instance: &WorkerInstance) -> Answer {
             temperature: Some(0.0),
             seed: Some(CANARY_SEED),
             stop_token_ids: frontend.preprocessor.eos_token_ids().to_vec(),
+            // The generated tokens' own: logits that drift show there before they change
+            // a greedy token.
+            logprobs: instance.logprobs.then_some(0),
             ..SamplingParams::default()
         },
         ..GenerateRequest::text(frontend.side_id(), prompt, health.canary_max_tokens)
@@ -112,18 +111,26 @@ async fn ask(frontend: &Frontend, instance: &WorkerInstance) -> Answer {
             Err(e) => return judge_error(&e),
         };
         let mut tokens = Vec::new();
+        let mut logprobs = Vec::new();
         let progress = frontend.routing.progress(instance.worker_id);
         while let Some(item) = stream.next().await {
             match item {
-                Ok(GenerateOutput::Tokens { token_ids, .. }) => {
+                Ok(GenerateOutput::Tokens {
+                    token_ids,
+                    logprobs: reported,
+                    ..
+                }) => {
                     progress.mark(Instant::now());
                     tokens.extend(token_ids);
+                    logprobs.extend(reported.iter().map(|l| l.logprob));
                 }
                 Ok(GenerateOutput::Finished { reason, .. }) => {
                     return match reason {
-                        FinishReason::Length | FinishReason::Stop => {
-                            Answer::Tokens(tokens, started.elapsed())
-                        }
+                        FinishReason::Length | FinishReason::Stop => Answer::Tokens(CanaryAnswer {
+                            tokens,
+                            logprobs,
+                            latency: started.elapsed(),
+                        }),
                         FinishReason::Cancelled => Answer::Skipped("cancelled"),
                     };
                 }

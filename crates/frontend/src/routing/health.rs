@@ -124,7 +124,7 @@ impl RoutingService {
     pub fn canary_finished(
         &self,
         worker: WorkerId,
-        answer: Result<(Vec<switchyard_core::Token>, Duration), Failure>,
+        answer: Result<switchyard_router::routing::health::CanaryAnswer, Failure>,
     ) -> Option<Failure> {
         let now = self.now();
         let (change, failure) = {

@@ -128,7 +128,7 @@ impl RoutingCore {
     pub fn canary_finished(
         &mut self,
         worker: WorkerId,
-        answer: Result<(Vec<Token>, Duration), Failure>,
+        answer: Result<health::CanaryAnswer, Failure>,
         now: Duration,
     ) -> Option<HealthChange> {
         let reference: Option<Vec<Token>> = {

@@ -101,6 +101,10 @@ pub struct HealthConfig {
     pub latency_alpha: f64,
     /// A canary slower than this many times the average counts as a failure.
     pub latency_spike_factor: f64,
+    /// A canary whose tokens are right but whose log probabilities (from a worker that
+    /// reports them) moved further than this, in nats, from the worker's first answer is
+    /// silent corruption: perturbed logits that have not changed a greedy token yet.
+    pub canary_logprob_tolerance: f64,
     /// Shortest stall timeout between tokens.
     #[serde(with = "humantime_serde")]
     pub stall_floor: Duration,
@@ -128,6 +132,10 @@ impl Default for HealthConfig {
             canary_max_tokens: 4,
             latency_alpha: 0.1,
             latency_spike_factor: 3.0,
+            // The candle engine repeats its canary's values exactly, under load too; how a
+            // prompt is split into steps moves a greedy token's by up to 0.05 and other
+            // tokens' by up to 0.35 (docs/benchmarks.md, log probabilities).
+            canary_logprob_tolerance: 0.5,
             stall_floor: Duration::from_millis(1000),
             stall_factor: 10.0,
             first_token_timeout: Duration::from_secs(30),
@@ -161,6 +169,15 @@ impl HealthConfig {
             return Err(InvalidConfig::new(
                 "health.recovery_jitter",
                 format!("must be in [0, 1), got {}", self.recovery_jitter),
+            ));
+        }
+        if !(self.canary_logprob_tolerance > 0.0 && self.canary_logprob_tolerance.is_finite()) {
+            return Err(InvalidConfig::new(
+                "health.canary_logprob_tolerance",
+                format!(
+                    "must be a positive number, got {}",
+                    self.canary_logprob_tolerance
+                ),
             ));
         }
         if !(self.latency_alpha > 0.0 && self.latency_alpha <= 1.0) {
@@ -320,6 +337,9 @@ pub struct WorkerHealth {
     /// The worker's first canary answer, and its last.
     #[serde(skip)]
     pub first_answer: Option<Vec<Token>>,
+    /// The log probabilities of the first answer that came with them.
+    #[serde(skip)]
+    first_logprobs: Option<Vec<f32>>,
     #[serde(skip)]
     pub last_answer: Option<Vec<Token>>,
     #[serde(skip)]
@@ -350,6 +370,7 @@ impl WorkerHealth {
             canary_samples: 0,
             inter_token: None,
             first_answer: None,
+            first_logprobs: None,
             last_answer: None,
             last_activity: now,
             last_canary: None,
@@ -518,7 +539,7 @@ impl WorkerHealth {
     /// `reference` (what most workers answered, if any other worker did); or its failure.
     pub fn canary_finished(
         &mut self,
-        answer: Result<(Vec<Token>, Duration), Failure>,
+        answer: Result<CanaryAnswer, Failure>,
         reference: Option<&[Token]>,
         room: bool,
         config: &HealthConfig,
@@ -526,7 +547,11 @@ impl WorkerHealth {
         rng: &mut SmallRng,
     ) -> Option<HealthChange> {
         self.canary_in_flight = false;
-        let (tokens, latency) = match answer {
+        let CanaryAnswer {
+            tokens,
+            logprobs,
+            latency,
+        } = match answer {
             Ok(answer) => answer,
             Err(failure) => return self.fail(failure, room, config, now, rng),
         };
@@ -536,7 +561,21 @@ impl WorkerHealth {
             .clone();
         self.last_answer = Some(tokens.clone());
         let wrong = tokens != first || reference.is_some_and(|r| r != tokens.as_slice());
-        if wrong {
+        // Logits that drifted: the same tokens, their log probabilities moved.
+        let drifted = !wrong
+            && logprobs.len() == tokens.len()
+            && match &self.first_logprobs {
+                Some(first) => first.iter().zip(&logprobs).any(|(a, b)| {
+                    // Not a number is never within it.
+                    let moved = f64::from(a - b).abs();
+                    moved.is_nan() || moved > config.canary_logprob_tolerance
+                }),
+                None => {
+                    self.first_logprobs = Some(logprobs);
+                    false
+                }
+            };
+        if wrong || drifted {
             return self.fail(Failure::WrongOutput, room, config, now, rng);
         }
         if std::mem::take(&mut self.canary_under_load) {
@@ -556,6 +595,26 @@ impl WorkerHealth {
             return self.fail(Failure::LatencySpike, room, config, now, rng);
         }
         self.succeed(config, now, true)
+    }
+}
+
+/// What a canary came back with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CanaryAnswer {
+    pub tokens: Vec<Token>,
+    /// Each token's log probability, from a worker that reports them (else empty).
+    pub logprobs: Vec<f32>,
+    pub latency: Duration,
+}
+
+impl CanaryAnswer {
+    /// An answer without log probabilities.
+    pub fn new(tokens: Vec<Token>, latency: Duration) -> Self {
+        CanaryAnswer {
+            tokens,
+            logprobs: Vec::new(),
+            latency,
+        }
     }
 }
 

@@ -46,7 +46,7 @@ fn failures_make_a_worker_suspicious_then_unhealthy_and_a_probe_brings_it_back()
     h.canary_started(63 * S);
     assert!(!h.canary_due(&config, 63 * S), "one probe at a time");
     let back = h.canary_finished(
-        Ok((vec![1, 2], S / 10)),
+        Ok(CanaryAnswer::new(vec![1, 2], S / 10)),
         None,
         true,
         &config,
@@ -128,13 +128,20 @@ fn wrong_canary_output_opens_the_breaker_at_once() {
     let (mut h, config, mut rng) = setup();
     h.canary_started(S);
     assert_eq!(
-        h.canary_finished(Ok((vec![5, 6], S / 10)), None, true, &config, S, &mut rng),
+        h.canary_finished(
+            Ok(CanaryAnswer::new(vec![5, 6], S / 10)),
+            None,
+            true,
+            &config,
+            S,
+            &mut rng
+        ),
         None
     );
     // The same worker now answers differently.
     h.canary_started(40 * S);
     let changed = h.canary_finished(
-        Ok((vec![5, 7], S / 10)),
+        Ok(CanaryAnswer::new(vec![5, 7], S / 10)),
         None,
         true,
         &config,
@@ -145,9 +152,51 @@ fn wrong_canary_output_opens_the_breaker_at_once() {
     // A worker whose very first answer differs from what the fleet answers.
     let (mut h, config, mut rng) = setup();
     h.canary_started(S);
-    let odd = h.canary_finished(Ok((vec![9], S)), Some(&[5, 6]), true, &config, S, &mut rng);
+    let odd = h.canary_finished(
+        Ok(CanaryAnswer::new(vec![9], S)),
+        Some(&[5, 6]),
+        true,
+        &config,
+        S,
+        &mut rng,
+    );
     assert_eq!(odd.map(|c| c.to), Some(HealthState::Unhealthy));
     assert_eq!(h.last_failure, Some(Failure::WrongOutput));
+}
+
+#[test]
+fn canary_log_probabilities_that_drift_open_the_breaker_at_once() {
+    let (mut h, config, mut rng) = setup();
+    let answer = |logprobs: Vec<f32>| {
+        Ok(CanaryAnswer {
+            tokens: vec![5, 6],
+            logprobs,
+            latency: S / 10,
+        })
+    };
+    let mut ask = |h: &mut WorkerHealth, logprobs, at| {
+        h.canary_started(at);
+        h.canary_finished(answer(logprobs), None, true, &config, at, &mut rng)
+    };
+    assert_eq!(ask(&mut h, vec![-0.5, -1.0], S), None);
+    // Within the tolerance (0.5 by default): the same answer.
+    assert_eq!(ask(&mut h, vec![-0.7, -0.8], 40 * S), None);
+    assert_eq!(h.state, HealthState::Healthy);
+    // A worker that stops reporting them is judged on its tokens alone.
+    assert_eq!(ask(&mut h, Vec::new(), 80 * S), None);
+    // The same tokens, one value moved past it: silent corruption.
+    let drifted = ask(&mut h, vec![-0.5, -1.6], 120 * S);
+    assert_eq!(drifted.map(|c| c.to), Some(HealthState::Unhealthy));
+    assert_eq!(h.last_failure, Some(Failure::WrongOutput));
+    // Not a number is never within it.
+    let (mut h, config, mut rng) = setup();
+    let mut ask = |h: &mut WorkerHealth, logprobs, at| {
+        h.canary_started(at);
+        h.canary_finished(answer(logprobs), None, true, &config, at, &mut rng)
+    };
+    assert_eq!(ask(&mut h, vec![-0.5, -1.0], S), None);
+    let nan = ask(&mut h, vec![-0.5, f32::NAN], 40 * S);
+    assert_eq!(nan.map(|c| c.to), Some(HealthState::Unhealthy));
 }
 
 #[test]
@@ -156,7 +205,7 @@ fn slow_canaries_count_once_the_average_is_known() {
     for i in 0..3 {
         h.canary_started(S * i);
         h.canary_finished(
-            Ok((vec![1], Duration::from_millis(10))),
+            Ok(CanaryAnswer::new(vec![1], Duration::from_millis(10))),
             None,
             true,
             &config,
@@ -167,7 +216,7 @@ fn slow_canaries_count_once_the_average_is_known() {
     assert_eq!(h.state, HealthState::Healthy);
     h.canary_started(10 * S);
     h.canary_finished(
-        Ok((vec![1], Duration::from_millis(100))),
+        Ok(CanaryAnswer::new(vec![1], Duration::from_millis(100))),
         None,
         true,
         &config,
@@ -184,13 +233,20 @@ fn a_slow_canary_that_met_requests_on_the_worker_is_not_a_spike() {
     let fast = Duration::from_millis(10);
     for i in 0..3 {
         h.canary_started(S * i);
-        h.canary_finished(Ok((vec![1], fast)), None, true, &config, S * i, &mut rng);
+        h.canary_finished(
+            Ok(CanaryAnswer::new(vec![1], fast)),
+            None,
+            true,
+            &config,
+            S * i,
+            &mut rng,
+        );
     }
     let average = h.canary_latency;
     // Ten times slower, behind the worker's own requests: passed, average unchanged.
     h.canary_started(10 * S);
     h.canary_under_load = true;
-    let slow = Ok((vec![1], 10 * fast));
+    let slow = Ok(CanaryAnswer::new(vec![1], 10 * fast));
     assert_eq!(
         h.canary_finished(slow, None, true, &config, 10 * S, &mut rng),
         None
@@ -200,17 +256,31 @@ fn a_slow_canary_that_met_requests_on_the_worker_is_not_a_spike() {
     // Its answer is still judged.
     h.canary_started(20 * S);
     h.canary_under_load = true;
-    let wrong = h.canary_finished(Ok((vec![2], fast)), None, true, &config, 20 * S, &mut rng);
+    let wrong = h.canary_finished(
+        Ok(CanaryAnswer::new(vec![2], fast)),
+        None,
+        true,
+        &config,
+        20 * S,
+        &mut rng,
+    );
     assert_eq!(wrong.map(|c| c.to), Some(HealthState::Unhealthy));
     // The same latency on an idle worker is a spike.
     let (mut h, config, mut rng) = setup();
     for i in 0..3 {
         h.canary_started(S * i);
-        h.canary_finished(Ok((vec![1], fast)), None, true, &config, S * i, &mut rng);
+        h.canary_finished(
+            Ok(CanaryAnswer::new(vec![1], fast)),
+            None,
+            true,
+            &config,
+            S * i,
+            &mut rng,
+        );
     }
     h.canary_started(10 * S);
     h.canary_finished(
-        Ok((vec![1], 10 * fast)),
+        Ok(CanaryAnswer::new(vec![1], 10 * fast)),
         None,
         true,
         &config,
@@ -230,7 +300,7 @@ fn canaries_on_a_timer_and_when_idle() {
     h.canary_started(Duration::ZERO);
     let mut rng = SmallRng::seed_from_u64(0);
     h.canary_finished(
-        Ok((vec![1], S / 100)),
+        Ok(CanaryAnswer::new(vec![1], S / 100)),
         None,
         true,
         &config,
@@ -246,7 +316,7 @@ fn canaries_on_a_timer_and_when_idle() {
     // Idle for 10 s: a canary before the timer.
     h.canary_started(30 * S);
     h.canary_finished(
-        Ok((vec![1], S / 100)),
+        Ok(CanaryAnswer::new(vec![1], S / 100)),
         None,
         true,
         &config,
