@@ -302,6 +302,12 @@ pub mod samples {
                 tokens: Some(1),
                 cached_tokens: None,
             },
+            GenerateOutput::PromptLogprobs {
+                logprobs: vec![switchyard_core::protocol::TokenLogprobs {
+                    logprob: -3.5,
+                    top: vec![(4, -0.5), (9, -3.5)],
+                }],
+            },
             GenerateOutput::PrefillDone {
                 first_token: 9,
                 kv: kv_handle(),

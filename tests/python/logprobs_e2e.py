@@ -133,6 +133,27 @@ def check_against_llama_cpp(client, model, gguf):
     check(compared >= 3, f"only {compared} positions agree with llama.cpp's greedy path")
     print(f"llama.cpp: {compared} positions compared, largest difference {worst:.3f}")
 
+    # Echoed: the prompt's own log probabilities, one per token after the first.
+    text = b"Rail yards sort freight cars onto tracks by their destination."
+    prompt = llama.tokenize(text, add_bos=False)
+    response = client.completions.create(
+        model=model, prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    lp = response.choices[0].logprobs
+    check(len(lp.token_logprobs) == len(prompt) + 1, f"{len(lp.token_logprobs)} entries")
+    check(lp.token_logprobs[0] is None, f"the first token has one: {lp.token_logprobs[0]}")
+    check(response.choices[0].text.startswith(text.decode()), response.choices[0].text)
+    llama.reset()
+    llama.eval(prompt)
+    worst = 0.0
+    for i in range(1, len(prompt)):
+        theirs = log_softmax(list(llama.scores[i - 1]))[prompt[i]]
+        difference = abs(theirs - lp.token_logprobs[i])
+        check(difference <= TOLERANCE,
+              f"prompt token {i}: {lp.token_logprobs[i]} here, {theirs} in llama.cpp")
+        worst = max(worst, difference)
+    print(f"echo: {len(prompt) - 1} prompt tokens, largest difference {worst:.3f}")
+
 
 def main(base_url, model):
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)

@@ -31,6 +31,7 @@ fn main() {
                 kv: &mut kv,
                 logits: true,
                 embeds: Vec::new(),
+                rows: None,
             }])
             .unwrap();
         let logits = logits[0].as_ref().unwrap();

@@ -215,6 +215,69 @@ fn log_probabilities_are_the_models_and_batching_changes_them_little() {
     assert!(first.1 < first.2[0].1, "{first:?}");
 }
 
+/// A prompt's log probabilities, asked: one per token after the first, on its first output
+/// token, across prompt chunks; computed whole though the prompt is cached; never for a
+/// resumed request.
+#[test]
+fn a_prompts_log_probabilities_come_whole_with_its_first_token() {
+    let prompt = long_prompt(90, 3);
+    let mut engine = chunking();
+    engine.add(greedy(1, prompt.clone(), 1)).unwrap();
+    run(&mut engine);
+    let mut asking = greedy(2, prompt.clone(), 2);
+    asking.sampling.prompt_logprobs = Some(2);
+    engine.add(asking.clone()).unwrap();
+    let (tokens, _) = run(&mut engine);
+    let first = tokens.iter().find(|t| t.request == RequestId(2)).unwrap();
+    assert_eq!(first.cached_tokens, 0, "computed whole");
+    let entries = first
+        .prompt_logprobs
+        .as_deref()
+        .expect("the prompt's, as asked");
+    assert_eq!(entries.len(), prompt.len() - 1);
+    for entry in entries {
+        assert_eq!(entry.top.len(), 2);
+        assert!(entry.top[0].1 >= entry.top[1].1, "{entry:?}");
+        assert!(entry.logprob <= entry.top[0].1 + 1e-5, "{entry:?}");
+        assert!(
+            entry.logprob.is_finite() && entry.logprob <= 0.0,
+            "{entry:?}"
+        );
+    }
+    // The same as a prompt computed in one step, within what the split moves them.
+    let mut whole = engine_with_budget(1024);
+    asking.id = RequestId(3);
+    whole.add(asking.clone()).unwrap();
+    let (tokens, _) = run(&mut whole);
+    let once = tokens.iter().find(|t| t.request == RequestId(3)).unwrap();
+    let once = once.prompt_logprobs.as_deref().unwrap();
+    for (a, b) in entries.iter().zip(once) {
+        assert!((a.logprob - b.logprob).abs() < 0.5, "{a:?} against {b:?}");
+    }
+    // Only the first output token carries them.
+    assert_eq!(
+        tokens
+            .iter()
+            .filter(|t| t.prompt_logprobs.is_some())
+            .count(),
+        1
+    );
+    // A resumed request's prompt went out before: none.
+    asking.id = RequestId(4);
+    asking.resume = Some(switchyard_core::protocol::Resume { generated: 1 });
+    whole.add(asking).unwrap();
+    let (tokens, _) = run(&mut whole);
+    assert!(tokens.iter().all(|t| t.prompt_logprobs.is_none()));
+}
+
+fn engine_with_budget(tokens: u32) -> CandleEngine {
+    engine(CandleConfig {
+        max_batched_tokens: tokens,
+        step_target: std::time::Duration::from_secs(3600),
+        ..config()
+    })
+}
+
 #[test]
 fn the_prefix_cache_skips_prefill_publishes_events_and_evicts() {
     let mut e = engine(config());
@@ -515,6 +578,7 @@ fn media_embeddings_take_their_positions_in_the_prefill() {
                 kv: &mut kv,
                 logits: true,
                 embeds: embeds.map(|e| vec![(8, e.clone())]).unwrap_or_default(),
+                rows: None,
             }])
             .unwrap();
         out[0].clone().unwrap()

@@ -310,6 +310,11 @@ pub struct SamplingParams {
     /// each step (0: the generated token's only; see [`TokenLogprobs`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<u32>,
+    /// Report the prompt's log probabilities too: each prompt token's after the first,
+    /// with the `n` likeliest tokens' at its position ([`GenerateOutput::PromptLogprobs`]).
+    /// An engine computes the whole prompt for them (its cached prefix has no logits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// What an engine may generate for a request: an answer it ends with `stop` is in the
@@ -555,6 +560,9 @@ pub struct TokenOutput {
     /// The token's log probability and the likeliest alternatives', when the request
     /// asked ([`SamplingParams::logprobs`]).
     pub logprobs: Option<Box<TokenLogprobs>>,
+    /// On the request's first token, when it asked ([`SamplingParams::prompt_logprobs`]):
+    /// each prompt token's after the first.
+    pub prompt_logprobs: Option<Box<Vec<TokenLogprobs>>>,
 }
 
 /// A generated token's log probability under the model's distribution (its raw logits,
@@ -587,6 +595,9 @@ pub enum GenerateOutput {
         tokens: Option<u32>,
         cached_tokens: Option<u32>,
     },
+    /// The prompt's log probabilities, before the first token, when the request asked
+    /// ([`SamplingParams::prompt_logprobs`]): one per prompt token after the first.
+    PromptLogprobs { logprobs: Vec<TokenLogprobs> },
     /// A prefill-only request is done: its first token, and where its KV blocks are.
     PrefillDone {
         first_token: Token,

@@ -170,14 +170,13 @@ pub fn chat(
     Ok((prepared, mode, answer))
 }
 
+/// A completion request; with `echo`, the prompt's text, to go before the answer (and,
+/// with `logprobs`, its tokens' log probabilities before the answer's).
 pub fn completion(
     frontend: &Frontend,
     request: CompletionRequest,
-) -> Result<(Prepared, Mode), ApiError> {
+) -> Result<(Prepared, Mode, Option<String>), ApiError> {
     check_model(frontend, &request.model)?;
-    if request.echo == Some(true) {
-        return Err(ApiError::invalid_param("echo", "`echo` is not supported"));
-    }
     if let Some(best_of) = request.best_of {
         let n = request.n.unwrap_or(1);
         if best_of < n || best_of > 20 {
@@ -215,10 +214,21 @@ pub fn completion(
         )
     };
     let params = request.common();
+    let echo = request.echo == Some(true);
+    let mut text = None;
     let tokens = match request.prompt {
-        PromptInput::Text(text) => encode(&text)?,
-        PromptInput::Texts(texts) => match texts.as_slice() {
-            [one] => encode(one)?,
+        PromptInput::Text(prompt) => {
+            let tokens = encode(&prompt)?;
+            text = Some(prompt);
+            tokens
+        }
+        PromptInput::Texts(mut texts) => match texts.len() {
+            1 => {
+                let prompt = texts.pop().unwrap_or_default();
+                let tokens = encode(&prompt)?;
+                text = Some(prompt);
+                tokens
+            }
             _ => return Err(batched()),
         },
         PromptInput::Tokens(tokens) => tokens,
@@ -235,7 +245,19 @@ pub fn completion(
         ));
     }
     let logprobs = completion_logprobs(&params)?;
-    common(frontend, params, Prompt::tokens(tokens), logprobs)
+    // Echoed: the prompt as sent, or as its tokens read.
+    let echo = match (echo, text) {
+        (false, _) => None,
+        (true, Some(text)) => Some(text),
+        (true, None) => Some(frontend.preprocessor.decode(&tokens).map_err(|e| {
+            ApiError::invalid_param("prompt", format!("cannot read the prompt's tokens: {e}"))
+        })?),
+    };
+    let (mut prepared, mode) = common(frontend, params, Prompt::tokens(tokens), logprobs)?;
+    if echo.is_some() {
+        prepared.sampling.prompt_logprobs = logprobs;
+    }
+    Ok((prepared, mode, echo))
 }
 
 /// The most alternatives a request may ask log probabilities of (what the engines report).
@@ -521,6 +543,7 @@ fn common(
             frequency_penalty: params.frequency_penalty.map(|v| v as f32),
             presence_penalty: params.presence_penalty.map(|v| v as f32),
             logprobs,
+            prompt_logprobs: None,
             logit_bias,
             vocabulary: constraint
                 .as_ref()

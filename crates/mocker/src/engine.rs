@@ -83,6 +83,9 @@ pub struct MockRequest {
     /// Report each output token's log probability and this many alternatives' (see
     /// [`crate::logprobs`]).
     pub logprobs: Option<u32>,
+    /// Report the prompt's too, with this many alternatives: its tokens (the model's plain
+    /// distribution, with the first token's).
+    pub prompt_logprobs: Option<(u32, Vec<Token>)>,
 }
 
 impl MockRequest {
@@ -102,6 +105,7 @@ impl MockRequest {
             media: None,
             guide: None,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -323,6 +327,7 @@ impl MockEngine {
             behind: None,
             guide: request.guide,
             logprobs: request.logprobs,
+            prompt_logprobs: request.prompt_logprobs,
         });
         self.arrivals += 1;
         if request.media_gate.is_none() && request.media.is_some() {

@@ -58,6 +58,8 @@ pub struct Sequence {
     pub guide: Option<Box<switchyard_grammar::Guide>>,
     /// Report each token's log probability and this many alternatives'.
     pub logprobs: Option<u32>,
+    /// Report the prompt's too, with its first token (see `MockRequest`).
+    pub prompt_logprobs: Option<(u32, Vec<Token>)>,
 }
 
 impl Sequence {

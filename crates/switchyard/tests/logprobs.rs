@@ -121,6 +121,74 @@ async fn chat_and_completions_report_the_mockers_exact_distribution() {
         assert!(close(&top[" hello"], 0.0), "{body}");
         assert!(top.values().any(|v| close(v, others)), "{body}");
     }
+
+    // Echoed: the prompt's tokens first (the first with none), offsets over the whole text.
+    let echoed = json!({
+        "model": MODEL, "prompt": "Rail yards sort cars.", "max_tokens": 3, "seed": 2,
+        "ignore_eos": true, "logprobs": 1, "echo": true,
+    });
+    let (status, _, body) = post(&d, "/v1/completions", &echoed).await;
+    assert_eq!(status, 200, "{body}");
+    let choice = &body["choices"][0];
+    let logprobs = &choice["logprobs"];
+    let prompt = body["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    let tokens: Vec<&str> = logprobs["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), prompt + 3, "{body}");
+    assert_eq!(tokens[..prompt].concat(), "Rail yards sort cars.", "{body}");
+    assert!(
+        choice["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Rail yards sort cars.")
+    );
+    assert_eq!(logprobs["token_logprobs"][0], Value::Null, "{body}");
+    assert_eq!(logprobs["top_logprobs"][0], Value::Null, "{body}");
+    assert!(close(&logprobs["token_logprobs"][1], uniform()), "{body}");
+    let offsets: Vec<u64> = logprobs["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    let mut at = 0;
+    for (token, offset) in tokens.iter().zip(&offsets) {
+        assert_eq!(*offset, at, "{body}");
+        at += token.chars().count() as u64;
+    }
+    // Streamed: the echoed text and its entries come first, then the answer's.
+    let mut streamed = echoed.clone();
+    streamed["stream"] = json!(true);
+    let (_, chunks) = sse(&d, "/v1/completions", &streamed).await;
+    let first = serde_json::from_str::<Value>(&chunks[0]).unwrap();
+    assert_eq!(first["choices"][0]["text"], "Rail yards sort cars.");
+    assert_eq!(
+        first["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        prompt
+    );
+    let text: String = chunks[..chunks.len() - 1]
+        .iter()
+        .map(|c| {
+            serde_json::from_str::<Value>(c).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(text, choice["text"].as_str().unwrap());
+    // Echo without log probabilities: the prompt's text only.
+    let mut plain = echoed.clone();
+    plain.as_object_mut().unwrap().remove("logprobs");
+    let (_, _, body) = post(&d, "/v1/completions", &plain).await;
+    assert_eq!(body["choices"][0]["text"], choice["text"], "{body}");
+    assert!(body["choices"][0]["logprobs"].is_null(), "{body}");
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
@@ -134,7 +202,8 @@ fn token_logprobs(body: &str) -> Vec<f64> {
                 .cloned()
         })
         .flatten()
-        .map(|v| v.as_f64().unwrap())
+        // An echoed prompt's first token has none.
+        .filter_map(|v| v.as_f64())
         .collect()
 }
 
@@ -151,6 +220,8 @@ async fn a_stream_moved_off_a_crashed_worker_keeps_reporting_them() {
             let mut body =
                 seeded_completion(MODEL, &format!("Track {i} of the yard. ").repeat(8), i, 120);
             body["logprobs"] = json!(0);
+            // Half of them echo their prompt, with its log probabilities once.
+            body["echo"] = json!(i % 2 == 0);
             body
         })
         .collect();
@@ -158,20 +229,35 @@ async fn a_stream_moved_off_a_crashed_worker_keeps_reporting_them() {
     inject(&d, busiest(&d), Fault::Crash);
     let bodies = futures::future::join_all(open.into_iter().map(OpenStream::finish)).await;
     assert_a_stream_moved(&d).await;
-    for body in &bodies {
+    for (i, body) in bodies.iter().enumerate() {
         assert_completed(body, 120);
         let logprobs = token_logprobs(body);
-        assert_eq!(logprobs.len(), 120, "{body}");
+        let prompt = parse_stream(body).usage.unwrap()["prompt_tokens"]
+            .as_u64()
+            .unwrap() as usize;
+        // The prompt's first token has none.
+        let echoed = if i % 2 == 0 { prompt - 1 } else { 0 };
+        assert_eq!(logprobs.len(), echoed + 120, "{body}");
+        // A prompt token's under the mocker's plain model: uniform over its vocabulary,
+        // none for a token beyond it (−9999 reported).
+        let (prompt, answer) = logprobs.split_at(echoed);
         assert!(
-            logprobs.iter().all(|&l| (l - uniform()).abs() < 1e-3),
-            "{logprobs:?}"
+            prompt
+                .iter()
+                .all(|&l| (l - uniform()).abs() < 1e-3 || l == -9999.0),
+            "{prompt:?}"
+        );
+        assert!(
+            answer.iter().all(|&l| (l - uniform()).abs() < 1e-3),
+            "{answer:?}"
         );
     }
     d.shutdown(SHUTDOWN_GRACE).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_disaggregated_requests_first_token_brings_its_entry_from_the_prefill_worker() {
+async fn a_disaggregated_requests_first_token_and_prompt_bring_their_entries_from_the_prefill_worker()
+ {
     let d = start(&[("WORKERS__COUNT", "2"), ("WORKERS__PREFILL", "1")]).await;
     let mut body = seeded_completion(
         MODEL,
@@ -180,11 +266,16 @@ async fn a_disaggregated_requests_first_token_brings_its_entry_from_the_prefill_
         6,
     );
     body["logprobs"] = json!(1);
+    body["echo"] = json!(true);
     let (status, chunks) = sse(&d, "/v1/completions", &body).await;
     assert_eq!(status, 200);
     let body = body_of(&chunks);
     assert_completed(&body, 6);
-    assert_eq!(token_logprobs(&body).len(), 6, "{body}");
+    // The prompt's (after its first token), from the prefill worker too.
+    let prompt = parse_stream(&body).usage.unwrap()["prompt_tokens"]
+        .as_u64()
+        .unwrap() as usize;
+    assert_eq!(token_logprobs(&body).len(), prompt - 1 + 6, "{body}");
     let metrics = scrape(&support::url(&d, "/metrics")).await;
     assert!(
         metric_value(

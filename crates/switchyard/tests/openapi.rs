@@ -67,6 +67,24 @@ async fn the_document_lists_every_public_route_and_its_errors() {
         doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]["enum"][0],
         "switchyard-mock"
     );
+    // Every request field is in the parameter table, honoured, a no-op or refused.
+    let table = std::fs::read_to_string(format!(
+        "{}/../../docs/api-parameters.md",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    for schema in ["ChatCompletionRequest", "CompletionRequest"] {
+        let properties = doc["components"]["schemas"][schema]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{schema} has no properties"));
+        assert!(properties.len() > 30, "{schema}");
+        for field in properties.keys() {
+            assert!(
+                table.contains(&format!("`{field}`")),
+                "docs/api-parameters.md does not say what becomes of `{field}` ({schema})"
+            );
+        }
+    }
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

@@ -92,20 +92,27 @@ impl DisaggService {
         };
         let mut stream = self.inner.generate(request).await?;
         let answer = async move {
+            let mut prompt = None;
             while let Some(item) = stream.next().await {
                 match item? {
+                    // The prompt's log probabilities, asked: they go first.
+                    GenerateOutput::PromptLogprobs { logprobs } => prompt = Some(logprobs),
                     GenerateOutput::Tokens {
                         token_ids,
                         cached_tokens,
                         logprobs,
                     } => {
                         if let Some(&first_token) = token_ids.first() {
-                            return Ok(GenerateOutput::PrefillDone {
+                            let done = GenerateOutput::PrefillDone {
                                 first_token,
                                 kv: handle,
                                 cached_tokens: cached_tokens.unwrap_or(0),
                                 logprobs: logprobs.into_iter().next(),
-                            });
+                            };
+                            let prompt = prompt
+                                .take()
+                                .map(|logprobs| Ok(GenerateOutput::PromptLogprobs { logprobs }));
+                            return Ok(prompt.into_iter().chain([Ok(done)]).collect::<Vec<_>>());
                         }
                     }
                     GenerateOutput::Finished { .. } => break,
@@ -118,7 +125,12 @@ impl DisaggService {
             }
             Err(EngineError::Disconnected)
         };
-        Ok(futures::stream::once(answer).boxed())
+        Ok(futures::stream::once(answer)
+            .flat_map(|items| match items {
+                Ok(items) => futures::stream::iter(items),
+                Err(e) => futures::stream::iter(vec![Err(e)]),
+            })
+            .boxed())
     }
 
     /// Pulls what this worker lacks of the request's KV from its source.

@@ -142,23 +142,29 @@ impl EngineService for StepService {
                 };
                 match tokens.recv().await {
                     Some(t) => {
+                        // The prompt's log probabilities go before its first token.
+                        let prompt = t.prompt_logprobs.map(|logprobs| {
+                            Ok(GenerateOutput::PromptLogprobs {
+                                logprobs: *logprobs,
+                            })
+                        });
                         let item = GenerateOutput::Tokens {
                             token_ids: vec![t.token],
                             cached_tokens: (sent == 0).then_some(t.cached_tokens),
                             logprobs: t.logprobs.map(|l| *l).into_iter().collect(),
                         };
                         let sent = sent + 1;
+                        let items = prompt.into_iter().chain([Ok(item)]);
                         match t.finish {
-                            None => Some((vec![Ok(item)], State::Streaming { tokens, sent })),
+                            None => Some((items.collect(), State::Streaming { tokens, sent })),
                             Some(reason) => Some((
-                                vec![
-                                    Ok(item),
-                                    Ok(GenerateOutput::Finished {
+                                items
+                                    .chain([Ok(GenerateOutput::Finished {
                                         reason,
                                         completion_tokens: sent,
                                         cached_tokens: None,
-                                    }),
-                                ],
+                                    })])
+                                    .collect(),
                                 State::Done,
                             )),
                         }

@@ -183,6 +183,12 @@ impl StepEngine for SteppedMocker {
             Vec::new()
         };
         let guide = guide(&request, self.grammars.as_ref())?;
+        // Never for a resumed request: its prompt's went out with its first token.
+        let prompt_logprobs = request
+            .sampling
+            .prompt_logprobs
+            .filter(|_| request.generated() == 0)
+            .map(|n| (n, request.prompt.token_ids.clone()));
         let mock = MockRequest {
             id: request.id,
             prompt,
@@ -205,6 +211,7 @@ impl StepEngine for SteppedMocker {
                 .flatten(),
             guide,
             logprobs: request.sampling.logprobs,
+            prompt_logprobs,
         };
         self.stalled = false;
         self.engine.add_request(mock).map_err(engine_error)

@@ -49,8 +49,14 @@ impl CandleEngine {
     /// Starts a waiting sequence: copies its cached prefix blocks.
     pub(super) fn admit(&mut self, mut seq: Sequence) -> Result<Sequence, candle_core::Error> {
         let size = self.config.block_size as usize;
-        // The last prompt token is always computed: its logits give the first output.
-        let usable = (seq.prompt_len - 1) / size;
+        // The last prompt token is always computed: its logits give the first output. A
+        // prompt whose log probabilities are asked is computed whole (cached blocks have
+        // no logits).
+        let usable = if seq.prompt_logprobs.is_some() {
+            0
+        } else {
+            (seq.prompt_len - 1) / size
+        };
         let hashes: Vec<SequenceHash> =
             seq.blocks.sequence_hashes()[..usable.min(seq.blocks.full_blocks())].to_vec();
         let mut held = 0;

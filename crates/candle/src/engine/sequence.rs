@@ -2,7 +2,7 @@
 
 use candle_core::Tensor;
 use switchyard_core::TokenBlocks;
-use switchyard_core::protocol::GenerateRequest;
+use switchyard_core::protocol::{GenerateRequest, TokenLogprobs};
 
 use crate::model::SeqKv;
 
@@ -27,6 +27,9 @@ pub(super) struct Sequence {
     pub(super) needs_cached: usize,
     /// Its constraint, where it stands in it.
     pub(super) guide: Option<Box<switchyard_grammar::Guide>>,
+    /// The prompt's log probabilities so far, when the request asked (and is not resumed):
+    /// each prompt token's after the first, with this many alternatives.
+    pub(super) prompt_logprobs: Option<(u32, Vec<TokenLogprobs>)>,
 }
 
 impl Sequence {
@@ -38,6 +41,14 @@ impl Sequence {
     /// Whether it waits for its media with everything before them computed.
     pub(super) fn waits_for_media(&self) -> bool {
         self.hold.is_some_and(|h| self.kv.len() >= h)
+    }
+
+    /// The tokens each row of its positions `from..to` predicts, for its prompt's log
+    /// probabilities: the next prompt token, none past the prompt.
+    pub(super) fn predicted(&self, from: usize, to: usize) -> Vec<Option<u32>> {
+        (from..to)
+            .map(|p| (p + 1 < self.prompt_len).then(|| self.tokens[p + 1]))
+            .collect()
     }
 
     /// The media embeddings for its positions `from..to`, as

@@ -13,6 +13,9 @@ use super::sequence::Sequence;
 use super::{CandleEngine, Distribution, sample};
 use crate::model::{SeqKv, StepInput};
 
+/// What takes a prompt's rows of logits in a step (see [`StepInput::rows`]).
+type RowSink<'a> = Box<dyn FnMut(usize, &[f32]) + 'a>;
+
 /// The most alternatives a step reports with a token's log probability (OpenAI's limit).
 const MAX_TOP_LOGPROBS: u32 = 20;
 
@@ -81,8 +84,15 @@ impl StepEngine for CandleEngine {
         }
         let guide = self.guide(&request)?;
         let tokens = request.prompt.token_ids.clone();
+        // Never for a resumed request: its prompt's went out with its first token.
+        let prompt_logprobs = request
+            .sampling
+            .prompt_logprobs
+            .filter(|_| request.generated() == 0)
+            .map(|n| (n.min(MAX_TOP_LOGPROBS), Vec::with_capacity(tokens.len())));
         self.waiting.push_back(Sequence {
             guide,
+            prompt_logprobs,
             media,
             hold,
             needs_cached,
@@ -133,6 +143,7 @@ impl StepEngine for CandleEngine {
                         cached_tokens: 0,
                         finish: Some(FinishReason::Cancelled),
                         logprobs: None,
+                        prompt_logprobs: None,
                     });
                 }
                 Ok(seq) => self.running.push(seq),
@@ -184,6 +195,46 @@ impl StepEngine for CandleEngine {
             .iter()
             .map(|&(i, _, to)| to == self.running[i].tokens.len())
             .collect();
+        // For prompts whose log probabilities are asked: what each row predicts, and where
+        // its entries go.
+        let predicted: Vec<Option<Vec<Option<u32>>>> = plan
+            .iter()
+            .map(|&(i, from, to)| {
+                let seq = &self.running[i];
+                seq.prompt_logprobs
+                    .as_ref()
+                    .filter(|_| seq.prefilling() || to == seq.prompt_len)
+                    .map(|_| seq.predicted(from, to))
+            })
+            .collect();
+        let mut entries: Vec<Vec<TokenLogprobs>> = plan.iter().map(|_| Vec::new()).collect();
+        let tops: Vec<usize> = plan
+            .iter()
+            .map(|&(i, _, _)| {
+                self.running[i]
+                    .prompt_logprobs
+                    .as_ref()
+                    .map_or(0, |p| p.0 as usize)
+            })
+            .collect();
+        let mut sinks: Vec<Option<RowSink<'_>>> = predicted
+            .iter()
+            .zip(entries.iter_mut())
+            .zip(&tops)
+            .map(|((predicted, entries), &top)| {
+                predicted.as_ref().map(|predicted| {
+                    Box::new(move |row: usize, logits: &[f32]| {
+                        if let Some(Some(token)) = predicted.get(row) {
+                            let d = Distribution::of(logits, top);
+                            entries.push(TokenLogprobs {
+                                logprob: d.logprob(logits[*token as usize]),
+                                top: d.top,
+                            });
+                        }
+                    }) as RowSink<'_>
+                })
+            })
+            .collect();
         let embeds: Result<Vec<Vec<(usize, Tensor)>>, _> = plan
             .iter()
             .map(|&(i, from, to)| self.running[i].embeds(from, to))
@@ -205,11 +256,15 @@ impl StepEngine for CandleEngine {
             let mut inputs: Vec<StepInput<'_>> = kvs
                 .iter_mut()
                 .zip(owned.iter().zip(&wants))
-                .map(|((_, seq), (tokens, &logits))| StepInput {
+                .zip(sinks.iter_mut())
+                .map(|(((_, seq), (tokens, &logits)), sink)| StepInput {
                     tokens,
                     kv: &mut seq.kv,
                     logits,
                     embeds: embeds.next().unwrap_or_default(),
+                    rows: sink
+                        .as_mut()
+                        .map(|s| &mut **s as &mut dyn FnMut(usize, &[f32])),
                 })
                 .collect();
             let started = std::time::Instant::now();
@@ -241,11 +296,18 @@ impl StepEngine for CandleEngine {
                         cached_tokens: seq.cached_tokens,
                         finish: Some(FinishReason::Cancelled),
                         logprobs: None,
+                        prompt_logprobs: None,
                     });
                 }
                 return std::time::Duration::ZERO;
             }
         };
+        drop(sinks);
+        for (&(i, _, _), entries) in plan.iter().zip(entries) {
+            if let Some((_, so_far)) = self.running[i].prompt_logprobs.as_mut() {
+                so_far.extend(entries);
+            }
+        }
         let context = self.model.shape.context_length;
         let mut finished = Vec::new();
         for (&(i, _, _), logits) in plan.iter().zip(logits) {
@@ -282,6 +344,8 @@ impl StepEngine for CandleEngine {
                 .as_deref()
                 .is_some_and(|g| g.is_done() || token == g.eos());
             let index = seq.generated;
+            // The prompt's log probabilities go with its first token.
+            let prompt_logprobs = seq.prompt_logprobs.take().map(|(_, l)| Box::new(l));
             seq.generated += 1;
             seq.tokens.push(token);
             seq.blocks.extend(&[token]);
@@ -307,6 +371,7 @@ impl StepEngine for CandleEngine {
                         top: d.top,
                     })
                 }),
+                prompt_logprobs,
             });
             if finish.is_some() {
                 finished.push(i);

@@ -6,8 +6,15 @@ use candle_nn::attention::AttnMask;
 
 use super::{Model, ModelError, SeqKv};
 
+/// Called with each of an input's rows' logits in order (its index among the input's
+/// tokens, the logits over the vocabulary).
+pub type RowSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
+
+/// Rows whose logits are computed together, for a [`RowSink`] (64 rows of SmolLM2's
+/// 49,152 logits are 12 MB).
+const ROWS_AT_ONCE: usize = 64;
+
 /// One sequence's part of a step.
-#[derive(Debug)]
 pub struct StepInput<'a> {
     pub tokens: &'a [u32],
     pub kv: &'a mut SeqKv,
@@ -16,6 +23,19 @@ pub struct StepInput<'a> {
     /// Input embeddings that replace the tokens' own, as (index among `tokens`, rows
     /// [n, hidden]): the media merged into the sequence.
     pub embeds: Vec<(usize, Tensor)>,
+    /// Every token's logits, not only the last one's (a prompt's log probabilities).
+    pub rows: Option<RowSink<'a>>,
+}
+
+impl std::fmt::Debug for StepInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepInput")
+            .field("tokens", &self.tokens.len())
+            .field("logits", &self.logits)
+            .field("embeds", &self.embeds.len())
+            .field("rows", &self.rows.is_some())
+            .finish()
+    }
 }
 
 impl Model {
@@ -95,6 +115,29 @@ impl Model {
         }
         for input in inputs.iter_mut() {
             input.kv.commit(input.tokens.len());
+        }
+        // Every row's logits, for the inputs that want them, a slice of rows at a time.
+        let mut start = 0;
+        for input in inputs.iter_mut() {
+            let n = input.tokens.len();
+            if let Some(sink) = input.rows.as_mut() {
+                let mut at = 0;
+                while at < n {
+                    let len = ROWS_AT_ONCE.min(n - at);
+                    let h = x.narrow(0, start + at, len)?;
+                    let h = candle_nn::ops::rms_norm(&h, &self.norm, s.rms_eps as f32)?;
+                    let logits = self
+                        .head
+                        .forward(&h)?
+                        .to_dtype(DType::F32)?
+                        .to_vec2::<f32>()?;
+                    for (j, row) in logits.iter().enumerate() {
+                        sink(at + j, row);
+                    }
+                    at += len;
+                }
+            }
+            start += n;
         }
         // The last token of each input that wants logits.
         let mut rows = Vec::new();

@@ -294,6 +294,8 @@ fn chat_stream(
                     }
                     chunks
                 }
+                // Chat asks for no prompt log probabilities.
+                Piece::Prompt { .. } => Vec::new(),
                 Piece::Finished { reason, .. } => {
                     vec![chunk(
                         Some((index, ChatDelta::default(), None)),

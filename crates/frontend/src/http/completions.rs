@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use switchyard_core::WorkerKey;
+use switchyard_core::{Token, WorkerKey};
 use tracing::Instrument;
 
 use super::body;
@@ -109,7 +109,7 @@ pub async fn completion(
     let result = async {
         let request: CompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
-        let (mut prepared, mode) = tracing::Instrument::instrument(
+        let (mut prepared, mode, echo) = tracing::Instrument::instrument(
             convert_sized(&frontend, size, request, convert::completion),
             tracing::info_span!("preprocess"),
         )
@@ -117,31 +117,43 @@ pub async fn completion(
         prepared.span = tracing::Span::current();
         apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared, mode.choices)?;
         let dispatched = dispatch(&frontend, prepared, mode.choices).await?;
-        Ok::<_, ApiError>((format!("cmpl-{:016x}", dispatched.id.0), dispatched, mode))
+        let id = format!("cmpl-{:016x}", dispatched.id.0);
+        Ok::<_, ApiError>((id, dispatched, (mode, echo)))
     }
     .instrument(span)
     .await;
-    let (id, dispatched, mode) = match result {
+    let (id, dispatched, (mode, echo)) = match result {
         Ok(ok) => ok,
         Err(e) => return e.into_response(),
     };
     let worker = dispatched.worker;
     let response = if mode.stream {
-        completion_stream(frontend, id, dispatched.generations, mode).into_response()
+        completion_stream(frontend, id, dispatched.generations, (mode, echo)).into_response()
     } else {
         match collect_all(dispatched.generations).await {
             Ok((answers, usage)) => {
                 let model = frontend.config.model.clone();
                 let preprocessor = &frontend.preprocessor;
+                let echo = echo.unwrap_or_default();
+                let shift = echo.chars().count() as u32;
                 let choices = answers
                     .into_iter()
                     .zip(0..)
                     .map(|(answer, index)| CompletionChoice {
                         index,
                         logprobs: mode.logprobs.map(|top| {
-                            CompletionLogprobs::of(preprocessor, &answer.scored, top > 0)
+                            let mut logprobs = CompletionLogprobs::default();
+                            if let Some((first, prompt)) = &answer.prompt {
+                                logprobs.first(preprocessor, *first, top > 0);
+                                logprobs.extend(preprocessor, prompt, top > 0, 0);
+                            }
+                            logprobs.extend(preprocessor, &answer.scored, top > 0, shift);
+                            if top > 0 {
+                                logprobs.top_logprobs.get_or_insert_with(Vec::new);
+                            }
+                            logprobs
                         }),
-                        text: answer.text,
+                        text: format!("{echo}{}", answer.text),
                         finish_reason: Some(answer.reason),
                     })
                     .collect();
@@ -167,6 +179,8 @@ pub(super) struct Collected {
     pub reason: &'static str,
     /// Its tokens' log probabilities, when the request asked.
     pub scored: Vec<Scored>,
+    /// Its prompt's first token and the others' log probabilities, when asked (`echo`).
+    pub prompt: Option<(Token, Vec<Scored>)>,
     pub usage: Usage,
 }
 
@@ -174,8 +188,10 @@ pub(super) struct Collected {
 pub(super) async fn collect(mut generation: Generation) -> Result<Collected, ApiError> {
     let mut text = String::new();
     let mut all = Vec::new();
+    let mut prompt = None;
     while let Some(piece) = generation.next().await {
         match piece? {
+            Piece::Prompt { first, scored } => prompt = Some((first, scored)),
             Piece::Text { text: t, scored } => {
                 text.push_str(&t);
                 all.extend(scored);
@@ -187,6 +203,7 @@ pub(super) async fn collect(mut generation: Generation) -> Result<Collected, Api
                     text,
                     reason,
                     scored: all,
+                    prompt,
                     usage,
                 });
             }
@@ -378,11 +395,13 @@ where
     }
 }
 
+/// A completion's stream; with `echo`, the prompt's text first (with its log probabilities
+/// when asked, once they come).
 fn completion_stream(
     frontend: Arc<Frontend>,
     id: String,
     generations: Vec<Generation>,
-    mode: Mode,
+    (mode, echo): (Mode, Option<String>),
 ) -> Response {
     let created = unix_now();
     let model = frontend.config.model.clone();
@@ -413,14 +432,32 @@ fn completion_stream(
     let usage = mode
         .include_usage
         .then_some(move |usage| usage_chunk(None, None, Some(usage)));
+    let echo = echo.unwrap_or_default();
+    let shift = echo.chars().count() as u32;
+    // Echoed text without log probabilities goes first; with them, when they come.
+    let opening = match mode.logprobs {
+        None if !echo.is_empty() => (0..generations.len() as u32)
+            .map(|index| chunk(Some((index, echo.clone(), None)), None, None))
+            .collect(),
+        _ => Vec::new(),
+    };
     sse(
         generations,
-        Vec::new(),
+        opening,
         move |index, piece| match piece {
+            Piece::Prompt { first, scored } => {
+                let logprobs = mode.logprobs.map(|top| {
+                    let mut logprobs = CompletionLogprobs::default();
+                    logprobs.first(&frontend.preprocessor, first, top > 0);
+                    logprobs.extend(&frontend.preprocessor, &scored, top > 0, 0);
+                    logprobs
+                });
+                vec![chunk(Some((index, echo.clone(), logprobs)), None, None)]
+            }
             Piece::Text { text, scored } => {
-                let logprobs = mode
-                    .logprobs
-                    .map(|top| CompletionLogprobs::of(&frontend.preprocessor, &scored, top > 0));
+                let logprobs = mode.logprobs.map(|top| {
+                    CompletionLogprobs::of(&frontend.preprocessor, &scored, top > 0, shift)
+                });
                 vec![chunk(Some((index, text, logprobs)), None, None)]
             }
             // Only chat answers are parsed into parts.

@@ -88,10 +88,11 @@ impl ChatLogprobs {
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<Option<f32>>,
-    /// Per token, its likeliest alternatives by text (likeliest first); `null` for a
-    /// request that asked for none (`logprobs: 0`).
+    /// Per token, its likeliest alternatives by text (likeliest first; `null` for an
+    /// echoed prompt's first token); `null` for a request that asked for none
+    /// (`logprobs: 0`).
     #[schema(value_type = Option<Vec<Object>>)]
-    pub top_logprobs: Option<Vec<Alternatives>>,
+    pub top_logprobs: Option<Vec<Option<Alternatives>>>,
     /// Where each token's text starts in the choice's text, in characters.
     pub text_offset: Vec<u32>,
 }
@@ -114,12 +115,29 @@ impl Serialize for Alternatives {
 }
 
 impl CompletionLogprobs {
-    /// Adds the entries of `scored`; `top`: whether alternatives were asked for.
-    pub fn extend(&mut self, preprocessor: &Preprocessor, scored: &[Scored], top: bool) {
+    /// Adds an echoed prompt's first token, which has no log probability.
+    pub fn first(&mut self, preprocessor: &Preprocessor, token: u32, top: bool) {
+        self.tokens.push(spelled(preprocessor, token).0);
+        self.token_logprobs.push(None);
+        self.text_offset.push(0);
+        if top {
+            self.top_logprobs.get_or_insert_with(Vec::new).push(None);
+        }
+    }
+
+    /// Adds the entries of `scored`, their offsets `shift` characters on (past an echoed
+    /// prompt); `top`: whether alternatives were asked for.
+    pub fn extend(
+        &mut self,
+        preprocessor: &Preprocessor,
+        scored: &[Scored],
+        top: bool,
+        shift: u32,
+    ) {
         for s in scored {
             self.tokens.push(spelled(preprocessor, s.token).0);
             self.token_logprobs.push(Some(floored(s.logprobs.logprob)));
-            self.text_offset.push(s.offset);
+            self.text_offset.push(s.offset + shift);
             if top {
                 let alternatives = s
                     .logprobs
@@ -129,15 +147,15 @@ impl CompletionLogprobs {
                     .collect();
                 self.top_logprobs
                     .get_or_insert_with(Vec::new)
-                    .push(Alternatives(alternatives));
+                    .push(Some(Alternatives(alternatives)));
             }
         }
     }
 
     /// The entries of `scored`, as [`Self::extend`] adds them.
-    pub fn of(preprocessor: &Preprocessor, scored: &[Scored], top: bool) -> Self {
+    pub fn of(preprocessor: &Preprocessor, scored: &[Scored], top: bool, shift: u32) -> Self {
         let mut logprobs = CompletionLogprobs::default();
-        logprobs.extend(preprocessor, scored, top);
+        logprobs.extend(preprocessor, scored, top, shift);
         if top {
             logprobs.top_logprobs.get_or_insert_with(Vec::new);
         }
@@ -191,13 +209,13 @@ mod tests {
             scored(a, 0, -0.1, vec![(a, -0.1), (b, -2.0), (a, -3.0)]),
             scored(b, 1, -2.0, vec![(a, -0.2)]),
         ];
-        let logprobs = CompletionLogprobs::of(&preprocessor, &entries, true);
+        let logprobs = CompletionLogprobs::of(&preprocessor, &entries, true, 0);
         let json = serde_json::to_string(&logprobs).unwrap();
         assert_eq!(
             json,
             r#"{"tokens":["a","b"],"token_logprobs":[-0.1,-2.0],"top_logprobs":[{"a":-0.1,"b":-2.0},{"a":-0.2}],"text_offset":[0,1]}"#
         );
-        let none = CompletionLogprobs::of(&preprocessor, &entries, false);
+        let none = CompletionLogprobs::of(&preprocessor, &entries, false, 0);
         assert_eq!(
             serde_json::to_value(&none).unwrap()["top_logprobs"],
             serde_json::Value::Null

@@ -133,6 +133,11 @@ impl RequestRun {
         self.prompt.len() as u32
     }
 
+    /// The token ids of the prompt the client sent.
+    pub(super) fn prompt_ids(&self) -> &[Token] {
+        &self.prompt.token_ids
+    }
+
     /// The prompt as the next worker must see it: the original, then what was generated.
     fn current_prompt(&self) -> Prompt {
         let mut prompt = self.prompt.clone();

@@ -183,6 +183,10 @@ pub enum Piece {
     /// Answer text, with the log probabilities of the tokens whose text it completes (when
     /// the request asked; they may come with no text, such as an end-of-sequence token's).
     Text { text: String, scored: Vec<Scored> },
+    /// The prompt's log probabilities, before any text, when the request asked (a
+    /// completion's `echo`): its first token (which has none), then an entry for each
+    /// other token, offsets in the prompt's text.
+    Prompt { first: Token, scored: Vec<Scored> },
     /// A chat answer's text, parsed (reasoning, content, tool calls): the pipeline sends
     /// `Text`, the chat endpoint's parsers turn it into this ([`crate::tools::output`]).
     Parts {

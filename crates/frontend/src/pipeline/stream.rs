@@ -19,7 +19,7 @@ use switchyard_router::flow::{Event, Leave, Step, stall};
 
 use super::dispatch::{Attempt, RequestRun};
 use super::scored::Pending;
-use super::{Piece, PipelineShell};
+use super::{Piece, PipelineShell, Scored};
 use crate::openai::ApiError;
 use crate::openai::response::Usage;
 use crate::preprocess::IncrementalDecoder;
@@ -180,8 +180,15 @@ impl Streaming {
                     // is never reported as complete; it goes on elsewhere.
                     FinishReason::Cancelled => self.move_on(Leave::Cancelled),
                 },
+                Woken::Item(Some(Ok(GenerateOutput::PromptLogprobs { logprobs })))
+                    if self.run.sampling.prompt_logprobs.is_some() =>
+                {
+                    self.on_prompt_logprobs(logprobs)
+                }
                 Woken::Item(Some(Ok(
-                    GenerateOutput::PrefillDone { .. } | GenerateOutput::Features { .. },
+                    GenerateOutput::PrefillDone { .. }
+                    | GenerateOutput::Features { .. }
+                    | GenerateOutput::PromptLogprobs { .. },
                 ))) => self.fail(ApiError::internal(
                     "The worker answered with output this frontend does not expect.",
                 )),
@@ -500,6 +507,33 @@ impl Streaming {
             }
         }
         self.emit(&text);
+    }
+
+    /// The prompt's log probabilities, one per token after the first: out before any text,
+    /// with offsets in the prompt's text; a worker the request moves to is not asked again.
+    fn on_prompt_logprobs(&mut self, logprobs: Vec<switchyard_core::protocol::TokenLogprobs>) {
+        self.run.sampling.prompt_logprobs = None;
+        let ids = self.run.prompt_ids();
+        let Some(&first) = ids.first() else {
+            return;
+        };
+        let mut decoder = self.run.frontend.preprocessor.decoder();
+        let mut at = 0;
+        let mut scored = Vec::with_capacity(logprobs.len());
+        for (i, &token) in ids.iter().enumerate() {
+            let start = at;
+            at += decoder.push(token).map_or(0, |piece| piece.chars().count());
+            if i > 0
+                && let Some(logprobs) = logprobs.get(i - 1)
+            {
+                scored.push(Scored {
+                    token,
+                    offset: start as u32,
+                    logprobs: logprobs.clone(),
+                });
+            }
+        }
+        self.out.push_back(Ok(Piece::Prompt { first, scored }));
     }
 
     /// The prompt tokens the engine found in its prefix cache, from the first item that

@@ -19,9 +19,17 @@ use super::dispatch::{Attempt, RequestRun};
 use crate::openai::ApiError;
 use crate::routing::Routed;
 
-/// A prefill's answer: the first token, where its KV is, the prompt tokens it found
-/// cached, the first token's log probabilities (when asked).
-type Prefilled = (Token, KvHandle, u32, Option<TokenLogprobs>);
+/// A prefill's answer.
+pub(super) struct Prefilled {
+    first_token: Token,
+    /// Where its KV is.
+    kv: KvHandle,
+    /// The prompt tokens it found cached.
+    cached_tokens: u32,
+    /// The first token's log probabilities, and the prompt's, when asked.
+    logprobs: Option<TokenLogprobs>,
+    prompt: Option<Vec<TokenLogprobs>>,
+}
 
 /// What one try came to.
 pub(super) enum Tried {
@@ -49,7 +57,7 @@ impl RequestRun {
         let done = self
             .remote_prefill(&prefill_instance, prefill, &prompt, generated)
             .await;
-        let (first_token, mut kv, cached_tokens, logprobs) = match done {
+        let mut prefilled = match done {
             Ok(done) => done,
             Err(failure) => {
                 // The prefill worker failed it: that worker is left out, and the pair is
@@ -60,7 +68,9 @@ impl RequestRun {
                 return Ok(Tried::Failed(prefill, failure));
             }
         };
-        let handed_over = Event::HandedOver { token: first_token };
+        let handed_over = Event::HandedOver {
+            token: prefilled.first_token,
+        };
         let ends = match self.life.step(handed_over, &mut PipelineShell(&frontend)) {
             Step::Stream => None,
             Step::Finish(reason) => Some(reason),
@@ -69,15 +79,9 @@ impl RequestRun {
         frontend.metrics.count_prefill("remote");
         frontend.metrics.count_dispatch(prefill, true);
         frontend.metrics.count_dispatch(worker, true);
-        kv.address = prefill_instance.address.clone();
+        prefilled.kv.address = prefill_instance.address.clone();
         let outage = frontend.routing.outages(worker.worker_id);
-        let stream = self.decode_stream(
-            &routed.instance,
-            worker,
-            prompt,
-            (first_token, kv, cached_tokens, logprobs),
-            ends,
-        );
+        let stream = self.decode_stream(&routed.instance, worker, prompt, prefilled, ends);
         Ok(Tried::UnderWay(Box::new(Attempt {
             worker,
             stream,
@@ -231,18 +235,31 @@ impl RequestRun {
         );
         let work = async {
             let mut stream = frontend.requests.generate(instance, request).await?;
-            match stream.next().await {
-                Some(Ok(GenerateOutput::PrefillDone {
-                    first_token,
-                    kv,
-                    cached_tokens,
-                    logprobs,
-                })) => Ok((first_token, kv, cached_tokens, logprobs)),
-                Some(Ok(other)) => Err(EngineError::Internal(format!(
-                    "the prefill worker answered with {other:?}"
-                ))),
-                Some(Err(e)) => Err(e),
-                None => Err(EngineError::Disconnected),
+            let mut prompt = None;
+            loop {
+                return match stream.next().await {
+                    Some(Ok(GenerateOutput::PromptLogprobs { logprobs })) => {
+                        prompt = Some(logprobs);
+                        continue;
+                    }
+                    Some(Ok(GenerateOutput::PrefillDone {
+                        first_token,
+                        kv,
+                        cached_tokens,
+                        logprobs,
+                    })) => Ok(Prefilled {
+                        first_token,
+                        kv,
+                        cached_tokens,
+                        logprobs,
+                        prompt,
+                    }),
+                    Some(Ok(other)) => Err(EngineError::Internal(format!(
+                        "the prefill worker answered with {other:?}"
+                    ))),
+                    Some(Err(e)) => Err(e),
+                    None => Err(EngineError::Disconnected),
+                };
             }
         };
         let limit =
@@ -269,9 +286,16 @@ impl RequestRun {
         instance: &WorkerInstance,
         worker: WorkerKey,
         mut prompt: Prompt,
-        (first_token, kv, cached_tokens, logprobs): Prefilled,
+        prefilled: Prefilled,
         ends: Option<FinishReason>,
     ) -> ResponseStream {
+        let Prefilled {
+            first_token,
+            kv,
+            cached_tokens,
+            logprobs,
+            prompt: prompt_logprobs,
+        } = prefilled;
         let generated = self.generated.len() as u32;
         let left = self.max_tokens.saturating_sub(generated).max(1);
         let first = GenerateOutput::Tokens {
@@ -279,13 +303,19 @@ impl RequestRun {
             cached_tokens: Some(cached_tokens),
             logprobs: logprobs.into_iter().collect(),
         };
+        // The prompt's log probabilities, asked: before the first token.
+        let before: Vec<Result<GenerateOutput, EngineError>> = prompt_logprobs
+            .map(|logprobs| Ok(GenerateOutput::PromptLogprobs { logprobs }))
+            .into_iter()
+            .collect();
         if let Some(reason) = ends {
             let finished = GenerateOutput::Finished {
                 reason,
                 completion_tokens: 1,
                 cached_tokens: None,
             };
-            return futures::stream::iter([Ok(first), Ok(finished)]).boxed();
+            let items = before.into_iter().chain([Ok(first), Ok(finished)]);
+            return futures::stream::iter(items).boxed();
         }
         prompt.token_ids.push(first_token);
         let request = GenerateRequest {
@@ -324,7 +354,8 @@ impl RequestRun {
             }
             Err(e) => futures::stream::once(futures::future::ready(Err(e))).boxed(),
         });
-        futures::stream::once(futures::future::ready(Ok(first)))
+        futures::stream::iter(before)
+            .chain(futures::stream::once(futures::future::ready(Ok(first))))
             .chain(rest)
             .boxed()
     }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
 use switchyard_core::protocol::{FinishReason, TokenOutput};
 use switchyard_core::{KvEvent, StorageTier};
 
@@ -11,7 +12,7 @@ use super::{MockEngine, StepOutput};
 use crate::config::PreemptionMode;
 use crate::logprobs::logprobs;
 use crate::perf::StepShape;
-use crate::tokens::{token_guided, token_under};
+use crate::tokens::{TokenRules, token_guided, token_under};
 
 impl MockEngine {
     /// Runs one step starting at `now`.
@@ -271,6 +272,16 @@ impl MockEngine {
                 (Ok(token), _) => (token, None),
                 (Err(eos), _) => (eos, Some(FinishReason::Length)),
             };
+            let prompt_logprobs = seq.prompt_logprobs.take().map(|(n, prompt)| {
+                let plain = (TokenRules::default(), FxHashMap::default());
+                Box::new(
+                    prompt
+                        .iter()
+                        .skip(1)
+                        .map(|&token| logprobs(&plain.0, &plain.1, None, token, n))
+                        .collect(),
+                )
+            });
             let logprobs = seq.logprobs.map(|n| {
                 let allowed = allowed.as_deref();
                 Box::new(logprobs(&seq.rules, &seq.counts, allowed, token, n))
@@ -294,6 +305,7 @@ impl MockEngine {
                 cached_tokens: seq.cached_tokens.unwrap_or(0),
                 finish,
                 logprobs,
+                prompt_logprobs,
             });
             seq.generated += 1;
             self.stats.output_tokens += 1;

@@ -174,6 +174,7 @@ impl Fleet<'_> {
             // Traces carry no constraints and ask for no log probabilities.
             guide: None,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 

@@ -187,7 +187,7 @@ async fn one(
         first.get_or_insert_with(tokio::time::Instant::now);
         match piece {
             Ok(Piece::Finished { usage, worker, .. }) => end = Some((usage, worker)),
-            Ok(Piece::Text { .. } | Piece::Parts { .. }) => {}
+            Ok(Piece::Text { .. } | Piece::Parts { .. } | Piece::Prompt { .. }) => {}
             Err(e) => return Err(e.code.unwrap_or("stream").to_string()),
         }
     }
