@@ -301,6 +301,11 @@ pub mod samples {
                 text: "hé".into(),
                 tokens: Some(1),
                 cached_tokens: None,
+                logprobs: vec![switchyard_core::protocol::TextLogprob {
+                    token: "hé".into(),
+                    logprob: -0.75,
+                    top: vec![("hé".into(), -0.75), ("ha".into(), -1.0)],
+                }],
             },
             GenerateOutput::PromptLogprobs {
                 logprobs: vec![switchyard_core::protocol::TokenLogprobs {

@@ -105,6 +105,7 @@ impl Engine for CandleWorker {
             },
             vocabularies: self.vocabularies.clone(),
             logprobs: true,
+            prompt_logprobs: true,
         }
     }
 

@@ -574,6 +574,15 @@ pub struct TokenLogprobs {
     pub top: Vec<(Token, f32)>,
 }
 
+/// A generated token's log probability as an engine that streams text reports it: the
+/// token and its likeliest alternatives by their text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TextLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
+}
+
 /// One item of an engine's response stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -594,6 +603,10 @@ pub enum GenerateOutput {
         text: String,
         tokens: Option<u32>,
         cached_tokens: Option<u32>,
+        /// The text's tokens with their log probabilities, when the request asked and the
+        /// engine says (their texts, joined, are `text`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<TextLogprob>,
     },
     /// The prompt's log probabilities, before the first token, when the request asked
     /// ([`SamplingParams::prompt_logprobs`]): one per prompt token after the first.

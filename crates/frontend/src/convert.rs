@@ -254,7 +254,22 @@ pub fn completion(
         })?),
     };
     let (mut prepared, mode) = common(frontend, params, Prompt::tokens(tokens), logprobs)?;
-    if echo.is_some() {
+    if echo.is_some() && logprobs.is_some() {
+        let sampling = &prepared.sampling;
+        let needs = Needs {
+            constraint: sampling
+                .constraint
+                .as_ref()
+                .map(|c| (c.kind(), frontend.preprocessor.vocabulary())),
+            logprobs: true,
+            prompt_logprobs: true,
+        };
+        if frontend.routing.unable(&needs).is_none() {
+            return Err(ApiError::invalid_param(
+                "echo",
+                "no worker serving this model reports a prompt's log probabilities (`echo` with `logprobs`)",
+            ));
+        }
         prepared.sampling.prompt_logprobs = logprobs;
     }
     Ok((prepared, mode, echo))
@@ -366,7 +381,7 @@ fn common(
     let vocabulary = frontend.preprocessor.vocabulary();
     let mut needs = Needs {
         constraint: constraint.as_ref().map(|(c, _)| (c.kind(), vocabulary)),
-        logprobs: false,
+        ..Needs::default()
     };
     if let Some((constraint, param)) = &constraint
         && frontend.routing.unable(&needs).is_none()

@@ -71,6 +71,9 @@ pub struct WorkerInstance {
     /// alternatives' (requests asking for them go only to such workers).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logprobs: bool,
+    /// It reports a prompt's log probabilities too (a completion's `echo`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompt_logprobs: bool,
 }
 
 /// What a request needs of the worker it goes to, beyond serving its model.
@@ -81,12 +84,14 @@ pub struct Needs<'a> {
     pub constraint: Option<(ConstraintKind, Option<&'a str>)>,
     /// Log probabilities reported.
     pub logprobs: bool,
+    /// The prompt's log probabilities reported.
+    pub prompt_logprobs: bool,
 }
 
 impl Needs<'_> {
     /// Whether any worker will do.
     pub fn is_none(&self) -> bool {
-        self.constraint.is_none() && !self.logprobs
+        self.constraint.is_none() && !self.logprobs && !self.prompt_logprobs
     }
 }
 
@@ -116,6 +121,7 @@ impl WorkerInstance {
             constraints: ConstraintKinds::NONE,
             vocabularies: Vec::new(),
             logprobs: false,
+            prompt_logprobs: false,
         }
     }
 
@@ -132,6 +138,7 @@ impl WorkerInstance {
             .constraint
             .is_none_or(|(kind, vocabulary)| self.enforces(kind, vocabulary))
             && (self.logprobs || !needs.logprobs)
+            && (self.prompt_logprobs || !needs.prompt_logprobs)
     }
 }
 

@@ -298,6 +298,7 @@ impl EngineService for Ticker {
                     text: "x".repeat(switchyard_runtime::net::http::MAX_FRAME_BYTES + 1),
                     tokens: None,
                     cached_tokens: None,
+                    logprobs: Vec::new(),
                 };
                 return Ok(futures::stream::iter([Ok(huge)]).boxed());
             }

@@ -90,6 +90,19 @@ impl Drop for LlamaServer {
     }
 }
 
+/// An SSE response's `data:` payloads.
+async fn sse_at(url: &str, body: &Value) -> (u16, Vec<String>) {
+    let response = support::client().post(url).json(body).send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let events = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect();
+    (status, events)
+}
+
 fn messages() -> Value {
     json!([{"role": "user", "content": "What is the capital of France?"}])
 }
@@ -207,6 +220,113 @@ async fn a_llama_cpp_server_serves_through_an_openai_worker() {
         response["usage"]["completion_tokens"].as_u64().unwrap() <= 5,
         "{response}"
     );
+
+    // Log probabilities pass through: the server's own, as it gives them directly, for
+    // a completion and a chat, streamed and not.
+    let ask = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0.0, "logprobs": 2});
+    let direct: Value = support::client()
+        .post(llama.url("/v1/completions"))
+        .json(&ask)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut through = ask.clone();
+    through["model"] = json!("switchyard-mock");
+    let response: Value = support::client()
+        .post(frontend.url("/v1/completions"))
+        .json(&through)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (theirs, ours) = (&direct["choices"][0], &response["choices"][0]);
+    assert_eq!(ours["text"], theirs["text"], "{response}");
+    let ours = &ours["logprobs"];
+    assert_eq!(ours["tokens"], theirs["logprobs"]["tokens"], "{response}");
+    assert_eq!(
+        ours["text_offset"].as_array().unwrap().len(),
+        4,
+        "{response}"
+    );
+    for (a, b) in ours["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(theirs["logprobs"]["token_logprobs"].as_array().unwrap())
+    {
+        assert!(
+            (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-4,
+            "{response}"
+        );
+    }
+    for (top, direct) in ours["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(theirs["logprobs"]["top_logprobs"].as_array().unwrap())
+    {
+        let (top, direct) = (top.as_object().unwrap(), direct.as_object().unwrap());
+        assert_eq!(top.len(), direct.len(), "{response}");
+        for (token, l) in direct {
+            let ours = top[token].as_f64().unwrap();
+            assert!((ours - l.as_f64().unwrap()).abs() < 1e-4, "{response}");
+        }
+    }
+    let mut chat = json!({
+        "model": "switchyard-mock", "messages": messages(), "max_tokens": 6,
+        "temperature": 0.0, "logprobs": true, "top_logprobs": 2,
+    });
+    let whole: Value = support::client()
+        .post(frontend.url("/v1/chat/completions"))
+        .json(&chat)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entries = whole["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    let spelled: String = entries
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        spelled, whole["choices"][0]["message"]["content"],
+        "{whole}"
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e["top_logprobs"].as_array().unwrap().len() == 2)
+    );
+    chat["stream"] = json!(true);
+    let (_, events) = sse_at(&frontend.url("/v1/chat/completions"), &chat).await;
+    let streamed: Vec<Value> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(&streamed, entries);
+    // A prompt's log probabilities: this worker does not report them.
+    let mut echo = through.clone();
+    echo["echo"] = json!(true);
+    let response = support::client()
+        .post(frontend.url("/v1/completions"))
+        .json(&echo)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "echo", "{body}");
 
     // The worker is listed, healthy, with load reports (its own count of requests in
     // flight: llama-cpp-python serves no /metrics).

@@ -46,6 +46,7 @@ impl Engine for Echo {
             constraints: switchyard_core::protocol::ConstraintKinds::NONE,
             vocabularies: Vec::new(),
             logprobs: false,
+            prompt_logprobs: false,
         }
     }
 

@@ -156,6 +156,7 @@ impl Engine for MockEncoder {
             constraints: switchyard_core::protocol::ConstraintKinds::NONE,
             vocabularies: Vec::new(),
             logprobs: false,
+            prompt_logprobs: false,
         }
     }
 

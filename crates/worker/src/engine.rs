@@ -58,6 +58,10 @@ pub struct EngineCapabilities {
     ///
     /// [`SamplingParams::logprobs`]: switchyard_core::protocol::SamplingParams::logprobs
     pub logprobs: bool,
+    /// It reports a prompt's log probabilities too ([`SamplingParams::prompt_logprobs`]).
+    ///
+    /// [`SamplingParams::prompt_logprobs`]: switchyard_core::protocol::SamplingParams::prompt_logprobs
+    pub prompt_logprobs: bool,
 }
 
 /// A started engine, as the host uses it.

@@ -327,6 +327,7 @@ fn instance(
         constraints: capabilities.constraints,
         vocabularies: capabilities.vocabularies.clone(),
         logprobs: capabilities.logprobs,
+        prompt_logprobs: capabilities.prompt_logprobs,
         dp_size: capabilities.dp_size.max(1),
         // Random per start: a worker restarted under the same id is told apart.
         incarnation: rand::random::<u64>(),

@@ -77,6 +77,7 @@ impl Engine for Mocker {
                 .collect(),
             // Its exact distribution (`switchyard_mocker::logprobs`).
             logprobs: true,
+            prompt_logprobs: true,
         }
     }
 

@@ -9,7 +9,7 @@
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
-use crate::pipeline::Scored;
+use crate::pipeline::{Scored, Spelled};
 use crate::preprocess::Preprocessor;
 
 /// The lowest log probability reported.
@@ -24,9 +24,14 @@ fn floored(logprob: f32) -> f32 {
 }
 
 /// What a token spells, as text and bytes.
-fn spelled(preprocessor: &Preprocessor, token: u32) -> (String, Vec<u8>) {
-    let bytes = preprocessor.token_bytes(token).unwrap_or_default();
-    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+fn spelled(preprocessor: &Preprocessor, token: &Spelled) -> (String, Vec<u8>) {
+    match token {
+        Spelled::Id(id) => {
+            let bytes = preprocessor.token_bytes(*id).unwrap_or_default();
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        }
+        Spelled::Text(text) => (text.clone(), text.as_bytes().to_vec()),
+    }
 }
 
 /// Chat's `choices[].logprobs`.
@@ -57,13 +62,13 @@ impl ChatLogprobs {
         let content = scored
             .iter()
             .map(|s| {
-                let (token, bytes) = spelled(preprocessor, s.token);
+                let (token, bytes) = spelled(preprocessor, &s.token);
                 let top_logprobs = s
-                    .logprobs
                     .top
                     .iter()
-                    .map(|&(id, logprob)| {
+                    .map(|(id, logprob)| {
                         let (token, bytes) = spelled(preprocessor, id);
+                        let logprob = *logprob;
                         TopLogprob {
                             token,
                             logprob: floored(logprob),
@@ -73,7 +78,7 @@ impl ChatLogprobs {
                     .collect();
                 ChatTokenLogprob {
                     token,
-                    logprob: floored(s.logprobs.logprob),
+                    logprob: floored(s.logprob),
                     bytes,
                     top_logprobs,
                 }
@@ -117,7 +122,8 @@ impl Serialize for Alternatives {
 impl CompletionLogprobs {
     /// Adds an echoed prompt's first token, which has no log probability.
     pub fn first(&mut self, preprocessor: &Preprocessor, token: u32, top: bool) {
-        self.tokens.push(spelled(preprocessor, token).0);
+        self.tokens
+            .push(spelled(preprocessor, &Spelled::Id(token)).0);
         self.token_logprobs.push(None);
         self.text_offset.push(0);
         if top {
@@ -135,15 +141,14 @@ impl CompletionLogprobs {
         shift: u32,
     ) {
         for s in scored {
-            self.tokens.push(spelled(preprocessor, s.token).0);
-            self.token_logprobs.push(Some(floored(s.logprobs.logprob)));
+            self.tokens.push(spelled(preprocessor, &s.token).0);
+            self.token_logprobs.push(Some(floored(s.logprob)));
             self.text_offset.push(s.offset + shift);
             if top {
                 let alternatives = s
-                    .logprobs
                     .top
                     .iter()
-                    .map(|&(id, logprob)| (spelled(preprocessor, id).0, floored(logprob)))
+                    .map(|(id, logprob)| (spelled(preprocessor, id).0, floored(*logprob)))
                     .collect();
                 self.top_logprobs
                     .get_or_insert_with(Vec::new)
@@ -170,11 +175,9 @@ mod tests {
     use super::*;
 
     fn scored(token: u32, offset: u32, logprob: f32, top: Vec<(u32, f32)>) -> Scored {
-        Scored {
-            token,
-            offset,
-            logprobs: TokenLogprobs { logprob, top },
-        }
+        let mut scored = Scored::of_ids(token, TokenLogprobs { logprob, top });
+        scored.offset = offset;
+        scored
     }
 
     #[test]

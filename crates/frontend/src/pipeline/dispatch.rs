@@ -355,6 +355,7 @@ impl RequestRun {
                             (constraint.kind(), frontend.preprocessor.vocabulary())
                         }),
                         logprobs: self.sampling.logprobs.is_some(),
+                        prompt_logprobs: self.sampling.prompt_logprobs.is_some(),
                     };
                 let unable = (!needs.is_none()).then(|| {
                     let mut exclude = self.life.exclusions().to_vec();

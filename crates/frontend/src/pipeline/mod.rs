@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use switchyard_core::protocol::{Prompt, SamplingParams, TokenLogprobs};
+use switchyard_core::protocol::{Prompt, SamplingParams, TextLogprob, TokenLogprobs};
 use switchyard_core::{Priority, RequestId, Token, WorkerKey};
 use switchyard_router::flow::{self, GiveUp, Shell};
 use switchyard_router::routing::health::Failure;
@@ -168,13 +168,53 @@ impl Prepared {
     }
 }
 
+/// A token as a response names it: by id (spelled by the tokenizer's vocabulary), or by
+/// the text an engine that streams text gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spelled {
+    Id(Token),
+    Text(String),
+}
+
 /// A generated token's log probabilities, as a response reports them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scored {
-    pub token: Token,
+    pub token: Spelled,
     /// Where its text starts in the answer, in characters.
     pub offset: u32,
-    pub logprobs: TokenLogprobs,
+    pub logprob: f32,
+    /// The likeliest tokens, likeliest first.
+    pub top: Vec<(Spelled, f32)>,
+}
+
+impl Scored {
+    /// A token's entry from an engine's ids (its offset set when its text is placed).
+    pub fn of_ids(token: Token, logprobs: TokenLogprobs) -> Self {
+        Scored {
+            token: Spelled::Id(token),
+            offset: 0,
+            logprob: logprobs.logprob,
+            top: logprobs
+                .top
+                .into_iter()
+                .map(|(id, l)| (Spelled::Id(id), l))
+                .collect(),
+        }
+    }
+
+    /// A token's entry from an engine's text.
+    pub fn of_text(logprob: TextLogprob) -> Self {
+        Scored {
+            token: Spelled::Text(logprob.token),
+            offset: 0,
+            logprob: logprob.logprob,
+            top: logprob
+                .top
+                .into_iter()
+                .map(|(text, l)| (Spelled::Text(text), l))
+                .collect(),
+        }
+    }
 }
 
 /// A piece of a response.

@@ -4,9 +4,6 @@
 
 use std::collections::VecDeque;
 
-use switchyard_core::Token;
-use switchyard_core::protocol::TokenLogprobs;
-
 use super::Scored;
 
 /// The entries whose text has not all gone out, counted in characters of the answer.
@@ -20,22 +17,13 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    /// Token `token` decoded to `piece`, `before` characters after what went before it
-    /// (in the same output, not yet [`Self::decoded`]); returns the piece's characters.
-    pub(super) fn token(
-        &mut self,
-        token: Token,
-        before: usize,
-        piece: &str,
-        logprobs: TokenLogprobs,
-    ) -> usize {
+    /// A token whose text is `piece`, `before` characters after what went before it (in
+    /// the same output, not yet [`Self::decoded`]), and its entry; returns the piece's
+    /// characters.
+    pub(super) fn token(&mut self, before: usize, piece: &str, mut scored: Scored) -> usize {
         let start = self.decoded + before;
         let end = start + piece.chars().count();
-        let scored = Scored {
-            token,
-            offset: start as u32,
-            logprobs,
-        };
+        scored.offset = start as u32;
         self.queue.push_back((end, scored));
         end - start
     }
@@ -68,13 +56,25 @@ impl Pending {
 mod tests {
     use proptest::prelude::*;
 
+    use switchyard_core::Token;
+    use switchyard_core::protocol::TokenLogprobs;
+
     use super::*;
+    use crate::pipeline::Spelled;
     use crate::stop::{StopCheck, StopMatcher};
 
-    fn logprob(token: Token) -> TokenLogprobs {
-        TokenLogprobs {
+    fn logprob(token: Token) -> Scored {
+        let logprobs = TokenLogprobs {
             logprob: -(token as f32),
             top: Vec::new(),
+        };
+        Scored::of_ids(token, logprobs)
+    }
+
+    fn id(scored: &Scored) -> Token {
+        match scored.token {
+            Spelled::Id(id) => id,
+            Spelled::Text(_) => panic!("{scored:?}"),
         }
     }
 
@@ -90,7 +90,7 @@ mod tests {
             let mut before = 0;
             for (i, piece) in chunk.iter().enumerate() {
                 let token = (round * per.max(1) + i) as Token;
-                before += pending.token(token, before, piece, logprob(token));
+                before += pending.token(before, piece, logprob(token));
                 decoded.push_str(piece);
             }
             pending.decoded(&decoded);
@@ -121,7 +121,7 @@ mod tests {
             .to_vec();
         let (text, scored) = stream(&pieces, 1, &["STOP".into()]);
         assert_eq!(text, "Hello ");
-        let tokens: Vec<Token> = scored.iter().map(|s| s.token).collect();
+        let tokens: Vec<Token> = scored.iter().map(id).collect();
         // " ST" holds the stop's start: its text did not all go out.
         assert_eq!(tokens, [0, 1]);
         assert_eq!(scored[1].offset, 2);
@@ -160,7 +160,7 @@ mod tests {
                 }
                 start = end;
             }
-            let got: Vec<(Token, u32)> = scored.iter().map(|s| (s.token, s.offset)).collect();
+            let got: Vec<(Token, u32)> = scored.iter().map(|s| (id(s), s.offset)).collect();
             prop_assert_eq!(got, expected);
         }
     }

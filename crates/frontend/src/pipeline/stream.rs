@@ -10,7 +10,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_core::protocol::{EngineError, FinishReason, GenerateOutput, TokenLogprobs};
+use switchyard_core::protocol::{
+    EngineError, FinishReason, GenerateOutput, TextLogprob, TokenLogprobs,
+};
 use switchyard_core::{Token, WorkerId, WorkerKey};
 use switchyard_router::routing::health::Failure;
 use tokio::time::{Instant, Sleep};
@@ -159,9 +161,13 @@ impl Streaming {
                 Woken::Item(Some(Ok(GenerateOutput::Text {
                     text,
                     cached_tokens,
+                    logprobs,
                     ..
                 }))) => match self.run.frontend.preprocessor.encode(&text) {
-                    Ok(token_ids) => self.on_tokens(&token_ids, cached_tokens, Some(&text), &[]),
+                    Ok(token_ids) => {
+                        let text = Some((text.as_str(), logprobs));
+                        self.on_tokens(&token_ids, cached_tokens, text, &[])
+                    }
                     Err(e) => self.fail(ApiError::internal(format!(
                         "Cannot tokenize the worker's output: {e}"
                     ))),
@@ -431,7 +437,7 @@ impl Streaming {
         &mut self,
         tokens: &[Token],
         cached: Option<u32>,
-        text: Option<&str>,
+        text: Option<(&str, Vec<TextLogprob>)>,
         logprobs: &[TokenLogprobs],
     ) {
         let frontend = std::sync::Arc::clone(&self.run.frontend);
@@ -485,7 +491,13 @@ impl Streaming {
         self.last_token = Some(now);
         self.run.generated.extend_from_slice(tokens);
         metrics.output_tokens.inc_by(tokens.len() as u64);
-        if let Some(text) = text {
+        if let Some((text, logprobs)) = text {
+            // The engine's own tokens, by their text.
+            let mut before = 0;
+            for logprob in logprobs {
+                let piece = logprob.token.clone();
+                before += self.scored.token(before, &piece, Scored::of_text(logprob));
+            }
             return self.emit(text);
         }
         let mut text = String::new();
@@ -495,7 +507,8 @@ impl Streaming {
                 Ok(piece) => {
                     match logprobs.get(i) {
                         Some(logprobs) => {
-                            before += self.scored.token(token, before, &piece, logprobs.clone())
+                            let scored = Scored::of_ids(token, logprobs.clone());
+                            before += self.scored.token(before, &piece, scored);
                         }
                         None => before += piece.chars().count(),
                     }
@@ -526,11 +539,9 @@ impl Streaming {
             if i > 0
                 && let Some(logprobs) = logprobs.get(i - 1)
             {
-                scored.push(Scored {
-                    token,
-                    offset: start as u32,
-                    logprobs: logprobs.clone(),
-                });
+                let mut entry = Scored::of_ids(token, logprobs.clone());
+                entry.offset = start as u32;
+                scored.push(entry);
             }
         }
         self.out.push_back(Ok(Piece::Prompt { first, scored }));

@@ -85,6 +85,11 @@ pub struct OpenAiConfig {
     pub connect_timeout: Duration,
     /// How the upstream is told a request's constraint (structured output), if at all.
     pub constraints: ConstraintDialect,
+    /// The upstream answers the completions API's `logprobs` (vLLM, SGLang and llama.cpp
+    /// do): requests asking for log probabilities may come here, and canaries check them.
+    /// A server that answers without them must say false: asked and not given, they fail
+    /// the request.
+    pub logprobs: bool,
 }
 
 impl Default for OpenAiConfig {
@@ -102,6 +107,7 @@ impl Default for OpenAiConfig {
             metrics_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
             constraints: ConstraintDialect::None,
+            logprobs: true,
         }
     }
 }
@@ -190,8 +196,10 @@ impl Engine for OpenAiUpstream {
             // It enforces them over text, whatever the frontend's vocabulary.
             constraints: self.config.constraints.kinds(),
             vocabularies: Vec::new(),
-            // Not yet passed through from the upstream's answers.
-            logprobs: false,
+            // Passed through from its answers; not a prompt's (an echoed prompt is the
+            // upstream's text, not this protocol's).
+            logprobs: self.config.logprobs,
+            prompt_logprobs: false,
         }
     }
 

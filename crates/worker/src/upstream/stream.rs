@@ -11,7 +11,7 @@ use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use switchyard_core::protocol::{
-    EngineError, FinishReason, GenerateOutput, GenerateRequest, Phase,
+    EngineError, FinishReason, GenerateOutput, GenerateRequest, Phase, TextLogprob,
 };
 use switchyard_runtime::{EngineService, ResponseStream};
 
@@ -76,6 +76,8 @@ impl UpstreamService {
             ("seed", s.seed.map(|v| json!(v))),
             ("frequency_penalty", s.frequency_penalty.map(|v| json!(v))),
             ("presence_penalty", s.presence_penalty.map(|v| json!(v))),
+            // The completions API's count of alternatives (its answer gives the token's).
+            ("logprobs", s.logprobs.map(|v| json!(v))),
             (
                 "logit_bias",
                 (!s.logit_bias.is_empty()).then(|| {
@@ -114,6 +116,12 @@ impl EngineService for UpstreamService {
         if request.prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty".into()));
         }
+        if request.sampling.prompt_logprobs.is_some() {
+            return Err(EngineError::Unsupported(
+                "this worker does not report a prompt's log probabilities".into(),
+            ));
+        }
+        let asked = request.sampling.logprobs.is_some();
         let body = self.body(&request)?;
         let guard = InFlight::new(&self.in_flight);
         let mut call = self.client.post(&self.completions).json(&body);
@@ -141,7 +149,7 @@ impl EngineService for UpstreamService {
             finished: false,
             pending: None,
         };
-        let stream = futures::stream::unfold(state, |mut state| async move {
+        let stream = futures::stream::unfold(state, move |mut state| async move {
             if state.finished {
                 return None;
             }
@@ -186,7 +194,7 @@ impl EngineService for UpstreamService {
                     // Anything else after the finish is passed over, until the wait ends.
                     continue;
                 }
-                match chunk_items(&event.data) {
+                match chunk_items(&event.data, asked) {
                     Ok((mut items, true, false)) => {
                         // vLLM and SGLang send the usage in a chunk after the finish.
                         let until = tokio::time::Instant::now() + TRAILING_USAGE_WAIT;
@@ -282,9 +290,39 @@ fn upstream_message(body: &str) -> String {
     message.unwrap_or_else(|| body.chars().take(500).collect())
 }
 
+/// A completions chunk's `logprobs` (`tokens`, `token_logprobs`, `top_logprobs` as an
+/// object per token), one entry per token, alternatives likeliest first.
+fn text_logprobs(logprobs: &Value) -> Option<Vec<TextLogprob>> {
+    let tokens = logprobs.get("tokens")?.as_array()?;
+    let values = logprobs.get("token_logprobs")?.as_array()?;
+    let tops = logprobs.get("top_logprobs").and_then(Value::as_array);
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, token)| {
+            let mut top: Vec<(String, f32)> = tops
+                .and_then(|t| t.get(i)?.as_object())
+                .into_iter()
+                .flatten()
+                .filter_map(|(text, l)| Some((text.clone(), l.as_f64()? as f32)))
+                .collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            Some(TextLogprob {
+                token: token.as_str()?.to_owned(),
+                logprob: values
+                    .get(i)?
+                    .as_f64()
+                    .map_or(f32::NEG_INFINITY, |l| l as f32),
+                top,
+            })
+        })
+        .collect()
+}
+
 /// The items one streamed chunk stands for, whether the request finished with it, and
-/// whether the chunk had a usage.
-fn chunk_items(data: &str) -> Result<(Vec<GenerateOutput>, bool, bool), EngineError> {
+/// whether the chunk had a usage. `asked`: the request asked for log probabilities, so
+/// text without them is an error.
+fn chunk_items(data: &str, asked: bool) -> Result<(Vec<GenerateOutput>, bool, bool), EngineError> {
     let chunk: Value = serde_json::from_str(data).map_err(|e| {
         EngineError::Internal(format!("the upstream sent a chunk that is not JSON: {e}"))
     })?;
@@ -297,13 +335,31 @@ fn chunk_items(data: &str) -> Result<(Vec<GenerateOutput>, bool, bool), EngineEr
     let mut items = Vec::new();
     let usage = Usage::of(&chunk);
     let choice = chunk.pointer("/choices/0");
+    let logprobs = choice
+        .and_then(|c| c.get("logprobs"))
+        .filter(|l| asked && !l.is_null())
+        .map(|l| {
+            text_logprobs(l).ok_or_else(|| {
+                EngineError::Internal(format!(
+                    "the upstream sent log probabilities this worker cannot read: {l}"
+                ))
+            })
+        })
+        .transpose()?
+        .unwrap_or_default();
     if let Some(text) = choice.and_then(|c| c.get("text")).and_then(Value::as_str)
-        && !text.is_empty()
+        && (!text.is_empty() || !logprobs.is_empty())
     {
+        if asked && logprobs.is_empty() && !text.is_empty() {
+            return Err(EngineError::Internal(
+                "the upstream sent text without the log probabilities asked for".into(),
+            ));
+        }
         items.push(GenerateOutput::Text {
             text: text.to_owned(),
             tokens: None,
             cached_tokens: usage.and_then(|u| u.cached_tokens),
+            logprobs,
         });
     }
     let finish = choice
@@ -342,21 +398,25 @@ mod tests {
 
     #[test]
     fn chunks() {
-        let (items, done, usage) =
-            chunk_items(r#"{"choices":[{"text":"Hel","finish_reason":null}],"usage":null}"#)
-                .unwrap();
+        let (items, done, usage) = chunk_items(
+            r#"{"choices":[{"text":"Hel","finish_reason":null}],"usage":null}"#,
+            false,
+        )
+        .unwrap();
         assert!(!done && !usage);
         assert_eq!(
             items,
             vec![GenerateOutput::Text {
                 text: "Hel".into(),
                 tokens: None,
-                cached_tokens: None
+                cached_tokens: None,
+                logprobs: Vec::new(),
             }]
         );
         let (items, done, usage) = chunk_items(
             r#"{"choices":[{"text":"","finish_reason":"length"}],"usage":{"completion_tokens":5,
                 "prompt_tokens_details":{"cached_tokens":16}}}"#,
+            false,
         )
         .unwrap();
         assert!(done && usage);
@@ -369,17 +429,52 @@ mod tests {
             }]
         );
         // A finish without usage (vLLM's and SGLang's usage comes in a chunk of its own).
-        let (items, done, usage) =
-            chunk_items(r#"{"choices":[{"text":"!","finish_reason":"stop"}],"usage":null}"#)
-                .unwrap();
+        let (items, done, usage) = chunk_items(
+            r#"{"choices":[{"text":"!","finish_reason":"stop"}],"usage":null}"#,
+            false,
+        )
+        .unwrap();
         assert!(done && !usage);
         assert_eq!(items.len(), 2);
         // The usage-only chunk after the finish: no item of its own; its usage is read.
         let (items, done, usage) =
-            chunk_items(r#"{"choices":[],"usage":{"prompt_tokens":3}}"#).unwrap();
+            chunk_items(r#"{"choices":[],"usage":{"prompt_tokens":3}}"#, false).unwrap();
         assert!(items.is_empty() && !done && usage);
-        assert!(chunk_items("not json").is_err());
-        let err = chunk_items(r#"{"error":{"message":"boom"}}"#).unwrap_err();
+        assert!(chunk_items("not json", false).is_err());
+        let err = chunk_items(r#"{"error":{"message":"boom"}}"#, false).unwrap_err();
         assert!(err.to_string().contains("boom"), "{err}");
+    }
+
+    /// llama.cpp's server's streamed chunk, as it sends it.
+    const WITH_LOGPROBS: &str = r#"{"choices": [{"text": " Paris", "index": 0, "logprobs":
+        {"tokens": [" Paris"], "text_offset": [24], "token_logprobs": [-0.3013],
+        "top_logprobs": [{" the": -2.5071, " Paris": -0.3013}]}, "finish_reason": null}]}"#;
+
+    #[test]
+    fn log_probabilities_pass_through_and_their_absence_is_an_error() {
+        let (items, _, _) = chunk_items(WITH_LOGPROBS, true).unwrap();
+        let GenerateOutput::Text { text, logprobs, .. } = &items[0] else {
+            panic!("{items:?}");
+        };
+        assert_eq!(text, " Paris");
+        assert_eq!(
+            logprobs,
+            &vec![TextLogprob {
+                token: " Paris".into(),
+                logprob: -0.3013,
+                top: vec![(" Paris".into(), -0.3013), (" the".into(), -2.5071)],
+            }]
+        );
+        // Not asked: not passed on.
+        let (items, _, _) = chunk_items(WITH_LOGPROBS, false).unwrap();
+        assert!(matches!(&items[0], GenerateOutput::Text { logprobs, .. } if logprobs.is_empty()));
+        // Asked, and the upstream sent text without them.
+        let bare = r#"{"choices":[{"text":"Hel","finish_reason":null}]}"#;
+        assert!(chunk_items(bare, true).is_err());
+        // The finishing chunk has none and no text: fine.
+        let end = r#"{"choices":[{"text":"","logprobs":null,"finish_reason":"length"}]}"#;
+        assert!(chunk_items(end, true).is_ok());
+        let unreadable = r#"{"choices":[{"text":"a","logprobs":{"tokens":"a"}}]}"#;
+        assert!(chunk_items(unreadable, true).is_err());
     }
 }
