@@ -14,7 +14,7 @@ use rustc_hash::FxHashMap;
 use switchyard_core::Token;
 use switchyard_core::protocol::TokenLogprobs;
 
-use crate::tokens::{TokenRules, VOCAB_SIZE};
+use crate::tokens::{TokenRules, VOCAB_SIZE, touched};
 
 /// `chosen`'s log probability and the `n` likeliest tokens', likeliest first (among equal
 /// ones, `chosen` first, then by id), given how often each token is already in the output
@@ -26,24 +26,8 @@ pub fn logprobs(
     chosen: Token,
     n: u32,
 ) -> TokenLogprobs {
-    let penalty = |token: Token| match counts.get(&token) {
-        None | Some(0) => 0.0,
-        Some(&count) => {
-            f64::from(rules.frequency_penalty) * f64::from(count)
-                + f64::from(rules.presence_penalty)
-        }
-    };
     // The tokens whose logit is not 0 (None: banned), as the draw weighs them.
-    let mut touched: FxHashMap<Token, Option<f64>> = counts
-        .keys()
-        .map(|&token| (token, Some(-penalty(token))))
-        .collect();
-    for &(token, bias) in &rules.bias {
-        touched.insert(token, Some(f64::from(bias) - penalty(token)));
-    }
-    for &token in &rules.banned {
-        touched.insert(token, None);
-    }
+    let touched = touched(rules, counts);
     let drawable = |token: Token| match allowed {
         Some(allowed) => allowed.binary_search(&token).is_ok(),
         None => token < VOCAB_SIZE || touched.contains_key(&token),

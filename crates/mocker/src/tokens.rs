@@ -102,6 +102,32 @@ impl TokenRules {
     }
 }
 
+/// Every token whose logit `rules` change from 0, with its logit (None: banned), given how
+/// often each token is already in the output (`counts`).
+pub fn touched(
+    rules: &TokenRules,
+    counts: &FxHashMap<Token, u32>,
+) -> FxHashMap<Token, Option<f64>> {
+    let penalty = |token: Token| match counts.get(&token) {
+        None | Some(0) => 0.0,
+        Some(&count) => {
+            f64::from(rules.frequency_penalty) * f64::from(count)
+                + f64::from(rules.presence_penalty)
+        }
+    };
+    let mut logits: FxHashMap<Token, Option<f64>> = counts
+        .keys()
+        .map(|&token| (token, Some(-penalty(token))))
+        .collect();
+    for &(token, bias) in &rules.bias {
+        logits.insert(token, Some(f64::from(bias) - penalty(token)));
+    }
+    for &token in &rules.banned {
+        logits.insert(token, None);
+    }
+    logits
+}
+
 /// The token at absolute `position` of the stream keyed by `stream_key` under `rules`,
 /// given how often each token is already in the output (`counts`).
 ///
@@ -119,25 +145,7 @@ pub fn token_under(
     if !rules.reshapes() {
         return token_avoiding(seed, stream_key, position, &rules.banned);
     }
-    let penalty = |token: Token| match counts.get(&token) {
-        None | Some(0) => 0.0,
-        Some(&count) => {
-            f64::from(rules.frequency_penalty) * f64::from(count)
-                + f64::from(rules.presence_penalty)
-        }
-    };
-    // Every token whose logit is not 0, with its logit (None: banned), by token.
-    let mut logits: FxHashMap<Token, Option<f64>> = counts
-        .keys()
-        .map(|&token| (token, Some(-penalty(token))))
-        .collect();
-    for &(token, bias) in &rules.bias {
-        logits.insert(token, Some(f64::from(bias) - penalty(token)));
-    }
-    for &token in &rules.banned {
-        logits.insert(token, None);
-    }
-    let mut touched: Vec<(Token, Option<f64>)> = logits.into_iter().collect();
+    let mut touched: Vec<(Token, Option<f64>)> = touched(rules, counts).into_iter().collect();
     touched.sort_unstable_by_key(|&(token, _)| token);
     let in_vocab = touched.iter().filter(|(t, _)| *t < VOCAB_SIZE).count() as u32;
     let plain = VOCAB_SIZE - in_vocab;

@@ -90,6 +90,12 @@ impl Drop for LlamaServer {
     }
 }
 
+/// A JSON answer to a JSON request.
+async fn post_json(url: &str, body: &Value) -> Value {
+    let response = support::client().post(url).json(body).send().await.unwrap();
+    response.json().await.unwrap()
+}
+
 /// An SSE response's `data:` payloads.
 async fn sse_at(url: &str, body: &Value) -> (u16, Vec<String>) {
     let response = support::client().post(url).json(body).send().await.unwrap();
@@ -224,26 +230,10 @@ async fn a_llama_cpp_server_serves_through_an_openai_worker() {
     // Log probabilities pass through: the server's own, as it gives them directly, for
     // a completion and a chat, streamed and not.
     let ask = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0.0, "logprobs": 2});
-    let direct: Value = support::client()
-        .post(llama.url("/v1/completions"))
-        .json(&ask)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let direct: Value = post_json(&llama.url("/v1/completions"), &ask).await;
     let mut through = ask.clone();
     through["model"] = json!("switchyard-mock");
-    let response: Value = support::client()
-        .post(frontend.url("/v1/completions"))
-        .json(&through)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let response: Value = post_json(&frontend.url("/v1/completions"), &through).await;
     let (theirs, ours) = (&direct["choices"][0], &response["choices"][0]);
     assert_eq!(ours["text"], theirs["text"], "{response}");
     let ours = &ours["logprobs"];
@@ -281,15 +271,7 @@ async fn a_llama_cpp_server_serves_through_an_openai_worker() {
         "model": "switchyard-mock", "messages": messages(), "max_tokens": 6,
         "temperature": 0.0, "logprobs": true, "top_logprobs": 2,
     });
-    let whole: Value = support::client()
-        .post(frontend.url("/v1/chat/completions"))
-        .json(&chat)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let whole: Value = post_json(&frontend.url("/v1/chat/completions"), &chat).await;
     let entries = whole["choices"][0]["logprobs"]["content"]
         .as_array()
         .unwrap();

@@ -164,38 +164,38 @@ fn wrong_canary_output_opens_the_breaker_at_once() {
     assert_eq!(h.last_failure, Some(Failure::WrongOutput));
 }
 
+/// A canary answering tokens 5, 6 with these log probabilities, at `at`.
+fn drifting(
+    (h, config, rng): &mut (WorkerHealth, HealthConfig, SmallRng),
+    logprobs: Vec<f32>,
+    at: Duration,
+) -> Option<HealthChange> {
+    h.canary_started(at);
+    let answer = CanaryAnswer {
+        tokens: vec![5, 6],
+        logprobs,
+        latency: S / 10,
+    };
+    h.canary_finished(Ok(answer), None, true, config, at, rng)
+}
+
 #[test]
 fn canary_log_probabilities_that_drift_open_the_breaker_at_once() {
-    let (mut h, config, mut rng) = setup();
-    let answer = |logprobs: Vec<f32>| {
-        Ok(CanaryAnswer {
-            tokens: vec![5, 6],
-            logprobs,
-            latency: S / 10,
-        })
-    };
-    let mut ask = |h: &mut WorkerHealth, logprobs, at| {
-        h.canary_started(at);
-        h.canary_finished(answer(logprobs), None, true, &config, at, &mut rng)
-    };
-    assert_eq!(ask(&mut h, vec![-0.5, -1.0], S), None);
+    let mut worker = setup();
+    assert_eq!(drifting(&mut worker, vec![-0.5, -1.0], S), None);
     // Within the tolerance (0.5 by default): the same answer.
-    assert_eq!(ask(&mut h, vec![-0.7, -0.8], 40 * S), None);
-    assert_eq!(h.state, HealthState::Healthy);
+    assert_eq!(drifting(&mut worker, vec![-0.7, -0.8], 40 * S), None);
+    assert_eq!(worker.0.state, HealthState::Healthy);
     // A worker that stops reporting them is judged on its tokens alone.
-    assert_eq!(ask(&mut h, Vec::new(), 80 * S), None);
+    assert_eq!(drifting(&mut worker, Vec::new(), 80 * S), None);
     // The same tokens, one value moved past it: silent corruption.
-    let drifted = ask(&mut h, vec![-0.5, -1.6], 120 * S);
+    let drifted = drifting(&mut worker, vec![-0.5, -1.6], 120 * S);
     assert_eq!(drifted.map(|c| c.to), Some(HealthState::Unhealthy));
-    assert_eq!(h.last_failure, Some(Failure::WrongOutput));
+    assert_eq!(worker.0.last_failure, Some(Failure::WrongOutput));
     // Not a number is never within it.
-    let (mut h, config, mut rng) = setup();
-    let mut ask = |h: &mut WorkerHealth, logprobs, at| {
-        h.canary_started(at);
-        h.canary_finished(answer(logprobs), None, true, &config, at, &mut rng)
-    };
-    assert_eq!(ask(&mut h, vec![-0.5, -1.0], S), None);
-    let nan = ask(&mut h, vec![-0.5, f32::NAN], 40 * S);
+    let mut worker = setup();
+    assert_eq!(drifting(&mut worker, vec![-0.5, -1.0], S), None);
+    let nan = drifting(&mut worker, vec![-0.5, f32::NAN], 40 * S);
     assert_eq!(nan.map(|c| c.to), Some(HealthState::Unhealthy));
 }
 
