@@ -671,3 +671,51 @@ fn zz_debug_grammar() {
         "ab<tool",
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A reasoning model's answer, however it is cut into chunks: the streamed parts and
+    /// the whole answer give the reasoning and the content it was made of (DeepSeek-R1's
+    /// and Qwen 3's `<think>` format; gpt-oss's Harmony has its own property tests), with
+    /// the opening tag in the answer or already in the prompt.
+    #[test]
+    fn reasoning_parses_to_what_it_was_made_of(
+        parser in prop::sample::select(vec!["deepseek_r1", "qwen3"]),
+        reasoning in "[a-zA-Z0-9é€😀 .,!?]{1,40}",
+        content in "[a-zA-Z0-9é€😀 .,!?]{0,40}",
+        opened_in_prompt in any::<bool>(),
+        cuts in prop::collection::vec(0usize..200, 0..16),
+    ) {
+        let config = ChatConfig {
+            reasoning_parser: Some(parser.to_owned()),
+            ..ChatConfig::default()
+        };
+        let parsers = Parsers::new(&config, "m", None);
+        let open = if opened_in_prompt { "" } else { "<think>" };
+        let text = format!("{open}{reasoning}</think>{content}");
+        let fresh = || {
+            let mut p = parsers.for_answer(None);
+            if opened_in_prompt {
+                p.reasoning_started();
+            }
+            p
+        };
+        let whole = block_on(fresh().parse_whole(text.clone()));
+        let mut streaming = fresh();
+        let bounds = cut_points(&text, &cuts);
+        let parts = block_on(async {
+            let mut parts = Vec::new();
+            for pair in bounds.windows(2) {
+                parts.extend(streaming.push(&text[pair[0]..pair[1]]).await);
+            }
+            parts.extend(streaming.finish().await);
+            parts
+        });
+        let (streamed_content, streamed_reasoning, _) = assemble(&parts);
+        prop_assert_eq!(streamed_reasoning.trim(), reasoning.trim());
+        prop_assert_eq!(streamed_content.trim(), content.trim());
+        prop_assert_eq!(whole.reasoning.as_deref().unwrap_or("").trim(), reasoning.trim());
+        prop_assert_eq!(whole.content.trim(), content.trim());
+    }
+}
