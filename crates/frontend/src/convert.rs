@@ -166,7 +166,11 @@ pub fn chat(
         params.structured.tool_choice = tools.constraint(frontend.parsers.tool_parser())?;
     }
     let logprobs = chat_logprobs(&params)?;
-    let (prepared, mode) = common(frontend, params, prompt, logprobs)?;
+    let asked = Asked {
+        generated: logprobs,
+        prompt: false,
+    };
+    let (prepared, mode) = common(frontend, params, prompt, asked)?;
     Ok((prepared, mode, answer))
 }
 
@@ -253,25 +257,11 @@ pub fn completion(
             ApiError::invalid_param("prompt", format!("cannot read the prompt's tokens: {e}"))
         })?),
     };
-    let (mut prepared, mode) = common(frontend, params, Prompt::tokens(tokens), logprobs)?;
-    if echo.is_some() && logprobs.is_some() {
-        let sampling = &prepared.sampling;
-        let needs = Needs {
-            constraint: sampling
-                .constraint
-                .as_ref()
-                .map(|c| (c.kind(), frontend.preprocessor.vocabulary())),
-            logprobs: true,
-            prompt_logprobs: true,
-        };
-        if frontend.routing.unable(&needs).is_none() {
-            return Err(ApiError::invalid_param(
-                "echo",
-                "no worker serving this model reports a prompt's log probabilities (`echo` with `logprobs`)",
-            ));
-        }
-        prepared.sampling.prompt_logprobs = logprobs;
-    }
+    let asked = Asked {
+        generated: logprobs,
+        prompt: echo.is_some(),
+    };
+    let (prepared, mode) = common(frontend, params, Prompt::tokens(tokens), asked)?;
     Ok((prepared, mode, echo))
 }
 
@@ -367,12 +357,22 @@ pub fn check_model(frontend: &Frontend, model: &str) -> Result<(), ApiError> {
     }
 }
 
+/// The log probabilities a request asks for: of each generated token and this many
+/// alternatives; with `prompt` (a completion's `echo`), of its prompt's tokens too.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    generated: Option<u32>,
+    prompt: bool,
+}
+
 fn common(
     frontend: &Frontend,
     params: CommonParams,
     prompt_in: Prompt,
-    logprobs: Option<u32>,
+    asked: Asked,
 ) -> Result<(Prepared, Mode), ApiError> {
+    let logprobs = asked.generated;
+    let prompt_logprobs = logprobs.filter(|_| asked.prompt);
     if prompt_in.token_ids.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
@@ -411,6 +411,13 @@ fn common(
                     ""
                 }
             ),
+        ));
+    }
+    needs.prompt_logprobs = prompt_logprobs.is_some();
+    if needs.prompt_logprobs && frontend.routing.unable(&needs).is_none() {
+        return Err(ApiError::invalid_param(
+            "echo",
+            "no worker serving this model reports a prompt's log probabilities (`echo` with `logprobs`)",
         ));
     }
     let logit_bias = logit_bias(&params, frontend.preprocessor.vocab_size())?;
@@ -558,7 +565,7 @@ fn common(
             frequency_penalty: params.frequency_penalty.map(|v| v as f32),
             presence_penalty: params.presence_penalty.map(|v| v as f32),
             logprobs,
-            prompt_logprobs: None,
+            prompt_logprobs,
             logit_bias,
             vocabulary: constraint
                 .as_ref()

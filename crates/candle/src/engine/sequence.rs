@@ -4,6 +4,7 @@ use candle_core::Tensor;
 use switchyard_core::TokenBlocks;
 use switchyard_core::protocol::{GenerateRequest, TokenLogprobs};
 
+use super::Distribution;
 use crate::model::SeqKv;
 
 pub(super) struct Sequence {
@@ -32,6 +33,40 @@ pub(super) struct Sequence {
     pub(super) prompt_logprobs: Option<(u32, Vec<TokenLogprobs>)>,
 }
 
+/// A step's rows of a prompt whose log probabilities are asked: each row's logits give
+/// the next prompt token's entry.
+pub(super) struct PromptRows {
+    /// The prompt token each row predicts (none past the prompt).
+    predicted: Vec<Option<u32>>,
+    top: usize,
+    pub(super) entries: Vec<TokenLogprobs>,
+}
+
+impl PromptRows {
+    /// For `seq`'s positions `from..to` in a step, if its prompt's are asked.
+    pub(super) fn of(seq: &Sequence, from: usize, to: usize) -> Option<PromptRows> {
+        let (top, _) = seq.prompt_logprobs.as_ref()?;
+        Some(PromptRows {
+            predicted: (from..to)
+                .map(|p| (p + 1 < seq.prompt_len).then(|| seq.tokens[p + 1]))
+                .collect(),
+            top: *top as usize,
+            entries: Vec::new(),
+        })
+    }
+
+    /// Row `row`'s logits.
+    pub(super) fn take(&mut self, row: usize, logits: &[f32]) {
+        if let Some(Some(token)) = self.predicted.get(row) {
+            let d = Distribution::of(logits, self.top);
+            self.entries.push(TokenLogprobs {
+                logprob: d.logprob(logits[*token as usize]),
+                top: d.top,
+            });
+        }
+    }
+}
+
 impl Sequence {
     /// Whether more than the last token is still to compute (else it decodes).
     pub(super) fn prefilling(&self) -> bool {
@@ -41,14 +76,6 @@ impl Sequence {
     /// Whether it waits for its media with everything before them computed.
     pub(super) fn waits_for_media(&self) -> bool {
         self.hold.is_some_and(|h| self.kv.len() >= h)
-    }
-
-    /// The tokens each row of its positions `from..to` predicts, for its prompt's log
-    /// probabilities: the next prompt token, none past the prompt.
-    pub(super) fn predicted(&self, from: usize, to: usize) -> Vec<Option<u32>> {
-        (from..to)
-            .map(|p| (p + 1 < self.prompt_len).then(|| self.tokens[p + 1]))
-            .collect()
     }
 
     /// The media embeddings for its positions `from..to`, as

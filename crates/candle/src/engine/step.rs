@@ -9,7 +9,7 @@ use switchyard_core::protocol::{
 use switchyard_core::{KvEvent, LoadSnapshot, RequestId, SequenceHash, blocks_for};
 use switchyard_worker::driver::StepEngine;
 
-use super::sequence::Sequence;
+use super::sequence::{PromptRows, Sequence};
 use super::{CandleEngine, Distribution, sample};
 use crate::model::{SeqKv, StepInput};
 
@@ -195,43 +195,17 @@ impl StepEngine for CandleEngine {
             .iter()
             .map(|&(i, _, to)| to == self.running[i].tokens.len())
             .collect();
-        // For prompts whose log probabilities are asked: what each row predicts, and where
-        // its entries go.
-        let predicted: Vec<Option<Vec<Option<u32>>>> = plan
+        // The prompts whose log probabilities are asked take their rows' logits.
+        let mut prompt_rows: Vec<Option<PromptRows>> = plan
             .iter()
-            .map(|&(i, from, to)| {
-                let seq = &self.running[i];
-                seq.prompt_logprobs
-                    .as_ref()
-                    .filter(|_| seq.prefilling() || to == seq.prompt_len)
-                    .map(|_| seq.predicted(from, to))
-            })
+            .map(|&(i, from, to)| PromptRows::of(&self.running[i], from, to))
             .collect();
-        let mut entries: Vec<Vec<TokenLogprobs>> = plan.iter().map(|_| Vec::new()).collect();
-        let tops: Vec<usize> = plan
-            .iter()
-            .map(|&(i, _, _)| {
-                self.running[i]
-                    .prompt_logprobs
-                    .as_ref()
-                    .map_or(0, |p| p.0 as usize)
-            })
-            .collect();
-        let mut sinks: Vec<Option<RowSink<'_>>> = predicted
-            .iter()
-            .zip(entries.iter_mut())
-            .zip(&tops)
-            .map(|((predicted, entries), &top)| {
-                predicted.as_ref().map(|predicted| {
-                    Box::new(move |row: usize, logits: &[f32]| {
-                        if let Some(Some(token)) = predicted.get(row) {
-                            let d = Distribution::of(logits, top);
-                            entries.push(TokenLogprobs {
-                                logprob: d.logprob(logits[*token as usize]),
-                                top: d.top,
-                            });
-                        }
-                    }) as RowSink<'_>
+        let mut sinks: Vec<Option<RowSink<'_>>> = prompt_rows
+            .iter_mut()
+            .map(|rows| {
+                rows.as_mut().map(|rows| {
+                    Box::new(move |row: usize, logits: &[f32]| rows.take(row, logits))
+                        as RowSink<'_>
                 })
             })
             .collect();
@@ -303,9 +277,11 @@ impl StepEngine for CandleEngine {
             }
         };
         drop(sinks);
-        for (&(i, _, _), entries) in plan.iter().zip(entries) {
-            if let Some((_, so_far)) = self.running[i].prompt_logprobs.as_mut() {
-                so_far.extend(entries);
+        for (&(i, _, _), rows) in plan.iter().zip(prompt_rows) {
+            if let (Some((_, so_far)), Some(rows)) =
+                (self.running[i].prompt_logprobs.as_mut(), rows)
+            {
+                so_far.extend(rows.entries);
             }
         }
         let context = self.model.shape.context_length;

@@ -124,13 +124,7 @@ impl Model {
                 let mut at = 0;
                 while at < n {
                     let len = ROWS_AT_ONCE.min(n - at);
-                    let h = x.narrow(0, start + at, len)?;
-                    let h = candle_nn::ops::rms_norm(&h, &self.norm, s.rms_eps as f32)?;
-                    let logits = self
-                        .head
-                        .forward(&h)?
-                        .to_dtype(DType::F32)?
-                        .to_vec2::<f32>()?;
+                    let logits = self.logits(&x.narrow(0, start + at, len)?)?;
                     for (j, row) in logits.iter().enumerate() {
                         sink(at + j, row);
                     }
@@ -154,14 +148,7 @@ impl Model {
             return Ok(out);
         }
         let rows_t = Tensor::new(rows.as_slice(), &self.device)?;
-        let last = x.index_select(&rows_t, 0)?;
-        let last = candle_nn::ops::rms_norm(&last, &self.norm, s.rms_eps as f32)?;
-        let logits = self
-            .head
-            .forward(&last)?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
-        let mut logits = logits.into_iter();
+        let mut logits = self.logits(&x.index_select(&rows_t, 0)?)?.into_iter();
         for input in inputs.iter() {
             out.push(if input.logits && !input.tokens.is_empty() {
                 logits.next()
@@ -170,6 +157,15 @@ impl Model {
             });
         }
         Ok(out)
+    }
+
+    /// The logits of hidden states [rows, hidden] after the last layer: one row each.
+    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Vec<Vec<f32>>> {
+        let normed = candle_nn::ops::rms_norm(hidden, &self.norm, self.shape.rms_eps as f32)?;
+        self.head
+            .forward(&normed)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()
     }
 
     /// Attention of `n` new queries ([n, heads, d]) over `keys`/`values` ([T, kv_heads, d],

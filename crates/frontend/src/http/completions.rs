@@ -142,11 +142,15 @@ pub async fn completion(
                     .map(|(answer, index)| CompletionChoice {
                         index,
                         logprobs: mode.logprobs.map(|top| {
-                            let mut logprobs = CompletionLogprobs::default();
-                            if let Some((first, prompt)) = &answer.prompt {
-                                logprobs.first(preprocessor, *first, top > 0);
-                                logprobs.extend(preprocessor, prompt, top > 0, 0);
-                            }
+                            let mut logprobs = match &answer.prompt {
+                                Some((first, prompt)) => CompletionLogprobs::of_prompt(
+                                    preprocessor,
+                                    *first,
+                                    prompt,
+                                    top > 0,
+                                ),
+                                None => CompletionLogprobs::default(),
+                            };
                             logprobs.extend(preprocessor, &answer.scored, top > 0, shift);
                             if top > 0 {
                                 logprobs.top_logprobs.get_or_insert_with(Vec::new);
@@ -447,10 +451,7 @@ fn completion_stream(
         move |index, piece| match piece {
             Piece::Prompt { first, scored } => {
                 let logprobs = mode.logprobs.map(|top| {
-                    let mut logprobs = CompletionLogprobs::default();
-                    logprobs.first(&frontend.preprocessor, first, top > 0);
-                    logprobs.extend(&frontend.preprocessor, &scored, top > 0, 0);
-                    logprobs
+                    CompletionLogprobs::of_prompt(&frontend.preprocessor, first, &scored, top > 0)
                 });
                 vec![chunk(Some((index, echo.clone(), logprobs)), None, None)]
             }

@@ -121,7 +121,7 @@ impl Serialize for Alternatives {
 
 impl CompletionLogprobs {
     /// Adds an echoed prompt's first token, which has no log probability.
-    pub fn first(&mut self, preprocessor: &Preprocessor, token: u32, top: bool) {
+    fn first(&mut self, preprocessor: &Preprocessor, token: u32, top: bool) {
         self.tokens
             .push(spelled(preprocessor, &Spelled::Id(token)).0);
         self.token_logprobs.push(None);
@@ -155,6 +155,19 @@ impl CompletionLogprobs {
                     .push(Some(Alternatives(alternatives)));
             }
         }
+    }
+
+    /// An echoed prompt's: its first token (which has none), then `scored`.
+    pub fn of_prompt(
+        preprocessor: &Preprocessor,
+        first: u32,
+        scored: &[Scored],
+        top: bool,
+    ) -> Self {
+        let mut logprobs = CompletionLogprobs::default();
+        logprobs.first(preprocessor, first, top);
+        logprobs.extend(preprocessor, scored, top, 0);
+        logprobs
     }
 
     /// The entries of `scored`, as [`Self::extend`] adds them.

@@ -1,6 +1,6 @@
 use proptest::prelude::*;
 
-use super::output::{Answer, Part, Recut};
+use super::output::{Answer, AnswerParser, Part, Recut};
 use super::*;
 
 fn request(body: serde_json::Value) -> ChatCompletionRequest {
@@ -81,6 +81,13 @@ fn cut_points(text: &str, cuts: &[usize]) -> Vec<usize> {
 
 fn streamed(parsers: &Parsers, tools: &ToolRequest, text: &str, cuts: &[usize]) -> Vec<Part> {
     let mut parser = parsers.for_answer(Some(tools));
+    let parts = stream_through(&mut parser, text, cuts);
+    assert!(parser.called());
+    parts
+}
+
+/// The parts `parser` makes of `text` pushed in the chunks `cuts` make, then finished.
+fn stream_through(parser: &mut AnswerParser, text: &str, cuts: &[usize]) -> Vec<Part> {
     let bounds = cut_points(text, cuts);
     block_on(async {
         let mut parts = Vec::new();
@@ -88,7 +95,6 @@ fn streamed(parsers: &Parsers, tools: &ToolRequest, text: &str, cuts: &[usize]) 
             parts.extend(parser.push(&text[pair[0]..pair[1]]).await);
         }
         parts.extend(parser.finish().await);
-        assert!(parser.called());
         parts
     })
 }
@@ -420,15 +426,7 @@ proptest! {
         let (text, expected) = default_format(&content, &calls);
         let whole = block_on(parsers.for_answer(Some(&tools)).parse_whole(text.clone()));
         let mut parser = parsers.for_answer(Some(&tools));
-        let bounds = cut_points(&text, &cuts);
-        let parts = block_on(async {
-            let mut parts = Vec::new();
-            for pair in bounds.windows(2) {
-                parts.extend(parser.push(&text[pair[0]..pair[1]]).await);
-            }
-            parts.extend(parser.finish().await);
-            parts
-        });
+        let parts = stream_through(&mut parser, &text, &cuts);
         prop_assert_eq!(parser.called(), !expected.is_empty());
         let (streamed_content, _, streamed_calls) = assemble(&parts);
         prop_assert_eq!(streamed_content.trim(), content.trim());
@@ -702,16 +700,7 @@ proptest! {
             p
         };
         let whole = block_on(fresh().parse_whole(text.clone()));
-        let mut streaming = fresh();
-        let bounds = cut_points(&text, &cuts);
-        let parts = block_on(async {
-            let mut parts = Vec::new();
-            for pair in bounds.windows(2) {
-                parts.extend(streaming.push(&text[pair[0]..pair[1]]).await);
-            }
-            parts.extend(streaming.finish().await);
-            parts
-        });
+        let parts = stream_through(&mut fresh(), &text, &cuts);
         let (streamed_content, streamed_reasoning, _) = assemble(&parts);
         prop_assert_eq!(streamed_reasoning.trim(), reasoning.trim());
         prop_assert_eq!(streamed_content.trim(), content.trim());
