@@ -50,6 +50,8 @@ pub struct FrontendConfig {
     pub multimodal: crate::media::MultimodalConfig,
     /// The chat template and the parsers of chat answers (tool calls, reasoning).
     pub chat: crate::tools::ChatConfig,
+    /// Stored responses of `/v1/responses` (`previous_response_id`).
+    pub responses: crate::responses::ResponsesConfig,
 }
 
 /// `frontend.admin`: where `/metrics` and `/v1/internal/*` are served. Without a port, the
@@ -136,6 +138,7 @@ impl Default for FrontendConfig {
             disagg: switchyard_router::DisaggConfig::default(),
             multimodal: crate::media::MultimodalConfig::default(),
             chat: crate::tools::ChatConfig::default(),
+            responses: crate::responses::ResponsesConfig::default(),
         }
     }
 }

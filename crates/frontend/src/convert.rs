@@ -1,5 +1,6 @@
 //! From OpenAI request bodies to validated, tokenized requests.
 
+use switchyard_core::Token;
 use switchyard_core::protocol::{Prompt, SamplingParams};
 use switchyard_router::RoutingOverrides;
 use switchyard_runtime::discovery::Needs;
@@ -126,28 +127,97 @@ pub struct ChatAnswer {
     pub reasoning_started: bool,
 }
 
+/// A prompt's start already tokenized: a stored response's prompt and answer, which the
+/// next turn's prompt extends (see [`crate::responses`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Known {
+    /// The prompt as rendered, and its token ids.
+    pub prompt: String,
+    pub prompt_ids: Vec<Token>,
+    /// The answer's tokens as generated, special ones included, and their text.
+    pub answer: String,
+    pub answer_ids: Vec<Token>,
+}
+
+impl ChatAnswer {
+    /// The parser of its answer's text.
+    pub fn parser(&self, frontend: &Frontend) -> crate::tools::output::AnswerParser {
+        let mut parser = frontend.parsers.for_answer(self.tools.as_ref());
+        if self.reasoning_started {
+            parser.reasoning_started();
+        }
+        parser
+    }
+}
+
+impl Known {
+    /// The token ids of the longest known start of `rendered` (the prompt and answer, or
+    /// the prompt alone), and the text after it; none when `rendered` extends neither.
+    /// The ids are the ones the engine computed, so the follow-up's prefix matches its
+    /// cache exactly; tokenizing the rest alone can differ from tokenizing the whole text
+    /// only in how the tokens at the seam are cut.
+    pub fn split<'a>(&self, rendered: &'a str) -> Option<(Vec<Token>, &'a str)> {
+        let rest = rendered.strip_prefix(self.prompt.as_str())?;
+        let mut ids = Vec::with_capacity(self.prompt_ids.len() + self.answer_ids.len());
+        ids.extend_from_slice(&self.prompt_ids);
+        match rest.strip_prefix(self.answer.as_str()) {
+            Some(after) if !self.answer.is_empty() => {
+                ids.extend_from_slice(&self.answer_ids);
+                Some((ids, after))
+            }
+            _ => Some((ids, rest)),
+        }
+    }
+}
+
 /// A chat request, with its media already prepared (see [`crate::media::MediaStage`]).
 pub fn chat(
     frontend: &Frontend,
     (request, media): (ChatCompletionRequest, Vec<MediaItem>),
 ) -> Result<(Prepared, Mode, ChatAnswer), ApiError> {
+    chat_turn(frontend, (request, media, None))
+        .map(|(prepared, mode, answer, _)| (prepared, mode, answer))
+}
+
+/// [`chat`], continuing a conversation whose start is [`Known`]: only what is new is
+/// tokenized. Also gives the rendered prompt.
+pub fn chat_turn(
+    frontend: &Frontend,
+    (request, media, known): (
+        ChatCompletionRequest,
+        Vec<MediaItem>,
+        Option<std::sync::Arc<Known>>,
+    ),
+) -> Result<(Prepared, Mode, ChatAnswer, String), ApiError> {
     check_model(frontend, &request.model)?;
     check_messages(&request)?;
-    let (prompt, tools) = render(frontend, &request, true, |i, m| m.text(i))?;
+    let (rendered, tools) = render(frontend, &request, true, |i, m| m.text(i))?;
     let answer = ChatAnswer {
         tools,
-        reasoning_started: prompt.trim_end().ends_with("<think>"),
+        reasoning_started: rendered.trim_end().ends_with("<think>"),
     };
     let encode = |text: &str| {
-        frontend
+        let ids = frontend
             .preprocessor
             .encode(text)
-            .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))
+            .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))?;
+        frontend.metrics.tokenized_tokens.inc_by(ids.len() as u64);
+        Ok::<_, ApiError>(ids)
     };
-    refuse_by_length(frontend, prompt.len())?;
-    let prompt = if media.is_empty() {
-        Prompt::tokens(encode(&prompt)?)
+    let prompt = &rendered;
+    let continued = known
+        .as_deref()
+        .filter(|_| media.is_empty())
+        .and_then(|known| known.split(prompt));
+    let prompt = if let Some((mut ids, rest)) = continued {
+        refuse_by_length(frontend, rest.len())?;
+        ids.extend(encode(rest)?);
+        Prompt::tokens(ids)
+    } else if media.is_empty() {
+        refuse_by_length(frontend, prompt.len())?;
+        Prompt::tokens(encode(prompt)?)
     } else {
+        refuse_by_length(frontend, prompt.len())?;
         let media_tokens: u64 = media.iter().map(|m| u64::from(m.tokens)).sum();
         let context = frontend.preprocessor.context_length();
         if media_tokens >= u64::from(context) {
@@ -156,7 +226,7 @@ pub fn chat(
             )));
         }
         let placeholder = frontend.media.config().placeholder_token;
-        let (token_ids, spans) = crate::media::splice(&prompt, &media, placeholder, encode)?;
+        let (token_ids, spans) = crate::media::splice(prompt, &media, placeholder, encode)?;
         let mut prompt = Prompt::tokens(token_ids);
         prompt.media = spans;
         prompt
@@ -171,7 +241,7 @@ pub fn chat(
         prompt: false,
     };
     let (prepared, mode) = common(frontend, params, prompt, asked)?;
-    Ok((prepared, mode, answer))
+    Ok((prepared, mode, answer, rendered))
 }
 
 /// A completion request; with `echo`, the prompt's text, to go before the answer (and,
@@ -206,10 +276,12 @@ pub fn completion(
     }
     let encode = |text: &str| {
         refuse_by_length(frontend, text.len())?;
-        frontend
+        let ids = frontend
             .preprocessor
             .encode_completion_prompt(text)
-            .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))
+            .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))?;
+        frontend.metrics.tokenized_tokens.inc_by(ids.len() as u64);
+        Ok::<_, ApiError>(ids)
     };
     let batched = || {
         ApiError::invalid_param(
@@ -593,6 +665,7 @@ fn common(
         hold: None,
         choice: 0,
         keep_special_tokens: false,
+        keep_generated: false,
     };
     Ok((prepared, mode))
 }
@@ -699,4 +772,32 @@ fn logit_bias(params: &CommonParams, vocab: u32) -> Result<Vec<(u32, f32)>, ApiE
     }
     bias.sort_unstable_by_key(|&(token, _)| token);
     Ok(bias)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Known;
+
+    #[test]
+    fn a_known_start_gives_its_tokens_and_the_rest() {
+        let known = Known {
+            prompt: "<s>user: hi\nbot: ".into(),
+            prompt_ids: vec![1, 2, 3],
+            answer: "hello</s>".into(),
+            answer_ids: vec![7, 8],
+        };
+        // Prompt and answer as they were, then the new turn.
+        let (ids, rest) = known
+            .split("<s>user: hi\nbot: hello</s>user: more")
+            .unwrap();
+        assert_eq!((ids, rest), (vec![1, 2, 3, 7, 8], "user: more"));
+        // The answer rendered otherwise (a tool call re-written by the template): the
+        // prompt's tokens only.
+        let (ids, rest) = known
+            .split("<s>user: hi\nbot: [call]</s>user: more")
+            .unwrap();
+        assert_eq!((ids, rest), (vec![1, 2, 3], "[call]</s>user: more"));
+        // Other instructions: nothing known.
+        assert!(known.split("<s>system: terse\nuser: hi").is_none());
+    }
 }

@@ -11,6 +11,7 @@
 //! - [`openai`]: request and response bodies, OpenAI-style errors.
 //! - [`pipeline`]: admission → routing → dispatch → detokenized response stream.
 //! - [`preprocess`]: chat templates, tokenization and incremental detokenization.
+//! - [`responses`]: the Responses API lowered into chat requests, its events, its store.
 //! - [`routing`]: the async shell around the routing core (which makes every decision:
 //!   admission, worker choice, exclusion): the shared index, discovery, events, resync.
 //! - [`server`]: running the frontend: its background tasks and its HTTP server.
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod openai;
 pub mod pipeline;
 pub mod preprocess;
+pub mod responses;
 pub mod routing;
 pub mod server;
 pub mod stop;

@@ -10,11 +10,13 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures::StreamExt;
+use switchyard_core::Token;
 use tracing::Instrument;
 
 use super::body;
 use super::completions::{
-    apply_grant, collect_all, convert_sized, dispatch, json_event, request_span, sse, with_worker,
+    Choices, apply_grant, collect_all, convert_sized, dispatch, json_event, request_span, sse,
+    with_worker,
 };
 use super::service::unix_now;
 use crate::auth::Grant;
@@ -49,55 +51,32 @@ pub async fn chat(
     let result = async {
         let request: ChatCompletionRequest =
             body::parse(&headers, request, frontend.config.max_body_bytes)?;
-        convert::check_model(&frontend, &request.model)?;
-        convert::check_messages(&request)?;
-        let media = tracing::Instrument::instrument(
-            frontend
-                .media
-                .prepare_chat(&request, || convert::media_room(&frontend, &request)),
-            tracing::info_span!("media"),
+        start(
+            &frontend,
+            grant.as_ref().map(|g| &g.0),
+            size,
+            request,
+            None,
+            false,
         )
-        .await?;
-        let items = media.clone();
-        let (mut prepared, mode, answer) = tracing::Instrument::instrument(
-            convert_sized(&frontend, size, (request, media), convert::chat),
-            tracing::info_span!("preprocess"),
-        )
-        .await?;
-        let ready = tracing::Instrument::instrument(
-            frontend.encode_or_fall_back(&items, &mut prepared.prompt),
-            tracing::info_span!("encode"),
-        )
-        .await?;
-        prepared.add_media(&ready);
-        prepared.keep_special_tokens = frontend.parsers.keeps_special_tokens(answer.tools.as_ref());
-        let (warning, pending) = (ready.warning, ready.pending);
-        prepared.span = tracing::Span::current();
-        apply_grant(grant.as_ref().map(|g| &g.0), &mut prepared, mode.choices)?;
-        let dispatched = dispatch(&frontend, prepared, mode.choices).await?;
-        Ok::<_, ApiError>((
-            format!("chatcmpl-{:016x}", dispatched.id.0),
-            dispatched,
-            (mode, answer),
-            warning,
-            pending,
-        ))
+        .await
     }
     .instrument(span)
     .await;
-    let (id, dispatched, (mode, answer), warning, pending) = match result {
+    let Started {
+        dispatched,
+        mode,
+        answer,
+        warning,
+        pending,
+        ..
+    } = match result {
         Ok(ok) => ok,
         Err(e) => return e.into_response(),
     };
-    let text_only = frontend.media.on_encoder_failure().0 == OnEncoderFailure::TextOnly;
+    let id = format!("chatcmpl-{:016x}", dispatched.id.0);
     let worker = dispatched.worker;
-    let parser = || {
-        let mut parser = frontend.parsers.for_answer(answer.tools.as_ref());
-        if answer.reasoning_started {
-            parser.reasoning_started();
-        }
-        parser
-    };
+    let parser = || answer.parser(&frontend);
     let response = if mode.stream {
         let generations = dispatched
             .generations
@@ -135,7 +114,80 @@ pub async fn chat(
             Err(e) => e.into_response(),
         }
     };
-    let mut response = with_worker(response, worker);
+    with_warning(&frontend, with_worker(response, worker), warning, pending)
+}
+
+/// A chat request on its way: dispatched, with what its answer is parsed with.
+pub(super) struct Started {
+    pub dispatched: Choices,
+    pub mode: Mode,
+    pub answer: convert::ChatAnswer,
+    pub warning: Option<String>,
+    pub pending: Option<tokio::sync::watch::Receiver<MediaStatus>>,
+    /// Its prompt as rendered, and as tokens when asked to keep them (a conversation that
+    /// goes on: they are kept for its next turn; none for a prompt with media).
+    pub rendered: String,
+    pub prompt_ids: Option<Vec<Token>>,
+}
+
+/// Prepares and dispatches a parsed chat request (its media fetched and encoded, its
+/// prompt tokenized, continuing `known` when given, the API key's grant applied); `keep`:
+/// its prompt's and answer's tokens are kept (see [`Started::prompt_ids`]).
+pub(super) async fn start(
+    frontend: &Arc<Frontend>,
+    grant: Option<&Grant>,
+    size: usize,
+    request: ChatCompletionRequest,
+    known: Option<Arc<convert::Known>>,
+    keep: bool,
+) -> Result<Started, ApiError> {
+    convert::check_model(frontend, &request.model)?;
+    convert::check_messages(&request)?;
+    let media = tracing::Instrument::instrument(
+        frontend
+            .media
+            .prepare_chat(&request, || convert::media_room(frontend, &request)),
+        tracing::info_span!("media"),
+    )
+    .await?;
+    let items = media.clone();
+    let (mut prepared, mode, answer, rendered) = tracing::Instrument::instrument(
+        convert_sized(frontend, size, (request, media, known), convert::chat_turn),
+        tracing::info_span!("preprocess"),
+    )
+    .await?;
+    let prompt_ids = (keep && items.is_empty()).then(|| prepared.prompt.token_ids.clone());
+    prepared.keep_generated = keep;
+    let ready = tracing::Instrument::instrument(
+        frontend.encode_or_fall_back(&items, &mut prepared.prompt),
+        tracing::info_span!("encode"),
+    )
+    .await?;
+    prepared.add_media(&ready);
+    prepared.keep_special_tokens = frontend.parsers.keeps_special_tokens(answer.tools.as_ref());
+    let (warning, pending) = (ready.warning, ready.pending);
+    prepared.span = tracing::Span::current();
+    apply_grant(grant, &mut prepared, mode.choices)?;
+    let dispatched = dispatch(frontend, prepared, mode.choices).await?;
+    Ok(Started {
+        dispatched,
+        mode,
+        answer,
+        warning,
+        pending,
+        rendered,
+        prompt_ids,
+    })
+}
+
+/// The `Warning` header of a response whose media failed or were resized.
+pub(super) fn with_warning(
+    frontend: &Frontend,
+    mut response: Response,
+    warning: Option<String>,
+    pending: Option<tokio::sync::watch::Receiver<MediaStatus>>,
+) -> Response {
+    let text_only = frontend.media.on_encoder_failure().0 == OnEncoderFailure::TextOnly;
     // Media that failed behind the request (sent ahead of them), known once it is
     // answered whole: a stream's headers went before.
     let warning = warning.or_else(|| match pending.as_ref().map(|p| p.borrow().clone()) {
@@ -165,7 +217,7 @@ pub async fn chat(
 
 /// A choice's stream with its text parsed: `Text` pieces become `Parts`, and the finish
 /// reason says when the answer called tools. A plain parser passes the stream as it is.
-fn parsed(generation: Generation, parser: AnswerParser) -> Generation {
+pub(super) fn parsed(generation: Generation, parser: AnswerParser) -> Generation {
     if parser.is_plain() {
         return generation;
     }
@@ -184,6 +236,7 @@ fn parsed(generation: Generation, parser: AnswerParser) -> Generation {
                     reason,
                     usage,
                     worker,
+                    generated,
                 }) => {
                     let rest = parser.finish().await;
                     let reason = parser.finish_reason(reason);
@@ -191,6 +244,7 @@ fn parsed(generation: Generation, parser: AnswerParser) -> Generation {
                         reason,
                         usage,
                         worker,
+                        generated,
                     };
                     return Some((
                         vec![

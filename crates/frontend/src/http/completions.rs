@@ -186,6 +186,8 @@ pub(super) struct Collected {
     /// Its prompt's first token and the others' log probabilities, when asked (`echo`).
     pub prompt: Option<(Token, Vec<Scored>)>,
     pub usage: Usage,
+    /// Its token ids, when the request kept them ([`Prepared::keep_generated`]).
+    pub generated: Vec<Token>,
 }
 
 /// The whole response, for non-streamed requests.
@@ -202,13 +204,19 @@ pub(super) async fn collect(mut generation: Generation) -> Result<Collected, Api
             }
             // Collected answers are parsed whole, after.
             Piece::Parts { .. } => {}
-            Piece::Finished { reason, usage, .. } => {
+            Piece::Finished {
+                reason,
+                usage,
+                generated,
+                ..
+            } => {
                 return Ok(Collected {
                     text,
                     reason,
                     scored: all,
                     prompt,
                     usage,
+                    generated,
                 });
             }
         }
@@ -358,6 +366,7 @@ where
                     reason,
                     usage,
                     worker,
+                    generated,
                 }),
             )) => {
                 if let Some(slot) = self.usages.get_mut(index as usize) {
@@ -370,6 +379,7 @@ where
                         reason,
                         usage,
                         worker,
+                        generated,
                     },
                 )
             }

@@ -1,8 +1,10 @@
 //! The HTTP surface: routes, body parsing with OpenAI-style errors, request counting.
 
 mod body;
+pub(crate) use body::from_value as body_from_value;
 mod chat;
 mod completions;
+mod responses;
 
 pub use completions::WORKER_HEADER;
 mod service;
@@ -29,6 +31,11 @@ pub fn router(frontend: Arc<Frontend>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(completions::completion))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{response_id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/models", get(service::models))
         .route("/v1/tokenize", post(tokenize::tokenize))
         .route("/v1/detokenize", post(tokenize::detokenize))
@@ -89,6 +96,8 @@ async fn count(State(frontend): State<Arc<Frontend>>, request: Request, next: Ne
     {
         Some("/v1/chat/completions") => "/v1/chat/completions",
         Some("/v1/completions") => "/v1/completions",
+        Some("/v1/responses") => "/v1/responses",
+        Some("/v1/responses/{response_id}") => "/v1/responses/{response_id}",
         Some("/v1/models") => "/v1/models",
         Some("/v1/tokenize") => "/v1/tokenize",
         Some("/v1/detokenize") => "/v1/detokenize",
@@ -112,6 +121,9 @@ async fn count(State(frontend): State<Arc<Frontend>>, request: Request, next: Ne
     paths(
         chat::chat,
         completions::completion,
+        responses::create,
+        responses::retrieve,
+        responses::delete,
         service::models,
         tokenize::tokenize,
         tokenize::detokenize,
@@ -203,6 +215,11 @@ async fn openapi_json(State(frontend): State<Arc<Frontend>>) -> axum::response::
         Ok(doc) => doc,
         Err(e) => return ApiError::internal(e.to_string()).into_response(),
     };
+    if let Some(data) = doc.pointer_mut("/components/schemas/ResponseEvent/properties/data") {
+        *data = serde_json::json!({"type": "string", "contentMediaType": "application/json",
+            "contentSchema": {"type": "object", "required": ["type", "sequence_number"],
+                "properties": {"type": {"type": "string"}, "sequence_number": {"type": "integer"}}}});
+    }
     if let Some(data) = doc.pointer_mut("/components/schemas/SseEvent/properties/data") {
         *data = serde_json::json!({"anyOf": [
             {"const": "[DONE]"},
@@ -213,7 +230,11 @@ async fn openapi_json(State(frontend): State<Arc<Frontend>>) -> axum::response::
             ]}}
         ]});
     }
-    for request in ["ChatCompletionRequest", "CompletionRequest"] {
+    for request in [
+        "ChatCompletionRequest",
+        "CompletionRequest",
+        "ResponsesRequest",
+    ] {
         if let Some(model) =
             doc.pointer_mut(&format!("/components/schemas/{request}/properties/model"))
         {

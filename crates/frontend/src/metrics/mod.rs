@@ -46,6 +46,9 @@ pub struct Metrics {
     pub tenant_requests: Family<TenantLabels, Counter>,
     pub tenant_tokens: Family<TenantTokenLabels, Counter>,
     pub cached_tokens: Counter,
+    /// Prompt tokens the tokenizer produced: a continued response's known prefix is not
+    /// tokenized again, so this grows by what is new per turn.
+    pub tokenized_tokens: Counter,
     pub worker_active_blocks: Family<WorkerLabels, Gauge>,
     pub worker_prefill_tokens: Family<WorkerLabels, Gauge>,
     pub worker_requests: Family<WorkerLabels, Gauge>,
@@ -113,7 +116,10 @@ impl Metrics {
         self.requests
             .get_or_create(&RouteLabels { route, status })
             .inc();
-        if matches!(route, "/v1/completions" | "/v1/chat/completions") {
+        if matches!(
+            route,
+            "/v1/completions" | "/v1/chat/completions" | "/v1/responses"
+        ) {
             self.generation_requests.fetch_add(1, Relaxed);
         }
     }

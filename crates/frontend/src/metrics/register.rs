@@ -102,6 +102,12 @@ impl Metrics {
             "Prompt tokens served from prefix caches",
             cached_tokens.clone(),
         );
+        let tokenized_tokens = Counter::default();
+        registry.register(
+            "tokenized_prompt_tokens",
+            "Prompt tokens the frontend's tokenizer produced (a continued response's known prefix is not tokenized again)",
+            tokenized_tokens.clone(),
+        );
         let worker_active_blocks = Family::<WorkerLabels, Gauge>::default();
         registry.register(
             "worker_active_blocks",
@@ -303,6 +309,7 @@ impl Metrics {
             offered_tokens,
             output_tokens,
             cached_tokens,
+            tokenized_tokens,
             worker_active_blocks,
             worker_prefill_tokens,
             worker_requests,

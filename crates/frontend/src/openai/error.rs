@@ -94,6 +94,23 @@ impl ApiError {
         }
     }
 
+    /// 404: no stored response `id` (never stored, expired, evicted, deleted, or stored by
+    /// another frontend); `param` names where it was sent, if in a body.
+    pub fn response_not_found(id: &str, param: Option<&str>) -> Self {
+        ApiError {
+            param: param.map(str::to_string),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("response_not_found"),
+                format!(
+                    "No response `{}` is stored on this frontend: it was stored with `store: false`, expired, was evicted or deleted, or was created by another frontend (stored responses live in the memory of the frontend that answered them)",
+                    echo(id)
+                ),
+            )
+        }
+    }
+
     /// 404: no such route.
     pub fn not_found(path: &str) -> Self {
         Self::new(

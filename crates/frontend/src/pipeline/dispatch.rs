@@ -67,6 +67,8 @@ pub(super) struct RequestRun {
     pub(super) hold: Option<super::encode::SharedHold>,
     /// See [`Self::prompt_version`].
     prompt_version: u32,
+    /// See [`Prepared::keep_generated`].
+    pub(super) keep_generated: bool,
 }
 
 impl Drop for RequestRun {
@@ -124,6 +126,7 @@ impl RequestRun {
             features: prepared.features.clone(),
             hold: prepared.hold.clone(),
             prompt_version: 0,
+            keep_generated: prepared.keep_generated,
             frontend,
         }
     }

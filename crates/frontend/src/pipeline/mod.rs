@@ -68,6 +68,8 @@ pub struct Frontend {
     pub features: Arc<crate::feature_store::SharedFeatureStore>,
     /// The parsers chat answers are split with (reasoning, tool calls).
     pub parsers: crate::tools::Parsers,
+    /// Stored responses of `/v1/responses`.
+    pub responses: crate::responses::ResponseStore,
 }
 
 /// A validated request, tokenized.
@@ -99,6 +101,8 @@ pub struct Prepared {
     pub choice: u32,
     /// Its answer's special tokens are decoded as text (for a parser that reads them).
     pub keep_special_tokens: bool,
+    /// Its generated token ids come with its end (for a stored response's next turn).
+    pub keep_generated: bool,
 }
 
 impl Prepared {
@@ -118,6 +122,7 @@ impl Prepared {
             hold: None,
             choice: 0,
             keep_special_tokens: false,
+            keep_generated: false,
         }
     }
 
@@ -164,6 +169,7 @@ impl Prepared {
             hold: self.hold.clone(),
             choice: index,
             keep_special_tokens: self.keep_special_tokens,
+            keep_generated: self.keep_generated,
         }
     }
 }
@@ -238,6 +244,9 @@ pub enum Piece {
         usage: Usage,
         /// The worker it ended on (the last one, after moves).
         worker: Option<WorkerKey>,
+        /// The generated token ids, when the request asked to keep them
+        /// ([`Prepared::keep_generated`]); else empty.
+        generated: Vec<Token>,
     },
 }
 
@@ -371,6 +380,7 @@ impl Frontend {
             crate::tools::Parsers::new(&config.chat, &config.model, preprocessor.template_source());
         Frontend {
             parsers,
+            responses: crate::responses::ResponseStore::new(config.responses),
             media,
             features,
             config,

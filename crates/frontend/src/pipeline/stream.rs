@@ -594,10 +594,16 @@ impl Streaming {
             self.cached_tokens,
         );
         let worker = self.last_worker;
+        let generated = if self.run.keep_generated {
+            self.run.generated.clone()
+        } else {
+            Vec::new()
+        };
         self.out.push_back(Ok(Piece::Finished {
             reason,
             usage,
             worker,
+            generated,
         }));
         self.ended = true;
         // Dropping the engine stream cancels the request on the worker (a stop string).
