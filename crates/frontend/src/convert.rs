@@ -134,7 +134,9 @@ pub struct Known {
     /// The prompt as rendered, and its token ids.
     pub prompt: String,
     pub prompt_ids: Vec<Token>,
-    /// The answer's tokens as generated, special ones included, and their text.
+    /// The answer's tokens as generated, and their text as the client read it, with the
+    /// special tokens that end it (a follow-up continues from the engine's tokens, hidden
+    /// special tokens within the answer included).
     pub answer: String,
     pub answer_ids: Vec<Token>,
 }

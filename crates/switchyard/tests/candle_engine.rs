@@ -64,6 +64,18 @@ async fn the_real_model_calls_tools_for_the_client_and_an_agent() {
         .unwrap();
 }
 
+/// The Responses API on the real model: the openai client's tool loop through
+/// `previous_response_id` (streamed and not), and an OpenAI Agents SDK agent with its default
+/// (Responses) model run to its final answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_model_serves_the_responses_api_to_the_client_and_an_agent() {
+    let d = serve("1").await;
+    support::python_checks(&d, "agent_responses_e2e.py", "smollm2").await;
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
 /// Log probabilities on the real model, read by the openai client (chat streamed and not,
 /// completions), and against llama.cpp's on the same GGUF and prompt tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

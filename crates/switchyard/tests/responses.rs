@@ -75,12 +75,16 @@ async fn a_chained_conversation_tokenizes_only_what_is_new() {
         let (status, _, response) = post(&d, "/v1/responses", &body).await;
         assert_eq!(status, 200, "{response}");
         let tokenized = metric(&d, "switchyard_tokenized_prompt_tokens").await - before;
+        let usage = &response["usage"];
         resent.push((
-            response["usage"]["input_tokens"].as_u64().unwrap(),
+            usage["input_tokens"].as_u64().unwrap(),
             tokenized as u64,
+            usage["input_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
         ));
     }
-    eprintln!("turn, chained (prompt, tokenized, cached), resent (prompt, tokenized)");
+    eprintln!("turn, chained (prompt, tokenized, cached), resent (prompt, tokenized, cached)");
     for (i, (c, r)) in chained.iter().zip(&resent).enumerate() {
         eprintln!("{i}: {c:?} {r:?}");
     }
@@ -292,4 +296,33 @@ async fn the_openai_client_runs_a_tool_loop_through_responses() {
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();
+}
+
+/// Stored responses live in the frontend that answered them: a follow-up that reaches
+/// another frontend is a 404 naming the id, never another conversation's continuation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_at_another_frontend_is_a_clear_404() {
+    let (one, other) = (start(&[]).await, start(&[]).await);
+    let body = json!({"model": MODEL, "input": "Hi", "max_output_tokens": 2});
+    let (status, _, first) = post(&one, "/v1/responses", &body).await;
+    assert_eq!(status, 200);
+    // The other frontend has stored a response of its own.
+    let (status, _, _) = post(&other, "/v1/responses", &body).await;
+    assert_eq!(status, 200);
+    let id = first["id"].as_str().unwrap();
+    let follow = json!({"model": MODEL, "input": "And?", "previous_response_id": id});
+    let (status, _, error) = post(&other, "/v1/responses", &follow).await;
+    assert_eq!(status, 404, "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(id) && message.contains("another frontend"),
+        "{message}"
+    );
+    let (status, _, _) = post(&one, "/v1/responses", &follow).await;
+    assert_eq!(status, 200);
+    for d in [one, other] {
+        d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+            .await
+            .unwrap();
+    }
 }

@@ -139,12 +139,20 @@ impl Turn {
         }
         self.history.push(self.builder.assistant_message());
         let known = self.prompt.take().map(|(prompt, prompt_ids)| {
-            // The answer's tokens as the engine has them: special ones (its end) included.
-            let answer = self
-                .frontend
-                .preprocessor
-                .render_tokens(&generated)
-                .unwrap_or_default();
+            // The answer's text as the client read it (special tokens within it unseen),
+            // then the special tokens that end it (its end of turn), which the template
+            // writes after the answer's text too.
+            let preprocessor = &self.frontend.preprocessor;
+            let seen = generated
+                .iter()
+                .rposition(|&t| !preprocessor.is_special_token(t))
+                .map_or(0, |i| i + 1);
+            let mut answer = preprocessor.decode(&generated[..seen]).unwrap_or_default();
+            answer.push_str(
+                &preprocessor
+                    .render_tokens(&generated[seen..])
+                    .unwrap_or_default(),
+            );
             Arc::new(Known {
                 prompt,
                 prompt_ids,
