@@ -1,7 +1,7 @@
-"""The Responses API on a real model (the CPU engine serving SmolLM2-135M;
-crates/switchyard/tests/candle_engine.rs): the openai client's tool loop through
-`previous_response_id`, streamed and not; then the OpenAI Agents SDK with its default model
-class (Responses) runs an agent with one tool to its final answer.
+"""The Responses API on the mocker (crates/switchyard/tests/responses.rs) and on a real model
+(the CPU engine serving SmolLM2-135M; crates/switchyard/tests/candle_engine.rs): the openai
+client's tool loop through `previous_response_id`, streamed and not; then the OpenAI Agents
+SDK with its default model class (Responses) runs an agent with one tool to its final answer.
 
 Usage: python agent_responses_e2e.py BASE_URL MODEL
 Exits non-zero (with a message) on the first failed check.

@@ -326,3 +326,15 @@ async fn a_follow_up_at_another_frontend_is_a_clear_404() {
             .unwrap();
     }
 }
+
+/// The openai client's tool loop through `previous_response_id` (a forced call, then the
+/// tool's output sent back; streamed and not) and an OpenAI Agents SDK agent with its
+/// default (Responses) model, on the mocker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_client_and_an_agent_use_responses_on_the_mocker() {
+    let d = start(&[]).await;
+    python_checks(&d, "agent_responses_e2e.py", MODEL).await;
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
