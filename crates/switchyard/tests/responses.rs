@@ -219,6 +219,19 @@ async fn what_is_not_served_is_refused_by_name() {
             "input[0].content[0]",
         ),
         (json!({"max_output_tokens": 0}), "max_output_tokens"),
+        (json!({"input": 5}), "input"),
+        (json!({"input": [{"type": 3}]}), "input[0].type"),
+        (
+            json!({"input": [{"type": "computer_call_output", "call_id": "c", "output": {}}]}),
+            "input[0].type",
+        ),
+        (
+            json!({"input": [{"role": "tool", "content": "x"}]}),
+            "input[0].role",
+        ),
+        (json!({"input": ["Hi"]}), "input[0]"),
+        (json!({"tool_choice": "sometimes"}), "tool_choice"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"unknown_knob": 1}), "unknown_knob"),
     ];
     for (extra, param) in cases {
@@ -230,7 +243,8 @@ async fn what_is_not_served_is_refused_by_name() {
         assert_eq!(status, 400, "{body}: {error}");
         let named = error["error"]["param"].as_str().unwrap_or_default();
         let message = error["error"]["message"].as_str().unwrap_or_default();
-        assert!(named == param || message.contains(param), "{body}: {error}");
+        assert_eq!(named, param, "{body}: {error}");
+        assert!(!message.contains("untagged"), "{body}: {error}");
     }
     let body = json!({"model": MODEL, "input": "Hi", "previous_response_id": "resp_gone"});
     let (status, _, error) = post(&d, "/v1/responses", &body).await;

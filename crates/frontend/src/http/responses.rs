@@ -49,8 +49,9 @@ pub async fn create(
     let size = request.as_ref().map_or(0, Bytes::len);
     let span = request_span("/v1/responses");
     let result = async {
-        let request: ResponsesRequest =
-            body::parse(&headers, request, frontend.config.max_body_bytes)?;
+        let request: Value = body::parse(&headers, request, frontend.config.max_body_bytes)?;
+        crate::responses::lower::check_shape(&request)?;
+        let request: ResponsesRequest = body::from_value(request)?;
         let previous =
             match &request.previous_response_id {
                 Some(id) => Some(frontend.responses.get(id, Instant::now()).ok_or_else(|| {

@@ -90,6 +90,86 @@ pub fn lower(request: &ResponsesRequest, previous: &[Value]) -> Result<Lowered, 
     Ok(Lowered { chat, history })
 }
 
+/// The shape of `input` and `tool_choice`, checked in the parsed JSON before it is read
+/// as their types (untagged unions, whose own errors cannot say which part is wrong).
+pub fn check_shape(body: &Value) -> Result<(), ApiError> {
+    const ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];
+    const KINDS: &str = "`message`, `function_call`, `function_call_output` or `reasoning`";
+    const SERVED: [&str; 5] = [
+        "message",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "item_reference",
+    ];
+    match body.get("input") {
+        None | Some(Value::String(_)) => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("input[{i}]");
+                let Some(item) = item.as_object() else {
+                    return Err(ApiError::invalid_param(
+                        &at,
+                        "an input item must be an object",
+                    ));
+                };
+                if let Some(kind) = item.get("type")
+                    && !kind.is_string()
+                {
+                    return Err(ApiError::invalid_param(
+                        &format!("{at}.type"),
+                        format!("`type` must be a string: {KINDS}"),
+                    ));
+                }
+                let kind = item.get("type").and_then(Value::as_str);
+                if let Some(kind) = kind
+                    && !SERVED.contains(&kind)
+                {
+                    return Err(ApiError::invalid_param(
+                        &format!("{at}.type"),
+                        format!(
+                            "input items of type `{}` are not supported: {KINDS}",
+                            crate::openai::error::echo(kind)
+                        ),
+                    ));
+                }
+                let role = item.get("role").and_then(Value::as_str);
+                let message =
+                    kind == Some("message") || (kind.is_none() && item.contains_key("role"));
+                if message && !role.is_some_and(|r| ROLES.contains(&r)) {
+                    return Err(ApiError::invalid_param(
+                        &format!("{at}.role"),
+                        format!("a message's `role` must be one of {}", ROLES.join(", ")),
+                    ));
+                }
+                if kind.is_none() && !message && !item.contains_key("id") {
+                    return Err(ApiError::invalid_param(
+                        &at,
+                        format!("an input item needs a `type`: {KINDS}"),
+                    ));
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "input",
+                "`input` must be a string or an array of items (messages, `function_call`, `function_call_output`)",
+            ));
+        }
+    }
+    match body.get("tool_choice") {
+        None | Some(Value::Null | Value::Object(_)) => {}
+        Some(Value::String(s)) if ["none", "auto", "required"].contains(&s.as_str()) => {}
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "`tool_choice` must be `none`, `auto`, `required` or {\"type\": \"function\", \"name\": ...}",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What the request asks that is checked before lowering: the schema's own rules, and
 /// the parameters this server does not serve (a 400 naming each).
 fn check(request: &ResponsesRequest) -> Result<(), ApiError> {
@@ -107,7 +187,14 @@ fn check(request: &ResponsesRequest) -> Result<(), ApiError> {
             })
             .unwrap_or_else(|| (String::new(), errors.to_string()));
         match field.as_str() {
-            "" | "__all__" => ApiError::invalid(message),
+            // A rule across fields; its message names the one it is about.
+            "" | "__all__" => match message
+                .strip_prefix("Invalid value for '")
+                .and_then(|rest| rest.split_once('\''))
+            {
+                Some((param, _)) => ApiError::invalid_param(param, message.clone()),
+                None => ApiError::invalid(message),
+            },
             field => ApiError::invalid_param(field, format!("invalid `{field}`: {message}")),
         }
     })?;

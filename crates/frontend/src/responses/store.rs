@@ -64,14 +64,18 @@ struct Entry {
     stored: Arc<Stored>,
     at: Instant,
     bytes: usize,
+    /// Its place in the order stored (an id stored again gets a new one).
+    seq: u64,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     entries: HashMap<String, Entry>,
-    /// Ids in the order stored (an id deleted or replaced may linger until popped).
-    order: VecDeque<(String, Instant)>,
+    /// Ids in the order stored, with their place and time (an id deleted or stored again
+    /// lingers here until popped).
+    order: VecDeque<(String, u64, Instant)>,
     bytes: usize,
+    next: u64,
 }
 
 /// The bounded store.
@@ -103,7 +107,9 @@ impl ResponseStore {
         let id = stored.response.id.clone();
         let mut inner = self.inner.lock();
         inner.remove(&id);
-        inner.order.push_back((id.clone(), now));
+        let seq = inner.next;
+        inner.next += 1;
+        inner.order.push_back((id.clone(), seq, now));
         inner.bytes += bytes;
         inner.entries.insert(
             id,
@@ -111,6 +117,7 @@ impl ResponseStore {
                 stored: Arc::new(stored),
                 at: now,
                 bytes,
+                seq,
             },
         );
         let ttl = self.config.ttl;
@@ -119,12 +126,12 @@ impl ResponseStore {
             || inner
                 .order
                 .front()
-                .is_some_and(|(_, at)| now.duration_since(*at) >= ttl)
+                .is_some_and(|(_, _, at)| now.duration_since(*at) >= ttl)
         {
-            let Some((id, at)) = inner.order.pop_front() else {
+            let Some((id, seq, _)) = inner.order.pop_front() else {
                 break;
             };
-            if inner.entries.get(&id).is_some_and(|e| e.at == at) {
+            if inner.entries.get(&id).is_some_and(|e| e.seq == seq) {
                 inner.remove(&id);
             }
         }
@@ -155,19 +162,95 @@ impl ResponseStore {
 
 impl Inner {
     fn remove(&mut self, id: &str) -> bool {
-        match self.entries.remove(id) {
-            Some(entry) => {
-                self.bytes -= entry.bytes;
-                true
-            }
-            None => false,
+        let Some(entry) = self.entries.remove(id) else {
+            return false;
+        };
+        self.bytes -= entry.bytes;
+        // Ids deleted or stored again linger in the order; past twice the live ones it is
+        // rebuilt (amortized constant time), so it never outgrows the entries.
+        if self.order.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
+            self.order
+                .retain(|(id, seq, _)| entries.get(id).is_some_and(|e| e.seq == *seq));
         }
+        true
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u8, usize),
+        Get(u8),
+        Delete(u8),
+        Wait(u64),
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        proptest::collection::vec(
+            prop_oneof![
+                (0..6u8, 0..400usize).prop_map(|(id, size)| Op::Insert(id, size)),
+                (0..6u8).prop_map(Op::Get),
+                (0..6u8).prop_map(Op::Delete),
+                (0..40u64).prop_map(Op::Wait),
+            ],
+            0..60,
+        )
+    }
+
+    proptest! {
+        /// The store finds what a list in insertion order, trimmed from its front while over
+        /// a bound or expired, holds.
+        #[test]
+        fn agrees_with_a_list_trimmed_from_the_front(ops in ops(), max_stored in 1..5usize, max_bytes in 600..2_000usize) {
+            let config = ResponsesConfig { max_stored, max_stored_bytes: max_bytes, ttl: Duration::from_millis(100) };
+            let store = ResponseStore::new(config);
+            let start = Instant::now();
+            let mut now = start;
+            // (id, stored at, bytes), oldest first.
+            let mut model: Vec<(String, Instant, usize)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Insert(id, size) => {
+                        let id = format!("r{id}");
+                        let entry = stored(&id, size);
+                        let bytes = entry.bytes();
+                        store.insert(entry, now);
+                        if bytes <= max_bytes {
+                            model.retain(|(i, ..)| *i != id);
+                            model.push((id, now, bytes));
+                            while model.len() > max_stored
+                                || model.iter().map(|e| e.2).sum::<usize>() > max_bytes
+                                || model.first().is_some_and(|e| now.duration_since(e.1) >= config.ttl)
+                            {
+                                model.remove(0);
+                            }
+                        }
+                    }
+                    Op::Get(id) => {
+                        let id = format!("r{id}");
+                        let live = model.iter().any(|(i, at, _)| *i == id && now.duration_since(*at) < config.ttl);
+                        prop_assert_eq!(store.get(&id, now).is_some(), live, "get {}", id);
+                        model.retain(|(i, at, _)| *i != id || now.duration_since(*at) < config.ttl);
+                    }
+                    Op::Delete(id) => {
+                        let id = format!("r{id}");
+                        let there = model.iter().any(|(i, ..)| *i == id);
+                        prop_assert_eq!(store.delete(&id), there, "delete {}", id);
+                        model.retain(|(i, ..)| *i != id);
+                    }
+                    Op::Wait(ms) => now += Duration::from_millis(ms),
+                }
+                let (len, bytes) = store.len_and_bytes();
+                prop_assert!(len <= max_stored && bytes <= max_bytes);
+            }
+        }
+    }
 
     fn stored(id: &str, history_bytes: usize) -> Stored {
         Stored {
@@ -223,6 +306,20 @@ mod tests {
         store.insert(stored("huge", 3 * one), now);
         assert!(store.get("huge", now).is_none());
         assert!(store.get("b", now).is_some());
+    }
+
+    #[test]
+    fn ids_deleted_or_stored_again_do_not_pile_up() {
+        let store = ResponseStore::new(ResponsesConfig::default());
+        let now = Instant::now();
+        for i in 0..1000 {
+            store.insert(stored(&format!("gone{i}"), 1), now);
+            store.delete(&format!("gone{i}"));
+            store.insert(stored("again", 1), now);
+        }
+        assert_eq!(store.len_and_bytes().0, 1);
+        assert!(store.inner.lock().order.len() <= 66);
+        assert!(store.get("again", now).is_some());
     }
 
     #[test]
