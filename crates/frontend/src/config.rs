@@ -97,9 +97,13 @@ pub struct ConnectionConfig {
     /// connection may sit idle between requests.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
-    /// Longest a client may take to send a request's body (408 after).
+    /// Longest a client may take to send a request's body beyond the time its size takes
+    /// at `min_body_rate` (408 after).
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
+    /// The slowest a body may arrive, in bytes per second, past `body_read_timeout`: a body
+    /// trickled slower fails however steadily it trickles.
+    pub min_body_rate: u64,
     /// Open client connections at most; more are closed as soon as they are accepted.
     pub max_connections: usize,
 }
@@ -109,6 +113,7 @@ impl Default for ConnectionConfig {
         ConnectionConfig {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
+            min_body_rate: 64 * 1024,
             max_connections: 8192,
         }
     }

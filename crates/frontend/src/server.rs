@@ -4,7 +4,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard_runtime::net::server::ServerLimits;
+use switchyard_runtime::net::deadline::BodyDeadline;
+use switchyard_runtime::net::server::{Overflow, ServerLimits};
 use switchyard_runtime::{
     Discovery, EventPlane, EventPlaneError, ReplicaEvent, ReplicaMessage, ReplicaPlane,
 };
@@ -100,7 +101,8 @@ pub async fn publish_traffic(
 
 /// Serves HTTP on an already-bound listener until `shutdown` resolves, then finishes the
 /// responses in flight (see [`switchyard_runtime::net::server`]). Bodies must arrive within
-/// `connections.body_read_timeout` (408 after).
+/// `connections.body_read_timeout` plus their size at `connections.min_body_rate` (408
+/// after).
 pub async fn serve(
     listener: TcpListener,
     frontend: Arc<Frontend>,
@@ -123,17 +125,23 @@ pub async fn serve_admin(
 async fn serve_app(
     listener: TcpListener,
     app: axum::Router,
-    frontend: &Frontend,
+    frontend: &Arc<Frontend>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let connections = frontend.config.connections;
-    let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-        connections.body_read_timeout,
-    ));
+    let deadline = BodyDeadline {
+        grace: connections.body_read_timeout,
+        min_rate: connections.min_body_rate,
+    };
+    let app = app.layer(deadline.layer());
     let limits = ServerLimits {
         header_read_timeout: connections.header_read_timeout,
         max_connections: connections.max_connections,
         ..ServerLimits::PUBLIC
     };
-    switchyard_runtime::net::server::serve(listener, app, limits, shutdown).await
+    let overflow = Overflow {
+        probes: crate::http::probes_router(Arc::clone(frontend)),
+    };
+    switchyard_runtime::net::server::serve_with(listener, app, limits, Some(overflow), shutdown)
+        .await
 }

@@ -15,8 +15,20 @@ const MODEL: &str = "switchyard-mock";
 const LIMITS: &[(&str, &str)] = &[
     ("FRONTEND__CONNECTIONS__HEADER_READ_TIMEOUT", "400ms"),
     ("FRONTEND__CONNECTIONS__BODY_READ_TIMEOUT", "400ms"),
+    ("FRONTEND__CONNECTIONS__MIN_BODY_RATE", "1000"),
     ("FRONTEND__CONNECTIONS__MAX_CONNECTIONS", "64"),
 ];
+
+/// Sends `request` on a new connection and reads the whole answer (`Connection: close`).
+async fn once(d: &switchyard::deploy::Deployment, request: &str) -> String {
+    let mut stream = TcpStream::connect(d.address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    read_until_closed(&mut stream, Duration::from_secs(3))
+        .await
+        .0
+}
+
+const HEALTH: &str = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 
 /// Reads until the server closes the connection (or `within` passes); returns what was
 /// read and whether it closed.
@@ -113,6 +125,132 @@ async fn a_body_that_never_finishes_gets_408_and_others_are_served() {
         text.contains("\"error\""),
         "an OpenAI-style error body: {text}"
     );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+/// A connection that never sends a byte is closed at the header timeout from its accept.
+#[tokio::test]
+async fn a_silent_connection_is_closed_from_its_accept() {
+    let d = start(LIMITS).await;
+    let mut silent = TcpStream::connect(d.address).await.unwrap();
+    let started = Instant::now();
+    let (text, closed) = read_until_closed(&mut silent, Duration::from_secs(3)).await;
+    assert!(closed && text.is_empty(), "{text}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+/// A body trickled steadily (never stalling) below the minimum rate gets its 408 once its
+/// deadline passes.
+#[tokio::test]
+async fn a_steadily_trickled_body_gets_408_at_its_deadline() {
+    let d = start(LIMITS).await;
+    let mut stream = TcpStream::connect(d.address).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    // A byte every 50 ms: 20 bytes/s, far below 1,000, with no pause near the 400 ms grace.
+    let started = Instant::now();
+    let writer = async {
+        for _ in 0..100 {
+            if stream.write_all(b" ").await.is_err() {
+                break;
+            }
+            let mut buf = [0u8; 4096];
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(50), stream.read(&mut buf)).await
+            {
+                return String::from_utf8_lossy(&buf[..n]).into_owned();
+            }
+        }
+        String::new()
+    };
+    let text = writer.await;
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+/// At the connection limit, the connection idle the longest is closed to let a new one in.
+#[tokio::test]
+async fn at_the_limit_the_oldest_idle_connection_makes_room() {
+    let d = start(&[
+        ("FRONTEND__CONNECTIONS__HEADER_READ_TIMEOUT", "20s"),
+        ("FRONTEND__CONNECTIONS__MAX_CONNECTIONS", "8"),
+    ])
+    .await;
+    // Eight kept-alive connections, each idle after one request, the first idle longest.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        let mut stream = TcpStream::connect(d.address).await.unwrap();
+        stream
+            .write_all(b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        idle.push(stream);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A new client is served, and the first idle connection was the one closed.
+    let text = once(&d, HEALTH).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let (_, closed) = read_until_closed(&mut idle[0], Duration::from_millis(500)).await;
+    assert!(closed, "the oldest idle connection stayed open");
+    for stream in &mut idle[1..] {
+        let (_, closed) = read_until_closed(stream, Duration::from_millis(50)).await;
+        assert!(!closed, "a younger idle connection was closed");
+    }
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}
+
+/// With every connection busy, a new one still gets `/health` (and a 503 for anything else)
+/// from the overflow lane.
+#[tokio::test]
+async fn health_answers_when_every_connection_is_busy() {
+    let d = start(&[
+        ("FRONTEND__CONNECTIONS__BODY_READ_TIMEOUT", "5s"),
+        ("FRONTEND__CONNECTIONS__MAX_CONNECTIONS", "8"),
+    ])
+    .await;
+    // Eight requests in flight, their bodies still coming.
+    let mut busy = Vec::new();
+    for _ in 0..8 {
+        let mut stream = TcpStream::connect(d.address).await.unwrap();
+        stream
+            .write_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+            )
+            .await
+            .unwrap();
+        busy.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = once(&d, HEALTH).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let live = once(&d, "GET /live HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(live.starts_with("HTTP/1.1 200"), "{live}");
+    let other = once(&d, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(other.starts_with("HTTP/1.1 503"), "{other}");
+    assert!(other.contains("connection limit"), "{other}");
+    drop(busy);
     d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
         .await
         .unwrap();

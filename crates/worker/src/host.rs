@@ -248,6 +248,14 @@ impl Worker {
                         switchyard_runtime::net::secret::require,
                     ));
                 }
+                // Request bodies come from frontends, over a network that should be fast: one
+                // trickled slower than 1 MiB/s past the header timeout is cut off.
+                let deadline = switchyard_runtime::net::deadline::BodyDeadline {
+                    grace: switchyard_runtime::net::server::ServerLimits::REQUEST_PLANE
+                        .header_read_timeout,
+                    min_rate: 1 << 20,
+                };
+                app = app.layer(deadline.layer());
                 let server_stop = stop.child_token();
                 let shutdown = {
                     let server_stop = server_stop.clone();

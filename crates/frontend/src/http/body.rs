@@ -75,14 +75,7 @@ fn described(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
 /// Whether reading the body failed because the client was too slow (see
 /// `connections.body_read_timeout`).
 fn timed_out(rejection: &BytesRejection) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
-    while let Some(error) = source {
-        if error.is::<tower_http::timeout::TimeoutError>() {
-            return true;
-        }
-        source = error.source();
-    }
-    false
+    switchyard_runtime::net::deadline::is_too_slow(rejection)
 }
 
 /// `application/json`, with parameters or not, any case; a charset, if given, is UTF-8 (the

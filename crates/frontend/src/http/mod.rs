@@ -54,6 +54,21 @@ pub fn router(frontend: Arc<Frontend>) -> Router {
     finish(public, frontend, limit)
 }
 
+/// What answers connections past the limit (the overflow lane): `/health` and `/live`,
+/// and a 503 for anything else.
+pub fn probes_router(frontend: Arc<Frontend>) -> Router {
+    Router::new()
+        .route("/health", get(service::health))
+        .route("/live", get(service::live))
+        .fallback(|| async {
+            ApiError::unavailable(
+                "the server is at its connection limit; only /health and /live answer on this connection",
+                std::time::Duration::from_secs(1),
+            )
+        })
+        .with_state(frontend)
+}
+
 /// The admin listener's routes (`frontend.admin`): `/metrics`, health, and the internal
 /// endpoints (`/v1/internal/*`: the router's view of the workers and of the KV index).
 pub fn admin_router(frontend: Arc<Frontend>) -> Router {

@@ -1,5 +1,7 @@
 //! The distributed planes: NATS for events, etcd for discovery, HTTP/2 for requests.
 
+pub mod conns;
+pub mod deadline;
 pub mod etcd;
 pub mod http;
 pub mod kv;
