@@ -63,7 +63,9 @@ pub async fn create(
         let store = request.store.unwrap_or(true);
         let known = previous.and_then(|p| p.known.clone());
         let grant = grant.as_ref().map(|g| &g.0);
-        let started = start(&frontend, grant, size, lowered.chat, known, store).await?;
+        let started = start(&frontend, grant, size, lowered.chat, known, store)
+            .await
+            .map_err(crate::responses::lower::renamed)?;
         Ok::<_, ApiError>((request, lowered.history, store, started))
     }
     .instrument(span)

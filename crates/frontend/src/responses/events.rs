@@ -30,7 +30,9 @@ struct Item {
     kind: Kind,
     /// Reasoning or message text, or a call's arguments.
     text: String,
-    done: bool,
+    /// Its status once done: `completed`, or `incomplete` when the answer's token limit
+    /// cut it.
+    done: Option<&'static str>,
 }
 
 /// An item's status once done: `incomplete` when the answer reached its token limit.
@@ -122,7 +124,7 @@ impl ResponseBuilder {
         let reasoning = matches!(kind, Kind::Reasoning);
         let at = match self.items.last() {
             Some(last)
-                if !last.done
+                if last.done.is_none()
                     && std::mem::discriminant(&last.kind) == std::mem::discriminant(&kind) =>
             {
                 self.items.len() - 1
@@ -156,7 +158,7 @@ impl ResponseBuilder {
             id: new_id(prefix),
             kind,
             text: String::new(),
-            done: false,
+            done: None,
         });
         let item = self.item(at, "in_progress");
         events.push(self.event(
@@ -175,14 +177,14 @@ impl ResponseBuilder {
 
     fn close_all(&mut self, events: &mut Vec<Event>) {
         for at in 0..self.items.len() {
-            if !self.items[at].done {
+            if self.items[at].done.is_none() {
                 self.close(at, events);
             }
         }
     }
 
     fn close(&mut self, at: usize, events: &mut Vec<Event>) {
-        self.items[at].done = true;
+        self.items[at].done = Some(done_status(self.cut));
         let item_id = self.items[at].id.clone();
         let text = self.items[at].text.clone();
         let at_json = json!({"item_id": item_id, "output_index": at});
@@ -276,7 +278,7 @@ impl ResponseBuilder {
         self.cut = reason == "length";
         self.close_all(&mut events);
         self.response.output = (0..self.items.len())
-            .map(|at| self.output_item(at, done_status(self.cut)))
+            .map(|at| self.output_item(at, self.items[at].done.unwrap_or("completed")))
             .collect();
         self.response.usage = Some(ResponsesUsage::Modern(ResponseUsage {
             input_tokens: usage.prompt_tokens,
@@ -333,8 +335,16 @@ impl ResponseBuilder {
             .items
             .iter()
             .filter_map(|i| match &i.kind {
-                Kind::Call { call_id, name } => Some(json!({"id": call_id, "type": "function",
-                    "function": {"name": name, "arguments": i.text}})),
+                Kind::Call { call_id, name } => {
+                    // A call cut short or malformed is kept with no arguments, so that the
+                    // conversation can go on (the template takes JSON arguments only).
+                    let arguments = match serde_json::from_str::<Value>(&i.text) {
+                        Ok(_) => i.text.clone(),
+                        Err(_) => "{}".to_string(),
+                    };
+                    Some(json!({"id": call_id, "type": "function",
+                        "function": {"name": name, "arguments": arguments}}))
+                }
                 _ => None,
             })
             .collect();
@@ -489,6 +499,21 @@ mod tests {
         assert_eq!(kind, "response.failed");
         assert_eq!(data["response"]["status"], "failed");
         assert_eq!(data["response"]["error"]["message"], "worker lost");
+    }
+
+    #[test]
+    fn only_the_items_a_limit_cut_are_incomplete_and_a_broken_call_is_kept_without_arguments() {
+        let mut b = builder();
+        b.push(Part::Content("Looking.".into()));
+        b.push(Part::Calls(vec![call(0, true, "{\"city\": \"Par")]));
+        let (_, response) = b.finish("length", Usage::new(3, 4, None));
+        let value = serde_json::to_value(&response).unwrap();
+        assert_eq!(value["output"][0]["status"], "completed");
+        assert_eq!(value["output"][1]["status"], "incomplete");
+        assert_eq!(
+            b.assistant_message()["tool_calls"][0]["function"]["arguments"],
+            "{}"
+        );
     }
 
     #[test]

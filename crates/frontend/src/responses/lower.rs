@@ -90,6 +90,28 @@ pub fn lower(request: &ResponsesRequest, previous: &[Value]) -> Result<Lowered, 
     Ok(Lowered { chat, history })
 }
 
+/// An error of the lowered chat request, naming the Responses parameter it came from.
+pub fn renamed(mut error: ApiError) -> ApiError {
+    let Some(param) = error.param.take() else {
+        return error;
+    };
+    let renamed = if let Some(rest) = param.strip_prefix("tools[") {
+        // `tools[i].function.strict` was `tools[i].strict`.
+        format!("tools[{}", rest.replacen("].function.", "].", 1))
+    } else if param == "max_completion_tokens" || param == "max_tokens" {
+        "max_output_tokens".to_string()
+    } else if param.starts_with("response_format") {
+        "text.format".to_string()
+    } else if param.starts_with("messages") {
+        // The conversation, the stored turns before this input included.
+        "input".to_string()
+    } else {
+        param
+    };
+    error.param = Some(renamed);
+    error
+}
+
 /// The shape of `input` and `tool_choice`, checked in the parsed JSON before it is read
 /// as their types (untagged unions, whose own errors cannot say which part is wrong).
 pub fn check_shape(body: &Value) -> Result<(), ApiError> {
@@ -295,6 +317,15 @@ fn push_item(
                 Some(namespace) => format!("{namespace}.{name}"),
                 None => name.clone(),
             };
+            // A call the stored conversation already has (sent back with its output).
+            let known = messages.iter().any(|m| {
+                m["tool_calls"]
+                    .as_array()
+                    .is_some_and(|calls| calls.iter().any(|c| c["id"] == json!(call_id)))
+            });
+            if known {
+                return Ok(());
+            }
             let call = json!({"id": call_id, "type": "function",
                 "function": {"name": name, "arguments": arguments}});
             match messages.last_mut() {
@@ -319,7 +350,17 @@ fn push_item(
                     "a function call's output must be text",
                 )
             })?;
-            messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+            // Named after its call, for templates that write a tool result's name.
+            let name = messages.iter().rev().find_map(|m| {
+                m["tool_calls"].as_array()?.iter().find_map(|c| {
+                    (c["id"] == json!(call_id)).then(|| c["function"]["name"].clone())
+                })
+            });
+            let mut message = json!({"role": "tool", "tool_call_id": call_id, "content": output});
+            if let Some(name) = name.filter(Value::is_string) {
+                message["name"] = name;
+            }
+            messages.push(message);
         }
         ResponseInputOutputItem::Reasoning { .. } => {}
         ResponseInputOutputItem::ItemReference { id, .. } => {
@@ -545,6 +586,40 @@ mod tests {
         );
         assert_eq!(lowered.history[1]["content"], "Looking.");
         assert_eq!(lowered.history[3]["content"], "21C");
+    }
+
+    #[test]
+    fn a_call_sent_back_with_its_output_is_not_doubled_and_the_output_is_named() {
+        let previous = [
+            json!({"role": "user", "content": "Weather?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}),
+        ];
+        let input = json!([
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "18C"}
+        ]);
+        let lowered = lower(&request(json!({"input": input})), &previous).unwrap();
+        assert_eq!(lowered.history.len(), 3);
+        assert_eq!(
+            lowered.history[1]["tool_calls"].as_array().unwrap().len(),
+            1
+        );
+        assert_eq!(lowered.history[2]["name"], "weather");
+    }
+
+    #[test]
+    fn chat_errors_name_the_responses_parameter() {
+        for (chat, responses) in [
+            ("tools[2].function.strict", "tools[2].strict"),
+            ("max_completion_tokens", "max_output_tokens"),
+            ("response_format.json_schema.schema", "text.format"),
+            ("messages[3].content", "input"),
+            ("temperature", "temperature"),
+        ] {
+            let error = renamed(ApiError::invalid_param(chat, "x"));
+            assert_eq!(error.param.as_deref(), Some(responses));
+        }
     }
 
     #[test]

@@ -51,11 +51,17 @@ pub struct Stored {
 impl Stored {
     /// What it holds in memory, roughly.
     fn bytes(&self) -> usize {
-        let history: usize = self.history.iter().map(|m| m.to_string().len()).sum();
+        // JSON values take a few times their text in memory.
+        let history: usize = 3 * self
+            .history
+            .iter()
+            .map(|m| m.to_string().len())
+            .sum::<usize>();
+        let response = serde_json::to_string(&self.response).map_or(0, |r| 2 * r.len());
         let known = self.known.as_ref().map_or(0, |k| {
             k.prompt.len() + k.answer.len() + 4 * (k.prompt_ids.len() + k.answer_ids.len())
         });
-        history + known + 512
+        history + response + known + 512
     }
 }
 
