@@ -255,3 +255,43 @@ async fn health_answers_when_every_connection_is_busy() {
         .await
         .unwrap();
 }
+
+/// Long prompts whose clients go before their turn at the tokenizer are never tokenized:
+/// one large conversion per core at a time, and the waiting ones leave with their clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_prompts_of_clients_gone_are_not_tokenized() {
+    let d = start(&[]).await;
+    let prompt = "many words to tokenize here ".repeat(4_000);
+    let request = serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 1});
+    let body = serde_json::to_vec(&request).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // One whole request, for the tokens one prompt makes.
+    let before = metric(&d, "switchyard_tokenized_prompt_tokens").await;
+    let (status, _, _) = post(&d, "/v1/completions", &request).await;
+    assert_eq!(status, 200);
+    let one = metric(&d, "switchyard_tokenized_prompt_tokens").await - before;
+    assert!(one > 10_000.0, "{one}");
+    // Twelve at once, each client gone as soon as its request is sent.
+    let before = metric(&d, "switchyard_tokenized_prompt_tokens").await;
+    let mut sent = Vec::new();
+    for _ in 0..12 {
+        let mut stream = TcpStream::connect(d.address).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(&body).await.unwrap();
+        sent.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(sent);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tokenized = (metric(&d, "switchyard_tokenized_prompt_tokens").await - before) / one;
+    assert!(
+        tokenized < 6.0,
+        "{tokenized} of 12 gone clients' prompts were tokenized"
+    );
+    d.shutdown(switchyard::deploy::SHUTDOWN_GRACE)
+        .await
+        .unwrap();
+}

@@ -47,6 +47,13 @@ pub(super) async fn convert_sized<R: Send + 'static, O: Send + 'static>(
     if size < BLOCKING_CONVERT_BYTES {
         return convert(frontend, request);
     }
+    // One large conversion per core at a time; a request whose client goes while it waits
+    // for its turn is dropped here and never tokenized.
+    let _turn = frontend
+        .tokenizing
+        .acquire()
+        .await
+        .map_err(|e| ApiError::internal(format!("Cannot tokenize the prompt: {e}")))?;
     let frontend = Arc::clone(frontend);
     tokio::task::spawn_blocking(move || convert(&frontend, request))
         .await

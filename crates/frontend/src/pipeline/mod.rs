@@ -70,6 +70,10 @@ pub struct Frontend {
     pub parsers: crate::tools::Parsers,
     /// Stored responses of `/v1/responses`.
     pub responses: crate::responses::ResponseStore,
+    /// Turns at converting large requests (templates, tokenizer) on the blocking pool: one
+    /// per core, so that many long prompts at once queue here (and are dropped with their
+    /// clients) rather than share the cores.
+    pub tokenizing: tokio::sync::Semaphore,
 }
 
 /// A validated request, tokenized.
@@ -381,6 +385,9 @@ impl Frontend {
         Frontend {
             parsers,
             responses: crate::responses::ResponseStore::new(config.responses),
+            tokenizing: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, usize::from),
+            ),
             media,
             features,
             config,
