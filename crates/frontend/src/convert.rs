@@ -423,6 +423,30 @@ fn refuse_by_length(frontend: &Frontend, bytes: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Refuses a chat request whose messages' text alone no tokenization fits in the context,
+/// before its media are fetched and its template rendered (every template writes the
+/// messages' text into the prompt).
+pub fn refuse_messages_by_length(
+    frontend: &Frontend,
+    request: &ChatCompletionRequest,
+) -> Result<(), ApiError> {
+    use crate::openai::request::MessageContent;
+    let bytes = request
+        .messages
+        .iter()
+        .map(|m| match &m.content {
+            None => 0,
+            Some(MessageContent::Text(text)) => text.len(),
+            Some(MessageContent::Parts(parts)) => parts
+                .iter()
+                .filter_map(|p| p.text.as_ref())
+                .map(String::len)
+                .sum(),
+        })
+        .sum();
+    refuse_by_length(frontend, bytes)
+}
+
 pub fn check_model(frontend: &Frontend, model: &str) -> Result<(), ApiError> {
     if model == frontend.config.model {
         Ok(())

@@ -115,14 +115,14 @@ pub async fn start_frontend(
         Frontend::new(config.clone(), Arc::new(preprocessor), routing, requests).with_keys(keys),
     );
     let (host, port) = (config.host.as_str(), config.port);
-    let public = TcpListener::bind((host, port))
+    let public = switchyard_runtime::net::server::bind((host, port))
         .await
         .with_context(|| format!("cannot listen on {host}:{port}"))?;
     let admin = match config.admin.port {
         Some(port) => {
             let host = config.admin.host.as_str();
             Some(
-                TcpListener::bind((host, port))
+                switchyard_runtime::net::server::bind((host, port))
                     .await
                     .with_context(|| format!("cannot listen on {host}:{port} (frontend.admin)"))?,
             )
@@ -373,7 +373,7 @@ pub async fn start_distributed_worker(config: Config) -> Result<WorkerProcess> {
     let cancel = CancellationToken::new();
     let stop_on_error = cancel.clone().drop_guard();
     let listen = &config.worker.listen;
-    let listener = TcpListener::bind(listen.as_str())
+    let listener = switchyard_runtime::net::server::bind(listen.as_str())
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let local = listener.local_addr()?;

@@ -143,6 +143,7 @@ pub(super) async fn start(
 ) -> Result<Started, ApiError> {
     convert::check_model(frontend, &request.model)?;
     convert::check_messages(&request)?;
+    convert::refuse_messages_by_length(frontend, &request)?;
     let media = tracing::Instrument::instrument(
         frontend
             .media

@@ -83,6 +83,32 @@ pub struct Overflow {
     pub probes: Router,
 }
 
+/// Connections the kernel queues before they are accepted (capped by
+/// `net.core.somaxconn`): a burst of connections, such as clients reconnecting after a
+/// flood of idle ones was closed, is not met with dropped SYNs (a second's wait each).
+pub const BACKLOG: u32 = 4096;
+
+/// A listener on `address` (resolved; the first address that binds) with a
+/// [`BACKLOG`]-deep accept queue.
+pub async fn bind(address: impl tokio::net::ToSocketAddrs) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for address in tokio::net::lookup_host(address).await? {
+        let socket = if address.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(address).and_then(|()| socket.listen(BACKLOG)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")
+    }))
+}
+
 /// Serves `app` on an already-bound listener until `shutdown` resolves, then finishes the
 /// responses in flight.
 pub async fn serve(
