@@ -2,6 +2,7 @@
 
 mod body;
 pub(crate) use body::from_value as body_from_value;
+pub(crate) use service::unix_now;
 mod chat;
 mod completions;
 mod responses;

@@ -300,7 +300,7 @@ impl ResponseBuilder {
             "response.incomplete"
         } else {
             self.response.status = ResponseStatus::Completed;
-            self.response.completed_at = Some(super::unix_now());
+            self.response.completed_at = Some(crate::http::unix_now() as i64);
             "response.completed"
         };
         let data = json!({"response": self.response});

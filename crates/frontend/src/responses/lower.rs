@@ -220,67 +220,72 @@ fn check(request: &ResponsesRequest) -> Result<(), ApiError> {
             field => ApiError::invalid_param(field, format!("invalid `{field}`: {message}")),
         }
     })?;
-    let refuse = |param: &str, why: &str| Err(ApiError::invalid_param(param, why));
-    if request.background == Some(true) {
-        return refuse(
+    // What this server does not serve, a 400 naming it when asked for.
+    let refused: [(bool, &str, &str); 10] = [
+        (
+            request.background == Some(true),
             "background",
             "`background` responses are not supported; stream the response instead",
-        );
-    }
-    if request.conversation.is_some() {
-        return refuse(
+        ),
+        (
+            request.conversation.is_some(),
             "conversation",
             "`conversation` (the Conversations API) is not supported; continue with `previous_response_id`",
-        );
-    }
-    if request.prompt.is_some() {
-        return refuse(
+        ),
+        (
+            request.prompt.is_some(),
             "prompt",
             "stored prompt templates (`prompt`) are not supported",
-        );
-    }
-    if request.include.as_ref().is_some_and(|i| !i.is_empty()) {
-        return refuse(
+        ),
+        (
+            request.include.as_ref().is_some_and(|i| !i.is_empty()),
             "include",
             "`include` is not supported (nothing extra can be included)",
-        );
-    }
-    if request.top_logprobs.is_some_and(|k| k > 0) {
-        return refuse(
+        ),
+        (
+            request.top_logprobs.is_some_and(|k| k > 0),
             "top_logprobs",
             "log probabilities are not served on /v1/responses; use /v1/chat/completions",
-        );
-    }
-    if matches!(request.truncation, Some(Truncation::Auto)) {
-        return refuse(
+        ),
+        (
+            matches!(request.truncation, Some(Truncation::Auto)),
             "truncation",
             "`truncation: auto` is not supported: a conversation longer than the context is refused",
-        );
-    }
-    if request.context_management.is_some() {
-        return refuse(
+        ),
+        (
+            request.context_management.is_some(),
             "context_management",
             "`context_management` is not supported",
-        );
-    }
-    if request.max_tool_calls.is_some() {
-        return refuse("max_tool_calls", "`max_tool_calls` is not supported");
-    }
-    if request.priority != 0 {
-        return refuse(
+        ),
+        (
+            request.max_tool_calls.is_some(),
+            "max_tool_calls",
+            "`max_tool_calls` is not supported",
+        ),
+        (
+            request.priority != 0,
             "priority",
             "`priority` is not supported here; API keys set a request's tier",
-        );
-    }
-    if let Some(reasoning) = &request.reasoning
-        && (reasoning.effort.is_some() || reasoning.summary.is_some())
-    {
-        return refuse("reasoning", "`reasoning` options are not supported");
+        ),
+        (
+            request
+                .reasoning
+                .as_ref()
+                .is_some_and(|r| r.effort.is_some() || r.summary.is_some()),
+            "reasoning",
+            "`reasoning` options are not supported",
+        ),
+    ];
+    if let Some((_, param, why)) = refused.into_iter().find(|(asked, ..)| *asked) {
+        return Err(ApiError::invalid_param(param, why));
     }
     if let Some(text) = &request.text
         && text.verbosity.is_some_and(|v| v != Verbosity::Medium)
     {
-        return refuse("text.verbosity", "only `medium` verbosity is supported");
+        return Err(ApiError::invalid_param(
+            "text.verbosity",
+            "only `medium` verbosity is supported",
+        ));
     }
     Ok(())
 }
@@ -373,10 +378,7 @@ fn push_item(
             ));
         }
         other => {
-            let kind = serde_json::to_value(other)
-                .ok()
-                .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
-                .unwrap_or_default();
+            let kind = kind_of(other);
             return Err(ApiError::invalid_param(
                 &format!("{at}.type"),
                 format!(
@@ -431,6 +433,14 @@ fn parts(at: &str, content: &[ResponseContentPart]) -> Result<Value, ApiError> {
     Ok(Value::Array(out))
 }
 
+/// The `type` an item or tool is tagged with.
+fn kind_of(tagged: &impl serde::Serialize) -> String {
+    serde_json::to_value(tagged)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// Function tools in the chat's shape; any other kind is refused by name.
 fn tools(request: &ResponsesRequest) -> Result<Option<Value>, ApiError> {
     let Some(tools) = &request.tools else {
@@ -445,10 +455,7 @@ fn tools(request: &ResponsesRequest) -> Result<Option<Value>, ApiError> {
                 out.push(json!({"type": "function", "function": function}));
             }
             other => {
-                let kind = serde_json::to_value(other)
-                    .ok()
-                    .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
-                    .unwrap_or_default();
+                let kind = kind_of(other);
                 return Err(ApiError::invalid_param(
                     &format!("tools[{i}].type"),
                     format!("`{kind}` tools are not supported: only `function` tools"),

@@ -16,10 +16,3 @@ pub mod store;
 pub use events::{ResponseBuilder, new_id};
 pub use lower::{Lowered, lower};
 pub use store::{ResponseStore, ResponsesConfig, Stored};
-
-/// Seconds since the Unix epoch.
-pub(crate) fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
