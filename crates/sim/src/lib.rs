@@ -14,11 +14,13 @@
 //!   removed by graceful drain) and what a planned run reports.
 //! - [`disagg`]: prefill and decode workers, and the KV moved between them.
 //! - [`report`]: latency distributions and fleet figures per run.
+//! - [`sessions`]: what a session trace's sessions went through (replayed closed loop).
 
 pub mod disagg;
 pub mod faults;
 pub mod report;
 pub mod scaling;
+pub mod sessions;
 pub mod simulation;
 pub mod workload;
 
@@ -29,5 +31,6 @@ pub use faults::{
 };
 pub use report::{MediaReport, RequestRecord, SimReport};
 pub use scaling::{PlannerReport, PlannerSim, SlaAttainment, SlaTargets};
+pub use sessions::SessionReport;
 pub use simulation::{EncoderSim, SimConfig, SimError, simulate, worker_key};
 pub use workload::{PreparedWorkload, PromptRequest, TraceRequest};

@@ -171,6 +171,9 @@ pub struct SimReport {
     /// Media and encoders, when requests carried media.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub media: Option<MediaReport>,
+    /// Sessions, when the workload had them (replayed closed loop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<crate::sessions::SessionReport>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub request_records: Vec<RequestRecord>,
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use switchyard_core::MediaSpan;
 use switchyard_core::protocol::Prompt;
+use switchyard_core::trace::session::{self, SessionError, Turn};
 use switchyard_core::trace::{MediaRecord, MooncakeRecord};
 use switchyard_core::{InvalidPrompt, Priority, Token, TokenBlocks, blocks_for};
 
@@ -28,9 +29,23 @@ pub struct TraceRequest {
     pub hash_ids: Vec<u64>,
     /// Media items in the prompt (a multimodal trace).
     pub media: Vec<MediaRecord>,
+    /// Its session, and the requests whose completions release it (a session trace: it is
+    /// then sent closed loop, not at `arrival`); none: a flat trace's row.
+    pub turn: Option<Turn>,
 }
 
 impl TraceRequest {
+    /// A trace's rows, their sessions resolved when it has any.
+    pub fn from_trace(records: &[MooncakeRecord]) -> Result<Vec<Self>, SessionError> {
+        let mut requests: Vec<Self> = records.iter().map(Self::from_mooncake).collect();
+        if session::has_sessions(records) {
+            for (request, turn) in requests.iter_mut().zip(session::resolve(records)?) {
+                request.turn = Some(turn);
+            }
+        }
+        Ok(requests)
+    }
+
     pub fn from_mooncake(record: &MooncakeRecord) -> Self {
         TraceRequest {
             arrival: Duration::from_millis(record.timestamp),
@@ -38,7 +53,13 @@ impl TraceRequest {
             output_tokens: record.output_length.min(u64::from(u32::MAX)) as u32,
             hash_ids: record.hash_ids.clone(),
             media: record.media.clone(),
+            turn: None,
         }
+    }
+
+    /// Whether it is sent at its `arrival` (not released by other requests).
+    pub fn is_root(&self) -> bool {
+        self.turn.as_ref().is_none_or(|t| t.after.is_none())
     }
 }
 
@@ -60,6 +81,8 @@ pub struct PreparedWorkload {
 
 #[derive(Debug, Clone)]
 pub struct PreparedRequest {
+    /// When it is sent; for a request released by others (see `turn`), unknown until they
+    /// complete, and zero here.
     pub arrival: Duration,
     pub prompt: TokenBlocks,
     /// Output tokens asked for (fewer come out if an end-of-sequence token is drawn).
@@ -67,18 +90,25 @@ pub struct PreparedRequest {
     pub priority: Priority,
     /// Its media items, to encode before it can be prefilled.
     pub media: Vec<MediaSpan>,
+    /// Its session and what releases it, waits divided by the speedup (a session trace).
+    pub turn: Option<Turn>,
 }
 
 impl PreparedWorkload {
-    /// Cuts every prompt into `block_size`-token blocks. Arrivals are divided by `speedup`
-    /// and shifted so the first request arrives at 0.
+    /// Cuts every prompt into `block_size`-token blocks. Arrivals (and a session's waits)
+    /// are divided by `speedup` and shifted so the first request arrives at 0.
     pub fn prepare(
         requests: &[TraceRequest],
         trace_block_size: u32,
         block_size: u32,
         speedup: f64,
     ) -> Self {
-        let start = requests.iter().map(|r| r.arrival).min().unwrap_or_default();
+        let start = requests
+            .iter()
+            .filter(|r| r.is_root())
+            .map(|r| r.arrival)
+            .min()
+            .unwrap_or_default();
         let speedup = if speedup.is_finite() && speedup > 0.0 {
             speedup
         } else {
@@ -113,13 +143,23 @@ impl PreparedWorkload {
                     }
                     prompt.token_ids.extend_from_slice(rest);
                 }
+                let mut turn = r.turn.clone();
+                if let Some(after) = turn.as_mut().and_then(|t| t.after.as_mut()) {
+                    after.delay = after.delay.div_f64(speedup);
+                    after.tool_wait = after.tool_wait.div_f64(speedup);
+                }
                 PreparedRequest {
-                    arrival: (r.arrival - start).div_f64(speedup),
+                    arrival: if r.is_root() {
+                        r.arrival.saturating_sub(start).div_f64(speedup)
+                    } else {
+                        Duration::ZERO
+                    },
                     prompt: blocks_for(&prompt, block_size.max(1))
                         .unwrap_or_else(|_| unreachable!("spans checked, blocks of at least 1")),
                     output_tokens: r.output_tokens.max(1),
                     priority: Priority::Standard,
                     media: prompt.media.clone(),
+                    turn,
                 }
             })
             .collect();
@@ -144,6 +184,7 @@ impl PreparedWorkload {
                     output_tokens: r.max_tokens.max(1),
                     priority: r.priority,
                     media: r.prompt.media.clone(),
+                    turn: None,
                 })
             })
             .collect::<Result<_, InvalidPrompt>>()?;
@@ -256,6 +297,7 @@ mod tests {
             output_tokens: 1,
             hash_ids: vec![1, second],
             media: vec![item(16, 32, hash)],
+            turn: None,
         };
         let w =
             PreparedWorkload::prepare(&[request(2, 7), request(9, 7), request(2, 8)], 16, 16, 1.0);
@@ -274,6 +316,7 @@ mod tests {
             output_tokens: 5,
             hash_ids: vec![1, 2, 3],
             media: Vec::new(),
+            turn: None,
         };
         let b = TraceRequest {
             arrival: Duration::from_millis(3000),
@@ -281,6 +324,7 @@ mod tests {
             output_tokens: 0,
             hash_ids: vec![1, 9],
             media: Vec::new(),
+            turn: None,
         };
         let w = PreparedWorkload::prepare(&[a, b], 512, 16, 2.0);
         let (pa, pb) = (&w.requests[0].prompt, &w.requests[1].prompt);
@@ -301,6 +345,7 @@ mod tests {
             output_tokens: 1,
             hash_ids: vec![],
             media: Vec::new(),
+            turn: None,
         };
         let w = PreparedWorkload::prepare(&[r.clone(), r], 512, 16, 1.0);
         assert_eq!(w.requests[0].prompt.full_blocks(), 4);

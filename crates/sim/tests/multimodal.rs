@@ -193,6 +193,7 @@ fn batch_of_32(video: bool) -> PreparedWorkload {
                 output_tokens: 64,
                 hash_ids: (0..tokens.div_ceil(512)).map(|j| i * 1000 + j).collect(),
                 media,
+                turn: None,
             }
         })
         .collect();

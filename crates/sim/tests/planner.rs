@@ -29,6 +29,7 @@ fn step(input_tokens: u32, output_tokens: u32, burst: f64) -> PreparedWorkload {
             output_tokens,
             hash_ids: Vec::new(),
             media: Vec::new(),
+            turn: None,
         });
         t += if (300.0..600.0).contains(&t) {
             1.0 / burst
@@ -245,6 +246,7 @@ fn a_disaggregated_fleet_is_planned_pool_by_pool() {
             output_tokens: 1200,
             hash_ids: Vec::new(),
             media: Vec::new(),
+            turn: None,
         });
         t += if (200.0..500.0).contains(&t) {
             0.25

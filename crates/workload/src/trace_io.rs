@@ -8,6 +8,7 @@ use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use switchyard_core::trace::MooncakeRecord;
+use switchyard_core::trace::session::{SessionError, SessionProblem};
 
 /// Why a trace could not be read or written. The underlying cause is the error's `source()`
 /// (print the chain, e.g. anyhow's `{:#}`, to see it).
@@ -41,16 +42,27 @@ pub enum TraceError {
 
 /// A problem with one record of an in-memory trace; `record` is its 0-based index.
 /// [`Trace::locate`] turns it into a file line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("record {} of the trace: {problem}", .record + 1)]
 pub struct RecordError {
     pub record: usize,
     pub problem: RecordProblem,
 }
 
+impl From<SessionError> for RecordError {
+    fn from(e: SessionError) -> Self {
+        RecordError {
+            record: e.record,
+            problem: RecordProblem::Session(e.problem),
+        }
+    }
+}
+
 /// What is wrong with a record.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RecordProblem {
+    #[error(transparent)]
+    Session(SessionProblem),
     #[error(
         "hash id {id} follows {found} here but followed {expected} in an earlier request, \
          so the hash ids do not form a prefix tree"
@@ -197,6 +209,19 @@ mod tests {
     }
 
     #[test]
+    fn a_broken_session_names_its_line() {
+        let text = "{\"session_id\":\"s\",\"timestamp\":9,\"input_length\":1,\"output_length\":1}\n\n\
+                    {\"session_id\":\"s\",\"delay\":-4,\"input_length\":1,\"output_length\":1}\n";
+        let trace = Trace::parse(Path::new("s.jsonl"), text.as_bytes()).unwrap();
+        let error = switchyard_core::trace::session::resolve(&trace.records).unwrap_err();
+        let message = trace.locate(error.into()).to_string();
+        assert_eq!(
+            message,
+            "s.jsonl:3: delay is -4 ms; it must be a finite number of milliseconds, 0 or more"
+        );
+    }
+
+    #[test]
     fn empty_trace_is_an_error() {
         let err = Trace::parse(Path::new("e"), "\n \n".as_bytes()).unwrap_err();
         assert!(matches!(err, TraceError::Empty { .. }));
@@ -221,6 +246,7 @@ mod tests {
             input_length: 600,
             output_length: 7,
             hash_ids: vec![3, 4],
+            ..MooncakeRecord::default()
         }];
         write_mooncake(&path, &records).unwrap();
         assert_eq!(Trace::read(&path).unwrap().records, records);

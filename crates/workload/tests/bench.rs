@@ -100,6 +100,7 @@ fn trace_replay_keeps_the_schedule_and_prompt_lengths() {
             output_length: 4,
             // Every prompt shares its first block: 32 tokens of id 7.
             hash_ids: vec![7, 100 + i],
+            ..MooncakeRecord::default()
         })
         .collect();
     let mut config = support::config(server.url(), 1, 10, 4);

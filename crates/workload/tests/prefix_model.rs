@@ -46,6 +46,7 @@ fn records(paths: &[Vec<u64>]) -> Vec<MooncakeRecord> {
             input_length: path.len() as u64 * u64::from(BLOCK),
             output_length: 1 + i as u64 % 5,
             hash_ids: path.clone(),
+            ..MooncakeRecord::default()
         })
         .collect()
 }

@@ -6,7 +6,14 @@
 //! `trace_block_size / engine_block_size` engine blocks whose hashes derive from the trace id
 //! and the position inside it: shared trace prefixes stay shared engine prefixes.
 //!
+//! Rows may also carry a session (Dynamo's session and agentic forms, so users' traces read
+//! unchanged): rows sharing a `session_id` are turns sent one after another's completion,
+//! and `wait_for` names the requests whose completions release a row. [`session`] resolves
+//! them.
+//!
 //! Reading files is the caller's business; this module parses lines.
+
+pub mod session;
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -14,9 +21,11 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::hash::{DEFAULT_SEED, LocalBlockHash};
 
 /// One request of a Mooncake trace.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MooncakeRecord {
-    /// Arrival, in milliseconds from the start of the trace.
+    /// Arrival, in milliseconds from the start of the trace (a whole number of them; a
+    /// fraction is rounded). A session's later turns arrive by their `delay` instead.
+    #[serde(default, deserialize_with = "session::whole_ms")]
     pub timestamp: u64,
     pub input_length: u64,
     pub output_length: u64,
@@ -26,6 +35,35 @@ pub struct MooncakeRecord {
     /// tokens are part of `input_length`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub media: Vec<MediaRecord>,
+    /// The session this row is a turn of; none: a session of its own.
+    #[serde(
+        default,
+        deserialize_with = "session::opt_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub session_id: Option<String>,
+    /// Milliseconds after the previous turn of the session (or the last of `wait_for`)
+    /// completes, before this row is sent.
+    #[serde(default, alias = "delay_ms", skip_serializing_if = "Option::is_none")]
+    pub delay: Option<f64>,
+    /// The name `wait_for` refers to this row by.
+    #[serde(
+        default,
+        deserialize_with = "session::opt_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub request_id: Option<String>,
+    /// The requests (by `request_id`, of any session) whose completions release this row:
+    /// siblings of a fan-out share one, a join names several.
+    #[serde(
+        default,
+        deserialize_with = "session::names",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub wait_for: Vec<String>,
+    /// Milliseconds a tool ran before this row could be sent, after `delay`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_wait_ms: Option<f64>,
 }
 
 /// A media item of a trace request: its placeholder tokens take `tokens` positions from
@@ -95,6 +133,7 @@ mod tests {
             input_length: len,
             output_length: 1,
             hash_ids: ids.to_vec(),
+            ..MooncakeRecord::default()
         }
     }
 

@@ -65,6 +65,7 @@ mod media;
 mod outcome;
 mod place;
 mod scale;
+mod sessions;
 mod steps;
 
 /// What to simulate.
@@ -201,6 +202,10 @@ enum Slot {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct RequestState {
+    /// When it was sent (its trace arrival, or when its session released it).
+    arrived: Duration,
+    /// When it ended: completed, refused or failed.
+    ended: Option<Duration>,
     worker: Option<WorkerKey>,
     first_token: Option<Duration>,
     last_token: Duration,
@@ -310,6 +315,10 @@ struct Fleet<'a> {
     outages: Vec<WorkerId>,
     /// Requests waiting for a worker to join or recover, in order.
     waiting: Vec<u32>,
+    /// The next request sent at its own arrival (open loop; with sessions, theirs).
+    next_arrival: usize,
+    /// Requests released by others' completions (a session trace).
+    sessions: Option<sessions::Sessions>,
 }
 
 /// Runs the workload through the fleet with one policy. `progress` is told how many
@@ -375,8 +384,10 @@ impl<'a> Fleet<'a> {
             .collect();
         let horizon = workload
             .requests
-            .last()
-            .map_or(Duration::ZERO, |r| r.arrival);
+            .iter()
+            .map(|r| r.arrival)
+            .max()
+            .unwrap_or_default();
         let plan = config.faults.plan(config.workers, horizon, config.seed);
         let mut fleet = Fleet {
             config,
@@ -438,6 +449,8 @@ impl<'a> Fleet<'a> {
             rng: SmallRng::seed_from_u64(config.seed ^ 0x6261_636b_6f66),
             outages: Vec::new(),
             waiting: Vec::new(),
+            next_arrival: 0,
+            sessions: sessions::Sessions::new(&workload.requests),
         };
         for i in 0..fleet.plan.len() {
             fleet.schedule(fleet.plan[i].at, Event::Fault(i as u32));
@@ -454,21 +467,38 @@ impl<'a> Fleet<'a> {
         self.next_seq += 1;
     }
 
+    /// The next request to arrive: (when, which).
+    fn next_arrival(&self) -> Option<(Duration, u32)> {
+        let requests = &self.workload.requests;
+        match &self.sessions {
+            Some(sessions) => sessions.peek(requests),
+            None => requests
+                .get(self.next_arrival)
+                .map(|r| (r.arrival, self.next_arrival as u32)),
+        }
+    }
+
     fn run(&mut self, progress: &mut dyn FnMut(u64)) {
-        let arrivals = &self.workload.requests;
-        let mut next_arrival = 0;
         let mut reported = 0;
         loop {
-            let arrival = arrivals.get(next_arrival).map(|r| r.arrival);
+            let next = self.next_arrival();
+            let arrival = next.map(|(at, _)| at);
             let timed = self.queue.peek().map(|Reverse((at, _, _))| *at);
             // The next moment something may be routed or may read the engines' state.
             let barrier = match (arrival, timed) {
                 (Some(a), Some(t)) => Some(a.min(t)),
                 (a, t) => a.or(t),
             };
+            // No completion may release a request before the horizon (see `sessions`).
+            let horizon = self.sessions.as_ref().and_then(|s| s.horizon(self.now));
+            let within_horizon = horizon.is_none_or(|h| barrier.is_some_and(|b| b <= h));
             // A disaggregated fleet's engines interact through KV transfers too (a prefill
             // ending schedules its transfer): every step in global order.
-            if self.config.lazy_engines && self.config.disagg.is_none() && self.core.queued() == 0 {
+            if self.config.lazy_engines
+                && self.config.disagg.is_none()
+                && self.core.queued() == 0
+                && within_horizon
+            {
                 self.advance_engines_until(barrier);
                 self.deliver_until(barrier);
             } else if let Some(at) = self.next_internal(barrier) {
@@ -484,8 +514,12 @@ impl<'a> Fleet<'a> {
             match (arrival, timed) {
                 (Some(a), _) if arrival_first => {
                     self.now = self.now.max(a);
-                    self.arrive(next_arrival as u32);
-                    next_arrival += 1;
+                    let index = next.map_or(0, |(_, i)| i);
+                    match &mut self.sessions {
+                        Some(sessions) => sessions.pop(&self.workload.requests),
+                        None => self.next_arrival += 1,
+                    }
+                    self.arrive(index);
                 }
                 (_, Some(_)) => {
                     if let Some(Reverse((at, _, event))) = self.queue.pop() {
@@ -588,6 +622,7 @@ impl<'a> Fleet<'a> {
         }
         let priority = self.workload.requests[index as usize].priority;
         self.requests[index as usize].last_token = self.now;
+        self.requests[index as usize].arrived = self.now;
         match self
             .core
             .admit(RequestId(u64::from(index)), priority, self.now)
@@ -605,12 +640,22 @@ impl<'a> Fleet<'a> {
     pub(super) fn refuse(&mut self, index: u32, rejection: Rejection) {
         self.last_event = self.last_event.max(self.now);
         self.requests[index as usize].outcome = Outcome::Rejected(rejection);
+        self.ended(index, self.now);
         self.report.rejected += 1;
         *self
             .report
             .rejected_by_reason
             .entry(rejection.name())
             .or_insert(0) += 1;
+    }
+
+    /// Request `index` ended at `at` (completed, refused or failed): the turns waiting for
+    /// it may be released.
+    pub(super) fn ended(&mut self, index: u32, at: Duration) {
+        self.requests[index as usize].ended.get_or_insert(at);
+        if let Some(sessions) = &mut self.sessions {
+            sessions.ended(index, at, &self.workload.requests);
+        }
     }
 
     /// Routes queued requests while the core releases them.

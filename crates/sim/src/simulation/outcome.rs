@@ -7,6 +7,7 @@ use switchyard_core::protocol::FinishReason;
 use super::{Fleet, Outcome, RequestState, Slot};
 use crate::report::{LoadSpread, RequestRecord, SimReport, Throughput};
 use crate::scaling::{SlaAttainment, SlaTargets};
+use crate::sessions::{SessionReport, TurnOutcome};
 
 impl Fleet<'_> {
     pub(super) fn finish(mut self) -> SimReport {
@@ -56,7 +57,25 @@ impl Fleet<'_> {
             LoadSpread::from_counts(&self.per_worker_requests, &self.per_worker_prefill);
         r.simulated_seconds = end.as_secs_f64();
         if let Some(targets) = self.config.sla_targets {
-            r.sla = Some(attainment(targets, &self.requests, &self.workload.requests));
+            r.sla = Some(attainment(targets, &self.requests));
+        }
+        if self.workload.requests.iter().any(|q| q.turn.is_some()) {
+            let turns = self.workload.requests.iter().zip(&self.requests);
+            r.sessions = Some(SessionReport::build(turns.filter_map(
+                |(request, state)| {
+                    let turn = request.turn.as_ref()?;
+                    let after = turn.after.as_ref();
+                    Some(TurnOutcome {
+                        session: turn.session,
+                        turn: turn.turn,
+                        sent: state.arrived,
+                        first_token: state.first_token,
+                        ended: state.ended,
+                        delay: after.map_or(Duration::ZERO, |a| a.delay),
+                        tool_wait: after.map_or(Duration::ZERO, |a| a.tool_wait),
+                    })
+                },
+            )));
         }
         if let Some(disagg) = &self.config.disagg {
             let mut report = std::mem::take(&mut self.disagg);
@@ -94,7 +113,7 @@ impl Fleet<'_> {
                 .enumerate()
                 .map(|(i, s)| RequestRecord {
                     id: i as u64,
-                    arrival: self.workload.requests[i].arrival,
+                    arrival: s.arrived,
                     worker: s.worker,
                     first_token: s.first_token,
                     finished: s.finished,
@@ -116,22 +135,18 @@ impl Fleet<'_> {
 }
 
 /// Requests that met the latency targets (their TTFT, and their mean inter-token latency).
-fn attainment(
-    targets: SlaTargets,
-    states: &[RequestState],
-    requests: &[crate::workload::PreparedRequest],
-) -> SlaAttainment {
+fn attainment(targets: SlaTargets, states: &[RequestState]) -> SlaAttainment {
     let mut a = SlaAttainment {
         requests: states.len() as u64,
         ..SlaAttainment::default()
     };
-    for (state, request) in states.iter().zip(requests) {
+    for state in states {
         let (Outcome::Completed(_), Some(first), Some(end)) =
             (state.outcome, state.first_token, state.finished)
         else {
             continue;
         };
-        let ttft_ok = first.saturating_sub(request.arrival) <= targets.ttft;
+        let ttft_ok = first.saturating_sub(state.arrived) <= targets.ttft;
         let gaps = state.output_tokens.saturating_sub(1);
         let itl_ok = gaps == 0 || end.saturating_sub(first) / gaps <= targets.itl;
         a.ttft_met += u64::from(ttft_ok);

@@ -438,6 +438,7 @@ impl Fleet<'_> {
     /// Its life gave up.
     pub(super) fn give_up(&mut self, index: u32, give_up: &GiveUp) {
         self.media_released(index);
+        self.ended(index, self.now);
         let state = &mut self.requests[index as usize];
         state.outcome = Outcome::Failed(give_up.name());
         if state.caught {

@@ -58,7 +58,7 @@ impl Fleet<'_> {
                 self.stall.record(micros(now - since));
             }
             if state.first_token.is_none() {
-                let arrival = self.workload.requests[index].arrival;
+                let arrival = state.arrived;
                 if let Some(scaling) = &mut self.scaling {
                     scaling.traffic.cached_tokens += u64::from(token.cached_tokens);
                     scaling.traffic.ttft_ms_sum += (now - arrival).as_secs_f64() * 1e3;
@@ -146,7 +146,7 @@ impl Fleet<'_> {
     pub(super) fn complete(&mut self, index: u32, reason: FinishReason, now: Duration) {
         self.media_released(index);
         let index = index as usize;
-        let arrival = self.workload.requests[index].arrival;
+        let arrival = self.requests[index].arrived;
         let state = &mut self.requests[index];
         self.e2e.record(micros(now - arrival));
         if let Some(first) = state.first_token.filter(|_| state.output_tokens > 1) {
@@ -169,6 +169,7 @@ impl Fleet<'_> {
         if reason == FinishReason::Stop {
             self.report.stopped_early += 1;
         }
+        self.ended(index as u32, now);
     }
 
     /// Applies KV events from workers the core sees through events.

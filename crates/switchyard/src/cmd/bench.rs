@@ -116,10 +116,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--speedup applies to trace replay only (drop --rate / --concurrency)");
     }
     config.source = match &args.trace {
-        Some(path) => RequestSource::Trace {
-            records: Trace::read(path)?.records,
-            block_size: args.trace_block_size,
-        },
+        Some(path) => {
+            let records = Trace::read(path)?.records;
+            if switchyard_core::trace::session::has_sessions(&records) {
+                bail!(
+                    "{}: a session trace (rows with session_id or wait_for) is replayed closed \
+                     loop; `switchyard sim` does, `bench` does not yet",
+                    path.display()
+                );
+            }
+            RequestSource::Trace {
+                records,
+                block_size: args.trace_block_size,
+            }
+        }
         None => RequestSource::Synthetic {
             input_tokens: args.input_tokens,
             output_tokens: args.output_tokens,

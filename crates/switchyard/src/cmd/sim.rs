@@ -581,15 +581,27 @@ fn read_trace(args: &SimArgs, seed: u64) -> Result<Vec<TraceRequest>> {
     });
     match format {
         TraceFormat::Mooncake => {
-            let mut records = Trace::read(&args.trace)?.records;
+            let mut trace = Trace::read(&args.trace)?;
+            // Cut before the sessions are resolved: a row waiting for one past the cut is
+            // then named.
+            if let Some(limit) = args.limit {
+                trace.records.truncate(limit);
+            }
             if let Some(mix) = &args.media_mix {
                 let mix = switchyard_workload::synth::MediaMix {
                     pool: args.media_pool,
                     ..mix.clone()
                 };
-                mix.apply(&mut records, seed, args.trace_block_size);
+                mix.apply(&mut trace.records, seed, args.trace_block_size);
             }
-            Ok(records.iter().map(TraceRequest::from_mooncake).collect())
+            // A session trace is replayed closed loop (its rows' `session_id`, `wait_for`).
+            let requests =
+                TraceRequest::from_trace(&trace.records).map_err(|e| trace.locate(e.into()));
+            match (requests, args.limit) {
+                (Err(e), Some(limit)) => Err(anyhow::Error::new(e)
+                    .context(format!("the trace's first {limit} rows (--limit)"))),
+                (requests, _) => Ok(requests?),
+            }
         }
         TraceFormat::Azure if args.media_mix.is_some() => {
             anyhow::bail!(
@@ -604,6 +616,7 @@ fn read_trace(args: &SimArgs, seed: u64) -> Result<Vec<TraceRequest>> {
                 output_tokens: r.generated_tokens,
                 hash_ids: Vec::new(),
                 media: Vec::new(),
+                turn: None,
             })
             .collect()),
     }

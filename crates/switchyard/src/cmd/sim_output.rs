@@ -284,6 +284,43 @@ pub(super) fn table(
         );
     }
     for r in reports {
+        let Some(s) = &r.sessions else {
+            continue;
+        };
+        let turns = s
+            .ttft_ms_by_turn
+            .iter()
+            .zip(&s.requests_by_turn)
+            .enumerate()
+            .filter(|(_, (_, n))| **n > 0)
+            .map(|(i, (d, _))| {
+                let plus = if i + 1 == switchyard_sim::sessions::TURNS_REPORTED {
+                    "+"
+                } else {
+                    ""
+                };
+                format!("{}{plus} {:.0}/{:.0}", i + 1, d.p50, d.p99)
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let total = (s.fleet_seconds + s.tool_seconds + s.client_seconds).max(f64::MIN_POSITIVE);
+        let _ = writeln!(
+            out,
+            "{}: {} sessions (closed loop), {:.1} turns each (most {}), lasting p50 {:.1} s p99 \
+             {:.1} s; waiting on the fleet {:.0} %, on tools {:.0} %, on the client {:.0} %; \
+             TTFT p50/p99 ms by turn: {turns}",
+            r.policy,
+            s.sessions,
+            s.turns_mean,
+            s.turns_max,
+            s.duration_ms.p50 / 1e3,
+            s.duration_ms.p99 / 1e3,
+            100.0 * s.fleet_seconds / total,
+            100.0 * s.tool_seconds / total,
+            100.0 * s.client_seconds / total,
+        );
+    }
+    for r in reports {
         let Some(f) = &r.failures else {
             continue;
         };

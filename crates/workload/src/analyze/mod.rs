@@ -207,6 +207,7 @@ mod tests {
             input_length,
             output_length: 10,
             hash_ids: ids.to_vec(),
+            ..MooncakeRecord::default()
         }
     }
 

@@ -280,6 +280,7 @@ mod tests {
                     input_length: 10,
                     output_length: 5,
                     hash_ids: vec![i as u64],
+                    ..MooncakeRecord::default()
                 })
                 .collect(),
             block_size: 512,

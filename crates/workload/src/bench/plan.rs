@@ -177,6 +177,7 @@ mod tests {
                 input_length: 6 * hash_ids.len() as u64 - 1,
                 output_length: 3,
                 hash_ids,
+                ..MooncakeRecord::default()
             })
             .collect();
         let mut config = BenchConfig::new("http://h", "m");

@@ -197,6 +197,7 @@ mod tests {
                 input_length: 1,
                 output_length: 1,
                 hash_ids: p.to_vec(),
+                ..MooncakeRecord::default()
             })
             .collect();
         CoreTree::from_trie(&PrefixTrie::build(&rows).unwrap())

@@ -172,6 +172,7 @@ mod tests {
                 input_length: p.len() as u64 * 512,
                 output_length: 1,
                 hash_ids: p.to_vec(),
+                ..MooncakeRecord::default()
             })
             .collect()
     }

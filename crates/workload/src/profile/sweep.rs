@@ -297,6 +297,7 @@ async fn context_bench(
         output_length: 1,
         hash_ids,
         media: Vec::new(),
+        ..MooncakeRecord::default()
     };
     // The prefix in whole blocks, and each chunk from a block of its own: the prefix
     // prompt's words are the first words of every longer one.

@@ -161,6 +161,7 @@ impl SynthModel {
                 input_length,
                 output_length: scale_tokens(source_osl, config.osl_multiplier),
                 hash_ids,
+                ..MooncakeRecord::default()
             });
         }
         out
@@ -330,6 +331,7 @@ mod tests {
                 input_length: ids.len() as u64 * 16,
                 output_length: 4,
                 hash_ids: ids.to_vec(),
+                ..MooncakeRecord::default()
             })
             .collect();
         let model = SynthModel::learn(&rows, 16).unwrap();
@@ -357,6 +359,7 @@ mod tests {
                 input_length: 16,
                 output_length: 4,
                 hash_ids: vec![i],
+                ..MooncakeRecord::default()
             })
             .collect();
         let model = SynthModel::learn(&rows, 16).unwrap();
@@ -401,6 +404,7 @@ mod tests {
                 input_length: 16 * (i % 7 + 1),
                 output_length: 4 + i % 5,
                 hash_ids: (0..i % 7 + 1).map(|b| i * 10 + b).collect(),
+                ..MooncakeRecord::default()
             })
             .collect();
         let model = SynthModel::learn(&rows, 16).unwrap();

@@ -198,6 +198,7 @@ mod tests {
                 output_length: 10,
                 hash_ids: vec![i, i + 1],
                 media: Vec::new(),
+                ..MooncakeRecord::default()
             })
             .collect()
     }
@@ -261,6 +262,7 @@ mod tests {
                 output_length: 10,
                 hash_ids: vec![i / 3 * 10, i / 3 * 10 + 1, 1_000 + i],
                 media: Vec::new(),
+                ..MooncakeRecord::default()
             })
             .collect();
         mix.apply(&mut rows, 3, 512);

@@ -121,6 +121,7 @@ mod tests {
             input_length,
             output_length: 3,
             hash_ids: ids.to_vec(),
+            ..MooncakeRecord::default()
         }
     }
 
