@@ -528,7 +528,14 @@ fn a_session_trace_is_replayed_closed_loop_and_a_broken_one_names_its_line() {
     // `bench` cannot replay it closed loop yet, and says so rather than send every later
     // turn at time zero.
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--trace"])
+        .args([
+            "bench",
+            "--url",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--trace",
+        ])
         .arg(&path)
         .output()
         .unwrap();
@@ -553,5 +560,68 @@ fn a_session_trace_is_replayed_closed_loop_and_a_broken_one_names_its_line() {
     assert!(
         stderr.contains("broken.jsonl:3: wait_for names \"z\", which no row has as its request_id"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn sessions_recovered_from_a_flat_trace_replay_closed_loop_or_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = dir.path().join("recovered.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["synth", "analyze", TRACE, "--sessions-out"])
+        .arg(&sessions)
+        .args(["--answer-ms-per-token", "20"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("recovered from prefix chains"), "{stdout}");
+    let written = std::fs::read_to_string(&sessions).unwrap();
+    assert_eq!(written.lines().count(), 3000);
+    assert!(
+        written.contains("\"wait_for\":[\"r"),
+        "no row continues another"
+    );
+    let replay = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args([
+                "sim",
+                "--trace",
+                sessions.to_str().unwrap(),
+                "--workers",
+                "4",
+            ])
+            .args(["--limit", "600"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let closed = replay(&[]);
+    assert!(closed.contains("sessions (closed loop)"), "{closed}");
+    let open = replay(&["--open-loop"]);
+    assert!(
+        open.contains("600 requests") && !open.contains("closed loop"),
+        "{open}"
+    );
+    // A negative estimate of the answer's time is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["synth", "analyze", TRACE, "--sessions-out"])
+        .arg(&sessions)
+        .args(["--answer-ms-per-token=-1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--answer-ms-per-token must be 0 or more")
     );
 }

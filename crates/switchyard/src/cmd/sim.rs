@@ -47,6 +47,10 @@ pub struct SimArgs {
     /// Replay only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
+    /// Replay a session trace open loop, as a flat one: every row at its own timestamp (a
+    /// row without one at 0), whether or not what it follows has ended.
+    #[arg(long)]
+    open_loop: bool,
     /// The deployment's configuration file, as `serve` and `frontend` read it: the fleet
     /// from `[workers]` (count, prefill split, the mocker's engine and timing), the routing
     /// from `[frontend]`, the planner from `[planner]`.
@@ -595,6 +599,13 @@ fn read_trace(args: &SimArgs, seed: u64) -> Result<Vec<TraceRequest>> {
                 mix.apply(&mut trace.records, seed, args.trace_block_size);
             }
             // A session trace is replayed closed loop (its rows' `session_id`, `wait_for`).
+            if args.open_loop {
+                return Ok(trace
+                    .records
+                    .iter()
+                    .map(TraceRequest::from_mooncake)
+                    .collect());
+            }
             let requests =
                 TraceRequest::from_trace(&trace.records).map_err(|e| trace.locate(e.into()));
             match (requests, args.limit) {

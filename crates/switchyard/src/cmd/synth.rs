@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use switchyard_workload::analyze::{Comparison, TraceAnalysis};
+use switchyard_workload::analyze::{Comparison, TraceAnalysis, sessions};
 use switchyard_workload::synth::{Arrivals, RateShape, Sampling, SynthConfig, generate_from_trace};
 use switchyard_workload::trace_io::{Trace, write_mooncake};
 use switchyard_workload::units::thousands;
@@ -35,6 +35,15 @@ struct AnalyzeArgs {
     /// Print JSON instead of the text report.
     #[arg(long)]
     json: bool,
+    /// Write the sessions recovered from the prefix chains here, as a session trace
+    /// (agentic form: each row waits for the turn it continues), to replay closed loop.
+    #[arg(long, value_name = "PATH")]
+    sessions_out: Option<PathBuf>,
+    /// With --sessions-out: a turn's delay is the recorded gap less this many milliseconds
+    /// per output token of the turn before (the time its answer took when recorded, which
+    /// a replay spends again).
+    #[arg(long, default_value_t = 0.0, requires = "sessions_out")]
+    answer_ms_per_token: f64,
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +126,23 @@ pub fn run(args: SynthArgs) -> Result<()> {
 fn analyze(args: AnalyzeArgs) -> Result<()> {
     let trace = Trace::read(&args.trace)?;
     let analysis = TraceAnalysis::of_trace(&trace, args.block_size)?;
+    if let Some(path) = &args.sessions_out {
+        if !(args.answer_ms_per_token.is_finite() && args.answer_ms_per_token >= 0.0) {
+            bail!(
+                "--answer-ms-per-token must be 0 or more, got {}",
+                args.answer_ms_per_token
+            );
+        }
+        let recovered = sessions::recover(&trace.records, args.block_size);
+        let rows = sessions::session_trace(&trace.records, &recovered, args.answer_ms_per_token);
+        write_mooncake(path, &rows)?;
+        eprintln!(
+            "Wrote {} rows in {} sessions to {}",
+            thousands(rows.len() as u64),
+            thousands(analysis.sessions.sessions as u64),
+            path.display()
+        );
+    }
     if args.json {
         write_stdout(&format!("{}\n", analysis.to_json()?))
     } else {

@@ -3,6 +3,7 @@
 
 mod compare;
 mod report;
+pub mod sessions;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -35,6 +36,8 @@ pub struct TraceAnalysis {
     pub blocks: BlockReuse,
     pub core_tree: CoreTreeShape,
     pub unique_prompts: UniquePrompts,
+    /// Sessions recovered from the prefix chains (see [`sessions`]).
+    pub sessions: sessions::SessionShape,
 }
 
 /// Arrivals counted in fixed windows from the first request.
@@ -101,6 +104,7 @@ impl TraceAnalysis {
             .len() as u64;
 
         let splits: Vec<(usize, usize)> = records.iter().map(|r| trie.split(&r.hash_ids)).collect();
+        let recovered = sessions::recover(records, block_size);
         let tails = splits.iter().filter(|s| s.1 > 0).map(|s| s.1 as f64);
 
         Ok(Self {
@@ -141,6 +145,7 @@ impl TraceAnalysis {
                 ending_in_core: splits.iter().filter(|s| s.1 == 0).count(),
                 length_blocks: Summary::of(tails).unwrap_or_default(),
             },
+            sessions: sessions::SessionShape::of(records, &recovered),
         })
     }
 }

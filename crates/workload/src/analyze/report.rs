@@ -67,7 +67,8 @@ impl fmt::Display for TraceAnalysis {
             "Unique prompts  {} requests continue past the core tree; {} end inside it",
             thousands(u.requests as u64),
             thousands(u.ending_in_core as u64)
-        )
+        )?;
+        write!(f, "{}", self.sessions)
     }
 }
 
