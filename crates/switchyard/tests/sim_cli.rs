@@ -525,8 +525,7 @@ fn a_session_trace_is_replayed_closed_loop_and_a_broken_one_names_its_line() {
         "{stdout}"
     );
     assert!(stdout.contains("TTFT p50/p99 ms by turn: 1 "), "{stdout}");
-    // `bench` cannot replay it closed loop yet, and says so rather than send every later
-    // turn at time zero.
+    // Sessions set their own pace: `bench` refuses a rate for them.
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args([
             "bench",
@@ -534,14 +533,16 @@ fn a_session_trace_is_replayed_closed_loop_and_a_broken_one_names_its_line() {
             "http://127.0.0.1:9",
             "--model",
             "m",
-            "--trace",
+            "--rate",
+            "5",
         ])
+        .arg("--trace")
         .arg(&path)
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("is replayed closed loop"),
+        String::from_utf8_lossy(&out.stderr).contains("drop --rate and --concurrency"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

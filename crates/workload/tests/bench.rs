@@ -216,3 +216,71 @@ fn json_report_and_plots_are_written() {
         }
     }
 }
+
+#[test]
+fn a_session_trace_is_replayed_closed_loop_growing_by_the_real_answers() {
+    let server = MockServer::start(fast_profile()).unwrap();
+    // Two sessions of three turns, turn-major in the file. Each turn's prompt is the last
+    // one's, its 4-token answer, and new text (20, then 10 words).
+    let lengths = [40u64, 64, 78];
+    let mut records = Vec::new();
+    for (turn, &input_length) in lengths.iter().enumerate() {
+        for s in 0..2u64 {
+            records.push(MooncakeRecord {
+                timestamp: if turn == 0 { s * 50 } else { 0 },
+                input_length,
+                output_length: 4,
+                hash_ids: (0..input_length.div_ceil(32))
+                    .map(|b| s * 100 + b)
+                    .collect(),
+                session_id: Some(format!("s{s}")),
+                delay: (turn > 0).then_some(100.0),
+                tool_wait_ms: (turn > 0).then_some(50.0),
+                ..MooncakeRecord::default()
+            });
+        }
+    }
+    let mut config = support::config(server.url(), 1, 6, 4);
+    config.source = RequestSource::Trace {
+        records: records.clone(),
+        block_size: 32,
+    };
+    config.shape = LoadShape::Replay { speedup: 1.0 };
+    config.max_requests = None;
+    let report = run_blocking(config.clone()).unwrap();
+    assert_eq!(report.requests.len(), 6);
+    assert_eq!(report.summary.failed, 0);
+    for (record, row) in report.requests.iter().zip(&records) {
+        // The server counted the whole conversation: earlier prompts, the answers it gave
+        // and the new text (plus its 7-token chat template), which is what the trace says.
+        assert_eq!(
+            record.input_tokens,
+            row.input_length + 7,
+            "row {}",
+            record.index
+        );
+    }
+    for index in 2..6 {
+        let (before, this) = (&report.requests[index - 2], &report.requests[index]);
+        let ended = before.start + before.latency;
+        let waited = this.start.saturating_sub(ended);
+        assert!(
+            this.start >= ended && waited < Duration::from_millis(150 + 60),
+            "row {index} sent {waited:?} after the turn before it ended"
+        );
+        assert!(
+            waited >= Duration::from_millis(145),
+            "row {index}: {waited:?}"
+        );
+    }
+    let sessions = report.sessions.as_ref().unwrap();
+    assert_eq!(
+        (sessions.sessions, &sessions.requests_by_turn[..]),
+        (2, &[2, 2, 2][..])
+    );
+    assert!(report.to_string().contains("Sessions     2 (closed loop)"));
+    // Sessions set their own pace: a rate or a concurrency is refused.
+    config.shape = LoadShape::Concurrency { clients: 2 };
+    let error = run_blocking(config).unwrap_err().to_string();
+    assert!(error.contains("drop --rate and --concurrency"), "{error}");
+}

@@ -117,16 +117,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     config.source = match &args.trace {
         Some(path) => {
-            let records = Trace::read(path)?.records;
-            if switchyard_core::trace::session::has_sessions(&records) {
-                bail!(
-                    "{}: a session trace (rows with session_id or wait_for) is replayed closed \
-                     loop; `switchyard sim` does, `bench` does not yet",
-                    path.display()
-                );
-            }
+            let trace = Trace::read(path)?;
+            // A session trace is replayed closed loop; a broken one names its line.
+            switchyard_core::trace::session::resolve(&trace.records)
+                .map_err(|e| trace.locate(e.into()))?;
             RequestSource::Trace {
-                records,
+                records: trace.records,
                 block_size: args.trace_block_size,
             }
         }

@@ -40,6 +40,8 @@ struct Measured {
     /// Content chunks (streaming) or words (not streaming).
     pieces: u64,
     usage: Option<Usage>,
+    /// The answer's text.
+    text: String,
 }
 
 impl Client {
@@ -70,6 +72,16 @@ impl Client {
         run_start: Instant,
         cancel: &CancellationToken,
     ) -> RequestRecord {
+        self.send_for_answer(request, run_start, cancel).await.0
+    }
+
+    /// [`Self::send`], and the answer's text (empty when it failed).
+    pub async fn send_for_answer(
+        &self,
+        request: PlannedRequest,
+        run_start: Instant,
+        cancel: &CancellationToken,
+    ) -> (RequestRecord, String) {
         let sent = Instant::now();
         let outcome = tokio::select! {
             biased;
@@ -93,8 +105,10 @@ impl Client {
             cached_tokens: None,
             error: None,
         };
+        let mut answer = String::new();
         match outcome {
             Ok(measured) => {
+                answer = measured.text;
                 record.ttft = measured.ttft;
                 record.itl = measured.itl;
                 record.output_tokens = measured.pieces;
@@ -107,7 +121,7 @@ impl Client {
             }
             Err(error) => record.error = Some(error),
         }
-        record
+        (record, answer)
     }
 
     fn body(&self, request: &PlannedRequest) -> Value {
@@ -120,9 +134,28 @@ impl Client {
             match self.endpoint {
                 Endpoint::Chat => fields.insert(
                     "messages".into(),
-                    json!([{"role": "user", "content": request.prompt}]),
+                    match &request.history {
+                        None => json!([{"role": "user", "content": request.prompt}]),
+                        Some(history) => {
+                            let mut messages: Vec<Value> = history
+                                .iter()
+                                .map(|(role, content)| json!({"role": role, "content": content}))
+                                .collect();
+                            messages.push(json!({"role": "user", "content": request.prompt}));
+                            Value::Array(messages)
+                        }
+                    },
                 ),
-                Endpoint::Completions => fields.insert("prompt".into(), json!(request.prompt)),
+                Endpoint::Completions => {
+                    // A session's earlier turns, then this one's text, as one prompt.
+                    let mut prompt = String::new();
+                    for (_, content) in request.history.iter().flat_map(|h| h.iter()) {
+                        prompt.push_str(content);
+                        prompt.push(' ');
+                    }
+                    prompt.push_str(&request.prompt);
+                    fields.insert("prompt".into(), json!(prompt))
+                }
             };
             if self.stream {
                 // Ask for a final usage chunk: exact token counts from the server.
@@ -168,6 +201,7 @@ impl Client {
             Ok(Measured {
                 pieces: completion.words,
                 usage: completion.usage,
+                text: completion.text,
                 ..Measured::default()
             })
         }
@@ -202,6 +236,7 @@ async fn read_stream(response: reqwest::Response, sent: Instant) -> Result<Measu
         }
         finished |= chunk.finished;
         measured.usage = chunk.usage.or(measured.usage);
+        measured.text.push_str(&chunk.text);
     }
     if !done && !finished {
         return Err(RequestError::new(

@@ -201,6 +201,16 @@ impl BenchConfig {
                 if records.is_empty() {
                     return Err(invalid("the trace holds no requests"));
                 }
+                if switchyard_core::trace::session::has_sessions(records) {
+                    if !matches!(self.shape, LoadShape::Replay { .. }) {
+                        return Err(invalid(
+                            "a session trace (rows with session_id or wait_for) sends each turn \
+                             when the one before it ends: drop --rate and --concurrency",
+                        ));
+                    }
+                    switchyard_core::trace::session::resolve(records)
+                        .map_err(|e| invalid(e.to_string()))?;
+                }
                 if *block_size == 0 {
                     return Err(invalid("--trace-block-size must be at least 1"));
                 }

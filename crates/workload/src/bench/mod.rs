@@ -22,6 +22,7 @@ mod record;
 mod report;
 mod response;
 mod runner;
+pub mod sessions;
 pub mod summary;
 mod timeline;
 

@@ -17,6 +17,8 @@ pub(crate) struct PlannedRequest {
     /// Offset from the start of the run for open-loop shapes; `None` in a closed loop.
     pub scheduled: Option<Duration>,
     pub prompt: String,
+    /// A session's earlier messages (role, content), sent before `prompt`.
+    pub history: Option<std::sync::Arc<Vec<(&'static str, String)>>>,
     /// Tokens in the prompt under the one-word-one-token assumption.
     pub prompt_tokens: u64,
     pub max_tokens: u64,
@@ -158,6 +160,7 @@ impl Plan {
             index,
             scheduled,
             prompt: self.prompts.prompt(&hash_ids, input_length),
+            history: None,
             prompt_tokens: input_length,
             max_tokens,
         })

@@ -33,6 +33,9 @@ pub struct RunSetup {
 pub struct BenchReport {
     pub setup: RunSetup,
     pub summary: BenchSummary,
+    /// A session trace's sessions (replayed closed loop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<super::sessions::SessionTurns>,
     pub requests: Vec<RequestRecord>,
 }
 
@@ -50,7 +53,16 @@ impl BenchReport {
                 output_tokens,
             } => format!("{input_tokens} input / {output_tokens} output tokens"),
         };
+        let sessions = match &config.source {
+            RequestSource::Trace { records: rows, .. } => {
+                super::sessions::SessionTurns::of(rows, &records)
+            }
+            RequestSource::Synthetic { .. } => None,
+        };
         let shape = match config.shape {
+            LoadShape::Replay { speedup } if sessions.is_some() => {
+                format!("sessions replayed closed loop at {speedup}x")
+            }
             LoadShape::Replay { speedup } => format!("trace replay at {speedup}x"),
             LoadShape::Poisson { rate } => format!("Poisson, {rate} req/s"),
             LoadShape::Concurrency { clients } => format!("concurrency {clients}"),
@@ -69,6 +81,7 @@ impl BenchReport {
                 duration_limit_ms: config.duration.map(ms),
             },
             summary: BenchSummary::of(&records, &config.slo),
+            sessions,
             requests: records,
         }
     }
@@ -228,6 +241,9 @@ impl fmt::Display for BenchReport {
             if let Some(summary) = summary {
                 row(f, name, summary)?;
             }
+        }
+        if let Some(sessions) = &self.sessions {
+            write!(f, "{sessions}")?;
         }
         Ok(())
     }

@@ -15,10 +15,13 @@ pub(crate) struct Usage {
 }
 
 /// What one stream event carried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Chunk {
     /// Some generated text (a token, or several) arrived.
     pub content: bool,
+    /// The answer's text in it (`content`, or `text` on the completions endpoint), for a
+    /// session's next turn; reasoning is timed but not kept.
+    pub text: String,
     /// A choice reported its finish reason.
     pub finished: bool,
     pub usage: Option<Usage>,
@@ -30,6 +33,8 @@ pub(crate) struct Completion {
     /// Whitespace-separated words of the generated text: the token count when the server
     /// sends no usage (the one-word-one-token assumption of the prompts).
     pub words: u64,
+    /// The generated text (of every choice).
+    pub text: String,
     pub usage: Option<Usage>,
 }
 
@@ -42,11 +47,18 @@ pub(crate) fn parse_chunk(data: &str) -> Result<Chunk, RequestError> {
     };
     for choice in choices(&value) {
         let delta = choice.get("delta");
-        let text = ["content", "reasoning_content", "reasoning"]
+        let answer = delta
+            .and_then(|d| d.get("content"))
+            .or_else(|| choice.get("text"))
+            .and_then(Value::as_str);
+        let text = ["reasoning_content", "reasoning"]
             .iter()
             .filter_map(|key| delta.and_then(|d| d.get(key)).and_then(Value::as_str))
-            .chain(choice.get("text").and_then(Value::as_str));
+            .chain(answer);
         chunk.content |= text.into_iter().any(|t| !t.is_empty());
+        if let Some(answer) = answer {
+            chunk.text.push_str(answer);
+        }
         chunk.finished |= choice
             .get("finish_reason")
             .is_some_and(|reason| !reason.is_null());
@@ -64,7 +76,7 @@ pub(crate) fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> 
             "the response has no choices",
         ));
     }
-    let words = choices
+    let text = choices
         .filter_map(|choice| {
             choice
                 .get("message")
@@ -72,10 +84,11 @@ pub(crate) fn parse_completion(body: &[u8]) -> Result<Completion, RequestError> 
                 .or_else(|| choice.get("text"))
                 .and_then(Value::as_str)
         })
-        .map(|text| text.split_whitespace().count() as u64)
-        .sum();
+        .collect::<Vec<_>>()
+        .join(" ");
     Ok(Completion {
-        words,
+        words: text.split_whitespace().count() as u64,
+        text,
         usage: usage(&value),
     })
 }
@@ -140,6 +153,7 @@ mod tests {
             chat,
             Ok(Chunk {
                 content: true,
+                text: "hi".into(),
                 finished: false,
                 usage: None
             })
@@ -148,6 +162,7 @@ mod tests {
         assert!(!role_only.content);
         let text = parse_chunk(r#"{"choices":[{"text":" a","finish_reason":"length"}]}"#).unwrap();
         assert!(text.content && text.finished);
+        assert_eq!(text.text, " a");
         let usage = parse_chunk(
             r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#,
         )
@@ -203,6 +218,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(chat.words, 3);
+        assert_eq!(chat.text.split_whitespace().count(), 3);
         assert_eq!(chat.usage.map(|u| u.completion_tokens), Some(4));
         let text = parse_completion(br#"{"choices":[{"text":"a b"}]}"#).unwrap();
         assert_eq!((text.words, text.usage), (2, None));

@@ -9,27 +9,30 @@ use tokio_util::task::TaskTracker;
 
 use super::BenchError;
 use super::client::Client;
-use super::config::{BenchConfig, LoadShape};
+use super::config::{BenchConfig, LoadShape, RequestSource};
 use super::plan::Plan;
 use super::progress::Progress;
+use super::prompt::PromptBuilder;
 use super::record::RequestRecord;
 use super::report::BenchReport;
+use super::sessions::dispatch_sessions;
+use switchyard_core::trace::session::has_sessions;
 
 /// Everything a dispatching task needs.
 #[derive(Clone)]
-struct Dispatch {
-    client: Arc<Client>,
-    records: mpsc::UnboundedSender<RequestRecord>,
-    start: Instant,
+pub(super) struct Dispatch {
+    pub client: Arc<Client>,
+    pub records: mpsc::UnboundedSender<RequestRecord>,
+    pub start: Instant,
     /// No request is sent at or after this instant.
-    deadline: Option<Instant>,
+    pub deadline: Option<Instant>,
     /// Cancelled on shutdown: stop sending and cancel what is in flight.
-    cancel: CancellationToken,
-    tracker: TaskTracker,
+    pub cancel: CancellationToken,
+    pub tracker: TaskTracker,
 }
 
 impl Dispatch {
-    fn past_deadline(&self, at: Instant) -> bool {
+    pub fn past_deadline(&self, at: Instant) -> bool {
         self.deadline.is_some_and(|deadline| at >= deadline)
     }
 }
@@ -55,12 +58,28 @@ pub async fn run(
         cancel: shutdown.child_token(),
         tracker: TaskTracker::new(),
     };
-    match config.shape {
-        LoadShape::Replay { .. } | LoadShape::Poisson { .. } => {
+    match (config.shape, &config.source) {
+        (
+            LoadShape::Replay { speedup },
+            RequestSource::Trace {
+                records,
+                block_size,
+            },
+        ) if has_sessions(records) => {
+            let sessions = dispatch_sessions(
+                records.clone(),
+                speedup,
+                PromptBuilder::new(*block_size, config.seed),
+                config.request_limit(),
+                dispatch.clone(),
+            );
+            dispatch.tracker.spawn(sessions);
+        }
+        (LoadShape::Replay { .. } | LoadShape::Poisson { .. }, _) => {
             let open_loop = dispatch.clone();
             dispatch.tracker.spawn(open_loop_dispatch(plan, open_loop));
         }
-        LoadShape::Concurrency { clients } => {
+        (LoadShape::Concurrency { clients }, _) => {
             let plan = Arc::new(Mutex::new(plan));
             for _ in 0..clients {
                 dispatch
