@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::report::{Distribution, LatencyRecorder};
+use crate::simulation::micros;
 
 /// Turns past this index are reported together with it.
 pub const TURNS_REPORTED: usize = 8;
@@ -89,10 +90,6 @@ impl SessionReport {
         report.requests_by_turn = counts;
         report
     }
-}
-
-fn micros(d: Duration) -> u64 {
-    d.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 #[cfg(test)]

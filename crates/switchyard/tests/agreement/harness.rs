@@ -10,6 +10,7 @@ use futures::StreamExt;
 use switchyard::config::Config;
 use switchyard::replay::{SimOnly, sim_config};
 use switchyard_core::WorkerKey;
+use switchyard_core::trace::session::{After, Turn};
 use switchyard_frontend::Frontend;
 use switchyard_frontend::media::MediaItem;
 use switchyard_frontend::pipeline::{Piece, Prepared};
@@ -89,6 +90,17 @@ pub async fn serve(
     config: &Config,
     fault: Option<WorkerFault>,
 ) -> Vec<Outcome> {
+    serve_sessions(requests, &[], config, fault).await
+}
+
+/// [`serve`], with request `i` sent `after[i]`'s wait after the requests it names end (a
+/// session's turns, closed loop), when `after` names any; the others at their arrival.
+pub async fn serve_sessions(
+    requests: &[PromptRequest],
+    after: &[Option<After>],
+    config: &Config,
+    fault: Option<WorkerFault>,
+) -> Vec<Outcome> {
     let deployment = switchyard::deploy::start_local(config.clone())
         .await
         .unwrap();
@@ -111,15 +123,39 @@ pub async fn serve(
             faults.start(kind);
         });
     }
+    // Each request's end, for the turns waiting for it.
+    let ends: Vec<_> = requests
+        .iter()
+        .map(|_| tokio::sync::watch::channel(None::<tokio::time::Instant>))
+        .collect();
     let tasks: Vec<_> = requests
         .iter()
-        .map(|r| {
+        .enumerate()
+        .map(|(i, r)| {
             let frontend = Arc::clone(&frontend);
             let request = r.clone();
-            let arrival = start + r.arrival;
+            let after = after.get(i).cloned().flatten();
+            let parents: Vec<_> = after
+                .iter()
+                .flat_map(|a| &a.parents)
+                .map(|&p| ends[p as usize].1.clone())
+                .collect();
+            let end = ends[i].0.clone();
             tokio::spawn(async move {
+                let arrival = match &after {
+                    None => start + request.arrival,
+                    Some(after) => {
+                        let mut last = start;
+                        for mut parent in parents {
+                            let ended = *parent.wait_for(Option::is_some).await.unwrap();
+                            last = last.max(ended.unwrap_or(start));
+                        }
+                        last + after.wait()
+                    }
+                };
                 tokio::time::sleep_until(arrival).await;
                 let outcome = one(&frontend, &request).await;
+                end.send_replace(Some(tokio::time::Instant::now()));
                 match outcome {
                     Ok((worker, completion_tokens, cached_tokens, first)) => Outcome::Served {
                         worker,
@@ -207,6 +243,16 @@ pub fn sim(
     config: &Config,
     fault: Option<WorkerFault>,
 ) -> (Vec<Outcome>, switchyard_sim::SimReport) {
+    sim_sessions(requests, &[], config, fault)
+}
+
+/// [`sim`], with request `i` released by `after[i]` (see [`serve_sessions`]).
+pub fn sim_sessions(
+    requests: &[PromptRequest],
+    after: &[Option<After>],
+    config: &Config,
+    fault: Option<WorkerFault>,
+) -> (Vec<Outcome>, switchyard_sim::SimReport) {
     let faults = FaultConfig {
         schedule: fault
             .map(|f| ScheduledFault {
@@ -228,7 +274,15 @@ pub fn sim(
         ..SimOnly::default()
     };
     let sim_config = sim_config(config, only).unwrap();
-    let workload = PreparedWorkload::from_prompts(requests, sim_config.engine.block_size).unwrap();
+    let mut workload =
+        PreparedWorkload::from_prompts(requests, sim_config.engine.block_size).unwrap();
+    for (i, after) in after.iter().enumerate() {
+        workload.requests[i].turn = Some(Turn {
+            session: 0,
+            turn: i as u32,
+            after: after.clone(),
+        });
+    }
     let report = switchyard_sim::simulate(
         &sim_config,
         &workload,

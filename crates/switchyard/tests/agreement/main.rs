@@ -3,7 +3,8 @@
 //! `switchyard sim`'s settings, gives the same routing decisions, the same tokens per
 //! request, and the same times, for plain text, admission queueing and shedding, images
 //! encoded beside the LLM workers, a worker crashing under its streams, and prefill/decode
-//! pairs; and for a worker that hangs, until its streams move (the two model a hang
+//! pairs, sessions whose turns wait for the previous answer and a tool; and for a worker
+//! that hangs, until its streams move (the two model a hang
 //! differently from then on: see that test).
 //!
 //! The engines run 1,000 times slower than the model on both sides (see
@@ -19,7 +20,11 @@ use switchyard_core::protocol::Prompt;
 use switchyard_core::{MediaSpan, Modality, Priority};
 use switchyard_sim::PromptRequest;
 
-use harness::{ONE_HOP, Outcome, SLOWDOWN, WorkerFault, assert_agree, config, serve, sim};
+use harness::{
+    ONE_HOP, Outcome, SLOWDOWN, WorkerFault, assert_agree, config, serve, serve_sessions, sim,
+    sim_sessions,
+};
+use switchyard_core::trace::session::After;
 use switchyard_sim::FaultKind;
 
 /// A slice with shared prefixes (four families of system prompts and conversations that
@@ -288,5 +293,51 @@ async fn prefill_and_decode_pairs_are_chosen_and_timed_alike() {
     assert!(disagg.remote_prefills > 3, "{disagg:?}");
     assert!(disagg.local_short > 0, "{disagg:?}");
     // A remote prefill waits on two more timers: its prefill worker's step and the pull.
+    assert_agree(&served_outcomes, &simulated, 2 * ONE_HOP);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_sessions_turns_are_released_and_timed_alike() {
+    // Three sessions of three turns, turn-major: each turn's prompt is the previous one's
+    // and 64 new tokens, sent 0.5 ms (the client) + 1.5 ms or more (a tool) of model time
+    // after the previous turn ends.
+    let (sessions, turns) = (3usize, 3usize);
+    let mut requests = Vec::new();
+    let mut after = Vec::new();
+    for turn in 0..turns {
+        for s in 0..sessions {
+            let tokens: Vec<u32> = (0..400 + 64 * turn as u32)
+                .map(|t| 300 + (t * 13 + s as u32 * 7919) % 30_000)
+                .collect();
+            requests.push(PromptRequest {
+                arrival: Duration::from_micros(300 * s as u64) * SLOWDOWN,
+                prompt: Prompt::tokens(tokens),
+                max_tokens: 20 + 10 * s as u32,
+                priority: Priority::Standard,
+            });
+            after.push((turn > 0).then(|| After {
+                parents: vec![((turn - 1) * sessions + s) as u32],
+                delay: Duration::from_micros(500) * SLOWDOWN,
+                // Turns of different sessions ending on the same engine step are released
+                // apart (a tie's order would be a coin toss on either side).
+                tool_wait: Duration::from_micros(1500 + 130 * s as u64) * SLOWDOWN,
+            }));
+        }
+    }
+    let config = config(2, 64);
+    let served_outcomes = serve_sessions(&requests, &after, &config, None).await;
+    let (simulated, report) = sim_sessions(&requests, &after, &config, None);
+    assert_eq!(report.completed, 9);
+    // Later turns mostly find their previous turn's prompt in the cache (the router may
+    // send one to a less loaded worker instead).
+    let cached = |o: &Outcome| match o {
+        Outcome::Served { cached_tokens, .. } => *cached_tokens,
+        Outcome::Refused(_) => 0,
+    };
+    let reused = simulated[sessions..]
+        .iter()
+        .filter(|o| cached(o) >= 384)
+        .count();
+    assert!(reused >= 4, "{simulated:?}");
     assert_agree(&served_outcomes, &simulated, 2 * ONE_HOP);
 }
