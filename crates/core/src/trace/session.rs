@@ -18,6 +18,7 @@
 //! either way, as an agent carries on after an error.
 
 use std::collections::HashMap;
+use std::ops::Add;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
@@ -50,6 +51,92 @@ impl After {
     /// The whole wait from the last parent's completion to this row's sending.
     pub fn wait(&self) -> Duration {
         self.delay + self.tool_wait
+    }
+}
+
+/// The release rule of a closed-loop replay: a row is sent its wait after the last of the
+/// rows it waits for ends. Shared by the simulator (virtual time) and the benchmark client
+/// (the wall clock), so both release alike.
+#[derive(Debug, Clone)]
+pub struct Releases<T> {
+    /// The rows each row releases (taken when it ends: only its first end counts).
+    children: Vec<Vec<u32>>,
+    /// Per row, the rows it still waits for.
+    waiting: Vec<u32>,
+    /// Per row, the latest end of those it waited for so far.
+    latest: Vec<Option<T>>,
+    /// Per row, its wait after that end.
+    waits: Vec<Duration>,
+    unreleased: usize,
+    min_wait: Duration,
+}
+
+impl<T: Copy + Ord + Add<Duration, Output = T>> Releases<T> {
+    /// `afters[i]` releases row `i` (none: it is sent at its own time), its waits divided
+    /// by `speedup`. A row waiting only for rows outside the slice (cut off) waits for
+    /// nothing: it is returned, with its time from `start`.
+    pub fn new<'a>(
+        afters: impl ExactSizeIterator<Item = Option<&'a After>>,
+        speedup: f64,
+        start: T,
+    ) -> (Self, Vec<(T, u32)>) {
+        let n = afters.len();
+        let mut releases = Releases {
+            children: vec![Vec::new(); n],
+            waiting: vec![0; n],
+            latest: vec![None; n],
+            waits: vec![Duration::ZERO; n],
+            unreleased: 0,
+            min_wait: Duration::MAX,
+        };
+        let afters: Vec<_> = afters.collect();
+        let mut orphans = Vec::new();
+        for (index, after) in afters.iter().enumerate() {
+            let Some(after) = after else { continue };
+            let wait = after.wait().div_f64(speedup);
+            releases.waits[index] = wait;
+            releases.min_wait = releases.min_wait.min(wait);
+            for &parent in &after.parents {
+                if let Some(siblings) = releases.children.get_mut(parent as usize) {
+                    siblings.push(index as u32);
+                    releases.waiting[index] += 1;
+                }
+            }
+            if releases.waiting[index] == 0 {
+                orphans.push((start + wait, index as u32));
+            } else {
+                releases.unreleased += 1;
+            }
+        }
+        (releases, orphans)
+    }
+
+    /// Row `row` ended at `at`: each row that waited only for it and rows already ended is
+    /// released, with when it is to be sent.
+    pub fn ended(&mut self, row: u32, at: T, mut release: impl FnMut(T, u32)) {
+        let Some(children) = self.children.get_mut(row as usize) else {
+            return;
+        };
+        for child in std::mem::take(children) {
+            let c = child as usize;
+            let latest = self.latest[c].map_or(at, |t| t.max(at));
+            self.latest[c] = Some(latest);
+            self.waiting[c] -= 1;
+            if self.waiting[c] == 0 {
+                self.unreleased -= 1;
+                release(latest + self.waits[c], child);
+            }
+        }
+    }
+
+    /// Rows not yet released.
+    pub fn unreleased(&self) -> usize {
+        self.unreleased
+    }
+
+    /// The shortest wait of any released row: none can be sent sooner after an end.
+    pub fn min_wait(&self) -> Duration {
+        self.min_wait
     }
 }
 

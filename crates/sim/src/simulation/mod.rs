@@ -654,7 +654,7 @@ impl<'a> Fleet<'a> {
     pub(super) fn ended(&mut self, index: u32, at: Duration) {
         self.requests[index as usize].ended.get_or_insert(at);
         if let Some(sessions) = &mut self.sessions {
-            sessions.ended(index, at, &self.workload.requests);
+            sessions.ended(index, at);
         }
     }
 

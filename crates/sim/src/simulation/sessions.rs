@@ -14,7 +14,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use switchyard_core::trace::session::After;
+use switchyard_core::trace::session::{After, Releases};
 
 use crate::workload::PreparedRequest;
 
@@ -26,16 +26,7 @@ pub(super) struct Sessions {
     next_root: usize,
     /// Released requests, by when they are sent (then by index).
     released: BinaryHeap<Reverse<(Duration, u32)>>,
-    /// The requests each request releases (taken when it ends).
-    children: Vec<Vec<u32>>,
-    /// Per request, the requests it still waits for.
-    waiting: Vec<u32>,
-    /// Per request, the latest end of those it waited for so far.
-    latest: Vec<Duration>,
-    /// Requests not yet released.
-    unreleased: usize,
-    /// The shortest wait of any released request.
-    min_wait: Duration,
+    releases: Releases<Duration>,
 }
 
 impl Sessions {
@@ -51,96 +42,60 @@ impl Sessions {
             .filter(|&i| after(&requests[i as usize]).is_none())
             .collect();
         roots.sort_by_key(|&i| requests[i as usize].arrival);
-        let mut children = vec![Vec::new(); requests.len()];
-        let mut waiting = vec![0; requests.len()];
-        let mut min_wait = Duration::MAX;
-        for (index, request) in requests.iter().enumerate() {
-            if let Some(after) = after(request) {
-                // A parent outside the workload (cut off) never ends: not waited for.
-                for &parent in &after.parents {
-                    if let Some(siblings) = children.get_mut(parent as usize) {
-                        siblings.push(index as u32);
-                        waiting[index] += 1;
-                    }
-                }
-                min_wait = min_wait.min(after.wait());
-            }
-        }
-        let mut sessions = Sessions {
-            unreleased: requests.len() - roots.len(),
+        // The waits were divided by the speedup when the workload was prepared.
+        let (releases, orphans) = Releases::new(requests.iter().map(after), 1.0, Duration::ZERO);
+        Some(Sessions {
             roots,
             next_root: 0,
-            released: BinaryHeap::new(),
-            children,
-            waiting,
-            latest: vec![Duration::ZERO; requests.len()],
-            min_wait,
-        };
-        // Waiting for nothing left: released from the start, after its wait.
-        for (index, request) in requests.iter().enumerate() {
-            if let Some(after) = after(request)
-                && sessions.waiting[index] == 0
-            {
-                sessions
-                    .released
-                    .push(Reverse((after.wait(), index as u32)));
-                sessions.unreleased -= 1;
-            }
-        }
-        Some(sessions)
+            released: orphans.into_iter().map(Reverse).collect(),
+            releases,
+        })
     }
 
-    /// The next arrival: (when, which request).
-    pub(super) fn peek(&self, requests: &[PreparedRequest]) -> Option<(Duration, u32)> {
+    /// The next arrival: (when, which request, whether it is a root).
+    fn next(&self, requests: &[PreparedRequest]) -> Option<(Duration, u32, bool)> {
         let root = self
             .roots
             .get(self.next_root)
-            .map(|&i| (requests[i as usize].arrival, i));
-        let released = self.released.peek().map(|Reverse(next)| *next);
+            .map(|&i| (requests[i as usize].arrival, i, true));
+        let released = self
+            .released
+            .peek()
+            .map(|Reverse((at, i))| (*at, *i, false));
         match (root, released) {
             (Some(r), Some(d)) => Some(if r.0 <= d.0 { r } else { d }),
             (r, d) => r.or(d),
         }
     }
 
+    /// The next arrival: (when, which request).
+    pub(super) fn peek(&self, requests: &[PreparedRequest]) -> Option<(Duration, u32)> {
+        self.next(requests).map(|(at, index, _)| (at, index))
+    }
+
     /// Takes the arrival [`Self::peek`] gave.
     pub(super) fn pop(&mut self, requests: &[PreparedRequest]) {
-        let root = self
-            .roots
-            .get(self.next_root)
-            .map(|&i| requests[i as usize].arrival);
-        let released = self.released.peek().map(|Reverse((at, _))| *at);
-        match (root, released) {
-            (Some(r), Some(d)) if r <= d => self.next_root += 1,
-            (Some(_), None) => self.next_root += 1,
-            _ => {
+        match self.next(requests) {
+            Some((_, _, true)) => self.next_root += 1,
+            Some((_, _, false)) => {
                 self.released.pop();
             }
+            None => {}
         }
     }
 
     /// Request `index` ended at `at`: those waiting only for it and others already ended
     /// are released, each after its own wait. Only the first end counts.
-    pub(super) fn ended(&mut self, index: u32, at: Duration, requests: &[PreparedRequest]) {
-        for child in std::mem::take(&mut self.children[index as usize]) {
-            let c = child as usize;
-            self.latest[c] = self.latest[c].max(at);
-            self.waiting[c] -= 1;
-            if self.waiting[c] == 0 {
-                let wait = requests[c]
-                    .turn
-                    .as_ref()
-                    .and_then(|t| t.after.as_ref())
-                    .map_or(Duration::ZERO, |a| a.wait());
-                self.released.push(Reverse((self.latest[c] + wait, child)));
-                self.unreleased -= 1;
-            }
-        }
+    pub(super) fn ended(&mut self, index: u32, at: Duration) {
+        let released = &mut self.released;
+        self.releases.ended(index, at, |when, child| {
+            released.push(Reverse((when, child)))
+        });
     }
 
     /// How far the engines may run alone from `now`: no request can be released before
     /// this; none once every request has been released.
     pub(super) fn horizon(&self, now: Duration) -> Option<Duration> {
-        (self.unreleased > 0).then(|| now.saturating_add(self.min_wait))
+        (self.releases.unreleased() > 0).then(|| now.saturating_add(self.releases.min_wait()))
     }
 }

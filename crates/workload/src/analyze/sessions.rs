@@ -31,6 +31,16 @@ pub struct Recovered {
     pub ambiguous: usize,
 }
 
+impl Recovered {
+    /// The first turn of row `i`'s session.
+    pub fn root(&self, mut i: usize) -> usize {
+        while let Some(p) = self.parent[i] {
+            i = p;
+        }
+        i
+    }
+}
+
 /// Finds each row's parent (rows in any order; earlier means an earlier timestamp, then
 /// an earlier row).
 pub fn recover(records: &[MooncakeRecord], block_size: u32) -> Recovered {
@@ -101,14 +111,8 @@ const TURN_BUCKETS: usize = 10;
 impl SessionShape {
     pub fn of(records: &[MooncakeRecord], recovered: &Recovered) -> Self {
         let mut turns: HashMap<usize, usize> = HashMap::new();
-        let root = |mut i: usize| {
-            while let Some(p) = recovered.parent[i] {
-                i = p;
-            }
-            i
-        };
         for i in 0..records.len() {
-            *turns.entry(root(i)).or_default() += 1;
+            *turns.entry(recovered.root(i)).or_default() += 1;
         }
         let mut sessions_by_turns = vec![0; TURN_BUCKETS];
         for &n in turns.values() {
@@ -203,12 +207,6 @@ pub fn session_trace(
     recovered: &Recovered,
     answer_ms_per_token: f64,
 ) -> Vec<MooncakeRecord> {
-    let root = |mut i: usize| {
-        while let Some(p) = recovered.parent[i] {
-            i = p;
-        }
-        i
-    };
     let mut order: Vec<usize> = (0..records.len()).collect();
     order.sort_by_key(|&i| records[i].timestamp);
     order
@@ -216,7 +214,7 @@ pub fn session_trace(
         .map(|i| {
             let r = &records[i];
             let mut row = r.clone();
-            row.session_id = Some(format!("s{}", root(i)));
+            row.session_id = Some(format!("s{}", recovered.root(i)));
             row.request_id = Some(format!("r{i}"));
             row.wait_for = recovered.parent[i]
                 .map(|p| vec![format!("r{p}")])

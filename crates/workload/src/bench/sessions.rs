@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use switchyard_core::trace::MooncakeRecord;
-use switchyard_core::trace::session;
+use switchyard_core::trace::session::{self, Releases};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -133,23 +133,17 @@ pub(super) async fn dispatch_sessions(
         .map(|(r, _)| r.timestamp)
         .min()
         .unwrap_or(0);
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); rows.len()];
-    let mut waiting: Vec<usize> = vec![0; rows.len()];
-    let mut latest: Vec<Option<Instant>> = vec![None; rows.len()];
+    let (mut releases, orphans) = Releases::new(
+        turns.iter().map(|t| t.after.as_ref()),
+        speedup,
+        dispatch.start,
+    );
     // (when it may be sent, row); a min-heap.
-    let mut ready: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
+    let mut ready: BinaryHeap<Reverse<(Instant, u32)>> = orphans.into_iter().map(Reverse).collect();
     for (index, (row, turn)) in rows.iter().zip(&turns).enumerate() {
-        match &turn.after {
-            None => {
-                let offset = Duration::from_millis(row.timestamp.saturating_sub(origin));
-                ready.push(Reverse((dispatch.start + scale(offset), index)));
-            }
-            Some(after) => {
-                waiting[index] = after.parents.len();
-                for &parent in &after.parents {
-                    children[parent as usize].push(index);
-                }
-            }
+        if turn.after.is_none() {
+            let offset = Duration::from_millis(row.timestamp.saturating_sub(origin));
+            ready.push(Reverse((dispatch.start + scale(offset), index as u32)));
         }
     }
     let sessions = turns.iter().map(|t| t.session).max().map_or(0, |s| s + 1);
@@ -166,6 +160,7 @@ pub(super) async fn dispatch_sessions(
         tokio::select! {
             () = sleep_until(sending) => {
                 let Some(Reverse((at, index))) = ready.pop() else { continue };
+                let index = index as usize;
                 let row = &rows[index];
                 let turn = &turns[index];
                 let conversation = &conversations[turn.session as usize];
@@ -205,15 +200,9 @@ pub(super) async fn dispatch_sessions(
                     messages.push(("assistant", ended.answer));
                     conversation.tokens += ended.answer_tokens;
                 }
-                for &child in &children[ended.row] {
-                    let at = latest[child].map_or(ended.at, |t| t.max(ended.at));
-                    latest[child] = Some(at);
-                    waiting[child] -= 1;
-                    if waiting[child] == 0 {
-                        let wait = turns[child].after.as_ref().map_or(Duration::ZERO, |a| a.wait());
-                        ready.push(Reverse((at + scale(wait), child)));
-                    }
-                }
+                releases.ended(ended.row as u32, ended.at, |at, child| {
+                    ready.push(Reverse((at, child)));
+                });
             }
             () = dispatch.cancel.cancelled() => break,
         }

@@ -270,3 +270,31 @@ proptest! {
         prop_assert_eq!(MooncakeRecord::parse(&line).unwrap(), record);
     }
 }
+
+#[test]
+fn a_join_is_released_after_its_last_parent_and_a_cut_off_one_at_once() {
+    let after = |parents: Vec<u32>, ms_wait: u64| After {
+        parents,
+        delay: ms(ms_wait),
+        tool_wait: ms(ms_wait),
+    };
+    // Row 2 joins 0 and 1; row 3 waits for row 9, outside the slice.
+    let afters = [
+        None,
+        None,
+        Some(after(vec![0, 1], 10)),
+        Some(after(vec![9], 5)),
+    ];
+    let (mut releases, orphans) = Releases::new(afters.iter().map(Option::as_ref), 2.0, ms(1000));
+    assert_eq!(orphans, [(ms(1005), 3)]);
+    assert_eq!((releases.unreleased(), releases.min_wait()), (1, ms(5)));
+    let mut released = Vec::new();
+    releases.ended(1, ms(300), |at, row| released.push((at, row)));
+    assert!(released.is_empty());
+    releases.ended(0, ms(200), |at, row| released.push((at, row)));
+    // The later end counts, plus 20 ms of waits at twice the speed.
+    assert_eq!(released, [(ms(310), 2)]);
+    // Only a row's first end counts.
+    releases.ended(0, ms(900), |at, row| released.push((at, row)));
+    assert_eq!((released.len(), releases.unreleased()), (1, 0));
+}
